@@ -1,0 +1,363 @@
+"""Typed configuration: dataclass defaults, method presets, YAML files and dotted overrides.
+
+Resolution order (later wins):
+
+1. dataclass defaults below;
+2. the preset named by ``method.name`` (:data:`METHOD_PRESETS`);
+3. the YAML file given with ``--config``;
+4. ``key=value`` overrides from the command line.
+
+An unknown key is an error naming the key and the closest valid keys; values are coerced to the
+field's type and range-checked by :func:`validate` before any training starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported to the user as one line."""
+
+
+@dataclass
+class DataConfig:
+    """Where the images come from and how the two SimCLR views are made (PAPER-NOTES §2)."""
+
+    name: str = "fashion-mnist"  # fashion-mnist | cifar10 | cifar100 | imagefolder | synthetic
+    root: str | None = None  # None: search the usual places (see bayesncl.data)
+    download: bool = False  # allow torchvision to download when online
+    image_size: int = 0  # 0: the dataset's native size (28 FMNIST, 32 CIFAR, 224 folders)
+    train_subset: int = 0  # 0: the whole train split; else a class-stratified subset of this size
+    test_subset: int = 0  # 0: the whole test split
+    num_workers: int = 0  # DataLoader workers (per-sample path only)
+    resident: str = "auto"  # auto | true | false: hold the dataset as one uint8 tensor on device
+    crop_min_scale: float = 0.08
+    blur_prob: float = 0.5
+    skip_corrupt: bool = False  # imagefolder: skip unreadable images instead of failing
+
+
+@dataclass
+class ModelConfig:
+    """Backbone f and projector (PAPER-NOTES §1)."""
+
+    backbone: str = "resnet18"  # resnet18 | resnet50 | small_cnn
+    cifar_stem: str = "auto"  # auto | true | false; auto: true for images <= 64 px
+    proj_hidden: int = 2048
+    proj_dim: int = 256
+
+
+@dataclass
+class MethodConfig:
+    """The method as a configuration of parts; ``name`` selects a preset of the fields below."""
+
+    name: str = "bayesncl"  # cl | ncl | ncl-topk | bayesncl | bayesncl-gs
+    nonneg: str = "rep_relu"  # identity | relu | rep_relu | gelu | sigmoid | softplus | exp | leaky_relu
+    temperature: float = 0.2  # InfoNCE temperature
+    topk: bool = False  # keep the round(rho*D) largest entries of z
+    gate: str = "ste"  # none | ste | gumbel | soft
+    gate_depth: int = 2  # 1, 2 or 3 linear layers
+    gate_hidden: int = 0  # 0: same as model.proj_hidden
+    detach: bool = True  # gate input is sg(h); false is the "no detach" ablation
+    gate_lr_ratio: float = 0.25  # gate lr = ratio * backbone lr (paper Table 15)
+    threshold: float = 0.5  # hard mask 1[alpha > threshold]
+    gate_tau: float = 1.0  # sigmoid temperature tau_s
+    gumbel_noise: str = "gumbel"  # gumbel (authors' code) | logistic (binary concrete)
+    rho: float = 0.8  # Bernoulli prior; also the TopK keep fraction
+    lam: float = 3e-5  # KL weight lambda
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation (PAPER-NOTES §2)."""
+
+    epochs: int = 200
+    batch_size: int = 256
+    optimizer: str = "lars"  # lars | sgd | adamw
+    base_lr: float = 0.4  # scaled by global batch / 256
+    weight_decay: float = 1e-4
+    momentum: float = 0.9
+    lars_eta: float = 0.02
+    clip_lr: bool = True
+    warmup_epochs: float = 10.0
+    warmup_start_lr: float = 3e-5
+    min_lr: float = 0.0
+    probe_lr: float = 0.1  # online linear probe on sg(h)
+    precision: str = "auto"  # auto | fp32 | fp16 | bf16 (auto: fp16 on CUDA, fp32 on CPU)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    channels_last: bool = False
+    compile: bool = False
+    sync_bn: bool = False
+    checkpoint_every: int = 1  # also write epoch-NNNN.pt every this many epochs (0: only last)
+    progress: bool = True
+
+
+@dataclass
+class EvalConfig:
+    """End-of-pretraining evaluation."""
+
+    probe: str = "fast"  # fast (precomputed features, L2 chosen on held-out train) | none
+    retrieval_dims: list[int] = field(default_factory=list)
+    batch_size: int = 512
+
+
+@dataclass
+class Config:
+    """The whole run. ``bayesncl pretrain key=value`` addresses fields as ``section.field``."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# A preset fixes the parts that define a method; ablations override single fields on top.
+METHOD_PRESETS: dict[str, dict[str, Any]] = {
+    "cl": {"nonneg": "identity", "topk": False, "gate": "none", "lam": 0.0},
+    "ncl": {"nonneg": "rep_relu", "topk": False, "gate": "none", "lam": 0.0},
+    "ncl-topk": {"nonneg": "rep_relu", "topk": True, "gate": "none", "lam": 0.0},
+    "bayesncl": {"nonneg": "rep_relu", "topk": False, "gate": "ste"},
+    "bayesncl-gs": {"nonneg": "rep_relu", "topk": False, "gate": "gumbel"},
+}
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.name": ("fashion-mnist", "cifar10", "cifar100", "imagefolder", "synthetic"),
+    "data.resident": ("auto", "true", "false"),
+    "model.backbone": ("resnet18", "resnet50", "small_cnn"),
+    "model.cifar_stem": ("auto", "true", "false"),
+    "method.name": tuple(METHOD_PRESETS),
+    "method.nonneg": (
+        "identity", "relu", "rep_relu", "gelu", "sigmoid", "softplus", "exp", "leaky_relu",
+    ),
+    "method.gate": ("none", "ste", "gumbel", "soft"),
+    "method.gumbel_noise": ("gumbel", "logistic"),
+    "train.optimizer": ("lars", "sgd", "adamw"),
+    "train.precision": ("auto", "fp32", "fp16", "bf16"),
+    "eval.probe": ("fast", "none"),
+}
+
+
+def valid_keys() -> list[str]:
+    """Every dotted key that ``key=value`` accepts, e.g. ``method.rho``."""
+    keys = []
+    hints = typing.get_type_hints(Config)
+    for name, tp in hints.items():
+        if dataclasses.is_dataclass(tp):
+            keys += [f"{name}.{f}" for f in typing.get_type_hints(tp)]
+        else:
+            keys.append(name)
+    return keys
+
+
+def _unknown_key(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, valid_keys(), n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; see `bayesncl pretrain --help`"
+    return ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Coerce a YAML/CLI value to the annotated type ``tp``; raise ConfigError naming ``key``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null", ""))
+        if is_none and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(key, value, inner[0])
+    if origin is list:
+        if isinstance(value, str):
+            value = [v for v in value.replace(" ", "").split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}={value!r}: expected a list")
+        return [_coerce(key, v, args[0]) for v in value]
+    try:
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            s = str(value).lower()
+            if s in ("true", "1", "yes", "on"):
+                return True
+            if s in ("false", "0", "no", "off"):
+                return False
+            raise ValueError
+        if tp is int:
+            if isinstance(value, bool):
+                raise ValueError
+            f = float(value)
+            if f != int(f):
+                raise ValueError
+            return int(f)
+        if tp is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if tp is str:
+            if isinstance(value, bool):
+                return "true" if value else "false"
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}={value!r}: expected {tp.__name__}") from None
+    raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["method.rho=0.8", ...]`` → ``{"method.rho": "0.8"}``. Raises ConfigError on bad syntax."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not key=value (e.g. method.rho=0.8)")
+        k, v = item.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML config file into flat dotted keys. Raises ConfigError if unreadable."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file '{p}' does not exist")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file '{p}' is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file '{p}' must hold a mapping of sections, got {type(raw).__name__}")
+    return _flatten(raw)
+
+
+def build_config(
+    yaml_path: str | Path | None = None,
+    overrides: list[str] | dict[str, Any] | None = None,
+) -> Config:
+    """Resolve defaults → method preset → YAML → overrides, then :func:`validate`.
+
+    Raises ConfigError (one line) for an unknown key, a value of the wrong type or out of range.
+    """
+    user: dict[str, Any] = {}
+    if yaml_path is not None:
+        user.update(load_yaml(yaml_path))
+    if isinstance(overrides, dict):
+        user.update(_flatten(overrides))
+    elif overrides:
+        user.update(parse_overrides(overrides))
+    cfg = Config()
+    keys = set(valid_keys())
+    for k in user:
+        if k not in keys:
+            raise _unknown_key(k)
+    name = str(user.get("method.name", cfg.method.name))
+    if name not in METHOD_PRESETS:
+        raise ConfigError(f"method.name={name!r}: expected one of {', '.join(METHOD_PRESETS)}")
+    flat = {f"method.{k}": v for k, v in METHOD_PRESETS[name].items()}
+    flat.update(user)
+    for k, v in flat.items():
+        set_key(cfg, k, v)
+    validate(cfg)
+    return cfg
+
+
+def set_key(cfg: Config, key: str, value: Any) -> None:
+    """Set dotted ``key`` on ``cfg`` with type coercion. Raises ConfigError if unknown or mistyped."""
+    parts = key.split(".")
+    obj: Any = cfg
+    for p in parts[:-1]:
+        if not hasattr(obj, p) or not dataclasses.is_dataclass(getattr(obj, p)):
+            raise _unknown_key(key)
+        obj = getattr(obj, p)
+    hints = typing.get_type_hints(type(obj))
+    if parts[-1] not in hints or dataclasses.is_dataclass(hints[parts[-1]]):
+        raise _unknown_key(key)
+    setattr(obj, parts[-1], _coerce(key, value, hints[parts[-1]]))
+
+
+def config_from_dict(d: dict[str, Any]) -> Config:
+    """Rebuild a resolved Config (e.g. from a run dir's ``config.yaml``) without applying presets."""
+    cfg = Config()
+    for k, v in _flatten(d).items():
+        set_key(cfg, k, v)
+    validate(cfg)
+    return cfg
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def validate(cfg: Config) -> None:
+    """Range-check every field. Raises ConfigError naming the first bad value and what was expected."""
+    for key, choices in CHOICES.items():
+        sec, name = key.split(".")
+        val = getattr(getattr(cfg, sec), name)
+        _check(val in choices, f"{key}={val!r}: expected one of {', '.join(choices)}")
+    m, t, d, mo = cfg.method, cfg.train, cfg.data, cfg.model
+    _check(0.0 < m.rho < 1.0, f"method.rho={m.rho}: expected 0 < rho < 1")
+    _check(m.lam >= 0.0, f"method.lam={m.lam}: expected lambda >= 0")
+    _check(m.temperature > 0.0, f"method.temperature={m.temperature}: expected > 0")
+    _check(m.gate_tau > 0.0, f"method.gate_tau={m.gate_tau}: expected > 0")
+    _check(0.0 < m.threshold < 1.0, f"method.threshold={m.threshold}: expected 0 < threshold < 1")
+    _check(m.gate_depth in (1, 2, 3), f"method.gate_depth={m.gate_depth}: expected 1, 2 or 3")
+    _check(m.gate_hidden >= 0, f"method.gate_hidden={m.gate_hidden}: expected >= 0")
+    _check(m.gate_lr_ratio >= 0, f"method.gate_lr_ratio={m.gate_lr_ratio}: expected >= 0")
+    _check(mo.proj_dim >= 1, f"model.proj_dim={mo.proj_dim}: expected >= 1")
+    _check(mo.proj_hidden >= 1, f"model.proj_hidden={mo.proj_hidden}: expected >= 1")
+    if m.topk:
+        k = round(m.rho * mo.proj_dim)
+        _check(
+            1 <= k <= mo.proj_dim,
+            f"TopK k=round(rho*D)={k} with rho={m.rho}, D={mo.proj_dim}: expected 1 <= k <= D",
+        )
+    _check(t.epochs >= 1, f"train.epochs={t.epochs}: expected >= 1")
+    _check(t.batch_size >= 2, f"train.batch_size={t.batch_size}: expected >= 2 (InfoNCE needs negatives)")
+    _check(t.base_lr > 0, f"train.base_lr={t.base_lr}: expected > 0")
+    _check(t.weight_decay >= 0, f"train.weight_decay={t.weight_decay}: expected >= 0")
+    _check(t.warmup_epochs >= 0, f"train.warmup_epochs={t.warmup_epochs}: expected >= 0")
+    _check(t.checkpoint_every >= 0, f"train.checkpoint_every={t.checkpoint_every}: expected >= 0")
+    _check(d.image_size >= 0, f"data.image_size={d.image_size}: expected >= 0 (0 = native)")
+    _check(d.train_subset >= 0, f"data.train_subset={d.train_subset}: expected >= 0")
+    _check(d.test_subset >= 0, f"data.test_subset={d.test_subset}: expected >= 0")
+    _check(0.0 < d.crop_min_scale <= 1.0, f"data.crop_min_scale={d.crop_min_scale}: expected (0, 1]")
+    _check(d.num_workers >= 0, f"data.num_workers={d.num_workers}: expected >= 0")
+    for k in cfg.eval.retrieval_dims:
+        _check(1 <= k <= mo.proj_dim, f"eval.retrieval_dims: K={k}: expected 1 <= K <= D={mo.proj_dim}")
+    dev = t.device
+    _check(
+        dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:"),
+        f"train.device={dev!r}: expected auto, cpu, cuda or cuda:N",
+    )
+
+
+def dump_yaml(cfg: Config) -> str:
+    """The fully resolved config as YAML (written to ``RUN_DIR/config.yaml``)."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = ("train.epochs",)) -> list[str]:
+    """Dotted keys whose values differ between two configs (used to refuse a mismatched resume)."""
+    fa, fb = _flatten(a.to_dict()), _flatten(b.to_dict())
+    return [k for k in fa if k not in ignore and fa[k] != fb.get(k)]
