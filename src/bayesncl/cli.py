@@ -1,0 +1,205 @@
+"""The ``bayesncl`` command. It only parses arguments and calls library functions.
+
+Every expected failure (bad config, missing data, occupied run dir, bad features file, ...) is
+printed as one line ``bayesncl: error: ...`` with exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bayesncl import __version__
+from bayesncl.config import Config, ConfigError, build_config, valid_keys
+
+RECIPES_DIR = Path(__file__).parent / "configs"
+
+
+def _keys_epilog() -> str:
+    cfg = Config().to_dict()
+    lines = ["config keys (section.key=default):"]
+    for key in valid_keys():
+        sec, _, name = key.partition(".")
+        val = cfg[sec][name] if name else cfg[sec]
+        lines.append(f"  {key}={val}")
+    recipes = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    if recipes:
+        lines.append("recipes for --config (name or path): " + ", ".join(recipes))
+    return "\n".join(lines)
+
+
+def resolve_config_path(value: str | None) -> Path | None:
+    """``--config`` takes a YAML path or the name of a shipped recipe (e.g. ``cifar100-bayesncl``)."""
+    if value is None:
+        return None
+    p = Path(value)
+    if p.exists() or p.suffix in (".yaml", ".yml"):
+        return p
+    shipped = RECIPES_DIR / f"{value}.yaml"
+    if shipped.exists():
+        return shipped
+    names = ", ".join(sorted(q.stem for q in RECIPES_DIR.glob("*.yaml")))
+    raise ConfigError(f"--config {value}: no such file or recipe; recipes: {names}")
+
+
+def _default_run_dir(cfg: Config, prefix: str = "") -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{prefix}{cfg.method.name}-{cfg.data.name}-{stamp}"
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from bayesncl.train import load_run_config, pretrain
+
+    if args.resume and args.run_dir is None:
+        raise ConfigError("--resume needs --run-dir DIR (the run to continue)")
+    if args.resume and args.config is None and not args.overrides:
+        cfg = load_run_config(Path(args.run_dir))
+    else:
+        cfg = build_config(resolve_config_path(args.config), args.overrides)
+    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
+    print(f"run dir: {run_dir}")
+    metrics = pretrain(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, evaluate=not args.no_eval)
+    if metrics:
+        from bayesncl.report import format_table
+
+        print(format_table({cfg.method.name: metrics}))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from bayesncl.demo import run_demo
+
+    run_demo(Path(args.run_dir) if args.run_dir else None, args.overrides, quick=args.quick)
+    return 0
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    from bayesncl.evaluation.pipeline import extract_command
+
+    out = extract_command(args.source, split=args.split, out=args.out)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from bayesncl.evaluation.metrics import format_metrics_table, metrics_command
+
+    dims = [int(k) for k in args.retrieval_dims.split(",") if k] if args.retrieval_dims else None
+    result = metrics_command(args.features, dims, args.json)
+    print(json.dumps(result, indent=2) if args.json else format_metrics_table(result))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from bayesncl.evaluation.pipeline import evaluate_command
+
+    evaluate_command(args.source, retrieval_dims=args.retrieval_dims, knn=not args.no_knn)
+    return 0
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean bad input, printed as one line; anything else is a bug and raises."""
+    from bayesncl.data import DataError
+    from bayesncl.evaluation import EvalError
+    from bayesncl.train import RunDirError, TrainingError
+
+    return (ConfigError, DataError, EvalError, RunDirError, TrainingError, FileNotFoundError, PermissionError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bayesncl",
+        description="Interpretable self-supervised learning: CL, NCL, NCL+TopK and BayesNCL.",
+    )
+    parser.add_argument("--version", action="version", version=f"bayesncl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    p = sub.add_parser(
+        "pretrain",
+        help="pretrain one method and evaluate it",
+        description="Pretrain an encoder with CL / NCL / NCL+TopK / BayesNCL, checkpoint every epoch, "
+        "and evaluate on the test split. Defaults are the CIFAR recipe; override with key=value.",
+        epilog=_keys_epilog(),
+        formatter_class=fmt,
+    )
+    p.add_argument("--config", help="YAML file or shipped recipe name (see below)")
+    p.add_argument("--run-dir", help="output directory (default runs/<method>-<data>-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from last.pt")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --run-dir")
+    p.add_argument("--no-eval", action="store_true", help="skip the end-of-training evaluation")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser(
+        "demo",
+        help="the main job: NCL vs BayesNCL on Fashion-MNIST, side-by-side table",
+        description="Pretrain NCL and BayesNCL with the same budget on Fashion-MNIST (about 10 min on "
+        "2 CPU cores), evaluate both on the test split and print one table (also saved as "
+        "table.md and table.json in the run dir). key=value overrides apply to both runs.",
+        formatter_class=fmt,
+    )
+    p.add_argument("--run-dir", help="output directory (default runs/demo-<time>)")
+    p.add_argument("--quick", action="store_true", help="a ~1 minute smoke version of the demo")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "extract",
+        help="write one features file (h, p, z, z~, alpha, mask, labels) for a split",
+        description="Run a trained encoder over a split and write one .npz features file that every "
+        "metric reads.",
+    )
+    p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
+    p.add_argument("--split", choices=("test", "train"), default="test")
+    p.add_argument("--out", help="output .npz (default RUN_DIR/features_<split>.npz)")
+    p.set_defaults(func=cmd_extract)
+
+    p = sub.add_parser(
+        "metrics",
+        help="interpretability metrics of a features file or any .npz with features+labels",
+        description="Semantic consistency, semantic entropies, activation ratio, sparsity, effective "
+        "rank, orthogonality and (optionally) retrieval with feature selection.",
+    )
+    p.add_argument("features", metavar="FEATURES", help="features .npz (from extract, or any npz "
+                   "holding 'features' (N x D float) and 'labels' (N int))")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--retrieval-dims", help="comma-separated K list, e.g. 32,64,128")
+    p.set_defaults(func=cmd_metrics)
+
+    p = sub.add_parser(
+        "evaluate",
+        help="extract + metrics + linear probe + kNN + retrieval + top-activation figure",
+        description="Full evaluation of a run dir or checkpoint; writes evaluation.json, "
+        "evaluation.md and top_activations.png into the run dir.",
+    )
+    p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
+    p.add_argument("--retrieval-dims", help="comma-separated K list (default 32,64,...,D)")
+    p.add_argument("--no-knn", action="store_true", help="skip the kNN classifier")
+    p.set_defaults(func=cmd_evaluate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt as e:
+        print(f"bayesncl: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if not isinstance(e, user_errors()):
+            raise
+        print(f"bayesncl: error: {e}", file=sys.stderr)
+        return 2
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""The SimCLR two-view augmentation (PAPER-NOTES §2), as ONE specification with two executors.
+
+:class:`AugmentSpec` holds the distribution; it is executed either
+
+* batched on the device by :class:`BatchAugment` (kornia, per-sample random parameters): the
+  *resident* path, used for small tensor datasets held as one uint8 tensor; or
+* per image by :func:`sample_transform` (torchvision.transforms.v2 on PIL images): the
+  *per-sample* DataLoader path, used for image folders and ``data.resident=false``.
+
+The pipeline, in order:
+
+1. RandomResizedCrop to ``size`` x ``size``, area scale U(``crop_min_scale``, 1), aspect ratio
+   log-uniform in (3/4, 4/3);
+2. colour jitter with p 0.8: brightness 0.8, contrast 0.8, saturation 0.8, hue 0.2 (torchvision's
+   formulas: a factor ``b`` draws from [max(0, 1-b), 1+b], hue from [-h, h]);
+3. grayscale with p 0.2;
+4. Gaussian blur with p ``blur_prob``, kernel :func:`blur_kernel_size` (about 10 % of the image,
+   odd, >= 3), sigma U(0.1, 2.0);
+5. horizontal flip with p 0.5;
+6. normalisation with the dataset mean/std.
+
+Gray (1-channel) data such as Fashion-MNIST keeps its single channel: the colour jitter reduces
+to brightness + contrast, and saturation, hue and the grayscale step are skipped (they are
+identities on gray images, and the RGB formulas do not apply to one channel).
+
+Known differences between the two executors (same distribution of parameters otherwise):
+
+* kornia draws ONE random order of the four jitter steps per batch call, torchvision one per
+  image; the set of factors is drawn per image in both;
+* kornia crops and resizes float tensors (bilinear, no antialias), torchvision resizes PIL
+  images (bilinear with antialias); the blur runs on float tensors vs on the uint8 PIL image.
+
+Randomness: both executors draw from the *global* torch RNG, so callers wrap them in
+``torch.random.fork_rng`` + an explicit seed (see :mod:`bayesncl.data.datasets`); kornia samples
+its parameters on the CPU (its default), so the augmentation parameters for a given seed are the
+same on CPU and CUDA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+__all__ = [
+    "AugmentSpec",
+    "BatchAugment",
+    "blur_kernel_size",
+    "eval_folder_transform",
+    "mix_seed",
+    "sample_transform",
+    "seeded",
+]
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    z = x
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def mix_seed(*parts: int) -> int:
+    """A well-mixed non-negative 63-bit seed from integers, e.g. ``(seed, epoch, rank, step)``.
+
+    Pure Python (SplitMix64), so it is identical across processes, platforms and torch versions.
+    """
+    h = 0x6A09E667F3BCC908
+    for p in parts:
+        h = _splitmix64(h ^ (int(p) & _M64))
+    return h >> 1
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device: torch.device | str | None = None) -> Iterator[None]:
+    """Run a block with the global torch RNG seeded to ``seed``; restore the caller's RNG after.
+
+    Forks the CPU generator and, for a CUDA ``device``, that device's generator only (seeding it
+    without touching the other devices), so the training loop's RNG stream is not disturbed.
+    """
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        with torch.random.fork_rng(devices=[index]):
+            torch.random.default_generator.manual_seed(seed)
+            with torch.cuda.device(index):
+                torch.cuda.manual_seed(seed)
+            yield
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.random.default_generator.manual_seed(seed)
+            yield
+
+
+def blur_kernel_size(size: int) -> int:
+    """Gaussian-blur kernel: about 10 % of the image side, odd, at least 3 (32 → 3, 224 → 23)."""
+    k = int(round(0.1 * size))
+    if k % 2 == 0:
+        k += 1
+    return max(3, k)
+
+
+@dataclass(frozen=True)
+class AugmentSpec:
+    """One SimCLR augmentation distribution (defaults = PAPER-NOTES §2).
+
+    ``size``: output side S; ``channels``: 1 (gray) or 3; ``mean``/``std``: per-channel
+    normalisation. A probability of 0 disables a step. Use :meth:`simclr` to build the paper's
+    spec for a dataset.
+    """
+
+    size: int
+    channels: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_min_scale: float = 0.08
+    crop_ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    jitter_p: float = 0.8
+    brightness: float = 0.8
+    contrast: float = 0.8
+    saturation: float = 0.8
+    hue: float = 0.2
+    gray_p: float = 0.2
+    blur_p: float = 0.5
+    blur_kernel: int = 0  # 0: blur_kernel_size(size)
+    blur_sigma: tuple[float, float] = (0.1, 2.0)
+    flip_p: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.channels not in (1, 3):
+            raise ValueError(f"AugmentSpec.channels={self.channels}: expected 1 or 3")
+        if len(self.mean) != self.channels or len(self.std) != self.channels:
+            raise ValueError(f"AugmentSpec: mean/std need {self.channels} entries, got {self.mean}, {self.std}")
+        if not 0.0 < self.crop_min_scale <= 1.0:
+            raise ValueError(f"AugmentSpec.crop_min_scale={self.crop_min_scale}: expected (0, 1]")
+        if self.size < 1:
+            raise ValueError(f"AugmentSpec.size={self.size}: expected >= 1")
+
+    @classmethod
+    def simclr(
+        cls,
+        size: int,
+        channels: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        crop_min_scale: float = 0.08,
+        blur_prob: float = 0.5,
+    ) -> AugmentSpec:
+        """The paper's two-view distribution; gray data drops saturation, hue and grayscale."""
+        spec = cls(
+            size=int(size),
+            channels=int(channels),
+            mean=tuple(float(m) for m in mean),
+            std=tuple(float(s) for s in std),
+            crop_min_scale=float(crop_min_scale),
+            blur_p=float(blur_prob),
+        )
+        return spec.for_channels()
+
+    def for_channels(self) -> AugmentSpec:
+        """Gray data: saturation, hue and grayscale are identities, so switch them off."""
+        if self.channels == 1:
+            return replace(self, saturation=0.0, hue=0.0, gray_p=0.0)
+        return self
+
+    @property
+    def kernel(self) -> int:
+        return self.blur_kernel or blur_kernel_size(self.size)
+
+
+class BatchAugment(nn.Module):
+    """The spec executed on a batch with kornia: float ``(B, C, H, W)`` in [0, 1] → normalised
+    ``(B, C, S, S)``. Every sample gets its own random parameters; randomness comes from the global
+    torch RNG (wrap calls in :func:`seeded`)."""
+
+    def __init__(self, spec: AugmentSpec) -> None:
+        super().__init__()
+        import kornia.augmentation as K
+
+        self.spec = spec
+        s = spec.size
+        ops: list[nn.Module] = [
+            K.RandomResizedCrop((s, s), scale=(spec.crop_min_scale, 1.0), ratio=spec.crop_ratio)
+        ]
+        if spec.jitter_p > 0:
+            ops.append(
+                K.ColorJitter(spec.brightness, spec.contrast, spec.saturation, spec.hue, p=spec.jitter_p)
+            )
+        if spec.gray_p > 0 and spec.channels == 3:
+            ops.append(K.RandomGrayscale(p=spec.gray_p))
+        if spec.blur_p > 0:
+            ops.append(K.RandomGaussianBlur((spec.kernel, spec.kernel), spec.blur_sigma, p=spec.blur_p))
+        if spec.flip_p > 0:
+            ops.append(K.RandomHorizontalFlip(p=spec.flip_p))
+        self.ops = nn.Sequential(*ops)
+        # Plain attributes, not buffers: ``.to(device)`` is never needed (kornia keeps sampling its
+        # parameters on the CPU, so a seed gives the same augmentation parameters on every device).
+        self._stats: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _mean_std(self, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (ref.device, ref.dtype)
+        if key not in self._stats:
+            shape = (1, self.spec.channels, 1, 1)
+            mean = torch.tensor(self.spec.mean, dtype=ref.dtype).view(shape).to(ref.device)
+            std = torch.tensor(self.spec.std, dtype=ref.dtype).view(shape).to(ref.device)
+            self._stats[key] = (mean, std)
+        return self._stats[key]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or x.shape[1] != self.spec.channels:
+            raise ValueError(f"BatchAugment expects (B, {self.spec.channels}, H, W), got {tuple(x.shape)}")
+        out = self.ops(x)
+        mean, std = self._mean_std(out)
+        return (out - mean) / std
+
+
+def sample_transform(spec: AugmentSpec):  # -> torchvision.transforms.v2.Compose
+    """The spec executed per image with torchvision.transforms.v2: PIL image (or uint8 CHW tensor)
+    → normalised float ``(C, S, S)``. Randomness comes from the global torch RNG."""
+    from torchvision.transforms import v2 as T
+
+    ts: list = [
+        T.RandomResizedCrop(spec.size, scale=(spec.crop_min_scale, 1.0), ratio=spec.crop_ratio, antialias=True)
+    ]
+    if spec.jitter_p > 0:
+        if spec.channels == 1:
+            jitter = T.ColorJitter(brightness=spec.brightness, contrast=spec.contrast)
+        else:
+            jitter = T.ColorJitter(spec.brightness, spec.contrast, spec.saturation, spec.hue)
+        ts.append(T.RandomApply([jitter], p=spec.jitter_p))
+    if spec.gray_p > 0 and spec.channels == 3:
+        ts.append(T.RandomGrayscale(p=spec.gray_p))
+    if spec.blur_p > 0:
+        ts.append(T.RandomApply([T.GaussianBlur(spec.kernel, sigma=spec.blur_sigma)], p=spec.blur_p))
+    if spec.flip_p > 0:
+        ts.append(T.RandomHorizontalFlip(p=spec.flip_p))
+    ts += [T.ToImage(), T.ToDtype(torch.float32, scale=True), T.Normalize(list(spec.mean), list(spec.std))]
+    return T.Compose(ts)
+
+
+def eval_folder_transform(size: int, mean: Sequence[float] | None, std: Sequence[float] | None):
+    """Deterministic geometry for variable-size folder images: resize the shorter side to
+    ``round(size * 256 / 224)`` then centre-crop ``size`` (the standard ImageNet evaluation
+    protocol). With ``mean``/``std`` → normalised float ``(C, S, S)``; without → uint8 ``(C, S, S)``."""
+    from torchvision.transforms import v2 as T
+
+    ts: list = [T.Resize(round(size * 256 / 224), antialias=True), T.CenterCrop(size), T.ToImage()]
+    if mean is not None and std is not None:
+        ts += [T.ToDtype(torch.float32, scale=True), T.Normalize(list(mean), list(std))]
+    return T.Compose(ts)

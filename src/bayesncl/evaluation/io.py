@@ -1,0 +1,297 @@
+"""The features file: load, validate, save (docs/architecture.md, "Features file").
+
+A features file is a NumPy ``.npz`` read with ``allow_pickle=False``:
+
+=========== ========== ====================================================================
+key         shape      meaning
+=========== ========== ====================================================================
+features    (N, D)     evaluation features z̃ (PAPER-NOTES §3), float32
+labels      (N,)       integer class labels, int64
+indices     (N,)       index of each row in its split (optional)
+h           (N, H)     backbone features (optional)
+p           (N, D)     raw projector output (optional)
+z           (N, D)     non-negative output (optional)
+alpha       (N, D)     gate probabilities, gated methods only (optional)
+mask        (N, D)     hard gate, gated methods only (optional)
+meta        ()         0-d string array holding JSON (optional)
+=========== ========== ====================================================================
+
+A plain ``.npz`` with only ``features`` and ``labels`` is a valid input everywhere.
+
+Every problem with the input is an :class:`EvalError` (a ``ValueError``) with one line that says
+what was found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "EvalError",
+    "EvalWarning",
+    "FeatureSet",
+    "OPTIONAL_ARRAYS",
+    "as_features",
+    "as_labels",
+    "load_features",
+    "save_features",
+    "validate_features",
+]
+
+#: Optional per-row arrays of a features file, in the order they are stored.
+OPTIONAL_ARRAYS = ("indices", "h", "p", "z", "alpha", "mask")
+
+
+class EvalError(ValueError):
+    """Bad input to an evaluation function; the message is one line naming what was found."""
+
+
+class EvalWarning(UserWarning):
+    """A metric was evaluated on a degenerate input and returned its documented fallback value."""
+
+
+@dataclass
+class FeatureSet:
+    """The contents of one features file. Optional fields are ``None`` when absent."""
+
+    features: np.ndarray
+    labels: np.ndarray
+    indices: np.ndarray | None = None
+    h: np.ndarray | None = None
+    p: np.ndarray | None = None
+    z: np.ndarray | None = None
+    alpha: np.ndarray | None = None
+    mask: np.ndarray | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.features.shape[1])
+
+
+# --------------------------------------------------------------------------------------------
+# conversion and validation
+# --------------------------------------------------------------------------------------------
+
+
+def _to_tensor(x: Any, name: str) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, np.ndarray):
+        if x.dtype.kind not in "biuf":
+            raise EvalError(f"{name} must be numeric; got a NumPy array of dtype {x.dtype}")
+        with warnings.catch_warnings():
+            # A read-only array (e.g. memory-mapped) is never written to here.
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.as_tensor(x)
+    try:
+        arr = np.asarray(x)
+    except Exception as exc:  # pragma: no cover - exotic inputs
+        raise EvalError(f"{name} must be an array; got {type(x).__name__}") from exc
+    if arr.dtype.kind not in "biuf":
+        raise EvalError(f"{name} must be numeric; got {type(x).__name__} of dtype {arr.dtype}")
+    return torch.as_tensor(arr)
+
+
+def as_features(features: Any, name: str = "features") -> torch.Tensor:
+    """Return ``features`` as a 2-D float CPU tensor (float32, or float64 if given float64).
+
+    Raises :class:`EvalError` for a shape other than (N, D) with N, D > 0, and for NaN or inf
+    (naming how many rows hold one). No copy is made for float32/float64 input.
+    """
+    t = _to_tensor(features, name)
+    if t.ndim != 2:
+        kind = {0: "a scalar", 1: "a 1-D array"}.get(t.ndim, f"a {t.ndim}-D array")
+        raise EvalError(f"{name} must be a 2-D array (N, D); got {kind} of shape {tuple(t.shape)}")
+    n, d = t.shape
+    if n == 0 or d == 0:
+        raise EvalError(f"{name} is empty: shape {tuple(t.shape)}")
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.to(torch.float32)
+    # Fast finiteness test: a NaN or inf entry makes its column sum non-finite. Only when some
+    # column sum is non-finite (possibly by overflow of huge finite values) is the exact
+    # per-entry test run.
+    colsum = t.sum(dim=0, dtype=torch.float64)
+    if not bool(torch.isfinite(colsum).all()):
+        bad_rows = (~torch.isfinite(t)).any(dim=1)
+        n_bad = int(bad_rows.sum())
+        if n_bad:
+            first = int(torch.nonzero(bad_rows)[0, 0])
+            raise EvalError(
+                f"{name} contain NaN or inf in {n_bad} of {n} rows (first: row {first})"
+            )
+    return t
+
+
+def as_labels(labels: Any, n: int | None = None, name: str = "labels") -> torch.Tensor:
+    """Return ``labels`` as a 1-D int64 CPU tensor; ``n`` is the expected length (feature rows)."""
+    t = _to_tensor(labels, name)
+    if t.ndim != 1:
+        raise EvalError(f"{name} must be a 1-D array (N,); got shape {tuple(t.shape)}")
+    if t.dtype.is_floating_point:
+        if not bool(torch.isfinite(t).all()) or not bool((t == t.round()).all()):
+            raise EvalError(f"{name} must be integer class ids; got non-integer {t.dtype} values")
+    t = t.to(torch.int64)
+    if n is not None and t.shape[0] != n:
+        raise EvalError(f"{name} has {t.shape[0]} entries but features has {n} rows")
+    return t
+
+
+def validate_features(features: Any, labels: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Check and convert ``(features, labels)``; return ``(F, y)`` as CPU tensors.
+
+    ``F`` is (N, D) float32/float64, ``y`` is (N,) int64 or ``None`` when ``labels`` is ``None``.
+    Raises :class:`EvalError` with one line for: not 2-D, empty, NaN/inf (with the number of rows),
+    non-integer labels, or a label count different from the number of feature rows.
+    """
+    f = as_features(features)
+    y = None if labels is None else as_labels(labels, f.shape[0])
+    return f, y
+
+
+# --------------------------------------------------------------------------------------------
+# files
+# --------------------------------------------------------------------------------------------
+
+
+def _parse_meta(raw: np.ndarray, path: Path) -> dict[str, Any]:
+    if raw.dtype.kind not in "US" or raw.ndim != 0:
+        raise EvalError(
+            f"{path}: 'meta' must be a 0-d string array holding JSON; "
+            f"got dtype {raw.dtype} shape {raw.shape}"
+        )
+    text = str(raw[()])
+    try:
+        meta = json.loads(text) if text else {}
+    except json.JSONDecodeError as exc:
+        raise EvalError(f"{path}: 'meta' is not valid JSON ({exc.msg} at char {exc.pos})") from exc
+    if not isinstance(meta, dict):
+        raise EvalError(f"{path}: 'meta' must hold a JSON object; got {type(meta).__name__}")
+    return meta
+
+
+def load_features(path: str | os.PathLike[str]) -> FeatureSet:
+    """Load and validate a features file (or a plain ``.npz`` with ``features`` and ``labels``).
+
+    Raises :class:`EvalError` naming what was found when the file is missing, is not an ``.npz``
+    archive, lacks ``features`` or ``labels``, holds pickled objects, or has inconsistent shapes.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise EvalError(f"features file not found: {path}")
+    if path.is_dir():
+        raise EvalError(f"{path} is a directory, not a features file (.npz)")
+    try:
+        data = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        raise EvalError(
+            f"{path} is not a features file: not a NumPy .npz archive ({exc})".replace("\n", " ")
+        ) from exc
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise EvalError(f"{path} is not a features file: cannot read it as .npz ({exc})") from exc
+    if isinstance(data, np.ndarray):
+        raise EvalError(
+            f"{path} is not a features file: it holds a single .npy array of shape {data.shape}; "
+            "expected an .npz archive with 'features' and 'labels'"
+        )
+    with data:
+        keys = sorted(data.files)
+        missing = [k for k in ("features", "labels") if k not in keys]
+        if missing:
+            found = ", ".join(repr(k) for k in keys) or "no arrays"
+            raise EvalError(
+                f"{path} is not a features file: missing {' and '.join(repr(k) for k in missing)} "
+                f"(found {found})"
+            )
+        arrays: dict[str, np.ndarray] = {}
+        for key in ("features", "labels", *OPTIONAL_ARRAYS, "meta"):
+            if key in keys:
+                try:
+                    arrays[key] = data[key]
+                except ValueError as exc:
+                    raise EvalError(
+                        f"{path}: array {key!r} holds Python objects (pickled); "
+                        "features files must be plain numeric arrays"
+                    ) from exc
+    feats = arrays["features"]
+    f, y = validate_features(feats, arrays["labels"])
+    n = f.shape[0]
+    fs = FeatureSet(features=feats, labels=arrays["labels"].astype(np.int64, copy=False))
+    for key in OPTIONAL_ARRAYS:
+        if key in arrays:
+            arr = arrays[key]
+            if arr.ndim == 0 or arr.shape[0] != n:
+                raise EvalError(
+                    f"{path}: {key!r} has shape {arr.shape} but features has {n} rows"
+                )
+            setattr(fs, key, arr)
+    if "meta" in arrays:
+        fs.meta = _parse_meta(arrays["meta"], path)
+    return fs
+
+
+def save_features(
+    path: str | os.PathLike[str],
+    *,
+    features: Any,
+    labels: Any,
+    meta: dict[str, Any] | None = None,
+    compress: bool = False,
+    **arrays: Any,
+) -> Path:
+    """Write a features file atomically (temporary file in the same folder, then ``os.replace``).
+
+    ``arrays`` may hold the optional per-row arrays (:data:`OPTIONAL_ARRAYS`); tensors are
+    converted to NumPy. ``features`` is stored as float32 and ``labels`` as int64. ``meta`` is
+    stored as a 0-d string array holding JSON. Returns the final path.
+    """
+    path = Path(path)
+    unknown = sorted(set(arrays) - set(OPTIONAL_ARRAYS))
+    if unknown:
+        raise EvalError(
+            f"unknown features-file array(s) {', '.join(unknown)}; allowed: {', '.join(OPTIONAL_ARRAYS)}"
+        )
+    f, y = validate_features(features, labels)
+    out: dict[str, np.ndarray] = {
+        "features": f.to(torch.float32).numpy(),
+        "labels": y.numpy(),  # type: ignore[union-attr]
+    }
+    n = f.shape[0]
+    for key in OPTIONAL_ARRAYS:
+        if key in arrays and arrays[key] is not None:
+            val = arrays[key]
+            arr = val.detach().cpu().numpy() if isinstance(val, torch.Tensor) else np.asarray(val)
+            if arr.dtype == object:
+                raise EvalError(f"{key!r} must be a numeric array; got dtype object")
+            if arr.ndim == 0 or arr.shape[0] != n:
+                raise EvalError(f"{key!r} has shape {arr.shape} but features has {n} rows")
+            out[key] = arr
+    if meta is not None:
+        out["meta"] = np.array(json.dumps(meta, sort_keys=True))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            (np.savez_compressed if compress else np.savez)(fh, **out)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path

@@ -1,0 +1,153 @@
+"""Model assembly: backbone f → h → projector → p → φ → z → [gating head, gate] → z̃.
+
+A method is a configuration of these parts (``MethodConfig``), never a subclass. Parameter names
+follow the authors' layout (``backbone.*``, ``projector.*``, ``gating_head.*``, ``classifier.*``)
+so their checkpoints map onto ours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torchvision
+from torch import Tensor, nn
+
+from bayesncl import functional as BF
+from bayesncl.config import Config, MethodConfig, ModelConfig
+from bayesncl.nn import Gate, GatingHead, NonNegative, Projector
+
+BACKBONE_DIMS = {"resnet18": 512, "resnet50": 2048, "small_cnn": 256}
+
+
+def _conv_bn(cin: int, cout: int, stride: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False),
+        nn.BatchNorm2d(cout),
+        nn.ReLU(inplace=True),
+    )
+
+
+def small_cnn(in_channels: int) -> nn.Module:
+    """A 4-block CNN for quick CPU runs on 28-32 px images; output h: (B, 256)."""
+    return nn.Sequential(
+        _conv_bn(in_channels, 32, 1),
+        _conv_bn(32, 64, 2),
+        _conv_bn(64, 128, 2),
+        _conv_bn(128, 256, 2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+    )
+
+
+def build_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple[nn.Module, int]:
+    """torchvision ResNet-18/50 (optionally with the CIFAR stem) or :func:`small_cnn`.
+
+    The CIFAR stem (3×3 stride-1 conv1, no max-pool; PAPER-NOTES §1) is used when
+    ``cifar_stem`` is ``true``, or ``auto`` and ``image_size <= 64``.
+    Returns ``(module mapping (B, C, S, S) → h: (B, h_dim), h_dim)``.
+    """
+    if cfg.backbone == "small_cnn":
+        return small_cnn(in_channels), BACKBONE_DIMS["small_cnn"]
+    net = getattr(torchvision.models, cfg.backbone)(weights=None)
+    cifar = cfg.cifar_stem == "true" or (cfg.cifar_stem == "auto" and image_size <= 64)
+    if cifar:
+        net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        net.maxpool = nn.Identity()
+    elif in_channels != 3:
+        net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    h_dim = net.fc.in_features
+    net.fc = nn.Identity()
+    return net, h_dim
+
+
+@dataclass
+class ModelOutput:
+    """Everything one forward pass produces; shapes for a batch of B images, D = proj_dim.
+
+    h: (B, H) backbone features; p: (B, D) raw projector output; z: (B, D) after φ (and TopK);
+    logits: (B, D) gate logits / τ_s or None; alpha: (B, D) noise-free σ(logits) or None;
+    mask: (B, D) gate mask (hard in forward) or None; z_tilde: (B, D) the features fed to InfoNCE,
+    which are also the evaluation features in eval mode (PAPER-NOTES §3).
+    """
+
+    h: Tensor
+    p: Tensor
+    z: Tensor
+    logits: Tensor | None
+    alpha: Tensor | None
+    mask: Tensor | None
+    z_tilde: Tensor
+
+
+class ContrastiveModel(nn.Module):
+    """Backbone + projector + non-negativity + optional TopK + optional gate + online probe."""
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        h_dim: int,
+        model_cfg: ModelConfig,
+        method: MethodConfig,
+        num_classes: int,
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.h_dim = h_dim
+        d = model_cfg.proj_dim
+        self.projector = Projector(h_dim, model_cfg.proj_hidden, d)
+        self.nonneg = NonNegative(method.nonneg)
+        self.topk = round(method.rho * d) if method.topk else 0
+        self.gating_head: GatingHead | None = None
+        self.gate: Gate | None = None
+        if method.gate != "none":
+            hidden = method.gate_hidden or model_cfg.proj_hidden
+            self.gating_head = GatingHead(
+                h_dim, hidden, d, depth=method.gate_depth, detach=method.detach, tau=method.gate_tau
+            )
+            self.gate = Gate(method.gate, threshold=method.threshold, gumbel_noise=method.gumbel_noise)
+        self.classifier = nn.Linear(h_dim, num_classes)
+
+    def project(self, h: Tensor) -> ModelOutput:
+        """Run everything after the backbone on h: (B, H)."""
+        p = self.projector(h)
+        z = self.nonneg(p)
+        if self.topk:
+            z = BF.topk_mask(z, self.topk)
+        logits = alpha = mask = None
+        if self.gating_head is not None and self.gate is not None:
+            logits = self.gating_head(h)
+            mask, alpha = self.gate(logits)
+            if not self.training and self.gate.kind == "soft":
+                # evaluation features always use the hard mask (PAPER-NOTES §3), soft ablation included
+                mask = (alpha > self.gate.threshold).to(alpha.dtype)
+            z_tilde = BF.gated_features(z, mask)
+        else:
+            z_tilde = BF.eval_features(z)
+        return ModelOutput(h=h, p=p, z=z, logits=logits, alpha=alpha, mask=mask, z_tilde=z_tilde)
+
+    def forward(self, x: Tensor) -> ModelOutput:
+        """x: (B, C, S, S) normalised images → :class:`ModelOutput`."""
+        return self.project(self.backbone(x))
+
+
+def build_model(cfg: Config, in_channels: int, image_size: int, num_classes: int) -> ContrastiveModel:
+    """Assemble the model a config describes (PAPER-NOTES §1)."""
+    backbone, h_dim = build_backbone(cfg.model, in_channels, image_size)
+    return ContrastiveModel(backbone, h_dim, cfg.model, cfg.method, num_classes)
+
+
+def contrastive_loss(out: ModelOutput, method: MethodConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    """Loss = InfoNCE(z̃ over 2N views, τ) + λ·KL(Bern(α) ‖ Bern(ρ)) (PAPER-NOTES §1).
+
+    out.z_tilde must hold the 2N views laid out ``[view1; view2]``. Returns the fp32 loss and its
+    detached parts ``{"info_nce", "kl"}`` (kl is 0 for methods without a gate).
+    """
+    nce = BF.info_nce(out.z_tilde, method.temperature)
+    if out.alpha is not None:
+        kl = BF.bernoulli_kl(out.alpha, method.rho)
+        loss = nce + method.lam * kl
+    else:
+        kl = torch.zeros((), device=nce.device)
+        loss = nce
+    return loss, {"info_nce": nce.detach(), "kl": kl.detach()}

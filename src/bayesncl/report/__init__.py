@@ -1,0 +1,51 @@
+"""Tables of results: Markdown for people, JSON for machines."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+# (column header, metrics key, format)
+MAIN_COLUMNS: list[tuple[str, str, str]] = [
+    ("SC %", "semantic_consistency", "{:.2f}"),
+    ("H_sum", "semantic_entropy_sum", "{:.3f}"),
+    ("H_mean", "semantic_entropy_mean", "{:.3f}"),
+    ("H_freq", "semantic_entropy_freq", "{:.3f}"),
+    ("Act.", "activation_ratio", "{:.3f}"),
+    ("LP@1", "linear_probe_acc1", "{:.2f}"),
+]
+
+
+def _fmt(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return fmt.format(value)
+
+
+def format_table(results: dict[str, dict[str, Any]], columns: list[tuple[str, str, str]] | None = None) -> str:
+    """One Markdown row per method: ``results = {method: metrics dict}``."""
+    cols = columns or MAIN_COLUMNS
+    head = "| method | " + " | ".join(c[0] for c in cols) + " |"
+    sep = "|---|" + "---:|" * len(cols)
+    rows = [
+        f"| {name} | " + " | ".join(_fmt(m.get(key), fmt) for _, key, fmt in cols) + " |"
+        for name, m in results.items()
+    ]
+    return "\n".join([head, sep, *rows])
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_results(
+    out_dir: Path, stem: str, results: dict[str, Any], markdown: str, header: str = ""
+) -> None:
+    """Write ``stem.json`` and ``stem.md`` into ``out_dir`` (atomically)."""
+    write_text_atomic(out_dir / f"{stem}.json", json.dumps(results, indent=2, default=float) + "\n")
+    write_text_atomic(out_dir / f"{stem}.md", (header + "\n\n" if header else "") + markdown + "\n")

@@ -1,0 +1,122 @@
+"""Config resolution: presets, YAML, overrides, type coercion and one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bayesncl.config import (
+    METHOD_PRESETS,
+    ConfigError,
+    build_config,
+    config_from_dict,
+    diff_configs,
+    dump_yaml,
+    valid_keys,
+)
+from bayesncl.train import warmup_cosine
+
+RECIPES = sorted((Path(__file__).parents[1] / "src" / "bayesncl" / "configs").glob("*.yaml"))
+
+
+def test_presets_set_the_parts_of_each_method() -> None:
+    cl = build_config(overrides=["method.name=cl"]).method
+    assert (cl.nonneg, cl.gate, cl.topk) == ("identity", "none", False)
+    topk = build_config(overrides=["method.name=ncl-topk"]).method
+    assert topk.topk and topk.gate == "none" and topk.nonneg == "rep_relu"
+    gs = build_config(overrides=["method.name=bayesncl-gs"]).method
+    assert gs.gate == "gumbel"
+    assert set(METHOD_PRESETS) == {"cl", "ncl", "ncl-topk", "bayesncl", "bayesncl-gs"}
+
+
+def test_overrides_win_over_preset_and_yaml(tmp_path: Path) -> None:
+    y = tmp_path / "c.yaml"
+    y.write_text("method:\n  name: bayesncl\n  rho: 0.7\n  gate: soft\ntrain:\n  epochs: 3\n")
+    cfg = build_config(y, ["method.rho=0.6", "seed=5", "eval.retrieval_dims=32,64"])
+    assert cfg.method.rho == 0.6  # CLI beats YAML
+    assert cfg.method.gate == "soft"  # YAML beats preset (the soft-gate ablation)
+    assert cfg.train.epochs == 3 and cfg.seed == 5
+    assert cfg.eval.retrieval_dims == [32, 64]
+    assert isinstance(cfg.train.epochs, int) and isinstance(cfg.method.rho, float)
+
+
+def test_required_keys_exist() -> None:
+    keys = set(valid_keys())
+    for k in ("data.name", "data.root", "train.epochs", "train.batch_size", "model.backbone",
+              "method.name", "method.rho", "method.lam", "seed"):
+        assert k in keys
+
+
+def test_unknown_key_names_closest() -> None:
+    with pytest.raises(ConfigError, match=r"unknown config key 'method\.rhoo'.*method\.rho"):
+        build_config(overrides=["method.rhoo=0.5"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'trian\.epochs'.*train\.epochs"):
+        build_config(overrides=["trian.epochs=1"])
+
+
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        ("method.rho=1.0", r"method\.rho=1\.0: expected 0 < rho < 1"),
+        ("method.rho=0", r"method\.rho=0\.0: expected 0 < rho < 1"),
+        ("method.lam=-1e-5", r"method\.lam=-1e-05: expected lambda >= 0"),
+        ("method.temperature=0", r"method\.temperature=0\.0: expected > 0"),
+        ("method.gate_tau=-1", r"method\.gate_tau=-1\.0: expected > 0"),
+        ("train.batch_size=1", r"train\.batch_size=1: expected >= 2"),
+        ("method.gate_depth=4", r"gate_depth=4: expected 1, 2 or 3"),
+        ("method.name=simclr", r"method\.name='simclr': expected one of cl, ncl"),
+        ("train.epochs=two", r"train\.epochs='two': expected int"),
+        ("data.name=mnist", r"data\.name='mnist': expected one of fashion-mnist"),
+        ("norho", r"override 'norho' is not key=value"),
+    ],
+)
+def test_bad_values_are_one_line_errors(override: str, pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern) as e:
+        build_config(overrides=[override])
+    assert "\n" not in str(e.value)
+
+
+def test_topk_k_larger_than_d() -> None:
+    # rho < 1 always gives k <= D; k = 0 (too small rho for D) is the reachable failure.
+    with pytest.raises(ConfigError, match=r"TopK k=round\(rho\*D\)=0"):
+        build_config(overrides=["method.name=ncl-topk", "method.rho=0.001", "model.proj_dim=16"])
+
+
+def test_yaml_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        build_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        build_config(bad)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("train:\n  epoch: 3\n")
+    with pytest.raises(ConfigError, match=r"'train\.epoch'.*train\.epochs"):
+        build_config(typo)
+
+
+def test_roundtrip_and_diff() -> None:
+    import yaml
+
+    cfg = build_config(overrides=["method.name=ncl", "method.rho=0.5"])
+    again = config_from_dict(yaml.safe_load(dump_yaml(cfg)))
+    assert again == cfg
+    other = build_config(overrides=["method.name=ncl", "method.rho=0.6", "train.epochs=7"])
+    assert diff_configs(cfg, other) == ["method.rho"]  # epochs may change on resume
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_is_valid(path: Path) -> None:
+    cfg = build_config(path)
+    assert cfg.method.name in path.stem or path.stem == "fashion-mnist-demo"
+
+
+def test_warmup_cosine_schedule() -> None:
+    s = warmup_cosine(1.0, total_steps=110, warmup_steps=10, start=0.0, final=0.0)
+    assert s.shape == (110,)
+    assert s[0] == 0.0 and s[5] == pytest.approx(0.5)  # linear warmup
+    assert s[10] == pytest.approx(1.0)  # peak right after warmup
+    assert s[60] == pytest.approx(0.5)  # cosine midpoint
+    assert s[-1] == pytest.approx((1 + __import__("math").cos(__import__("math").pi * 99 / 100)) / 2)
+    assert all(a >= b for a, b in zip(s[10:], s[11:], strict=False))
