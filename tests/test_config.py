@@ -43,8 +43,17 @@ def test_overrides_win_over_preset_and_yaml(tmp_path: Path) -> None:
 
 def test_required_keys_exist() -> None:
     keys = set(valid_keys())
-    for k in ("data.name", "data.root", "train.epochs", "train.batch_size", "model.backbone",
-              "method.name", "method.rho", "method.lam", "seed"):
+    for k in (
+        "data.name",
+        "data.root",
+        "train.epochs",
+        "train.batch_size",
+        "model.backbone",
+        "method.name",
+        "method.rho",
+        "method.lam",
+        "seed",
+    ):
         assert k in keys
 
 

@@ -24,9 +24,7 @@ def _grads(model, loss) -> dict[str, float]:
     out = {}
     for part in ("backbone", "projector", "gating_head"):
         mod = getattr(model, part)
-        total = sum(
-            float(p.grad.abs().sum()) for p in mod.parameters() if p.grad is not None
-        )
+        total = sum(float(p.grad.abs().sum()) for p in mod.parameters() if p.grad is not None)
         out[part] = total
     return out
 
@@ -58,7 +56,13 @@ def test_infonce_reaches_backbone_and_gate_through_ste() -> None:
 
 @pytest.mark.parametrize(
     ("name", "gated", "topk"),
-    [("cl", False, 0), ("ncl", False, 0), ("ncl-topk", False, 13), ("bayesncl", True, 0), ("bayesncl-gs", True, 0)],
+    [
+        ("cl", False, 0),
+        ("ncl", False, 0),
+        ("ncl-topk", False, 13),
+        ("bayesncl", True, 0),
+        ("bayesncl-gs", True, 0),
+    ],
 )
 def test_presets_build_the_right_parts(name: str, gated: bool, topk: int) -> None:
     model, cfg = _model(f"method.name={name}")
@@ -90,7 +94,9 @@ def test_eval_features_follow_paper_notes_section3() -> None:
     torch.testing.assert_close(out.z_tilde, ref)
 
 
-@pytest.mark.parametrize(("backbone", "stem", "h_dim"), [("resnet18", "true", 512), ("resnet18", "false", 512)])
+@pytest.mark.parametrize(
+    ("backbone", "stem", "h_dim"), [("resnet18", "true", 512), ("resnet18", "false", 512)]
+)
 def test_resnet_stems(backbone: str, stem: str, h_dim: int) -> None:
     model, _ = _model(f"model.cifar_stem={stem}", backbone=backbone)
     conv1 = model.backbone.conv1

@@ -35,8 +35,17 @@ def test_two_epoch_smoke_pretrain_every_preset(tmp_path: Path, method: str) -> N
     cfg = build_config(overrides=[*TINY, f"method.name={method}", "method.lam=0.01"])
     metrics = pretrain(cfg, tmp_path / "run")
     run = tmp_path / "run"
-    for name in ("config.yaml", "log.csv", "last.pt", "epoch-0001.pt", "epoch-0002.pt",
-                 "encoder.safetensors", "backbone_torchvision.pt", "metrics.json", "metrics.md"):
+    for name in (
+        "config.yaml",
+        "log.csv",
+        "last.pt",
+        "epoch-0001.pt",
+        "epoch-0002.pt",
+        "encoder.safetensors",
+        "backbone_torchvision.pt",
+        "metrics.json",
+        "metrics.md",
+    ):
         assert (run / name).exists(), name
     rows = list(csv.DictReader((run / "log.csv").open()))
     assert [int(r["epoch"]) for r in rows] == [1, 2]
@@ -49,8 +58,14 @@ def test_two_epoch_smoke_pretrain_every_preset(tmp_path: Path, method: str) -> N
             assert float(r["kl"]) == 0.0
     saved = json.loads((run / "metrics.json").read_text())
     assert saved["n_test"] == 60
-    for key in ("semantic_consistency", "semantic_entropy_sum", "semantic_entropy_mean",
-                "semantic_entropy_freq", "activation_ratio", "linear_probe_acc1"):
+    for key in (
+        "semantic_consistency",
+        "semantic_entropy_sum",
+        "semantic_entropy_mean",
+        "semantic_entropy_freq",
+        "activation_ratio",
+        "linear_probe_acc1",
+    ):
         assert key in saved and saved[key] == pytest.approx(metrics[key])
     assert 0.0 <= saved["semantic_consistency"] <= 100.0
     if method == "cl":

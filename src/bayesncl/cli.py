@@ -103,9 +103,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input, printed as one line; anything else is a bug and raises."""
+    from bayesncl.checkpoint import RunDirError
     from bayesncl.data import DataError
     from bayesncl.evaluation import EvalError
-    from bayesncl.train import RunDirError, TrainingError
+    from bayesncl.train import TrainingError
 
     return (ConfigError, DataError, EvalError, RunDirError, TrainingError, FileNotFoundError, PermissionError)
 
@@ -165,8 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Semantic consistency, semantic entropies, activation ratio, sparsity, effective "
         "rank, orthogonality and (optionally) retrieval with feature selection.",
     )
-    p.add_argument("features", metavar="FEATURES", help="features .npz (from extract, or any npz "
-                   "holding 'features' (N x D float) and 'labels' (N int))")
+    p.add_argument(
+        "features",
+        metavar="FEATURES",
+        help="features .npz (from extract, or any npz holding 'features' (N x D float) and 'labels' (N int))",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--retrieval-dims", help="comma-separated K list, e.g. 32,64,128")
     p.set_defaults(func=cmd_metrics)
@@ -186,7 +190,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # key=value overrides may appear before or after options: argparse leaves the later ones over.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides = [*args.overrides, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
@@ -200,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"bayesncl: error: {e}", file=sys.stderr)
         return 2
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,7 +17,12 @@ from bayesncl.report import format_table, write_results
 
 DEMO_CONFIG = Path(__file__).parent / "configs" / "fashion-mnist-demo.yaml"
 DEMO_METHODS = ("ncl", "bayesncl")
-QUICK_OVERRIDES = ["data.train_subset=2000", "data.test_subset=1000", "train.epochs=1", "train.batch_size=128"]
+QUICK_OVERRIDES = [
+    "data.train_subset=2000",
+    "data.test_subset=1000",
+    "train.epochs=1",
+    "train.batch_size=128",
+]
 
 
 def demo_configs(overrides: list[str], quick: bool = False) -> dict[str, Config]:
@@ -32,8 +37,9 @@ def run_demo(run_dir: Path | None, overrides: list[str], quick: bool = False) ->
     Everything is validated (configs, data, run dir) before the first epoch starts.
     Raises ConfigError / DataError / RunDirError on bad input.
     """
+    from bayesncl.checkpoint import RunDirError
     from bayesncl.data import dataset_info
-    from bayesncl.train import RunDirError, pretrain
+    from bayesncl.train import pretrain
 
     configs = demo_configs(overrides, quick)
     for cfg in configs.values():

@@ -16,14 +16,11 @@ Run dir layout::
 
 from __future__ import annotations
 
-import csv
 import math
 import os
-import random
 import signal
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,22 +29,23 @@ import torch
 import yaml
 from torch import nn
 
-from bayesncl.config import Config, ConfigError, config_from_dict, diff_configs, dump_yaml
+from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for callers
+    RunDirError,
+    TrainState,
+    atomic_save,
+    prepare_run_dir,
+    save_checkpoint,
+    seed_everything,
+    set_rng_state,
+    write_log,
+)
+from bayesncl.config import Config, ConfigError, config_from_dict, dump_yaml
 from bayesncl.data import build_train_loader, dataset_info
 from bayesncl.models import ContrastiveModel, build_model, contrastive_loss
-
-LOG_FIELDS = [
-    "epoch", "step", "loss", "info_nce", "kl", "gate_open", "rho", "rows_all_closed",
-    "online_acc", "lr", "epoch_time_s",
-]
 
 
 class TrainingError(RuntimeError):
     """Training cannot continue (non-finite loss, ...); the message is one line."""
-
-
-class RunDirError(ValueError):
-    """The run directory cannot be used as asked (exists, unwritable, config differs)."""
 
 
 # ----------------------------------------------------------------------------- devices, precision
@@ -143,118 +141,6 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float, probe_factor: float) -> 
         g["lr"] = g["fixed_lr"] * probe_factor if "fixed_lr" in g else lr * g["lr_scale"]
 
 
-# ----------------------------------------------------------------------------- state
-def rng_state() -> dict[str, Any]:
-    # Only tensors and plain Python values, so checkpoints load with torch.load(weights_only=True).
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to a temporary file in the same dir, then rename: never a half-written file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-@dataclass
-class TrainState:
-    epoch: int = 0  # epochs completed
-    step: int = 0  # optimiser steps completed
-    log: list[dict[str, Any]] = field(default_factory=list)
-
-
-def save_checkpoint(
-    path: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    state: TrainState,
-    cfg: Config,
-) -> None:
-    """Everything needed for a bit-identical resume, in one file (written atomically)."""
-    atomic_save(
-        {
-            "format": "bayesncl-checkpoint-v1",
-            "config": cfg.to_dict(),
-            "state_dict": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(),
-            "epoch": state.epoch,
-            "step": state.step,
-            "log": state.log,
-            "rng": rng_state(),
-        },
-        path,
-    )
-
-
-# ----------------------------------------------------------------------------- run dir
-def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
-    """Check the run dir *before* anything is written. Returns the checkpoint to resume from or None.
-
-    Raises RunDirError if it already holds a run (without --resume/--overwrite), if --resume finds
-    no checkpoint or a config that differs (naming the keys), or if it is not writable.
-    """
-    has_run = (run_dir / "config.yaml").exists() or (run_dir / "last.pt").exists()
-    if resume:
-        ckpt_path = run_dir / "last.pt"
-        if not ckpt_path.exists():
-            raise RunDirError(f"--resume: no checkpoint {ckpt_path} to resume from")
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        old = config_from_dict(ckpt["config"])
-        diff = diff_configs(old, cfg)
-        if diff:
-            pairs = ", ".join(f"{k}" for k in diff)
-            raise RunDirError(f"--resume: the config differs from the run's in: {pairs}")
-        return ckpt
-    if has_run and not overwrite:
-        raise RunDirError(
-            f"run dir {run_dir} already holds a run; pass --resume to continue it, "
-            "--overwrite to replace it, or choose another --run-dir"
-        )
-    probe = run_dir if run_dir.exists() else next((p for p in run_dir.parents if p.exists()), Path("."))
-    if not os.access(probe, os.W_OK):
-        raise RunDirError(f"run dir {run_dir} is not writable (no write permission on {probe})")
-    return None
-
-
-def write_log(run_dir: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = run_dir / ".log.csv.tmp"
-    with tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=LOG_FIELDS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in LOG_FIELDS})
-    os.replace(tmp, run_dir / "log.csv")
-
-
 # ----------------------------------------------------------------------------- the loop
 def pretrain(
     cfg: Config,
@@ -307,9 +193,7 @@ def pretrain(
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))
 
     step_model = torch.compile(model) if cfg.train.compile else model
-    autocast = (
-        torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
-    )
+    autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
     interrupted = _install_sigint()
     for epoch in range(state.epoch, cfg.train.epochs):
         loader.set_epoch(epoch)
@@ -335,17 +219,12 @@ def pretrain(
             scaler.update()
 
             with torch.no_grad():
-                open_rate = out.mask.float().mean() if out.mask is not None else torch.ones((), device=device)
-                closed = (
-                    (out.mask.sum(1) == 0).float().mean() if out.mask is not None else torch.zeros((), device=device)
-                )
-                correct = (logits_cls.argmax(1) == torch.cat([y, y])).float().mean()
-                sums += torch.stack([loss.detach(), parts["info_nce"], parts["kl"], open_rate, closed, correct])
+                sums += step_stats(loss, parts, out.mask, logits_cls, torch.cat([y, y]))
             n_seen += 1
             state.step += 1
             if device.type == "cpu" or state.step % 25 == 0 or n_seen == steps_per_epoch:
                 means = (sums / n_seen).tolist()
-                if not math.isfinite(float(loss)):
+                if not math.isfinite(float(loss.detach())):
                     raise TrainingError(
                         f"non-finite loss at step {state.step} (epoch {epoch + 1}): "
                         f"InfoNCE={float(parts['info_nce']):.4g}, KL={float(parts['kl']):.4g}; "
@@ -360,7 +239,9 @@ def pretrain(
                 break
         if interrupted["flag"]:
             save_checkpoint(run_dir / "interrupted.pt", model, optimizer, scaler, state, cfg)
-            raise KeyboardInterrupt(f"interrupted in epoch {epoch + 1}; state saved to {run_dir / 'interrupted.pt'}")
+            raise KeyboardInterrupt(
+                f"interrupted in epoch {epoch + 1}; state saved to {run_dir / 'interrupted.pt'}"
+            )
         means = (sums / max(n_seen, 1)).tolist()
         row = {
             "epoch": epoch + 1,
@@ -391,6 +272,22 @@ def pretrain(
     from bayesncl.evaluation.pipeline import evaluate_model
 
     return evaluate_model(model, cfg, run_dir, device=device)
+
+
+def step_stats(
+    loss: torch.Tensor,
+    parts: dict[str, torch.Tensor],
+    mask: torch.Tensor | None,
+    class_logits: torch.Tensor,
+    y: torch.Tensor,
+) -> torch.Tensor:
+    """(6,) tensor: loss, InfoNCE, KL, gate-open rate, fraction of rows with every gate closed,
+    online-probe accuracy. Stays on the device: no host sync inside the step."""
+    one = torch.ones((), device=loss.device)
+    open_rate = mask.float().mean() if mask is not None else one
+    closed = (mask.sum(1) == 0).float().mean() if mask is not None else 0 * one
+    correct = (class_logits.argmax(1) == y).float().mean()
+    return torch.stack([loss.detach(), parts["info_nce"], parts["kl"], open_rate, closed, correct])
 
 
 def export_encoder(model: ContrastiveModel, run_dir: Path) -> None:

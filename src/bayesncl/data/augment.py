@@ -136,7 +136,9 @@ class AugmentSpec:
         if self.channels not in (1, 3):
             raise ValueError(f"AugmentSpec.channels={self.channels}: expected 1 or 3")
         if len(self.mean) != self.channels or len(self.std) != self.channels:
-            raise ValueError(f"AugmentSpec: mean/std need {self.channels} entries, got {self.mean}, {self.std}")
+            raise ValueError(
+                f"AugmentSpec: mean/std need {self.channels} entries, got {self.mean}, {self.std}"
+            )
         if not 0.0 < self.crop_min_scale <= 1.0:
             raise ValueError(f"AugmentSpec.crop_min_scale={self.crop_min_scale}: expected (0, 1]")
         if self.size < 1:
@@ -225,9 +227,10 @@ def sample_transform(spec: AugmentSpec):  # -> torchvision.transforms.v2.Compose
     → normalised float ``(C, S, S)``. Randomness comes from the global torch RNG."""
     from torchvision.transforms import v2 as T
 
-    ts: list = [
-        T.RandomResizedCrop(spec.size, scale=(spec.crop_min_scale, 1.0), ratio=spec.crop_ratio, antialias=True)
-    ]
+    crop = T.RandomResizedCrop(
+        spec.size, scale=(spec.crop_min_scale, 1.0), ratio=spec.crop_ratio, antialias=True
+    )
+    ts: list = [crop]
     if spec.jitter_p > 0:
         if spec.channels == 1:
             jitter = T.ColorJitter(brightness=spec.brightness, contrast=spec.contrast)

@@ -24,6 +24,7 @@ what was found.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -122,11 +123,9 @@ def as_features(features: Any, name: str = "features") -> torch.Tensor:
         raise EvalError(f"{name} is empty: shape {tuple(t.shape)}")
     if t.dtype not in (torch.float32, torch.float64):
         t = t.to(torch.float32)
-    # Fast finiteness test: a NaN or inf entry makes its column sum non-finite. Only when some
-    # column sum is non-finite (possibly by overflow of huge finite values) is the exact
-    # per-entry test run.
-    colsum = t.sum(dim=0, dtype=torch.float64)
-    if not bool(torch.isfinite(colsum).all()):
+    # Fast finiteness test: a NaN or inf entry makes the total sum non-finite. Only when the sum
+    # is non-finite (possibly by overflow of huge finite values) is the exact per-entry test run.
+    if not bool(torch.isfinite(t.sum())):
         bad_rows = (~torch.isfinite(t)).any(dim=1)
         n_bad = int(bad_rows.sum())
         if n_bad:
@@ -142,9 +141,8 @@ def as_labels(labels: Any, n: int | None = None, name: str = "labels") -> torch.
     t = _to_tensor(labels, name)
     if t.ndim != 1:
         raise EvalError(f"{name} must be a 1-D array (N,); got shape {tuple(t.shape)}")
-    if t.dtype.is_floating_point:
-        if not bool(torch.isfinite(t).all()) or not bool((t == t.round()).all()):
-            raise EvalError(f"{name} must be integer class ids; got non-integer {t.dtype} values")
+    if t.dtype.is_floating_point and not (bool(torch.isfinite(t).all()) and bool((t == t.round()).all())):
+        raise EvalError(f"{name} must be integer class ids; got non-integer {t.dtype} values")
     t = t.to(torch.int64)
     if n is not None and t.shape[0] != n:
         raise EvalError(f"{name} has {t.shape[0]} entries but features has {n} rows")
@@ -289,9 +287,7 @@ def save_features(
             (np.savez_compressed if compress else np.savez)(fh, **out)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     return path

@@ -72,7 +72,9 @@ def evaluate_model(
         probe = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seed=cfg.seed)
         metrics["linear_probe_acc1"] = probe["acc1"]
         metrics["linear_probe_acc5"] = probe["acc5"]
-        metrics["linear_probe_protocol"] = "fast: L-BFGS logistic regression on frozen h, L2 chosen on held-out train"
+        metrics["linear_probe_protocol"] = (
+            "fast: L-BFGS logistic regression on frozen h, L2 chosen on held-out train"
+        )
     if model.gate is not None:
         metrics["gate_open_rate"] = float(test["mask"].mean())
         metrics["rows_all_closed"] = float((test["mask"].sum(1) == 0).mean())
@@ -83,7 +85,9 @@ def evaluate_model(
 
 
 # ----------------------------------------------------------------------------- loading trained runs
-def load_trained(source: str | Path, device: torch.device | None = None) -> tuple[ContrastiveModel, Config, Path]:
+def load_trained(
+    source: str | Path, device: torch.device | None = None
+) -> tuple[ContrastiveModel, Config, Path]:
     """Load a run dir (``config.yaml`` + ``last.pt``) or a bayesncl checkpoint file, safely.
 
     Checkpoints are read with ``torch.load(weights_only=True)``: a pickle that would run code is
@@ -106,7 +110,9 @@ def load_trained(source: str | Path, device: torch.device | None = None) -> tupl
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means "not a safe checkpoint"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise EvalError(f"{ckpt_path} is not a loadable checkpoint (refused by the safe loader: {first})") from None
+        raise EvalError(
+            f"{ckpt_path} is not a loadable checkpoint (refused by the safe loader: {first})"
+        ) from None
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "config" not in ckpt:
         raise EvalError(f"{ckpt_path} is not a bayesncl checkpoint (expected keys 'config' and 'state_dict')")
     cfg = config_from_dict(ckpt["config"])
@@ -128,7 +134,9 @@ def extract_command(source: str | Path, *, split: str = "test", out: str | Path 
 
     model, cfg, out_dir = load_trained(source)
     device = next(model.parameters()).device
-    arrays = extract_features(model, build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device), device)
+    arrays = extract_features(
+        model, build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device), device
+    )
     info = dataset_info(cfg.data)
     meta = {
         "method": cfg.method.name,
@@ -142,9 +150,11 @@ def extract_command(source: str | Path, *, split: str = "test", out: str | Path 
     return path
 
 
-def evaluate_command(source: str | Path, *, retrieval_dims: str | None = None, knn: bool = True) -> dict[str, Any]:
+def evaluate_command(
+    source: str | Path, *, retrieval_dims: str | None = None, knn: bool = True
+) -> dict[str, Any]:
     """``bayesncl evaluate``: features → metrics, probe, kNN, retrieval, top-activation figure."""
-    from bayesncl.evaluation.knn import knn_classify
+    from bayesncl.evaluation.knn import knn_accuracy
     from bayesncl.evaluation.metrics import compute_all
     from bayesncl.evaluation.probe import linear_probe
     from bayesncl.report import format_table, write_results
@@ -153,14 +163,18 @@ def evaluate_command(source: str | Path, *, retrieval_dims: str | None = None, k
     device = next(model.parameters()).device
     bs = cfg.eval.batch_size
     test = extract_features(model, build_eval_loader(cfg.data, "test", bs, device=device), device)
-    train = extract_features(model, build_eval_loader(cfg.data, "train", bs, device=device), device, keys=("h",))
+    train = extract_features(
+        model, build_eval_loader(cfg.data, "train", bs, device=device), device, keys=("h",)
+    )
     d = test["features"].shape[1]
-    dims = [int(k) for k in retrieval_dims.split(",")] if retrieval_dims else list(range(32, d + 1, 32)) or [d]
+    dims = (
+        [int(k) for k in retrieval_dims.split(",")] if retrieval_dims else list(range(32, d + 1, 32)) or [d]
+    )
     result: dict[str, Any] = compute_all(test["features"], test["labels"], retrieval_dims=dims)
     probe = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seed=cfg.seed)
     result["linear_probe_acc1"], result["linear_probe_acc5"] = probe["acc1"], probe["acc5"]
     if knn:
-        k = knn_classify(train["h"], train["labels"], test["h"], test["labels"])
+        k = knn_accuracy(train["h"], train["labels"], test["h"], test["labels"])
         result["knn_acc1"] = k["acc1"]
     result["method"] = cfg.method.name
     write_results(out_dir, "evaluation", result, format_table({cfg.method.name: result}))

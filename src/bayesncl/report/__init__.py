@@ -25,7 +25,9 @@ def _fmt(value: Any, fmt: str) -> str:
     return fmt.format(value)
 
 
-def format_table(results: dict[str, dict[str, Any]], columns: list[tuple[str, str, str]] | None = None) -> str:
+def format_table(
+    results: dict[str, dict[str, Any]], columns: list[tuple[str, str, str]] | None = None
+) -> str:
     """One Markdown row per method: ``results = {method: metrics dict}``."""
     cols = columns or MAIN_COLUMNS
     head = "| method | " + " | ".join(c[0] for c in cols) + " |"
@@ -43,9 +45,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_results(
-    out_dir: Path, stem: str, results: dict[str, Any], markdown: str, header: str = ""
-) -> None:
+def write_results(out_dir: Path, stem: str, results: dict[str, Any], markdown: str, header: str = "") -> None:
     """Write ``stem.json`` and ``stem.md`` into ``out_dir`` (atomically)."""
     write_text_atomic(out_dir / f"{stem}.json", json.dumps(results, indent=2, default=float) + "\n")
     write_text_atomic(out_dir / f"{stem}.md", (header + "\n\n" if header else "") + markdown + "\n")

@@ -1,0 +1,83 @@
+"""Weighted k-nearest-neighbour classifier on frozen features (InstDisc; solo-learn's kNN).
+
+Train features are the memory bank, test features the queries. Both are L2-normalised; for a
+query, the k most cosine-similar bank entries vote for their class with weight exp(sim / T)
+(Wu et al., 2018, "Unsupervised Feature Learning via Non-Parametric Instance Discrimination",
+the weighting solo-learn's ``WeightedKNNClassifier`` uses). The class with the largest summed
+weight is the prediction; top-5 takes the five largest. Defaults: k = 200, T = 0.07.
+Queries are processed in chunks, so memory is O(chunk · N_train).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .io import EvalError, validate_features
+from .retrieval import auto_chunk_size
+
+__all__ = ["knn_accuracy", "knn_classify"]
+
+
+def knn_accuracy(
+    train_features: Any,
+    train_labels: Any,
+    test_features: Any,
+    test_labels: Any,
+    k: int = 200,
+    temperature: float = 0.07,
+    topk: Sequence[int] = (1, 5),
+    chunk_size: int | None = None,
+) -> dict[str, float]:
+    """Weighted kNN accuracy in percent: ``{"acc1": .., "acc5": ..}`` (keys follow ``topk``).
+
+    ``k`` is capped at the bank size and each top-t at the number of classes. A test label absent
+    from the train labels always counts as an error.
+    """
+    if train_labels is None or test_labels is None:
+        raise EvalError("knn_accuracy needs train and test labels; got None")
+    xtr, ytr = validate_features(train_features, train_labels)
+    xte, yte = validate_features(test_features, test_labels)
+    if xtr.shape[1] != xte.shape[1]:
+        raise EvalError(
+            f"train features have D={xtr.shape[1]} but test features have D={xte.shape[1]}"
+        )
+    if k <= 0:
+        raise EvalError(f"kNN k must be positive; got {k}")
+    if not temperature > 0:
+        raise EvalError(f"kNN temperature must be positive; got {temperature}")
+    classes, ytr_idx = torch.unique(ytr, return_inverse=True)  # type: ignore[arg-type]
+    num_classes = classes.numel()
+    # Test labels as indices into `classes`; unknown classes get -1 (never predicted).
+    pos = torch.searchsorted(classes, yte)  # type: ignore[arg-type]
+    pos_c = pos.clamp_max(num_classes - 1)
+    yte_idx = torch.where(classes[pos_c] == yte, pos_c, torch.full_like(pos_c, -1))
+
+    bank = xtr.to(torch.float32)
+    bank = bank / torch.linalg.vector_norm(bank, dim=1, keepdim=True).clamp_min(1e-12)
+    k_eff = min(int(k), bank.shape[0])
+    tops = [min(int(t), num_classes) for t in topk]
+    if chunk_size is None:
+        chunk_size = auto_chunk_size(bank.shape[0])
+    correct = torch.zeros(len(tops), dtype=torch.float64)
+    n_test = xte.shape[0]
+    for start in range(0, n_test, chunk_size):
+        q = xte[start : start + chunk_size].to(torch.float32)
+        q = q / torch.linalg.vector_norm(q, dim=1, keepdim=True).clamp_min(1e-12)
+        sims = torch.mm(q, bank.T)
+        top_sim, top_idx = torch.topk(sims, k_eff, dim=1)
+        del sims
+        weights = (top_sim / temperature).exp()
+        scores = torch.zeros(q.shape[0], num_classes, dtype=torch.float32)
+        scores.scatter_add_(1, ytr_idx[top_idx], weights)
+        pred = torch.topk(scores, max(tops), dim=1).indices
+        truth = yte_idx[start : start + chunk_size, None]
+        for i, t in enumerate(tops):
+            correct[i] += (pred[:, :t] == truth).any(dim=1).sum()
+    return {f"acc{t}": 100.0 * float(correct[i]) / n_test for i, t in enumerate(topk)}
+
+
+#: Alias used by :mod:`bayesncl.evaluation.pipeline`.
+knn_classify = knn_accuracy

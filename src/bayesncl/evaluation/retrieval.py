@@ -1,0 +1,179 @@
+"""Retrieval with feature selection (PAPER-NOTES §3; NCL's and BayesNCL's Table 2 protocol).
+
+1. f = normalize(F) (rows; an all-zero row stays zero).
+2. Rank the dims by the expected activation Σ_n f_nk (descending; ties: lower index first) and
+   keep the top K.
+3. Re-normalise the kept columns row-wise and use cosine similarity.
+4. For every query, its nearest other samples: the query itself is excluded *by index*, so a
+   duplicate of the query is still a neighbour (at similarity 1).
+5. P@k = percent of the k nearest neighbours with the query's label; mAP@10 = mean over queries of
+   AP@10 = (1 / R10) Σ_{j≤10} rel_j · P@j, with R10 the number of relevant items among the top 10
+   (AP@10 = 0 when R10 = 0). All values are percent.
+
+The similarity matrix is computed in row chunks (``chunk_size`` queries at a time), so memory is
+O(chunk_size · N), never N × N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .io import EvalError, validate_features
+
+__all__ = [
+    "auto_chunk_size",
+    "average_precision_at_k",
+    "nearest_neighbours",
+    "check_dims",
+    "expected_activation",
+    "rank_dims",
+    "retrieval_metrics",
+    "select_top_dims",
+]
+
+# Elements of one similarity block when chunk_size is not given (32 Mi floats = 128 MiB).
+_BLOCK_ELEMENTS = 1 << 25
+_RANK_CHUNK_BYTES = 64 << 20
+
+
+def auto_chunk_size(num_keys: int, budget_elements: int = _BLOCK_ELEMENTS) -> int:
+    """Queries per block so that one (chunk, num_keys) float32 block stays within the budget."""
+    return max(1, min(num_keys, budget_elements // max(1, num_keys)))
+
+
+def check_dims(dims: Iterable[int], d: int) -> list[int]:
+    """Validate retrieval dims: integers with 0 < K <= D. Raises :class:`EvalError`."""
+    out = []
+    for k in dims:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise EvalError(f"retrieval dim must be an integer; got {k!r}")
+        if k <= 0 or k > d:
+            raise EvalError(f"retrieval dim K={k} is out of range: need 0 < K <= D={d}")
+        out.append(int(k))
+    if not out:
+        raise EvalError("retrieval dims is empty; give at least one K")
+    return out
+
+
+def expected_activation(features: Any) -> torch.Tensor:
+    """Σ_n normalize(F)_nk for every dim k (float64, length D), accumulated in row chunks."""
+    f, _ = validate_features(features, None)
+    n, d = f.shape
+    score = torch.zeros(d, dtype=torch.float64)
+    step = max(1, _RANK_CHUNK_BYTES // (8 * d))
+    for i in range(0, n, step):
+        block = f[i : i + step].to(torch.float64)
+        inv = 1.0 / torch.linalg.vector_norm(block, dim=1).clamp_min(1e-12)
+        score += inv @ block
+    return score
+
+
+def rank_dims(features: Any) -> torch.Tensor:
+    """All dims ordered by decreasing expected activation (stable: ties keep the lower index)."""
+    score = expected_activation(features)
+    return torch.sort(score, descending=True, stable=True).indices
+
+
+def select_top_dims(features: Any, k: int) -> torch.Tensor:
+    """Indices of the ``k`` dims with the largest expected activation."""
+    f, _ = validate_features(features, None)
+    (k,) = check_dims([k], f.shape[1])
+    return rank_dims(f)[:k]
+
+
+def _normalize_rows(x: torch.Tensor) -> torch.Tensor:
+    norms = torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(1e-12)
+    return x / norms
+
+
+def _neighbour_blocks(x: torch.Tensor, depth: int, chunk_size: int) -> Iterable[tuple[int, torch.Tensor]]:
+    """Yield ``(start, idx)`` per chunk of queries: ``idx`` (chunk, depth) are the indices of the
+    ``depth`` most cosine-similar other rows of the row-normalised ``x``, most similar first."""
+    n = x.shape[0]
+    keys_t = x.T  # BLAS reads the transpose in place; no copy
+    for start in range(0, n, chunk_size):
+        stop = min(n, start + chunk_size)
+        sims = torch.mm(x[start:stop], keys_t)
+        rows = torch.arange(stop - start)
+        sims[rows, rows + start] = -float("inf")  # exclude the query itself, by index
+        idx = torch.topk(sims, depth, dim=1, largest=True, sorted=True).indices
+        del sims
+        yield start, idx
+
+
+def nearest_neighbours(
+    features: Any, depth: int = 10, dims: int | None = None, chunk_size: int | None = None
+) -> torch.Tensor:
+    """(N, depth) indices of every row's nearest other rows by cosine similarity, computed on
+    the top-``dims`` dims by expected activation (all dims when ``None``); self excluded by index."""
+    f, _ = validate_features(features, None)
+    n, d = f.shape
+    if not 0 < depth <= n - 1:
+        raise EvalError(f"neighbour depth must be in 1..N-1={n - 1}; got {depth}")
+    k = d if dims is None else check_dims([dims], d)[0]
+    x = _normalize_rows(f[:, rank_dims(f)[:k]].to(torch.float32))
+    out = torch.empty(n, depth, dtype=torch.int64)
+    for start, idx in _neighbour_blocks(x, depth, chunk_size or auto_chunk_size(n)):
+        out[start : start + idx.shape[0]] = idx
+    return out
+
+
+def average_precision_at_k(relevant: torch.Tensor, k: int = 10) -> torch.Tensor:
+    """AP@k per row of a (Q, >=k) relevance matrix (most similar first), as a fraction:
+    (1 / R_k) Σ_{j<=k} rel_j · P@j with R_k the relevant items among the first k; 0 if R_k = 0."""
+    r = relevant[:, :k].to(torch.float64)
+    ranks = torch.arange(1, r.shape[1] + 1, dtype=torch.float64)
+    prec = r.cumsum(dim=1) / ranks
+    return (prec * r).sum(dim=1) / r.sum(dim=1).clamp_min(1)
+
+
+def retrieval_metrics(
+    features: Any,
+    labels: Any,
+    dims: Sequence[int] = (64,),
+    topk: Sequence[int] = (1, 3, 5, 10),
+    chunk_size: int | None = None,
+    map_depth: int = 10,
+) -> dict[str, dict[str, float]]:
+    """Retrieval precision with feature selection, in percent.
+
+    Returns ``{"<K>": {"P@1": .., "P@3": .., "P@5": .., "P@10": .., "mAP@10": ..}}`` for every
+    K in ``dims``. Raises :class:`EvalError` for K <= 0, K > D, fewer than ``max(topk,
+    map_depth) + 1`` samples, or bad features/labels.
+    """
+    if labels is None:
+        raise EvalError("retrieval_metrics needs labels; got labels=None")
+    f, y = validate_features(features, labels)
+    n, d = f.shape
+    dims = check_dims(dims, d)
+    topk = [int(k) for k in topk]
+    if not topk or min(topk) <= 0:
+        raise EvalError(f"retrieval topk values must be positive integers; got {topk}")
+    depth = max(max(topk), int(map_depth))
+    if n - 1 < depth:
+        raise EvalError(f"retrieval needs at least {depth + 1} samples for depth {depth}; got N={n}")
+    if chunk_size is None:
+        chunk_size = auto_chunk_size(n)
+    if chunk_size <= 0:
+        raise EvalError(f"chunk_size must be positive; got {chunk_size}")
+
+    order = rank_dims(f)
+    out: dict[str, dict[str, float]] = {}
+    for k in dims:
+        x = _normalize_rows(f[:, order[:k]].to(torch.float32))
+        hits = torch.zeros(len(topk), dtype=torch.float64)
+        ap_sum = 0.0
+        for start, idx in _neighbour_blocks(x, depth, chunk_size):
+            rel = y[idx] == y[start : start + idx.shape[0], None]  # type: ignore[index]
+            for i, t in enumerate(topk):
+                hits[i] += rel[:, :t].sum()
+            ap_sum += float(average_precision_at_k(rel, map_depth).sum())
+        row = {f"P@{t}": 100.0 * float(hits[i]) / (n * t) for i, t in enumerate(topk)}
+        row[f"mAP@{map_depth}"] = 100.0 * ap_sum / n
+        out[str(k)] = row
+        del x
+    return out

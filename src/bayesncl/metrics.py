@@ -1,0 +1,60 @@
+"""Public metrics API: one function per metric, named as the keys of :func:`compute_all`.
+
+>>> from bayesncl.metrics import compute_all, semantic_consistency
+>>> compute_all(features, labels, retrieval_dims=[64])  # doctest: +SKIP
+
+Definitions, units, edge cases and sources: docs/metrics.md. The implementations live in
+:mod:`bayesncl.evaluation`.
+"""
+
+from bayesncl.evaluation.io import EvalError, EvalWarning
+from bayesncl.evaluation.knn import knn_accuracy
+from bayesncl.evaluation.metrics import (
+    METRIC_KEYS,
+    activation_ratio,
+    active_dims,
+    compute_all,
+    effective_rank,
+    format_metrics_table,
+    metrics_command,
+    orthogonality,
+    semantic_consistency,
+    semantic_consistency_per_dim,
+    semantic_entropy_freq,
+    semantic_entropy_mean,
+    semantic_entropy_sum,
+    semantic_metrics,
+    sepin_at_k,
+    sepin_scores,
+    sparsity,
+    spectral_entropy,
+)
+from bayesncl.evaluation.probe import feature_selection_probe, linear_probe
+from bayesncl.evaluation.retrieval import retrieval_metrics
+
+__all__ = [
+    "METRIC_KEYS",
+    "EvalError",
+    "EvalWarning",
+    "activation_ratio",
+    "active_dims",
+    "compute_all",
+    "effective_rank",
+    "feature_selection_probe",
+    "format_metrics_table",
+    "knn_accuracy",
+    "linear_probe",
+    "metrics_command",
+    "orthogonality",
+    "retrieval_metrics",
+    "semantic_consistency",
+    "semantic_consistency_per_dim",
+    "semantic_entropy_freq",
+    "semantic_entropy_mean",
+    "semantic_entropy_sum",
+    "semantic_metrics",
+    "sepin_at_k",
+    "sepin_scores",
+    "sparsity",
+    "spectral_entropy",
+]

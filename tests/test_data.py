@@ -1,0 +1,455 @@
+"""bayesncl.data: loaders, subsets, errors and the two augmentation paths.
+
+Every dataset here is generated in a tmp dir (fake idx files, CIFAR pickles, a PNG folder) or is
+the built-in synthetic set: nothing is downloaded and no installed dataset is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import logging
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from bayesncl.config import DataConfig
+from bayesncl.data import (
+    AugmentSpec,
+    BatchAugment,
+    DataError,
+    LazyImages,
+    augment_spec,
+    blur_kernel_size,
+    build_eval_loader,
+    build_train_loader,
+    dataset_info,
+    load_split_images,
+    mix_seed,
+    sample_transform,
+    stratified_subset,
+)
+from bayesncl.data.augment import seeded
+from bayesncl.data.datasets import _load_split_cached
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    _load_split_cached.cache_clear()
+    yield
+    _load_split_cached.cache_clear()
+
+
+# ----------------------------------------------------------------------------- fake data on disk
+def _idx_bytes(arr: np.ndarray) -> bytes:
+    header = bytes([0, 0, 0x08, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+    return header + arr.astype(np.uint8).tobytes()
+
+
+def _fmnist_arrays(n: int, seed: int, const: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    labels = (np.arange(n) % 10).astype(np.uint8)
+    rng.shuffle(labels)
+    if const is not None:
+        return np.full((n, 28, 28), const, np.uint8), labels
+    images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+    images[:, 0, 0] = labels * 20  # a label fingerprint to check the pairing
+    return images, labels
+
+
+def write_fmnist(d: Path, n_train: int = 60, n_test: int = 20, gz: bool = True, const: int | None = None):
+    d.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for split, prefix, n, seed in (("train", "train", n_train, 1), ("test", "t10k", n_test, 2)):
+        images, labels = _fmnist_arrays(n, seed, const)
+        for kind, arr in (("images-idx3", images), ("labels-idx1", labels)):
+            name = f"{prefix}-{kind}-ubyte"
+            if gz:
+                with gzip.open(d / f"{name}.gz", "wb") as f:
+                    f.write(_idx_bytes(arr))
+            else:
+                (d / name).write_bytes(_idx_bytes(arr))
+        out[split] = (images, labels)
+    return out
+
+
+def write_cifar(root: Path, name: str, per_file: int = 12) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(3)
+    n_classes = 10 if name == "cifar10" else 100
+    if name == "cifar10":
+        d = root / "cifar-10-batches-py"
+        files = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+        key, meta_file, meta = "labels", "batches.meta", {"label_names": [f"c{i}" for i in range(10)]}
+    else:
+        d = root / "cifar-100-python"
+        files = {"train": ["train"], "test": ["test"]}
+        key, meta_file, meta = "fine_labels", "meta", {"fine_label_names": [f"f{i}" for i in range(100)]}
+    d.mkdir(parents=True)
+    (d / meta_file).write_bytes(pickle.dumps(meta, protocol=2))
+    out = {}
+    for split, names in files.items():
+        xs, ys = [], []
+        for f in names:
+            n = per_file * (5 if name == "cifar100" and split == "train" else 1)
+            y = rng.integers(0, n_classes, n)
+            x = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+            entry = {"data": x, key: y.tolist(), "filenames": [f"{i}.png" for i in range(n)]}
+            (d / f).write_bytes(pickle.dumps(entry, protocol=2))
+            xs.append(x.reshape(-1, 3, 32, 32))
+            ys.append(y)
+        out[split] = (np.concatenate(xs), np.concatenate(ys))
+    return out
+
+
+def write_folder(root: Path, corrupt: bool = True) -> Path:
+    rng = np.random.default_rng(4)
+    for split, n in (("train", 6), ("val", 2)):
+        for ci, cls in enumerate(("cat", "dog")):
+            d = root / split / cls
+            d.mkdir(parents=True)
+            for i in range(n):
+                h, w = int(rng.integers(30, 50)), int(rng.integers(30, 50))
+                a = np.zeros((h, w, 3), np.uint8)
+                a[..., ci] = 200
+                a[: h // 2] += np.uint8(i * 5)
+                Image.fromarray(a).save(d / f"{i}.png")
+    bad = root / "train" / "dog" / "bad.png"
+    if corrupt:
+        bad.write_bytes(b"this is not a PNG file")
+    return bad
+
+
+@pytest.fixture()
+def fmnist(tmp_path):
+    arrays = write_fmnist(tmp_path / "fm")
+    return DataConfig(name="fashion-mnist", root=str(tmp_path / "fm")), arrays
+
+
+@pytest.fixture(scope="module")
+def synthetic_cfg():
+    return DataConfig(name="synthetic", train_subset=300, test_subset=100)
+
+
+# ----------------------------------------------------------------------------- datasets
+def test_fmnist_reads_idx_files(fmnist):
+    cfg, arrays = fmnist
+    info = dataset_info(cfg)
+    assert (info.num_classes, info.channels, info.image_size) == (10, 1, 28)
+    assert (info.num_train, info.num_test) == (60, 20)
+    assert info.class_names[0] == "T-shirt/top" and info.class_names[9] == "Ankle boot"
+    for split in ("train", "test"):
+        images, labels = load_split_images(cfg, split)
+        assert images.dtype == torch.uint8 and images.shape == (len(arrays[split][1]), 1, 28, 28)
+        np.testing.assert_array_equal(images[:, 0].numpy(), arrays[split][0])
+        np.testing.assert_array_equal(labels.numpy(), arrays[split][1])
+
+
+def test_fmnist_torchvision_raw_layout_ungzipped(tmp_path):
+    arrays = write_fmnist(tmp_path / "FashionMNIST" / "raw", gz=False)
+    cfg = DataConfig(name="fashion-mnist", root=str(tmp_path))
+    images, labels = load_split_images(cfg, "test")
+    np.testing.assert_array_equal(labels.numpy(), arrays["test"][1])
+    np.testing.assert_array_equal(images[:, 0].numpy(), arrays["test"][0])
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
+def test_cifar_pickles(tmp_path, name):
+    arrays = write_cifar(tmp_path, name)
+    cfg = DataConfig(name=name, root=str(tmp_path))
+    info = dataset_info(cfg)
+    assert info.channels == 3 and info.image_size == 32
+    assert info.num_classes == (10 if name == "cifar10" else 100)
+    assert info.num_train == 60 and info.num_test == 12
+    for split in ("train", "test"):
+        images, labels = load_split_images(cfg, split)
+        np.testing.assert_array_equal(images.numpy(), arrays[split][0])
+        np.testing.assert_array_equal(labels.numpy(), arrays[split][1])
+
+
+def test_synthetic_is_deterministic_and_balanced(synthetic_cfg):
+    from bayesncl.data.datasets import _synthetic
+
+    x, y = _synthetic("test")
+    x2, y2 = _synthetic.__wrapped__("test")
+    assert torch.equal(x, x2) and np.array_equal(y, y2)
+    assert x.shape == (1000, 3, 32, 32) and x.dtype == torch.uint8
+    assert np.bincount(y).tolist() == [100] * 10
+    info = dataset_info(synthetic_cfg)
+    assert (info.num_train, info.num_test, info.channels) == (300, 100, 3)
+    # learnable: 1-NN on centred gray pixels (polarity-invariant) is far above chance
+    xtr, ytr = _synthetic("train")
+
+    def f(t):
+        g = t[:2000].float().mean(1).flatten(1)
+        g = g - g.mean(1, keepdim=True)
+        return g / g.norm(dim=1, keepdim=True)
+
+    pred = ytr[:2000][(f(x)[:300] @ f(xtr).T).abs().argmax(1).numpy()]
+    assert (pred == y[:300]).mean() > 0.5
+
+
+def test_imagefolder_corrupt_file_named(tmp_path):
+    bad = write_folder(tmp_path)
+    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=32)
+    with pytest.raises(DataError, match="bad.png") as e:
+        dataset_info(cfg)
+    assert "skip_corrupt" in str(e.value) and "\n" not in str(e.value)
+    assert str(bad) in str(e.value)
+
+
+def test_imagefolder_skip_corrupt(tmp_path, caplog):
+    write_folder(tmp_path)
+    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=32, skip_corrupt=True)
+    with caplog.at_level(logging.WARNING, logger="bayesncl.data"):
+        info = dataset_info(cfg)
+    assert "corrupt" in caplog.text and "bad.png" in caplog.text
+    assert info.class_names == ("cat", "dog") and info.num_train == 12 and info.num_test == 4
+    loader = build_train_loader(cfg, 4, seed=0, device=CPU)
+    assert not loader.resident and loader.num_skipped == 1 and len(loader) == 3
+    x1, x2, y = next(iter(loader))
+    assert x1.shape == x2.shape == (4, 3, 32, 32) and y.dtype == torch.int64
+    ev = build_eval_loader(cfg, "test", 3, device=CPU)
+    batches = list(ev)
+    assert len(ev) == len(batches) == 2 and batches[0][0].shape == (3, 3, 32, 32)
+    assert torch.cat([b[2] for b in batches]).tolist() == [0, 1, 2, 3]
+    assert torch.cat([b[1] for b in batches]).tolist() == [0, 0, 1, 1]
+    images, labels = load_split_images(cfg, "train")
+    assert isinstance(images, LazyImages) and images.shape == (12, 3, 32, 32)
+    assert images[[0, 11]].shape == (2, 3, 32, 32) and images[0].dtype == torch.uint8
+    assert labels.tolist() == [0] * 6 + [1] * 6
+    # resident=true decodes the folder once
+    res = build_train_loader(dataclasses.replace(cfg, resident="true"), 4, seed=0, device=CPU)
+    assert res.resident and next(iter(res))[0].shape == (4, 3, 32, 32)
+
+
+def test_imagefolder_corrupt_at_load_time(tmp_path, monkeypatch):
+    """Folders above VERIFY_MAX_FILES are not verified upfront: the failure comes at decode time."""
+    import bayesncl.data.datasets as ds
+
+    write_folder(tmp_path)
+    monkeypatch.setattr(ds, "VERIFY_MAX_FILES", 0)
+    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=32, train_subset=0)
+    images, _ = load_split_images(cfg, "train")
+    with pytest.raises(DataError, match="bad.png"):
+        images[12]  # sorted: dog/0.png ... dog/5.png, dog/bad.png
+    _load_split_cached.cache_clear()
+    images, _ = load_split_images(dataclasses.replace(cfg, skip_corrupt=True), "train")
+    assert len(images) == 13 and images[12].shape == (3, 32, 32)  # replaced by the next readable one
+    assert images._src.num_skipped == 1
+
+
+# ----------------------------------------------------------------------------- errors
+def test_missing_and_empty_dirs(tmp_path):
+    missing = tmp_path / "nowhere"
+    for root in (missing, tmp_path):  # tmp_path exists but is empty
+        with pytest.raises(DataError) as e:
+            dataset_info(DataConfig(name="fashion-mnist", root=str(root)))
+        msg = str(e.value)
+        assert str(root) in msg and "apt-get install dataset-fashion-mnist" in msg
+        assert "data.download=true" in msg and "\n" not in msg
+    with pytest.raises(DataError) as e:
+        dataset_info(DataConfig(name="cifar10", root=str(missing)))
+    assert str(missing) in str(e.value) and "cifar-10-batches-py" in str(e.value)
+    assert "data.download=true" in str(e.value)
+    (tmp_path / "train").mkdir()
+    with pytest.raises(DataError, match="empty") as e:
+        dataset_info(DataConfig(name="imagefolder", root=str(tmp_path)))
+    assert str(tmp_path / "train") in str(e.value)
+    with pytest.raises(DataError, match="data.root"):
+        dataset_info(DataConfig(name="imagefolder"))
+    assert issubclass(DataError, ValueError)
+
+
+def test_batch_size_errors(fmnist):
+    cfg, _ = fmnist
+    with pytest.raises(DataError, match=r"batch_size=64 .* 60 training samples"):
+        build_train_loader(cfg, 64, seed=0, device=CPU)
+    with pytest.raises(DataError, match="30 per rank"):
+        build_train_loader(cfg, 40, seed=0, device=CPU, rank=1, world_size=2)
+    with pytest.raises(DataError, match=">= 2"):
+        build_train_loader(cfg, 1, seed=0, device=CPU)
+
+
+# ----------------------------------------------------------------------------- subsets
+def test_stratified_subset_deterministic():
+    labels = np.repeat(np.arange(5), [40, 30, 20, 6, 4])
+    a = stratified_subset(labels, 50)
+    assert len(a) == 50 and np.array_equal(a, stratified_subset(labels, 50))
+    assert np.bincount(labels[a]).tolist() == [20, 15, 10, 3, 2]
+    assert np.all(np.diff(a) > 0)
+    assert not np.array_equal(a, stratified_subset(labels, 50, seed=1))
+    odd = stratified_subset(labels, 7)
+    assert len(odd) == 7 and len(np.unique(labels[odd])) >= 3
+    assert len(stratified_subset(labels, 0)) == len(stratified_subset(labels, 10**6)) == 100
+
+
+def test_subset_in_config(fmnist):
+    cfg, arrays = fmnist
+    cfg = dataclasses.replace(cfg, train_subset=30, test_subset=10)
+    info = dataset_info(cfg)
+    assert (info.num_train, info.num_test) == (30, 10)
+    images, labels = load_split_images(cfg, "train")
+    assert np.bincount(labels.numpy(), minlength=10).tolist() == [3] * 10
+    assert torch.equal(labels, load_split_images(cfg, "train")[1])
+    # the pairing of images and labels survives subsetting (pixel (0,0) encodes the label)
+    assert torch.equal(images[:, 0, 0, 0].long(), labels * 20)
+
+
+# ----------------------------------------------------------------------------- resident path
+def _epoch(loader, epoch):
+    loader.set_epoch(epoch)
+    return list(loader)
+
+
+def test_resident_loader_shapes_and_determinism(synthetic_cfg):
+    loader = build_train_loader(synthetic_cfg, 64, seed=3, device=CPU)
+    assert loader.resident and len(loader) == 300 // 64
+    state = torch.get_rng_state()
+    a = _epoch(loader, 0)
+    assert torch.equal(state, torch.get_rng_state()), "the caller's global RNG must not be disturbed"
+    x1, x2, y = a[0]
+    assert x1.shape == x2.shape == (64, 3, 32, 32) and x1.dtype == torch.float32 and x1.device == CPU
+    assert y.shape == (64,) and y.dtype == torch.int64
+    assert not torch.equal(x1, x2), "the two views must differ"
+    assert abs(float(torch.cat([b[0] for b in a]).mean())) < 0.5
+    torch.manual_seed(123)  # a different caller RNG state changes nothing
+    b = _epoch(loader, 0)
+    assert all(torch.equal(u, v) for p, q in zip(a, b, strict=True) for u, v in zip(p, q, strict=True))
+    c = _epoch(loader, 1)
+    assert not torch.equal(a[0][0], c[0][0]) and not torch.equal(a[0][2], c[0][2])
+    # a fresh loader (resumed run) reproduces the epoch; mid-epoch resume skips steps exactly
+    fresh = build_train_loader(synthetic_cfg, 64, seed=3, device=CPU)
+    fresh.set_epoch(1, start_step=2)
+    d = list(fresh)
+    assert len(d) == len(c) - 2 and torch.equal(d[0][0], c[2][0]) and torch.equal(d[0][1], c[2][1])
+    other_seed = build_train_loader(synthetic_cfg, 64, seed=4, device=CPU)
+    assert not torch.equal(_epoch(other_seed, 0)[0][0], a[0][0])
+
+
+def test_rank_shards_disjoint_and_cover(synthetic_cfg):
+    loaders = [
+        build_train_loader(synthetic_cfg, 16, seed=0, device=CPU, rank=r, world_size=3) for r in range(3)
+    ]
+    for ld in loaders:
+        ld.set_epoch(2)
+    orders = [ld._order() for ld in loaders]
+    assert len({len(o) for o in orders}) == 1 and len({len(ld) for ld in loaders}) == 1
+    allidx = torch.cat(orders)
+    assert len(allidx.unique()) == len(allidx) == 300
+    _, labels = load_split_images(synthetic_cfg, "train")
+    x1, _, y = next(iter(loaders[1]))
+    assert torch.equal(y, labels[orders[1][:16]])
+    # different ranks get different augmentation streams and batches
+    assert not torch.equal(next(iter(loaders[0]))[0], x1)
+
+
+def test_eval_loader_normalises_constant_image(tmp_path):
+    const = round(0.2860 * 255)  # Fashion-MNIST's mean
+    write_fmnist(tmp_path, n_train=40, n_test=10, const=const)
+    cfg = DataConfig(name="fashion-mnist", root=str(tmp_path))
+    xs = list(build_eval_loader(cfg, "train", 16, device=CPU))
+    assert [len(b[0]) for b in xs] == [16, 16, 8]
+    assert float(xs[0][0].abs().max()) < 0.01
+    assert torch.equal(torch.cat([b[2] for b in xs]), torch.arange(40))
+    train = build_train_loader(cfg, 20, seed=0, device=CPU)
+    x1, x2, _ = next(iter(train))
+    assert abs(float(torch.cat([x1, x2]).mean())) < 0.35  # only the jitter moves a constant image
+    big = dataclasses.replace(cfg, image_size=32)
+    x, y, idx = next(iter(build_eval_loader(big, "test", 4, device=CPU)))
+    assert x.shape == (4, 1, 32, 32) and y.shape == idx.shape == (4,)
+    assert next(iter(build_train_loader(big, 4, seed=0, device=CPU)))[0].shape == (4, 1, 32, 32)
+    assert load_split_images(big, "test")[0].shape == (10, 1, 32, 32)
+
+
+# ----------------------------------------------------------------------------- per-sample path
+def test_per_sample_path_gray_and_workers(fmnist):
+    cfg, _ = fmnist
+    cfg = dataclasses.replace(cfg, resident="false")
+    loader = build_train_loader(cfg, 8, seed=1, device=CPU)
+    assert not loader.resident and len(loader) == 60 // 8
+    state = torch.get_rng_state()
+    a = _epoch(loader, 5)
+    assert torch.equal(state, torch.get_rng_state())
+    x1, x2, y = a[0]
+    assert x1.shape == x2.shape == (8, 1, 28, 28) and x1.dtype == torch.float32 and y.dtype == torch.int64
+    assert not torch.equal(x1, x2)
+    b = _epoch(loader, 5)
+    assert all(torch.equal(p[0], q[0]) for p, q in zip(a, b, strict=True))
+    assert not torch.equal(_epoch(loader, 6)[0][0], x1)
+    # the batches do not depend on the number of workers
+    w = build_train_loader(dataclasses.replace(cfg, num_workers=1), 8, seed=1, device=CPU)
+    c = _epoch(w, 5)
+    assert all(torch.equal(p[0], q[0]) and torch.equal(p[2], q[2]) for p, q in zip(a, c, strict=True))
+
+
+def test_per_sample_and_resident_same_order(synthetic_cfg):
+    res = build_train_loader(synthetic_cfg, 32, seed=0, device=CPU)
+    per = build_train_loader(dataclasses.replace(synthetic_cfg, resident="false"), 32, seed=0, device=CPU)
+    assert len(res) == len(per)
+    for ld in (res, per):
+        ld.set_epoch(3)
+    (r1, _, ry), (p1, _, py) = next(iter(res)), next(iter(per))
+    assert torch.equal(ry, py) and r1.shape == p1.shape == (32, 3, 32, 32)
+    for t in (r1, p1):  # both normalised: roughly zero mean, unit spread
+        assert abs(float(t.mean())) < 0.4 and 0.6 < float(t.std()) < 1.4
+
+
+# ----------------------------------------------------------------------------- augmentation
+def _ramp(n: int = 256, s: int = 32) -> torch.Tensor:
+    r = torch.linspace(0, 1, s)
+    img = torch.stack([r.view(1, s).expand(s, s), r.view(s, 1).expand(s, s), torch.full((s, s), 0.5)])
+    return img.unsqueeze(0).expand(n, 3, s, s).contiguous()
+
+
+def _crop_stats(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample (area fraction, flipped) from augmented x/y ramp images."""
+    s = out.shape[-1]
+    xr, yr = out[:, 0], out[:, 1]
+    w = (xr.amax((1, 2)) - xr.amin((1, 2))) * (s - 1) / s + 1 / s
+    h = (yr.amax((1, 2)) - yr.amin((1, 2))) * (s - 1) / s + 1 / s
+    flipped = xr[:, :, 0].mean(1) > xr[:, :, -1].mean(1)
+    return w * h, flipped
+
+
+def _geom_spec(min_scale: float) -> AugmentSpec:
+    return AugmentSpec(
+        size=32, channels=3, mean=(0.0,) * 3, std=(1.0,) * 3, crop_min_scale=min_scale,
+        jitter_p=0.0, gray_p=0.0, blur_p=0.0,
+    )
+
+
+def test_crop_scale_and_flip_applied_on_both_paths():
+    x = _ramp(400)
+    spec = _geom_spec(0.08)
+    with seeded(0):
+        area_k, flip_k = _crop_stats(BatchAugment(spec)(x))
+    tf = sample_transform(spec)
+    pil = Image.fromarray((x[0] * 255).round().byte().permute(1, 2, 0).numpy())
+    with seeded(0):
+        area_t, flip_t = _crop_stats(torch.stack([tf(pil) for _ in range(400)]))
+    for area, flip in ((area_k, flip_k), (area_t, flip_t)):
+        assert 0.4 < flip.float().mean() < 0.6
+        assert area.min() > 0.05 and area.max() <= 1.05
+        assert (area < 0.3).float().mean() > 0.1 and (area > 0.7).float().mean() > 0.1
+    assert abs(float(area_k.mean() - area_t.mean())) < 0.07  # one distribution, two executors
+    with seeded(1):
+        area_big, _ = _crop_stats(BatchAugment(_geom_spec(0.6))(x))
+    assert area_big.min() > 0.5
+
+
+def test_spec_gray_and_blur_kernel(fmnist):
+    cfg, _ = fmnist
+    spec = augment_spec(cfg)
+    assert spec.channels == 1 and spec.saturation == 0 and spec.hue == 0 and spec.gray_p == 0
+    assert spec.brightness == spec.contrast == 0.8 and spec.jitter_p == 0.8 and spec.flip_p == 0.5
+    assert spec.kernel == 3
+    assert [blur_kernel_size(s) for s in (28, 32, 64, 96, 224)] == [3, 3, 7, 11, 23]
+    rgb = augment_spec(DataConfig(name="synthetic", blur_prob=0.0, crop_min_scale=0.2))
+    assert rgb.gray_p == 0.2 and rgb.hue == 0.2 and rgb.blur_p == 0.0 and rgb.crop_min_scale == 0.2
+    assert mix_seed(1, 2) != mix_seed(2, 1) and mix_seed(0) == mix_seed(0) >= 0

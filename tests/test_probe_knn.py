@@ -1,0 +1,121 @@
+"""Linear probe, feature-selection probe and weighted kNN on generated data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bayesncl.evaluation import EvalError, feature_selection_probe, knn_accuracy, linear_probe
+from bayesncl.evaluation.knn import knn_classify
+from bayesncl.evaluation.probe import stratified_split
+
+
+def blobs(n_train=600, n_test=300, d=16, classes=5, sep=4.0, seed=0, nonneg=False):
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(classes, d, generator=g) * sep
+    ytr = torch.arange(n_train) % classes
+    yte = torch.arange(n_test) % classes
+    xtr = centres[ytr] + torch.randn(n_train, d, generator=g)
+    xte = centres[yte] + torch.randn(n_test, d, generator=g)
+    if nonneg:
+        xtr, xte = torch.relu(xtr), torch.relu(xte)
+    return xtr, ytr, xte, yte
+
+
+def test_probe_separates_blobs():
+    xtr, ytr, xte, yte = blobs()
+    out = linear_probe(xtr, ytr, xte, yte)
+    assert out["acc1"] > 95.0 and out["acc5"] == 100.0
+    assert out["acc1_std"] == 0.0 and len(out["per_seed"]) == 1
+    assert out["per_seed"][0]["l2"] in (1e-1, 1e-2, 1e-3, 1e-4, 1e-5)
+    assert "fast probe" in out["protocol"]
+
+
+def test_probe_random_labels_is_near_chance():
+    xtr, _, xte, _ = blobs(seed=1)
+    g = torch.Generator().manual_seed(2)
+    ytr = torch.randint(0, 5, (len(xtr),), generator=g)
+    yte = torch.randint(0, 5, (len(xte),), generator=g)
+    out = linear_probe(xtr, ytr, xte, yte, seeds=[0, 1, 2])
+    assert 8.0 < out["acc1"] < 32.0  # chance is 20 %
+    assert len(out["per_seed"]) == 3 and out["acc1_std"] >= 0.0
+
+
+def test_probe_seeds_and_options():
+    xtr, ytr, xte, yte = blobs(sep=0.6, seed=3)  # overlapping blobs: accuracy between chance and 100
+    out = linear_probe(xtr.numpy(), ytr.numpy(), xte.numpy(), yte.numpy(), seeds=[0, 1], l2_grid=[1e-2, 1e-4])
+    accs = [r["acc1"] for r in out["per_seed"]]
+    assert out["acc1"] == pytest.approx(np.mean(accs)) and out["acc1_std"] == pytest.approx(np.std(accs))
+    assert 30.0 < out["acc1"] < 100.0
+    assert linear_probe(xtr, ytr, xte, yte, seed=4)["per_seed"][0]["seed"] == 4
+    single = linear_probe(xtr, ytr, xte, yte, l2_grid=[1e-3])  # no held-out selection needed
+    assert single["per_seed"][0]["l2"] == 1e-3
+    # three classes: Acc@5 becomes Acc@3 = 100
+    keep = ytr < 3, yte < 3
+    assert linear_probe(xtr[keep[0]], ytr[keep[0]], xte[keep[1]], yte[keep[1]])["acc5"] == 100.0
+
+
+def test_probe_unknown_test_class_counts_as_error():
+    xtr, ytr, xte, yte = blobs()
+    yte = yte.clone()
+    yte[:30] = 99
+    out = linear_probe(xtr, ytr, xte, yte, l2_grid=[1e-3])
+    assert out["acc1"] <= 90.0 + 1e-9
+
+
+def test_stratified_split_holds_out_each_class():
+    labels = torch.tensor([0] * 50 + [1] * 20 + [2] * 1)
+    fit, val = stratified_split(labels, 0.1, seed=0)
+    assert torch.bincount(labels[val], minlength=3).tolist() == [5, 2, 0]
+    assert sorted(torch.cat([fit, val]).tolist()) == list(range(71))
+
+
+def test_feature_selection_probe_uses_expected_activation():
+    # 4 informative dims with large activations and 12 weak noise dims
+    xtr, ytr, xte, yte = blobs(d=4, sep=5.0, nonneg=True, seed=5)
+    g = torch.Generator().manual_seed(6)
+    noise_tr = 0.05 * torch.rand(len(xtr), 12, generator=g)
+    noise_te = 0.05 * torch.rand(len(xte), 12, generator=g)
+    xtr = torch.cat([noise_tr[:, :6], xtr, noise_tr[:, 6:]], 1)
+    xte = torch.cat([noise_te[:, :6], xte, noise_te[:, 6:]], 1)
+    out = feature_selection_probe(xtr, ytr, xte, yte, k=4)
+    assert sorted(out["dims"]) == [6, 7, 8, 9] and out["k"] == 4
+    assert out["acc1"] > 90.0
+    with pytest.raises(EvalError, match="out of range"):
+        feature_selection_probe(xtr, ytr, xte, yte, k=17)
+
+
+def test_knn_separates_blobs_and_random_labels_are_chance():
+    xtr, ytr, xte, yte = blobs(sep=4.0)
+    out = knn_accuracy(xtr, ytr, xte, yte)
+    assert out["acc1"] > 95.0 and out["acc5"] == 100.0
+    g = torch.Generator().manual_seed(7)
+    rnd = knn_accuracy(xtr, torch.randint(0, 5, (len(xtr),), generator=g), xte, yte, chunk_size=37)
+    assert 8.0 < rnd["acc1"] < 32.0
+    assert knn_classify is knn_accuracy
+
+
+def test_knn_weighting_by_hand():
+    # query along e0; bank: two class-1 points at cos 0.9, one class-0 point at cos 1.0, k = 3
+    c9 = (0.9, float(np.sqrt(1 - 0.81)))
+    bank = torch.tensor([[1.0, 0.0], [c9[0], c9[1]], [c9[0], -c9[1]]])
+    labels = torch.tensor([0, 1, 1])
+    q = torch.tensor([[1.0, 0.0]])
+    # exp(1/0.07) = 1.6e6 > 2 exp(0.9/0.07) = 7.7e5 -> class 0; with T = 0.5 the pair wins
+    assert knn_accuracy(bank, labels, q, torch.tensor([0]), k=3, topk=(1,))["acc1"] == 100.0
+    assert knn_accuracy(bank, labels, q, torch.tensor([1]), k=3, temperature=0.5, topk=(1,))["acc1"] == 100.0
+    # k larger than the bank is capped
+    assert knn_accuracy(bank, labels, q, torch.tensor([0]), k=200, topk=(1,))["acc1"] == 100.0
+
+
+def test_probe_knn_bad_inputs():
+    xtr, ytr, xte, yte = blobs()
+    with pytest.raises(EvalError, match="D=16 but test features have D=8"):
+        knn_accuracy(xtr, ytr, xte[:, :8], yte)
+    with pytest.raises(EvalError, match="labels has 10 entries but features has 600 rows"):
+        linear_probe(xtr, ytr[:10], xte, yte)
+    with pytest.raises(EvalError, match="at least 2 classes"):
+        linear_probe(xtr, torch.zeros_like(ytr), xte, yte)
+    with pytest.raises(EvalError, match="needs train and test labels"):
+        knn_accuracy(xtr, None, xte, yte)
