@@ -80,6 +80,9 @@ def evaluate_model(
         metrics["rows_all_closed"] = float((test["mask"].sum(1) == 0).mean())
     metrics["method"] = cfg.method.name
     metrics["n_test"] = int(len(test["labels"]))
+    from bayesncl.report.figures import write_figures
+
+    write_figures(test, cfg.data, run_dir)
     write_results(run_dir, "metrics", metrics, format_table({cfg.method.name: metrics}))
     return metrics
 
@@ -178,12 +181,9 @@ def evaluate_command(
         result["knn_acc1"] = k["acc1"]
     result["method"] = cfg.method.name
     write_results(out_dir, "evaluation", result, format_table({cfg.method.name: result}))
-    try:
-        from bayesncl.report.figures import top_activations_figure
+    from bayesncl.report.figures import write_figures
 
-        top_activations_figure(test, cfg, out_dir / "top_activations.png")
-    except ImportError:
-        pass
+    write_figures(test, cfg.data, out_dir)
     print(format_table({cfg.method.name: result}))
     print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
     return result
