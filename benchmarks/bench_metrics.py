@@ -128,7 +128,9 @@ def retrieval_child(n: int, d: int, classes: int, dims: list[int], chunk: int | 
     res = retrieval_metrics(feats, labels, dims=dims, chunk_size=chunk)
     elapsed = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    print(json.dumps({"seconds": elapsed, "peak_rss_kib": rss, "rss_after_data_kib": rss_data, "result": res}))
+    print(
+        json.dumps({"seconds": elapsed, "peak_rss_kib": rss, "rss_after_data_kib": rss_data, "result": res})
+    )
 
 
 def run_retrieval(n: int, d: int, classes: int, dims: list[int], chunk: int | None) -> dict:
@@ -160,12 +162,17 @@ def main() -> None:
 
     n, d, c = (2_000, 512, 20) if args.quick else (10_000, 2_048, 100)
     rn, rd = (5_000, 512) if args.quick else (50_000, 2_048)
-    print(f"# bench_metrics  {time.strftime('%Y-%m-%d')}  torch {torch.__version__}  "
-          f"threads {torch.get_num_threads()}  cpus {os.cpu_count()}  {platform.processor() or platform.machine()}")
+    cpu = platform.processor() or platform.machine()
+    print(
+        f"# bench_metrics  {time.strftime('%Y-%m-%d')}  torch {torch.__version__}  "
+        f"threads {torch.get_num_threads()}  cpus {os.cpu_count()}  {cpu}"
+    )
 
     feats, labels = make_features(n, d, c)
     sparsity = 1 - float((feats > EPS).float().mean())
-    print(f"\n## SC + 3 semantic entropies: N={n:,} D={d:,} C={c} (float32, unit rows, sparsity {sparsity:.2f})")
+    print(
+        f"\n## SC + 3 semantic entropies: N={n:,} D={d:,} C={c} (float32, unit rows, sparsity {sparsity:.2f})"
+    )
     onehot = torch.zeros(c, n)
     onehot[labels, torch.arange(n)] = 1
     t_mm = best_time(lambda: torch.mm(onehot, feats), args.repeats)
@@ -180,12 +187,19 @@ def main() -> None:
     ref = loop_all(feats, labels, dims)
     t_loop_part = time.perf_counter() - t0
     t_loop = t_loop_part * d / loop_dims
-    how = "measured on all dims" if loop_dims == d else f"measured on {loop_dims} of {d} dims, extrapolated x{d / loop_dims:g}"
+    how = (
+        "measured on all dims"
+        if loop_dims == d
+        else f"measured on {loop_dims} of {d} dims, extrapolated x{d / loop_dims:g}"
+    )
     print(f"naive per-dim loops (authors) : {t_loop:9.2f} s   ({how})")
     print(f"speed-up                      : {t_loop / t_vec:9.0f} x")
 
     stats = SemanticStats.from_features(feats, labels)
-    ours = {"sc": stats.sc_per_dim()[:loop_dims], **{k: v[:loop_dims] for k, v in stats.entropies_per_dim().items()}}
+    ours = {
+        "sc": stats.sc_per_dim()[:loop_dims],
+        **{k: v[:loop_dims] for k, v in stats.entropies_per_dim().items()},
+    }
     diffs = {k: float(np.nanmax(np.abs(np.asarray(ref[k]) - ours[k]))) for k in ref}
     print("max |loop - vectorised| per dim: " + "  ".join(f"{k} {v:.1e}" for k, v in diffs.items()))
     full = semantic_metrics(feats, labels)
@@ -200,9 +214,11 @@ def main() -> None:
     res = run_retrieval(rn, rd, c, rdims, args.chunk)
     gib = res["peak_rss_kib"] / 2**20
     print(f"time (all K)                  : {res['seconds']:9.1f} s")
-    print(f"peak RSS (whole child)        : {gib:9.2f} GiB   (target <= 2 GiB; "
-          f"after building the {rn * rd * 4 / 2**30:.2f} GiB float32 features: "
-          f"{res['rss_after_data_kib'] / 2**20:.2f} GiB)")
+    print(
+        f"peak RSS (whole child)        : {gib:9.2f} GiB   (target <= 2 GiB; "
+        f"after building the {rn * rd * 4 / 2**30:.2f} GiB float32 features: "
+        f"{res['rss_after_data_kib'] / 2**20:.2f} GiB)"
+    )
     dense_gib = rn * rn * 4 / 2**30
     print(f"(a dense N x N float32 similarity matrix would take {dense_gib:.1f} GiB)")
     for k, row in res["result"].items():

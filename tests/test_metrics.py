@@ -144,6 +144,18 @@ def test_semantic_metrics_match_naive_loops(seed, unit_rows):
     assert M.semantic_entropy_freq(feats, labels) == pytest.approx(got["semantic_entropy_freq"], abs=1e-9)
 
 
+def test_scatter_fallback_and_negative_labels(monkeypatch):
+    # Many classes x many rows switches the one-hot product to a float64 scatter-add.
+    import bayesncl.evaluation.metrics as impl
+
+    feats, labels = sparse_features(7, unit_rows=False)
+    dense = M.semantic_metrics(feats.float(), labels)
+    monkeypatch.setattr(impl, "_MAX_ONEHOT_ELEMENTS", 0)
+    scattered = M.semantic_metrics(feats.float(), labels - 5)  # label values do not matter
+    for key, val in dense.items():
+        assert scattered[key] == pytest.approx(val, abs=1e-5)
+
+
 def test_sc_threshold_uses_row_normalised_features():
     # Row 0 has norm 1e3: its 5e-3 entry is 5e-6 after normalisation (below the threshold for SC)
     # but 5e-3 > 1e-5 raw (counted by H_freq).
@@ -447,17 +459,26 @@ def test_metrics_command_and_table(tmp_path):
     assert "Note: no active dimensions" in M.format_metrics_table(out)
 
 
+def _npz(**arrays):
+    return lambda p: np.savez(p, **arrays)
+
+
+Z32, I3 = np.zeros((3, 2)), np.zeros(3, int)
+NAN_ROWS = np.array([[1.0, np.nan], [np.inf, 0], [0, 0]])
+OBJECTS = np.array([{}, {}, {}], dtype=object)
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
         (lambda p: p.write_text("hello"), r"is not a features file: .*\.npz"),
-        (lambda p: np.save(p, np.zeros((3, 2))), r"single \.npy array of shape \(3, 2\)"),
-        (lambda p: np.savez(p, feats=np.zeros((3, 2)), y=np.zeros(3)), r"missing 'features' and 'labels' \(found 'feats', 'y'\)"),
-        (lambda p: np.savez(p, features=np.zeros((3, 2))), r"missing 'labels' \(found 'features'\)"),
-        (lambda p: np.savez(p, features=np.zeros((3, 2)), labels=np.zeros(4, int)), "labels has 4 entries but features has 3 rows"),
-        (lambda p: np.savez(p, features=np.zeros(3), labels=np.zeros(3, int)), r"must be a 2-D array \(N, D\); got a 1-D array"),
-        (lambda p: np.savez(p, features=np.array([[1.0, np.nan], [np.inf, 0], [0, 0]]), labels=np.zeros(3, int)), "NaN or inf in 2 of 3 rows"),
-        (lambda p: np.savez(p, features=np.zeros((3, 2)), labels=np.array([{}, {}, {}], dtype=object)), "holds Python objects"),
+        (lambda p: np.save(p, Z32), r"single \.npy array of shape \(3, 2\)"),
+        (_npz(feats=Z32, y=I3), r"missing 'features' and 'labels' \(found 'feats', 'y'\)"),
+        (_npz(features=Z32), r"missing 'labels' \(found 'features'\)"),
+        (_npz(features=Z32, labels=np.zeros(4, int)), "labels has 4 entries but features has 3 rows"),
+        (_npz(features=np.zeros(3), labels=I3), r"must be a 2-D array \(N, D\); got a 1-D array"),
+        (_npz(features=NAN_ROWS, labels=I3), "NaN or inf in 2 of 3 rows"),
+        (_npz(features=Z32, labels=OBJECTS), "holds Python objects"),
     ],
 )
 def test_bad_files_raise_one_line(tmp_path, make, message):

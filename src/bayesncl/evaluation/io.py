@@ -130,9 +130,7 @@ def as_features(features: Any, name: str = "features") -> torch.Tensor:
         n_bad = int(bad_rows.sum())
         if n_bad:
             first = int(torch.nonzero(bad_rows)[0, 0])
-            raise EvalError(
-                f"{name} contain NaN or inf in {n_bad} of {n} rows (first: row {first})"
-            )
+            raise EvalError(f"{name} contain NaN or inf in {n_bad} of {n} rows (first: row {first})")
     return t
 
 
@@ -169,8 +167,7 @@ def validate_features(features: Any, labels: Any = None) -> tuple[torch.Tensor, 
 def _parse_meta(raw: np.ndarray, path: Path) -> dict[str, Any]:
     if raw.dtype.kind not in "US" or raw.ndim != 0:
         raise EvalError(
-            f"{path}: 'meta' must be a 0-d string array holding JSON; "
-            f"got dtype {raw.dtype} shape {raw.shape}"
+            f"{path}: 'meta' must be a 0-d string array holding JSON; got dtype {raw.dtype} shape {raw.shape}"
         )
     text = str(raw[()])
     try:
@@ -193,19 +190,25 @@ def load_features(path: str | os.PathLike[str]) -> FeatureSet:
         raise EvalError(f"features file not found: {path}")
     if path.is_dir():
         raise EvalError(f"{path} is a directory, not a features file (.npz)")
-    try:
-        data = np.load(path, allow_pickle=False)
-    except ValueError as exc:
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    if head.startswith(b"\x93NUMPY"):
+        shape = np.load(path, mmap_mode="r", allow_pickle=False).shape
         raise EvalError(
-            f"{path} is not a features file: not a NumPy .npz archive ({exc})".replace("\n", " ")
-        ) from exc
-    except (OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise EvalError(f"{path} is not a features file: cannot read it as .npz ({exc})") from exc
-    if isinstance(data, np.ndarray):
-        raise EvalError(
-            f"{path} is not a features file: it holds a single .npy array of shape {data.shape}; "
+            f"{path} is not a features file: it holds a single .npy array of shape {shape}; "
             "expected an .npz archive with 'features' and 'labels'"
         )
+    if not head.startswith(b"PK"):
+        raise EvalError(
+            f"{path} is not a features file: not a NumPy .npz (zip) archive (first bytes {head!r})"
+        )
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise EvalError(f"{path} is not a features file: cannot read it as .npz ({first})") from exc
+    if not isinstance(data, np.lib.npyio.NpzFile):  # pragma: no cover - guarded by the magic test
+        raise EvalError(f"{path} is not a features file: expected an .npz archive")
     with data:
         keys = sorted(data.files)
         missing = [k for k in ("features", "labels") if k not in keys]
@@ -233,9 +236,7 @@ def load_features(path: str | os.PathLike[str]) -> FeatureSet:
         if key in arrays:
             arr = arrays[key]
             if arr.ndim == 0 or arr.shape[0] != n:
-                raise EvalError(
-                    f"{path}: {key!r} has shape {arr.shape} but features has {n} rows"
-                )
+                raise EvalError(f"{path}: {key!r} has shape {arr.shape} but features has {n} rows")
             setattr(fs, key, arr)
     if "meta" in arrays:
         fs.meta = _parse_meta(arrays["meta"], path)

@@ -41,9 +41,7 @@ def knn_accuracy(
     xtr, ytr = validate_features(train_features, train_labels)
     xte, yte = validate_features(test_features, test_labels)
     if xtr.shape[1] != xte.shape[1]:
-        raise EvalError(
-            f"train features have D={xtr.shape[1]} but test features have D={xte.shape[1]}"
-        )
+        raise EvalError(f"train features have D={xtr.shape[1]} but test features have D={xte.shape[1]}")
     if k <= 0:
         raise EvalError(f"kNN k must be positive; got {k}")
     if not temperature > 0:
