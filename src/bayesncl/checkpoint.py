@@ -1,15 +1,41 @@
 """Run directory and checkpoint state: atomic saves, RNG capture, safe loading, resume checks.
 
-Everything a bit-identical resume needs lives in one checkpoint dict (DESIGN.md "Resume"):
-model, optimiser, grad scaler, every RNG, epoch, step and the per-epoch log. RNG states are stored
-as tensors and plain Python values so checkpoints load with ``torch.load(weights_only=True)``.
+Everything a bit-identical resume needs lives in one checkpoint dict (format
+:data:`CHECKPOINT_FORMAT`): model, optimiser, grad scaler, every RNG, epoch, step and the per-epoch
+log. What is *not* stored, and why it need not be:
+
+- the learning-rate schedule: a precomputed per-step array, a pure function of the config and
+  ``step`` (``train.warmup_cosine``);
+- the data order and augmentation: a function of ``(seed, epoch, rank)`` only
+  (``TwoViewLoader.set_epoch``), also inside DataLoader workers, so worker RNGs need no state.
+
+RNG states are stored as tensors and plain Python values so checkpoints load with
+``torch.load(weights_only=True)``.
+
+Reading files a user passes (:func:`load_checkpoint_file`) never runs code: ``.safetensors`` files
+are read with safetensors, everything else with ``torch.load(weights_only=True)``; a pickle that
+would import anything beyond tensors and plain values is refused with a one-line
+:class:`CheckpointError`.
+
+The files written at the end of training load elsewhere without bayesncl:
+
+- ``encoder.safetensors``: ``safetensors.torch.load_file(path)`` → the model's full state dict.
+- ``backbone_torchvision.pt`` (ResNet backbones): torchvision names without ``fc``. Load it with
+  ``net = torchvision.models.resnet18(); net.fc = torch.nn.Identity();
+  net.load_state_dict(torch.load(path, weights_only=True))`` (strict), or keep the fc and pass
+  ``strict=False`` (the only missing keys are then ``fc.weight`` and ``fc.bias``). A CIFAR-stem or
+  1-channel backbone first needs the same ``conv1`` (and, CIFAR stem, ``maxpool = Identity()``)
+  as :func:`bayesncl.models.build_backbone` uses, else conv1's shape does not match.
 """
 
 from __future__ import annotations
 
 import csv
 import os
+import pickle
 import random
+import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,8 +61,18 @@ LOG_FIELDS = [
 ]
 
 
+CHECKPOINT_FORMAT = "bayesncl-checkpoint-v1"
+
+# Temporary files a killed run can leave behind (atomic_save, write_log, export_encoder).
+_STALE_TMP_GLOBS = (".*.pt.tmp*", ".log.csv.tmp", ".encoder.safetensors.tmp")
+
+
 class RunDirError(ValueError):
     """The run directory cannot be used as asked (exists, unwritable, config differs)."""
+
+
+class CheckpointError(ValueError):
+    """A file cannot be read as a checkpoint (missing, not a checkpoint, unsafe); one line."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -96,7 +132,7 @@ def save_checkpoint(
     """Everything needed for a bit-identical resume, in one file (written atomically)."""
     atomic_save(
         {
-            "format": "bayesncl-checkpoint-v1",
+            "format": CHECKPOINT_FORMAT,
             "config": cfg.to_dict(),
             "state_dict": model.state_dict(),
             "optimizer": optimizer.state_dict(),
@@ -110,32 +146,163 @@ def save_checkpoint(
     )
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0].strip() if text else type(e).__name__
+
+
+def _refusal(path: Path, e: BaseException) -> CheckpointError:
+    """Turn torch's multi-paragraph weights_only error into one line saying what was refused."""
+    text = str(e)
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if found:
+        what = f"it would import and call {found.group(1)}, which can run code"
+    elif (op := re.search(r"Unsupported operand (\d+)", text)) is not None:
+        what = f"it holds pickle opcode {op.group(1)}, which plain tensor checkpoints do not use"
+    else:
+        what = _first_line(e).replace("WeightsUnpickler error: ", "")
+    return CheckpointError(
+        f"{path} was refused by the safe loader (torch.load weights_only=True): {what}; nothing in it "
+        f"was run. Only tensors and plain values are accepted"
+    )
+
+
+def load_checkpoint_file(path: str | Path) -> Any:
+    """Read a file a user passed, without ever running code from it.
+
+    ``.safetensors`` → ``{name: tensor}`` (safetensors); anything else → the object stored by
+    ``torch.save`` read with ``torch.load(weights_only=True, map_location="cpu")``.
+    Raises CheckpointError (one line) if the file is missing, empty, not a checkpoint, truncated,
+    or a pickle that would import anything beyond tensors and plain values.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file")
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory, not a checkpoint file")
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {_first_line(e)}") from None
+    if not head:
+        raise CheckpointError(f"{path} is empty, not a checkpoint")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path), device="cpu")
+        except Exception as e:  # noqa: BLE001 - safetensors raises several types for bad files
+            raise CheckpointError(f"{path} is not a readable safetensors file ({_first_line(e)})") from None
+    is_zip, is_pickle = head.startswith(b"PK\x03\x04"), head[:1] == b"\x80"
+    if not (is_zip or is_pickle):
+        raise CheckpointError(
+            f"{path} is not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle "
+            f"(it starts with {head!r})"
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the error below says it all
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise _refusal(path, e) from None
+        except Exception as e:  # noqa: BLE001 - truncated zips, bad records, ... all mean "unreadable"
+            raise CheckpointError(
+                f"{path} is not a readable PyTorch checkpoint (truncated or damaged? {_first_line(e)})"
+            ) from None
+
+
+def is_bayesncl_checkpoint(obj: Any) -> bool:
+    return isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _show(v: Any) -> str:
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def describe_config_diff(old: Config, new: Config) -> str:
+    """``"key: old -> new; ..."`` for every key (but ``train.epochs``) whose value differs."""
+    fo, fn = _flat(old.to_dict()), _flat(new.to_dict())
+    return "; ".join(f"{k}: {_show(fo.get(k))} -> {_show(fn.get(k))}" for k in diff_configs(old, new))
+
+
+def _check_writable(run_dir: Path) -> None:
+    """Raise RunDirError unless ``run_dir`` exists as a writable directory or can be created.
+
+    Writes nothing that stays: the test is a temporary file, created and removed at once, in the
+    nearest existing folder (``os.access`` alone says yes to root even on a read-only mount)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"run dir {run_dir} is a file, not a directory; choose another --run-dir")
+    probe = run_dir
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise RunDirError(f"run dir {run_dir} cannot be created: {probe} is a file, not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise RunDirError(f"run dir {run_dir} is not writable (no write permission on {probe})")
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=probe, prefix=".bayesncl-write-test"):
+            pass
+    except OSError as e:
+        reason = e.strerror or _first_line(e)
+        raise RunDirError(f"run dir {run_dir} is not writable ({reason}: {probe})") from None
+
+
 def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
     """Check the run dir *before* anything is written. Returns the checkpoint to resume from or None.
 
     Raises RunDirError if it already holds a run (without --resume/--overwrite), if --resume finds
-    no checkpoint or a config that differs (naming the keys), or if it is not writable.
+    no checkpoint, an unreadable one or a config that differs (naming each key with its old and new
+    value), or if the run dir cannot be written. On resume, temporary files left by a killed run
+    are removed.
     """
+    run_dir = Path(run_dir)
+    _check_writable(run_dir)
     has_run = (run_dir / "config.yaml").exists() or (run_dir / "last.pt").exists()
     if resume:
         ckpt_path = run_dir / "last.pt"
         if not ckpt_path.exists():
-            raise RunDirError(f"--resume: no checkpoint {ckpt_path} to resume from")
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+            extra = (
+                f" ({run_dir / 'interrupted.pt'} holds a mid-epoch state, which cannot be resumed "
+                "bit-identically: start again with --overwrite)"
+                if (run_dir / "interrupted.pt").exists()
+                else ""
+            )
+            raise RunDirError(f"--resume: no checkpoint {ckpt_path} to resume from{extra}")
+        try:
+            ckpt = load_checkpoint_file(ckpt_path)
+        except CheckpointError as e:
+            raise RunDirError(f"--resume: {e}") from None
+        if not is_bayesncl_checkpoint(ckpt):
+            raise RunDirError(f"--resume: {ckpt_path} is not a bayesncl checkpoint ({CHECKPOINT_FORMAT})")
         old = config_from_dict(ckpt["config"])
-        diff = diff_configs(old, cfg)
+        diff = describe_config_diff(old, cfg)
         if diff:
-            pairs = ", ".join(f"{k}" for k in diff)
-            raise RunDirError(f"--resume: the config differs from the run's in: {pairs}")
+            raise RunDirError(
+                f"--resume: the config differs from the run's in: {diff} (run's -> now); resume with "
+                "the run's config (no key=value overrides) or start a new --run-dir"
+            )
+        for pattern in _STALE_TMP_GLOBS:
+            for stale in run_dir.glob(pattern):
+                stale.unlink(missing_ok=True)
         return ckpt
     if has_run and not overwrite:
         raise RunDirError(
             f"run dir {run_dir} already holds a run; pass --resume to continue it, "
             "--overwrite to replace it, or choose another --run-dir"
         )
-    probe = run_dir if run_dir.exists() else next((p for p in run_dir.parents if p.exists()), Path("."))
-    if not os.access(probe, os.W_OK):
-        raise RunDirError(f"run dir {run_dir} is not writable (no write permission on {probe})")
     return None
 
 

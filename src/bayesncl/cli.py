@@ -56,10 +56,11 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
     if args.resume and args.run_dir is None:
         raise ConfigError("--resume needs --run-dir DIR (the run to continue)")
-    if args.resume and args.config is None and not args.overrides:
+    overrides = [*args.overrides, "data.skip_corrupt=true"] if args.skip_corrupt else args.overrides
+    if args.resume and args.config is None and not overrides:
         cfg = load_run_config(Path(args.run_dir))
     else:
-        cfg = build_config(resolve_config_path(args.config), args.overrides)
+        cfg = build_config(resolve_config_path(args.config), overrides)
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
     print(f"run dir: {run_dir}")
     metrics = pretrain(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, evaluate=not args.no_eval)
@@ -80,7 +81,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_extract(args: argparse.Namespace) -> int:
     from bayesncl.evaluation.pipeline import extract_command
 
-    out = extract_command(args.source, split=args.split, out=args.out)
+    out = extract_command(args.source, split=args.split, out=args.out, overrides=args.overrides)
     print(f"wrote {out}")
     return 0
 
@@ -97,7 +98,9 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from bayesncl.evaluation.pipeline import evaluate_command
 
-    evaluate_command(args.source, retrieval_dims=args.retrieval_dims, knn=not args.no_knn)
+    evaluate_command(
+        args.source, retrieval_dims=args.retrieval_dims, knn=not args.no_knn, overrides=args.overrides
+    )
     return 0
 
 
@@ -109,6 +112,20 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from bayesncl.train import TrainingError
 
     return (ConfigError, DataError, EvalError, RunDirError, TrainingError, FileNotFoundError, PermissionError)
+
+
+_LOAD_OVERRIDES_HELP = (
+    "config overrides: for a bayesncl run only data.* and eval.* (e.g. a new data.root); for an "
+    "official BayesNCL/NCL checkpoint the data (data.name=cifar100 data.root=DIR) and, if not "
+    "inferred right, method.name=cl|ncl|ncl-topk|bayesncl-gs"
+)
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from bayesncl.reproduce import reproduce
+
+    reproduce(args.table, args.dataset, Path(args.run_dir) if args.run_dir else None, args.overrides)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from last.pt")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --run-dir")
     p.add_argument("--no-eval", action="store_true", help="skip the end-of-training evaluation")
+    p.add_argument(
+        "--skip-corrupt",
+        action="store_true",
+        help="skip unreadable images in an image folder and report how many (= data.skip_corrupt=true)",
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     p.set_defaults(func=cmd_pretrain)
 
@@ -158,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
     p.add_argument("--split", choices=("test", "train"), default="test")
     p.add_argument("--out", help="output .npz (default RUN_DIR/features_<split>.npz)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help=_LOAD_OVERRIDES_HELP)
     p.set_defaults(func=cmd_extract)
 
     p = sub.add_parser(
@@ -184,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
     p.add_argument("--retrieval-dims", help="comma-separated K list (default 32,64,...,D)")
     p.add_argument("--no-knn", action="store_true", help="skip the kNN classifier")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help=_LOAD_OVERRIDES_HELP)
     p.set_defaults(func=cmd_evaluate)
     return parser
 

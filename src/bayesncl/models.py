@@ -137,13 +137,31 @@ def build_model(cfg: Config, in_channels: int, image_size: int, num_classes: int
     return ContrastiveModel(backbone, h_dim, cfg.model, cfg.method, num_classes)
 
 
-def contrastive_loss(out: ModelOutput, method: MethodConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def contrastive_loss(
+    out: ModelOutput, method: MethodConfig, *, gather: bool | None = None
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss = InfoNCE(z̃ over 2N views, τ) + λ·KL(Bern(α) ‖ Bern(ρ)) (PAPER-NOTES §1).
 
-    out.z_tilde must hold the 2N views laid out ``[view1; view2]``. Returns the fp32 loss and its
-    detached parts ``{"info_nce", "kl"}`` (kl is 0 for methods without a gate).
+    out.z_tilde must hold this process's 2n views laid out ``[view1; view2]``. Returns the fp32 loss
+    and its detached parts ``{"info_nce", "kl"}`` (kl is 0 for methods without a gate); both are
+    means over the 2n local rows.
+
+    gather: take the InfoNCE negatives from every process (an autograd all-gather of z̃, see
+    :func:`bayesncl.distributed.gather_with_grad`; every process must hold the same n). ``None``
+    (default): gather whenever torch.distributed runs with more than one process. ``False``: local
+    negatives only (not the paper's objective under DDP). With DDP averaging the gradients, the
+    gradient equals the single-process gradient over the concatenated batch (docs/scaling.md).
     """
-    nce = BF.info_nce(out.z_tilde, method.temperature)
+    from bayesncl import distributed
+
+    z = out.z_tilde
+    if gather is None:
+        gather = distributed.is_distributed()
+    if gather and distributed.is_distributed():
+        keys = distributed.gather_with_grad(z)
+        nce = BF.info_nce(z, method.temperature, keys=keys, offset=torch.distributed.get_rank() * len(z))
+    else:
+        nce = BF.info_nce(z, method.temperature)
     if out.alpha is not None:
         kl = BF.bernoulli_kl(out.alpha, method.rho)
         loss = nce + method.lam * kl

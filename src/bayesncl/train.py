@@ -3,6 +3,8 @@
 ``pretrain(cfg, run_dir)`` validates everything first (config, data, batch size, run dir), then
 creates the run dir, trains with LARS and a per-iteration warmup-cosine schedule, checkpoints
 atomically every epoch, and finally evaluates the test split (see ``bayesncl.evaluation``).
+Under ``torchrun`` the same function runs in every process, with DDP (``bayesncl.distributed``,
+docs/scaling.md); rank 0 alone writes the run dir and prints.
 
 Run dir layout::
 
@@ -27,8 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from torch import nn
+from torch import Tensor, nn
 
+from bayesncl import distributed
 from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for callers
     RunDirError,
     TrainState,
@@ -39,9 +42,10 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
     set_rng_state,
     write_log,
 )
-from bayesncl.config import Config, ConfigError, config_from_dict, dump_yaml
-from bayesncl.data import build_train_loader, dataset_info
-from bayesncl.models import ContrastiveModel, build_model, contrastive_loss
+from bayesncl.config import Config, MethodConfig, config_from_dict, dump_yaml
+from bayesncl.data import build_train_loader, dataset_info, mix_seed
+from bayesncl.distributed import resolve_device  # noqa: F401 - re-exported: train.resolve_device
+from bayesncl.models import ContrastiveModel, ModelOutput, build_model, contrastive_loss
 
 
 class TrainingError(RuntimeError):
@@ -49,25 +53,18 @@ class TrainingError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- devices, precision
-def resolve_device(name: str) -> torch.device:
-    """``auto`` → cuda if available else cpu. Raises ConfigError if CUDA is asked for but absent."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"train.device={name}: no CUDA device is available here; use train.device=cpu")
-        idx = int(name.split(":")[1]) if ":" in name else 0
-        if idx >= torch.cuda.device_count():
-            raise ConfigError(
-                f"train.device={name}: only {torch.cuda.device_count()} CUDA device(s) are available"
-            )
-    return torch.device(name)
-
-
 def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype, or None for fp32. ``auto``: fp16 on CUDA (PAPER-NOTES §2), fp32 on CPU."""
+    """Autocast dtype, or None for fp32.
+
+    ``auto``: bf16 on a CUDA device that supports it, else fp16 there (the paper's fp16 mixed
+    precision, PAPER-NOTES §2); fp32 on CPU (bf16 autocast gave no speed-up on CPU here). bf16 has
+    fp32's range, so it needs no GradScaler, whose inf check waits for the device every step. The
+    loss, the KL and the logs are fp32 whatever the autocast dtype (``bayesncl.functional``).
+    """
     if name == "auto":
-        return torch.float16 if device.type == "cuda" else None
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
@@ -141,6 +138,88 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float, probe_factor: float) -> 
         g["lr"] = g["fixed_lr"] * probe_factor if "fixed_lr" in g else lr * g["lr_scale"]
 
 
+# ----------------------------------------------------------------------------- one step
+class TrainForward(nn.Module):
+    """What DDP and torch.compile wrap: the model plus the online probe on sg(h), so that every
+    trained parameter is used inside one ``forward`` (where DDP expects it)."""
+
+    def __init__(self, model: ContrastiveModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> tuple[ModelOutput, Tensor]:
+        out = self.model(x)
+        return out, self.model.classifier(out.h.detach())
+
+
+def wrap_for_training(model: ContrastiveModel, cfg: Config, world: distributed.World) -> nn.Module:
+    """:class:`TrainForward` around ``model``, inside DDP when there are several processes (DDP
+    averages the gradients over ranks), compiled when ``train.compile``. ``model`` keeps owning
+    the parameters: checkpoints and evaluation use it directly."""
+    step_model: nn.Module = TrainForward(model)
+    if world.distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [world.device.index] if world.device.type == "cuda" else None
+        step_model = DistributedDataParallel(step_model, device_ids=ids)
+    if cfg.train.compile:
+        step_model = torch.compile(step_model)
+    return step_model
+
+
+def forward_loss(
+    step_model: nn.Module,
+    x1: Tensor,
+    x2: Tensor,
+    y: Tensor,
+    method: MethodConfig,
+    *,
+    autocast: Any = None,
+    channels_last: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """This process's loss on one batch, and the batch's (6,) detached statistics (:func:`step_stats`).
+
+    x1, x2: (n, C, S, S) the two views of n images; y: (n,) labels, used by the online probe only.
+    The loss is InfoNCE + λ·KL over the 2n local rows (under DDP the negatives are gathered from
+    every rank, see :func:`bayesncl.models.contrastive_loss`) plus the probe's cross-entropy on
+    sg(h). Each term is a mean over local rows, so DDP's gradient average is the global mean.
+    """
+    x = torch.cat([x1, x2])
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    with autocast if autocast is not None else nullcontext():
+        out, logits_cls = step_model(x)
+    loss, parts = contrastive_loss(out, method)
+    yy = torch.cat([y, y])
+    probe_loss = nn.functional.cross_entropy(logits_cls.float(), yy)
+    with torch.no_grad():
+        stats = step_stats(loss, parts, out.mask, logits_cls, yy)
+    return loss + probe_loss, stats
+
+
+def train_step(
+    step_model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    x1: Tensor,
+    x2: Tensor,
+    y: Tensor,
+    method: MethodConfig,
+    *,
+    autocast: Any = None,
+    channels_last: bool = False,
+) -> Tensor:
+    """:func:`forward_loss`, backward, optimiser step. Returns the (6,) statistics, on the device:
+    nothing here waits for the device (fp16's GradScaler does, once per step, to skip inf steps;
+    bf16 and fp32 need no scaler)."""
+    loss, stats = forward_loss(step_model, x1, x2, y, method, autocast=autocast, channels_last=channels_last)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return stats
+
+
 # ----------------------------------------------------------------------------- the loop
 def pretrain(
     cfg: Config,
@@ -155,16 +234,34 @@ def pretrain(
     returns: the final metrics dict (also written to ``run_dir/metrics.json``).
     Raises ConfigError / DataError / RunDirError before writing anything when the input is bad;
     TrainingError if the loss becomes non-finite (the last good checkpoint is kept).
-    """
-    run_dir = Path(run_dir)
-    device = resolve_device(cfg.train.device)
-    amp_dtype = resolve_precision(cfg.train.precision, device)
-    info = dataset_info(cfg.data)
-    ckpt = prepare_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite)
 
-    seed_everything(cfg.seed)
-    loader = build_train_loader(cfg.data, cfg.train.batch_size, seed=cfg.seed, device=device)
+    Under ``torchrun`` every process calls this (docs/scaling.md): DDP over ``WORLD_SIZE``
+    processes, ``train.batch_size`` per process, lr scaled by the global batch, each rank its own
+    seed and data shard; only rank 0 writes the run dir, prints and evaluates (others return {}).
+    """
+    world = distributed.setup(cfg.train.device)
+    try:
+        return _pretrain(cfg, Path(run_dir), world, resume=resume, overwrite=overwrite, evaluate=evaluate)
+    finally:
+        world.close()
+
+
+def _pretrain(
+    cfg: Config, run_dir: Path, world: distributed.World, *, resume: bool, overwrite: bool, evaluate: bool
+) -> dict[str, Any]:
+    device = world.device
+    amp_dtype = resolve_precision(cfg.train.precision, device)
+    distributed.check_sync_bn(cfg.train.sync_bn, world)
+    info = dataset_info(cfg.data)
+    ckpt = distributed.run_on_main(lambda: prepare_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite))
+
+    seed_everything(distributed.rank_seed(cfg.seed, world.rank))
+    loader = build_train_loader(  # this rank's shard; augmentation seeded by (seed, epoch, rank, step)
+        cfg.data, cfg.train.batch_size, seed=cfg.seed, device=device,
+        rank=world.rank, world_size=world.world_size,
+    )
     model = build_model(cfg, info.channels, info.image_size, info.num_classes).to(device)
+    model = distributed.convert_sync_bn(model, cfg.train.sync_bn, world)
     if cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(param_groups(model, cfg), cfg)
@@ -172,7 +269,7 @@ def pretrain(
 
     steps_per_epoch = len(loader)
     total_steps = cfg.train.epochs * steps_per_epoch
-    lr_base = cfg.train.base_lr * cfg.train.batch_size / 256
+    lr_base = distributed.scaled_lr(cfg.train.base_lr, cfg.train.batch_size * world.world_size)
     schedule = warmup_cosine(
         lr_base,
         total_steps,
@@ -183,66 +280,71 @@ def pretrain(
 
     state = TrainState()
     if ckpt is not None:
+        if ckpt["step"] != ckpt["epoch"] * steps_per_epoch:
+            done = ckpt["step"] // max(ckpt["epoch"], 1)
+            raise RunDirError(
+                f"--resume: the run took {done} steps per epoch, this launch takes {steps_per_epoch} "
+                f"({world.world_size} process(es) x batch {cfg.train.batch_size}); relaunch with as "
+                "many processes as the run had"
+            )
         model.load_state_dict(ckpt["state_dict"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
         state = TrainState(epoch=ckpt["epoch"], step=ckpt["step"], log=list(ckpt["log"]))
-        set_rng_state(ckpt["rng"])
-    else:
+        if world.is_main:
+            set_rng_state(ckpt["rng"])
+        else:  # the checkpoint holds rank 0's RNG; the other ranks restart their own stream
+            seed_everything(mix_seed(distributed.rank_seed(cfg.seed, world.rank), state.step))
+    elif world.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))
 
-    step_model = torch.compile(model) if cfg.train.compile else model
-    autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+    step_model = wrap_for_training(model, cfg, world)
+    autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
     interrupted = _install_sigint()
+    stop = False
     for epoch in range(state.epoch, cfg.train.epochs):
         loader.set_epoch(epoch)
         model.train()
         t0 = time.time()
         sums = torch.zeros(6, device=device)  # loss, nce, kl, gate_open, all_closed, probe_correct
         n_seen = 0
-        bar = _progress(loader, epoch, cfg)
+        bar = _progress(loader, epoch, cfg, world)
         for x1, x2, y in bar:
             lr = float(schedule[state.step])
             set_lr(optimizer, lr, lr / lr_base if lr_base > 0 else 1.0)
-            x = torch.cat([x1, x2])
-            if cfg.train.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            with autocast:
-                out = step_model(x)
-                logits_cls = model.classifier(out.h.detach())
-            loss, parts = contrastive_loss(out, cfg.method)
-            probe_loss = nn.functional.cross_entropy(logits_cls.float(), torch.cat([y, y]))
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss + probe_loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-
-            with torch.no_grad():
-                sums += step_stats(loss, parts, out.mask, logits_cls, torch.cat([y, y]))
+            stats = train_step(
+                step_model, optimizer, scaler, x1, x2, y, cfg.method,
+                autocast=autocast, channels_last=cfg.train.channels_last,
+            )
+            sums += stats
             n_seen += 1
             state.step += 1
             if device.type == "cpu" or state.step % 25 == 0 or n_seen == steps_per_epoch:
-                means = (sums / n_seen).tolist()
-                if not math.isfinite(float(loss.detach())):
+                # the only host sync: means over every process, and whether any was interrupted
+                means, stop = _global_means(sums / n_seen, interrupted["flag"])
+                if not math.isfinite(means[0]):
                     raise TrainingError(
                         f"non-finite loss at step {state.step} (epoch {epoch + 1}): "
-                        f"InfoNCE={float(parts['info_nce']):.4g}, KL={float(parts['kl']):.4g}; "
+                        f"InfoNCE={float(stats[1]):.4g}, KL={float(stats[2]):.4g}; "
                         f"the last good checkpoint {run_dir / 'last.pt'} is kept"
                     )
                 if hasattr(bar, "set_postfix"):
                     post = {"loss": f"{means[0]:.3f}", "kl": f"{means[2]:.2f}"}
-                    if out.mask is not None:
+                    if model.gate is not None:
                         post["open"] = f"{means[3]:.2f}"
                     bar.set_postfix(post)
-            if interrupted["flag"]:
+            # several processes stop together, at a sync point; one process at once
+            stop = stop or (interrupted["flag"] and not world.distributed)
+            if stop:
                 break
-        if interrupted["flag"]:
-            save_checkpoint(run_dir / "interrupted.pt", model, optimizer, scaler, state, cfg)
+        if stop:
+            if world.is_main:
+                save_checkpoint(run_dir / "interrupted.pt", model, optimizer, scaler, state, cfg)
             raise KeyboardInterrupt(
                 f"interrupted in epoch {epoch + 1}; state saved to {run_dir / 'interrupted.pt'}"
             )
-        means = (sums / max(n_seen, 1)).tolist()
+        means, _ = _global_means(sums / max(n_seen, 1), False)
         row = {
             "epoch": epoch + 1,
             "step": state.step,
@@ -258,6 +360,8 @@ def pretrain(
         }
         state.log.append(row)
         state.epoch = epoch + 1
+        if not world.is_main:
+            continue
         if model.gate is not None and means[4] > 0.5:
             print(f"warning: gate collapse: {100 * means[4]:.0f}% of rows have every gate closed")
         write_log(run_dir, state.log)
@@ -266,12 +370,22 @@ def pretrain(
         if every and state.epoch % every == 0:
             save_checkpoint(run_dir / f"epoch-{state.epoch:04d}.pt", model, optimizer, scaler, state, cfg)
 
+    if not world.is_main:
+        return {}
     export_encoder(model, run_dir)
     if not evaluate:
         return {}
     from bayesncl.evaluation.pipeline import evaluate_model
 
     return evaluate_model(model, cfg, run_dir, device=device)
+
+
+def _global_means(local_means: Tensor, interrupted: bool) -> tuple[list[float], bool]:
+    """The loop's host sync point: the running means averaged over processes (every rank gets the
+    same numbers, so a non-finite loss stops every rank) and whether any process was interrupted."""
+    flag = torch.full((1,), float(interrupted), device=local_means.device)
+    values = distributed.all_reduce_mean(torch.cat([local_means, flag])).tolist()
+    return values[:-1], values[-1] > 0
 
 
 def step_stats(
@@ -310,8 +424,8 @@ def load_run_config(run_dir: Path) -> Config:
     return config_from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
 
 
-def _progress(loader: Any, epoch: int, cfg: Config) -> Any:
-    if not cfg.train.progress:
+def _progress(loader: Any, epoch: int, cfg: Config, world: distributed.World) -> Any:
+    if not cfg.train.progress or not world.is_main:
         return loader
     from tqdm.auto import tqdm
 

@@ -89,53 +89,155 @@ def evaluate_model(
 
 # ----------------------------------------------------------------------------- loading trained runs
 def load_trained(
-    source: str | Path, device: torch.device | None = None
+    source: str | Path,
+    device: torch.device | None = None,
+    overrides: list[str] | None = None,
 ) -> tuple[ContrastiveModel, Config, Path]:
-    """Load a run dir (``config.yaml`` + ``last.pt``) or a bayesncl checkpoint file, safely.
+    """Load a trained model safely from a run dir or a checkpoint file.
 
-    Checkpoints are read with ``torch.load(weights_only=True)``: a pickle that would run code is
-    refused. Returns ``(model in eval mode, config, directory to write outputs into)``.
+    source: a run dir (its ``last.pt``); a bayesncl checkpoint (``last.pt``, ``epoch-NNNN.pt``,
+    ``interrupted.pt``: format ``bayesncl-checkpoint-v1``); a run's ``encoder.safetensors`` (next
+    to its ``config.yaml``); or an authors'-layout BayesNCL/NCL checkpoint (Lightning ``.ckpt`` or
+    bare state dict with ``backbone.*``, ``projector.*``, ``gating_head.*``, ``classifier.*``),
+    see :mod:`bayesncl.official`.
+    overrides: ``key=value`` strings. For a bayesncl checkpoint only ``data.*`` and ``eval.*`` (e.g.
+    a new ``data.root``); the model is fixed by its config. For an official checkpoint the data is
+    required (``data.name=cifar100 data.root=DIR``) and ``method.name`` etc. may be set.
+
+    Files are read with ``torch.load(weights_only=True)`` or safetensors: a pickle that would run
+    code is refused. Returns ``(model in eval mode, config, directory to write outputs into)``.
+    Raises EvalError (one line) for anything unusable, ConfigError for bad overrides.
     """
-    from bayesncl.config import config_from_dict
+    from bayesncl.checkpoint import CheckpointError, is_bayesncl_checkpoint, load_checkpoint_file
     from bayesncl.evaluation import EvalError
+    from bayesncl.official import looks_official
 
     src = Path(source)
     if src.is_dir():
         ckpt_path = src / "last.pt"
         if not ckpt_path.exists():
-            raise EvalError(f"{src} holds no last.pt: not a bayesncl run dir")
+            raise EvalError(f"{src} holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)")
         out_dir = src
     elif src.is_file():
         ckpt_path, out_dir = src, src.parent
     else:
         raise EvalError(f"{src}: no such run dir or checkpoint file")
     try:
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means "not a safe checkpoint"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise EvalError(
-            f"{ckpt_path} is not a loadable checkpoint (refused by the safe loader: {first})"
-        ) from None
-    if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "config" not in ckpt:
-        raise EvalError(f"{ckpt_path} is not a bayesncl checkpoint (expected keys 'config' and 'state_dict')")
-    cfg = config_from_dict(ckpt["config"])
-    info = dataset_info(cfg.data)
-    model = build_model(cfg, info.channels, info.image_size, info.num_classes)
-    missing, unexpected = model.load_state_dict(ckpt["state_dict"], strict=False)
-    if missing or unexpected:
-        raise EvalError(
-            f"{ckpt_path} does not match the architecture in its config: "
-            f"missing {len(missing)} keys (e.g. {missing[:2]}), unexpected {len(unexpected)} (e.g. {unexpected[:2]})"
-        )
+        obj = load_checkpoint_file(ckpt_path)
+        if is_bayesncl_checkpoint(obj):
+            model, cfg = _load_own(ckpt_path, obj["config"], obj["state_dict"], overrides)
+        elif isinstance(obj, dict) and str(obj.get("format", "")).startswith("bayesncl-checkpoint"):
+            raise EvalError(
+                f"{ckpt_path} is a {obj['format']} checkpoint; this bayesncl reads bayesncl-checkpoint-v1"
+            )
+        elif _is_own_encoder(ckpt_path, obj):
+            import yaml
+
+            cfg_dict = yaml.safe_load((ckpt_path.parent / "config.yaml").read_text())
+            model, cfg = _load_own(ckpt_path, cfg_dict, obj, overrides)
+        elif looks_official(obj):
+            model, cfg = _load_official(ckpt_path, obj, overrides)
+        else:
+            raise EvalError(f"{ckpt_path} is not a model checkpoint bayesncl can read: {_what_is(obj)}")
+    except CheckpointError as e:
+        raise EvalError(str(e)) from None
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), cfg, out_dir
 
 
-def extract_command(source: str | Path, *, split: str = "test", out: str | Path | None = None) -> Path:
-    """``bayesncl extract``: write ``features_<split>.npz`` (see docs/architecture.md)."""
+def _what_is(obj: Any) -> str:
+    if isinstance(obj, dict):
+        keys = [str(k) for k in list(obj)[:4]]
+        more = f" and {len(obj) - 4} more" if len(obj) > 4 else ""
+        return (
+            f"neither a bayesncl checkpoint (no 'format': 'bayesncl-checkpoint-v1') nor BayesNCL/NCL "
+            f"weights (no backbone.* tensors); its keys: {', '.join(keys) or 'none'}{more}"
+        )
+    return f"it holds a {type(obj).__name__}, expected a dict"
+
+
+def _is_own_encoder(path: Path, obj: Any) -> bool:
+    """A run's ``encoder.safetensors`` (our key names) with the run's ``config.yaml`` beside it."""
+    return (
+        path.suffix == ".safetensors"
+        and isinstance(obj, dict)
+        and any(str(k).startswith("projector.net.") for k in obj)
+        and (path.parent / "config.yaml").is_file()
+    )
+
+
+def _load_own(
+    path: Path, cfg_dict: dict[str, Any], state_dict: dict[str, torch.Tensor], overrides: list[str] | None
+) -> tuple[ContrastiveModel, Config]:
+    from bayesncl.config import config_from_dict, parse_overrides, set_key, validate
+    from bayesncl.evaluation import EvalError
+    from bayesncl.official import load_state_strict
+
+    cfg = config_from_dict(cfg_dict)
+    user = parse_overrides(list(overrides or []))
+    fixed = [k for k in user if not k.startswith(("data.", "eval."))]
+    if fixed:
+        raise EvalError(
+            f"{path}: {', '.join(fixed)} cannot be overridden for a bayesncl checkpoint (its config defines "
+            "the model); only data.* and eval.* can"
+        )
+    for k, v in user.items():
+        set_key(cfg, k, v)
+    validate(cfg)
+    info = dataset_info(cfg.data)
+    model = build_model(cfg, info.channels, info.image_size, info.num_classes)
+    try:
+        load_state_strict(model, state_dict, str(path), "the architecture its config describes")
+    except ValueError as e:
+        raise EvalError(str(e)) from None
+    return model, cfg
+
+
+def _load_official(path: Path, obj: Any, overrides: list[str] | None) -> tuple[ContrastiveModel, Config]:
+    import logging
+
+    from bayesncl.config import build_config, parse_overrides
+    from bayesncl.evaluation import EvalError
+    from bayesncl.official import load_official_checkpoint
+
+    user = parse_overrides(list(overrides or []))
+    if "data.name" not in user:
+        raise EvalError(
+            f"{path} is a BayesNCL/NCL (solo-learn) checkpoint, which does not record its data: pass it as "
+            "overrides, e.g. data.name=cifar100 data.root=DIR"
+        )
+    data_cfg = build_config(overrides={k: v for k, v in user.items() if k.startswith("data.")}).data
+    info = dataset_info(data_cfg)
+    model, cfg = load_official_checkpoint(path, user, num_classes=info.num_classes, obj=obj)
+    conv1 = getattr(model.backbone, "conv1", None)
+    if conv1 is not None and conv1.in_channels != info.channels:
+        raise EvalError(
+            f"{path} expects {conv1.in_channels}-channel images but data.name={cfg.data.name} has "
+            f"{info.channels}: pass the dataset the checkpoint was trained on"
+        )
+    n_cls = model.classifier.out_features
+    if n_cls != info.num_classes:
+        logging.getLogger("bayesncl").warning(
+            "%s: its classifier has %d classes but data.name=%s has %d; features are extracted anyway "
+            "(the classifier is not used)",
+            path, n_cls, cfg.data.name, info.num_classes,
+        )
+    return model, cfg
+
+
+def extract_command(
+    source: str | Path,
+    *,
+    split: str = "test",
+    out: str | Path | None = None,
+    overrides: list[str] | None = None,
+) -> Path:
+    """``bayesncl extract``: write ``features_<split>.npz`` (see docs/architecture.md).
+
+    ``overrides``: see :func:`load_trained` (official checkpoints need ``data.name=...``)."""
     from bayesncl.evaluation.io import save_features
 
-    model, cfg, out_dir = load_trained(source)
+    model, cfg, out_dir = load_trained(source, overrides=overrides)
     device = next(model.parameters()).device
     arrays = extract_features(
         model, build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device), device
@@ -154,28 +256,42 @@ def extract_command(source: str | Path, *, split: str = "test", out: str | Path 
 
 
 def evaluate_command(
-    source: str | Path, *, retrieval_dims: str | None = None, knn: bool = True
+    source: str | Path,
+    *,
+    retrieval_dims: str | None = None,
+    knn: bool = True,
+    overrides: list[str] | None = None,
+    probe_seeds: int = 1,
 ) -> dict[str, Any]:
-    """``bayesncl evaluate``: features → metrics, probe, kNN, retrieval, top-activation figure."""
+    """``bayesncl evaluate``: features → metrics, linear probe (mean ± std over ``probe_seeds``),
+    kNN, retrieval with feature selection, feature-selection probe, and the figures.
+
+    Writes ``evaluation.json`` / ``evaluation.md`` and the PNGs next to the checkpoint."""
     from bayesncl.evaluation.knn import knn_accuracy
     from bayesncl.evaluation.metrics import compute_all
-    from bayesncl.evaluation.probe import linear_probe
+    from bayesncl.evaluation.probe import feature_selection_probe, linear_probe
     from bayesncl.report import format_table, write_results
 
-    model, cfg, out_dir = load_trained(source)
+    model, cfg, out_dir = load_trained(source, overrides=overrides)
     device = next(model.parameters()).device
     bs = cfg.eval.batch_size
     test = extract_features(model, build_eval_loader(cfg.data, "test", bs, device=device), device)
     train = extract_features(
-        model, build_eval_loader(cfg.data, "train", bs, device=device), device, keys=("h",)
+        model, build_eval_loader(cfg.data, "train", bs, device=device), device, keys=("h", "features")
     )
     d = test["features"].shape[1]
     dims = (
         [int(k) for k in retrieval_dims.split(",")] if retrieval_dims else list(range(32, d + 1, 32)) or [d]
     )
     result: dict[str, Any] = compute_all(test["features"], test["labels"], retrieval_dims=dims)
-    probe = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seed=cfg.seed)
+    seeds = [cfg.seed + i for i in range(probe_seeds)]
+    probe = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=seeds)
     result["linear_probe_acc1"], result["linear_probe_acc5"] = probe["acc1"], probe["acc5"]
+    result["linear_probe_acc1_std"], result["linear_probe_acc5_std"] = probe["acc1_std"], probe["acc5_std"]
+    result["linear_probe_seeds"] = seeds
+    k_sel = min(cfg.eval.retrieval_dims or [min(64, d)])
+    fs = feature_selection_probe(train["features"], train["labels"], test["features"], test["labels"], k_sel)
+    result["feature_selection_probe"] = {"k": k_sel, "acc1": fs["acc1"], "acc5": fs["acc5"]}
     if knn:
         k = knn_accuracy(train["h"], train["labels"], test["h"], test["labels"])
         result["knn_acc1"] = k["acc1"]

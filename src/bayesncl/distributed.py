@@ -1,0 +1,302 @@
+"""Processes and devices: PyTorch DDP launched by ``torchrun`` (no launcher of our own).
+
+``torchrun`` starts one process per device and sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
+``LOCAL_WORLD_SIZE``; :func:`setup` reads them, joins the process group (NCCL on CUDA, gloo on
+CPU) and picks this process's device (``cuda:LOCAL_RANK``). Without those variables, or with
+``WORLD_SIZE=1``, everything here is a no-op and the run is an ordinary single process.
+
+Semantics (docs/scaling.md):
+
+* ``train.batch_size`` is per process; the global batch is ``batch_size × world_size`` and the
+  learning rate scales with it (:func:`scaled_lr`, PAPER-NOTES §2 "×batch·devices/256").
+* InfoNCE takes its negatives from every rank with torch's autograd-aware all-gather
+  (:func:`gather_with_grad`); each rank's loss is the mean over its own ``2n`` rows, DDP averages
+  the gradients over ranks, so the gradient equals the single-process gradient over the global
+  batch. The gather's backward *sums* the key gradients over ranks and DDP divides by
+  ``world_size`` once: the two factors cancel, no extra ``1/world_size`` is needed or allowed.
+* Per-row means (KL, probe cross-entropy) need nothing more for the same reason. Logged values
+  are averaged over ranks with :func:`all_reduce_mean` (no autograd: logging only).
+* BatchNorm statistics are per rank unless ``train.sync_bn=true`` (SyncBatchNorm; CUDA only).
+* Only rank 0 writes files and prints; the others learn about its run-dir checks through
+  :func:`run_on_main`, so a bad run dir fails on every rank with the same one-line message.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from bayesncl.config import ConfigError
+from bayesncl.data.augment import mix_seed
+
+__all__ = [
+    "DistributedError",
+    "World",
+    "all_reduce_mean",
+    "check_sync_bn",
+    "convert_sync_bn",
+    "gather_with_grad",
+    "is_distributed",
+    "is_main_process",
+    "rank_seed",
+    "resolve_device",
+    "run_on_main",
+    "scaled_lr",
+    "setup",
+    "split_batch",
+]
+
+T = TypeVar("T")
+
+
+class DistributedError(ConfigError):
+    """The processes, devices or batch cannot work together as asked; the message is one line."""
+
+
+# ----------------------------------------------------------------------------- devices
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → cuda if available else cpu. Raises ConfigError if CUDA is asked for but absent."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"train.device={name}: no CUDA device is available here; use train.device=cpu")
+        idx = int(name.split(":")[1]) if ":" in name else 0
+        if idx >= torch.cuda.device_count():
+            raise ConfigError(
+                f"train.device={name}: only {torch.cuda.device_count()} CUDA device(s) are available"
+            )
+    return torch.device(name)
+
+
+def _env_int(name: str, default: int | None = None) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistributedError(f"environment variable {name}={raw!r}: expected an integer") from None
+
+
+def _launch_env() -> tuple[int, int, int, int]:
+    """``(rank, world_size, local_rank, local_world_size)`` from torchrun's environment."""
+    world_size = _env_int("WORLD_SIZE", 1) or 1
+    rank = _env_int("RANK", 0 if world_size == 1 else None)
+    if rank is None:
+        raise DistributedError(
+            f"WORLD_SIZE={world_size} but RANK is not set; launch with torchrun (see docs/scaling.md)"
+        )
+    local_rank = _env_int("LOCAL_RANK", rank) or 0
+    local_world = _env_int("LOCAL_WORLD_SIZE", None) or 0
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise DistributedError(f"RANK={rank}, WORLD_SIZE={world_size}: expected 0 <= RANK < WORLD_SIZE")
+    return rank, world_size, local_rank, local_world
+
+
+def _process_device(name: str, local_rank: int, local_world: int) -> torch.device:
+    """The device of one process among several on a node: ``cuda:LOCAL_RANK`` or ``cpu``."""
+    if name.startswith("cuda:"):
+        raise DistributedError(
+            f"train.device={name} pins every process to one GPU; under torchrun use train.device=cuda "
+            "or auto (process LOCAL_RANK takes cuda:LOCAL_RANK)"
+        )
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name}: no CUDA device is available here; use train.device=cpu")
+    visible = torch.cuda.device_count()
+    procs = max(local_world, local_rank + 1)
+    if procs > visible:
+        raise DistributedError(
+            f"{procs} processes on this node but only {visible} CUDA device(s) are visible: launch "
+            f"torchrun with --nproc_per_node={visible} (one process per GPU), or use train.device=cpu"
+        )
+    return torch.device("cuda", local_rank)
+
+
+# ----------------------------------------------------------------------------- the process group
+@dataclass
+class World:
+    """This process's place in the run. ``owns_group``: :func:`setup` created the process group
+    (and :meth:`close` destroys it); False when there is none or a caller made it."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    owns_group: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def close(self) -> None:
+        if self.owns_group and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        self.owns_group = False
+
+
+def setup(device_name: str = "auto") -> World:
+    """Join torchrun's process group (if any) and choose this process's device.
+
+    * no torchrun variables, or ``WORLD_SIZE=1``: a single process on :func:`resolve_device`;
+    * a process group that already exists (a test harness, a notebook): use it as is;
+    * otherwise ``init_process_group`` with NCCL on CUDA, gloo on CPU (``init_method=env://``).
+
+    Raises DistributedError (a ConfigError, one line) for more processes than visible GPUs on a
+    node, ``train.device=cuda:N`` with several processes, or malformed torchrun variables;
+    ConfigError if CUDA is asked for but absent.
+    """
+    if dist.is_available() and dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        local_rank = _env_int("LOCAL_RANK", rank) or 0
+        if world_size == 1:
+            return World(0, 1, 0, resolve_device(device_name))
+        device = _process_device(device_name, local_rank, _env_int("LOCAL_WORLD_SIZE", 0) or 0)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return World(rank, world_size, local_rank, device)
+    rank, world_size, local_rank, local_world = _launch_env()
+    if world_size == 1:
+        return World(0, 1, 0, resolve_device(device_name))
+    if not dist.is_available():
+        raise DistributedError(f"WORLD_SIZE={world_size}, but this PyTorch build has no torch.distributed")
+    device = _process_device(device_name, local_rank, local_world)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", init_method="env://", device_id=device)
+    else:
+        dist.init_process_group("gloo", init_method="env://")
+    return World(rank, world_size, local_rank, device, owns_group=True)
+
+
+def is_distributed() -> bool:
+    """True inside a process group of more than one process."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def is_main_process() -> bool:
+    """Rank 0 of the process group, or of torchrun's ``RANK`` before the group exists."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    return (_env_int("RANK", 0) or 0) == 0
+
+
+# ----------------------------------------------------------------------------- collectives
+def gather_with_grad(x: Tensor) -> Tensor:
+    """Concatenate ``x`` from every rank along dim 0, in rank order, *with* gradient.
+
+    x: (m, ...) with the same shape on every rank. Returns (world_size·m, ...); rows
+    ``[rank·m, (rank+1)·m)`` are this rank's ``x``. The backward sums the incoming gradients over
+    ranks and returns this rank's slice, so other ranks' use of our rows as negatives reaches our
+    parameters. A plain ``dist.all_gather`` (or any gather under no_grad) cuts that path: the
+    gradient would miss every cross-rank term. Single process: returns ``x``.
+
+    Uses torch's autograd all-gather: ``_functional_collectives.all_gather_single_autograd``
+    where it exists (torch's recommended replacement), else the older
+    ``torch.distributed.nn.functional.all_gather``.
+    """
+    if not is_distributed():
+        return x
+    try:
+        from torch.distributed._functional_collectives import all_gather_single_autograd
+    except ImportError:  # older torch
+        from torch.distributed.nn.functional import all_gather
+
+        return torch.cat(all_gather(x.contiguous()), dim=0)
+    return all_gather_single_autograd(x.contiguous(), 0, dist.group.WORLD)
+
+
+def all_reduce_mean(x: Tensor) -> Tensor:
+    """The mean of ``x`` over ranks (a new tensor; no gradient: for logging and checks only)."""
+    if not is_distributed():
+        return x
+    y = x.detach().clone()
+    dist.all_reduce(y, op=dist.ReduceOp.SUM)
+    return y / dist.get_world_size()
+
+
+def run_on_main(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on rank 0 only and hand its result, or the exception it raised, to every rank.
+
+    Used for the run-dir checks and the resume checkpoint: rank 0 reads, all ranks agree, and an
+    error is raised on every rank (none is left waiting in a collective). The result travels
+    pickled (``broadcast_object_list``). Single process: ``fn()``.
+    """
+    if not is_distributed():
+        return fn()
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", fn())
+        except Exception as e:  # noqa: BLE001 - re-raised on every rank below
+            box[0] = ("error", e)
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+# ----------------------------------------------------------------------------- small rules
+def rank_seed(seed: int, rank: int) -> int:
+    """This rank's seed for the global RNGs (model init is broadcast by DDP anyway; the RNG then
+    drives e.g. the Gumbel noise). Rank 0 keeps ``seed``, so a single process is unchanged."""
+    return int(seed) if rank == 0 else mix_seed(seed, rank, 0xD15EED)
+
+
+def scaled_lr(base_lr: float, global_batch: int) -> float:
+    """Linear scaling rule: ``base_lr × global_batch / 256`` with ``global_batch =
+    train.batch_size × world_size`` (PAPER-NOTES §2)."""
+    return base_lr * global_batch / 256
+
+
+def split_batch(global_batch: int, world_size: int) -> int:
+    """Per-process batch of a global batch. Raises DistributedError unless ``global_batch`` is a
+    multiple of ``world_size`` and leaves each process at least 2 images (InfoNCE, BatchNorm)."""
+    if world_size < 1:
+        raise DistributedError(f"world_size={world_size}: expected >= 1")
+    if global_batch % world_size:
+        raise DistributedError(
+            f"global batch {global_batch} is not divisible by {world_size} processes: use a multiple "
+            f"of {world_size} (train.batch_size is per process: {global_batch // world_size or 1} "
+            f"gives {(global_batch // world_size or 1) * world_size})"
+        )
+    per = global_batch // world_size
+    if per < 2:
+        raise DistributedError(
+            f"global batch {global_batch} over {world_size} processes leaves {per} image per process; "
+            "InfoNCE and BatchNorm need >= 2"
+        )
+    return per
+
+
+def check_sync_bn(sync_bn: bool, world: World) -> None:
+    """``train.sync_bn=true`` needs CUDA when there are several processes: torch's SyncBatchNorm
+    has no CPU implementation. With one process it is a no-op (plain BatchNorm already sees the
+    whole batch). Raises DistributedError on CPU with several processes."""
+    if sync_bn and world.distributed and world.device.type != "cuda":
+        raise DistributedError(
+            "train.sync_bn=true: torch's SyncBatchNorm runs on CUDA only, and this run uses "
+            f"{world.world_size} CPU processes; set train.sync_bn=false (BatchNorm statistics per process)"
+        )
+
+
+def convert_sync_bn(model: nn.Module, sync_bn: bool, world: World) -> nn.Module:
+    """Swap every BatchNorm for SyncBatchNorm (same parameters and state-dict keys) when asked and
+    there are several processes; otherwise return ``model`` unchanged."""
+    check_sync_bn(sync_bn, world)
+    if sync_bn and world.distributed:
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return model

@@ -1,0 +1,305 @@
+"""Crash-proof resume and training guards, end to end on tiny synthetic data (CPU).
+
+- SIGKILL during epoch 3, then ``--resume``: the same final weights as an uninterrupted run, bit for
+  bit, and nothing lost beyond the last checkpoint (one epoch).
+- SIGINT: ``interrupted.pt`` is saved, the exit is clean (status 130, one line), ``--resume``
+  continues from ``last.pt``.
+- Non-finite loss: a one-line error naming the step and the loss parts; the last good checkpoint
+  is kept.
+- fp16 overflow: the grad scaler skips the step and lowers its scale; training goes on.
+- Gate health: gate-open rate, ρ and fully-closed rows per epoch; a warning on collapse.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import bayesncl.train as train_module
+from bayesncl.checkpoint import load_checkpoint_file
+from bayesncl.cli import main
+from bayesncl.config import build_config
+from bayesncl.evaluation.pipeline import load_trained
+from bayesncl.train import TrainingError, pretrain
+
+TINY = [
+    "data.name=synthetic",
+    "data.train_subset=96",
+    "data.test_subset=60",
+    "data.image_size=16",
+    "model.backbone=small_cnn",
+    "model.proj_hidden=32",
+    "model.proj_dim=16",
+    "train.batch_size=32",
+    "train.warmup_epochs=1",
+    "train.progress=false",
+    "train.device=cpu",
+    "eval.batch_size=64",
+    "method.name=bayesncl",
+    "method.lam=0.01",
+]
+
+# `bayesncl` with every loss computation delayed by argv[1] seconds, so that a test can signal the
+# process at a known point of training. The delay changes no number: runs stay bit-identical.
+PACED_CLI = """
+import sys, time
+import bayesncl.train as t
+from bayesncl.cli import main
+delay = float(sys.argv[1])
+real = t.contrastive_loss
+def paced(*args, **kwargs):
+    time.sleep(delay)
+    return real(*args, **kwargs)
+t.contrastive_loss = paced
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def start_cli(args: list[str], delay: float = 0.0) -> subprocess.Popen[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.Popen(
+        [sys.executable, "-c", PACED_CLI, str(delay), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def run_cli(args: list[str]) -> tuple[int, str, str]:
+    p = start_cli(args)
+    out, err = p.communicate(timeout=120)
+    return p.returncode, out, err
+
+
+def log_rows(run: Path) -> list[dict[str, str]]:
+    try:
+        with (run / "log.csv").open() as f:
+            return list(csv.DictReader(f))
+    except FileNotFoundError:
+        return []
+
+
+def wait_for(cond: Any, proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
+    t0 = time.time()
+    while not cond():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"run ended early (status {proc.returncode}): {err[-2000:]}")
+        if time.time() - t0 > timeout:
+            proc.kill()
+            pytest.fail("timed out waiting for the run")
+        time.sleep(0.02)
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    sa = load_checkpoint_file(a)["state_dict"]
+    sb = load_checkpoint_file(b)["state_dict"]
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+# ----------------------------------------------------------------------------- SIGKILL + --resume
+@pytest.mark.slow
+def test_sigkill_in_epoch_3_then_resume_is_bit_identical(tmp_path: Path) -> None:
+    args = [*TINY, "data.train_subset=192", "train.epochs=4", "--no-eval"]  # 6 steps per epoch
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    code, _, err = run_cli(["pretrain", "--run-dir", str(straight), *args])
+    assert code == 0, err
+
+    proc = start_cli(["pretrain", "--run-dir", str(killed), *args], delay=0.1)
+    wait_for(lambda: len(log_rows(killed)) == 2, proc)
+    time.sleep(0.25)  # into epoch 3 (>= 0.6 s of paced steps); epoch 2's last.pt is written by now
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    before = log_rows(killed)
+    assert [r["epoch"] for r in before] == ["1", "2"]  # killed during epoch 3
+    assert load_checkpoint_file(killed / "last.pt")["epoch"] == 2  # only epoch 3's steps are lost
+
+    code, _, err = run_cli(["pretrain", "--run-dir", str(killed), "--resume"])
+    assert code == 0, err
+    assert_same_weights(straight / "last.pt", killed / "last.pt")
+    after, ref = log_rows(killed), log_rows(straight)
+    assert after[:2] == before  # the log is restored, not rewritten
+    assert [r["epoch"] for r in after] == ["1", "2", "3", "4"]
+    for r, s in zip(after, ref, strict=True):
+        assert {k: v for k, v in r.items() if k != "epoch_time_s"} == {
+            k: v for k, v in s.items() if k != "epoch_time_s"
+        }
+    for name in ("encoder.safetensors", "backbone_torchvision.pt", "epoch-0004.pt"):
+        assert (killed / name).exists()
+
+
+# ----------------------------------------------------------------------------- SIGINT
+@pytest.mark.slow
+def test_sigint_saves_interrupted_pt_exits_130_and_resume_continues(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    proc = start_cli(["pretrain", "--run-dir", str(run), *TINY, "train.epochs=6", "--no-eval"], delay=0.2)
+    wait_for(lambda: (run / "last.pt").exists(), proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("bayesncl: interrupted") and str(run / "interrupted.pt") in lines[0]
+
+    interrupted = load_checkpoint_file(run / "interrupted.pt")
+    last = load_checkpoint_file(run / "last.pt")
+    assert interrupted["format"] == "bayesncl-checkpoint-v1"
+    assert interrupted["step"] > last["step"] and interrupted["epoch"] == last["epoch"]
+    model, cfg, _ = load_trained(run / "interrupted.pt", device=torch.device("cpu"))
+    assert cfg.method.name == "bayesncl" and all(torch.isfinite(p).all() for p in model.parameters())
+
+    done = len(log_rows(run))
+    code, _, err = run_cli(["pretrain", "--run-dir", str(run), "--resume"])
+    assert code == 0, err
+    assert [int(r["epoch"]) for r in log_rows(run)] == list(range(1, 7))
+    assert load_checkpoint_file(run / "last.pt")["epoch"] == 6 and done >= 1
+
+
+# ----------------------------------------------------------------------------- resume details
+def test_resume_with_dataloader_workers_is_bit_identical(tmp_path: Path) -> None:
+    """The per-sample path with 2 worker processes: augmentation is seeded per sample, so workers'
+    RNGs need no saved state."""
+    per_sample = [*TINY, "data.resident=false", "data.num_workers=2"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    pretrain(build_config(overrides=[*per_sample, "train.epochs=2"]), straight, evaluate=False)
+    pretrain(build_config(overrides=[*per_sample, "train.epochs=1"]), split, evaluate=False)
+    pretrain(build_config(overrides=[*per_sample, "train.epochs=2"]), split, resume=True, evaluate=False)
+    assert_same_weights(straight / "last.pt", split / "last.pt")
+    a, b = load_checkpoint_file(straight / "last.pt"), load_checkpoint_file(split / "last.pt")
+    assert a["step"] == b["step"] == 6 and a["scaler"] == b["scaler"]
+    for (ka, va), (kb, vb) in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].items(), strict=True):
+        assert ka == kb and all(torch.equal(va[n], vb[n]) for n in va if torch.is_tensor(va[n]))
+
+
+def test_resume_removes_temporary_files_of_a_killed_save(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    pretrain(build_config(overrides=[*TINY, "train.epochs=1"]), run, evaluate=False)
+    for name in (".last.pt.tmp4242", ".epoch-0002.pt.tmp4242", ".log.csv.tmp"):
+        (run / name).write_bytes(b"half a file")
+    pretrain(build_config(overrides=[*TINY, "train.epochs=2"]), run, resume=True, evaluate=False)
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
+
+
+# ----------------------------------------------------------------------------- non-finite loss
+def _nan_at(step: int) -> Any:
+    real = train_module.contrastive_loss
+    calls = {"n": 0}
+
+    def loss_fn(out: Any, method: Any) -> Any:
+        loss, parts = real(out, method)
+        calls["n"] += 1
+        if calls["n"] == step:
+            nan = torch.tensor(float("nan"))
+            return loss * nan, {"info_nce": parts["info_nce"] * nan, "kl": parts["kl"]}
+        return loss, parts
+
+    return loss_fn
+
+
+def test_non_finite_loss_stops_naming_step_and_parts_and_keeps_last_good_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    monkeypatch.setattr(train_module, "contrastive_loss", _nan_at(5))  # 3 steps per epoch: epoch 2
+    with pytest.raises(TrainingError) as info:
+        pretrain(build_config(overrides=[*TINY, "train.epochs=3"]), run, evaluate=False)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith("non-finite loss at step 5 (epoch 2): InfoNCE=nan, KL=")
+    assert msg.endswith(f"the last good checkpoint {run / 'last.pt'} is kept")
+    ckpt = load_checkpoint_file(run / "last.pt")
+    assert ckpt["epoch"] == 1 and ckpt["step"] == 3
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+    assert [r["epoch"] for r in log_rows(run)] == ["1"]
+
+
+def test_non_finite_loss_from_the_cli_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(train_module, "contrastive_loss", _nan_at(2))
+    assert main(["pretrain", "--run-dir", str(tmp_path / "run"), *TINY, "train.epochs=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bayesncl: error: non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=")
+    assert "\n" not in err
+
+
+# ----------------------------------------------------------------------------- fp16 overflow
+def test_fp16_overflow_is_skipped_by_the_grad_scaler_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scalers: list[Any] = []
+
+    class CountingScaler(torch.amp.GradScaler):
+        """Starts at a scale that overflows fp16 gradients; counts skipped and taken steps."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, init_scale=2.0**30, backoff_factor=2.0**-8, **kwargs)
+            self.skipped = self.taken = 0
+            scalers.append(self)
+
+        def update(self, new_scale: Any = None) -> None:
+            before = self.get_scale()
+            super().update(new_scale)
+            if self.get_scale() < before:
+                self.skipped += 1
+            else:
+                self.taken += 1
+
+    monkeypatch.setattr(torch.amp, "GradScaler", CountingScaler)
+    run = tmp_path / "run"
+    pretrain(build_config(overrides=[*TINY, "train.epochs=2", "train.precision=fp16"]), run, evaluate=False)
+    (scaler,) = scalers
+    assert scaler.is_enabled() and scaler.skipped >= 1 and scaler.taken >= 1
+    assert load_checkpoint_file(run / "last.pt")["scaler"]["scale"] == scaler.get_scale()
+    rows = log_rows(run)
+    assert len(rows) == 2 and all(float(r["loss"]) == float(r["loss"]) for r in rows)  # finite, no NaN
+
+
+# ----------------------------------------------------------------------------- gate health
+def test_gate_health_is_logged_per_epoch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    pretrain(build_config(overrides=[*TINY, "train.epochs=2", "method.rho=0.7"]), run, evaluate=False)
+    rows = log_rows(run)
+    assert len(rows) == 2
+    for r in rows:
+        assert 0.0 < float(r["gate_open"]) < 1.0 and float(r["rho"]) == 0.7
+        assert 0.0 <= float(r["rows_all_closed"]) <= 0.5
+    assert "gate collapse" not in capsys.readouterr().out
+    ncl = tmp_path / "ncl"
+    pretrain(build_config(overrides=[*TINY, "train.epochs=1", "method.name=ncl"]), ncl, evaluate=False)
+    (r,) = log_rows(ncl)
+    assert r["rho"] == "" and float(r["gate_open"]) == 1.0 and float(r["rows_all_closed"]) == 0.0
+
+
+def test_gate_collapse_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = train_module.build_model
+
+    def closed_gates(*args: Any, **kwargs: Any) -> Any:
+        model = real(*args, **kwargs)
+        last = model.gating_head.net[-1]
+        with torch.no_grad():
+            last.weight.zero_()
+            last.bias.fill_(-30.0)  # alpha = sigmoid(-30): every gate closed
+        return model
+
+    monkeypatch.setattr(train_module, "build_model", closed_gates)
+    run = tmp_path / "run"
+    pretrain(build_config(overrides=[*TINY, "train.epochs=1"]), run, evaluate=False)
+    (r,) = log_rows(run)
+    assert float(r["gate_open"]) == 0.0 and float(r["rows_all_closed"]) == 1.0
+    assert "warning: gate collapse: 100% of rows have every gate closed" in capsys.readouterr().out
