@@ -15,9 +15,11 @@ from torch import nn
 
 from bayesncl.checkpoint import (
     CheckpointError,
+    RunDirError,
     atomic_save,
     describe_config_diff,
     load_checkpoint_file,
+    prepare_run_dir,
     rng_state,
     set_rng_state,
 )
@@ -76,6 +78,24 @@ def test_config_diff_names_old_and_new_values() -> None:
     old = build_config(overrides=[*TINY, "method.rho=0.8"])
     new = build_config(overrides=[*TINY, "method.rho=0.5", "data.name=cifar10", "train.epochs=9"])
     assert describe_config_diff(old, new) == "data.name: 'synthetic' -> 'cifar10'; method.rho: 0.8 -> 0.5"
+
+
+def test_read_only_file_system_is_caught_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """os.access says yes to root even on a read-only mount; the write probe does not."""
+    import errno
+    import tempfile
+
+    def read_only(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    with pytest.raises(RunDirError) as info:
+        prepare_run_dir(tmp_path / "run", build_config(overrides=TINY), resume=False, overwrite=False)
+    run = tmp_path / "run"
+    assert str(info.value) == f"run dir {run} is not writable (Read-only file system: {tmp_path})"
+    assert list(tmp_path.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------- the safe loader

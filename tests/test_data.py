@@ -10,6 +10,7 @@ import dataclasses
 import gzip
 import logging
 import pickle
+import time
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +38,16 @@ from bayesncl.data.augment import seeded
 from bayesncl.data.datasets import _load_split_cached
 
 CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors gain nothing from intra-op threads, and on a shared 2-core machine spinning
+    OpenMP threads made the kornia tests 10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(autouse=True)
@@ -386,6 +397,9 @@ def test_per_sample_path_gray_and_workers(fmnist):
     w = build_train_loader(dataclasses.replace(cfg, num_workers=1), 8, seed=1, device=CPU)
     c = _epoch(w, 5)
     assert all(torch.equal(p[0], q[0]) and torch.equal(p[2], q[2]) for p, q in zip(a, c, strict=True))
+    t0 = time.perf_counter()
+    del w  # no reference cycle: the persistent worker shuts down at once (it once waited 5 s)
+    assert time.perf_counter() - t0 < 2.5
 
 
 def test_per_sample_and_resident_same_order(synthetic_cfg):

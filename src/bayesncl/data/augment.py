@@ -25,10 +25,12 @@ identities on gray images, and the RGB formulas do not apply to one channel).
 
 Known differences between the two executors (same distribution of parameters otherwise):
 
-* kornia draws ONE random order of the four jitter steps per batch call, torchvision one per
-  image; the set of factors is drawn per image in both;
-* kornia crops and resizes float tensors (bilinear, no antialias), torchvision resizes PIL
-  images (bilinear with antialias); the blur runs on float tensors vs on the uint8 PIL image.
+* kornia draws ONE random order of the four jitter steps per call (the resident loader makes one
+  call per step for both views), torchvision one per image; the factors are drawn per image in
+  both;
+* kornia crops by one batched bilinear warp of the float tensor (no antialias), torchvision
+  resizes the PIL crop (bilinear with antialias); the blur runs on float tensors vs on the
+  uint8 PIL image.
 
 Randomness: both executors draw from the *global* torch RNG, so callers wrap them in
 ``torch.random.fork_rng`` + an explicit seed (see :mod:`bayesncl.data.datasets`); kornia samples

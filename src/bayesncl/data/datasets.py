@@ -889,19 +889,24 @@ class _TwoViewDataset(torch.utils.data.Dataset):
 
 
 class _KeySampler(torch.utils.data.Sampler):
-    def __init__(self, loader: PerSampleTwoViewLoader) -> None:
-        self.loader = loader
+    """Yields ``(index, seed)`` for this rank's epoch order. Holds its own copy of the epoch state
+    (no reference back to the loader: a cycle would delay the DataLoader's finaliser to the garbage
+    collector, and its persistent workers then took 5 s to shut down)."""
+
+    def __init__(self, n: int, batch_size: int, steps: int, seed: int, rank: int, world_size: int) -> None:
+        self.n, self.batch_size, self.steps = n, batch_size, steps
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.epoch = 0
+        self.start_step = 0
 
     def __len__(self) -> int:
-        return (len(self.loader) - self.loader.start_step) * self.loader.batch_size
+        return (self.steps - self.start_step) * self.batch_size
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        ld = self.loader
-        b = ld.batch_size
-        lo, hi = ld.start_step * b, len(ld) * b
-        order = ld._order()[lo:hi].tolist()
+        lo, hi = self.start_step * self.batch_size, self.steps * self.batch_size
+        order = _epoch_order(self.n, self.seed, self.epoch, self.rank, self.world_size)[lo:hi].tolist()
         for j, i in enumerate(order, start=lo):
-            yield i, mix_seed(ld.seed, ld.epoch, ld.rank, j)
+            yield i, mix_seed(self.seed, self.epoch, self.rank, j)
 
 
 def _worker_init(worker_id: int) -> None:
@@ -930,10 +935,11 @@ class PerSampleTwoViewLoader(TwoViewLoader):
         self._folder = folder
         self._skipped_upfront = skipped_upfront
         self.dataset = _TwoViewDataset(get, labels, sample_transform(spec))
+        self._sampler = _KeySampler(self.n, batch_size, len(self), self.seed, rank, world_size)
         self.loader = torch.utils.data.DataLoader(
             self.dataset,
             batch_size=batch_size,
-            sampler=_KeySampler(self),
+            sampler=self._sampler,
             drop_last=True,
             num_workers=num_workers,
             pin_memory=device.type == "cuda",
@@ -941,6 +947,10 @@ class PerSampleTwoViewLoader(TwoViewLoader):
             worker_init_fn=_worker_init if num_workers > 0 else None,
             generator=torch.Generator().manual_seed(mix_seed(seed, rank, 0xDA7A)),
         )
+
+    def set_epoch(self, epoch: int, start_step: int = 0) -> None:
+        super().set_epoch(epoch, start_step)
+        self._sampler.epoch, self._sampler.start_step = self.epoch, self.start_step
 
     @property
     def num_skipped(self) -> int:

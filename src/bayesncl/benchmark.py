@@ -1,0 +1,417 @@
+"""``bayesncl benchmark``: training throughput of CL, NCL and BayesNCL from one run.
+
+What one *step* is: exactly the training loop's step (:func:`bayesncl.train.train_step`): the
+next batch from the training loader (both views augmented), forward, InfoNCE + λ·KL + online
+probe, backward, LARS step. An *image* is one source image, i.e. one two-view pair (a batch of
+256 is 512 augmented views). Data: the built-in synthetic 32×32 RGB set (``data.name=synthetic``),
+resized to ``--image-size``; nothing is downloaded.
+
+Measured, in ONE process and ONE run so the ratios are fair on a noisy machine:
+
+* ``images_per_s`` {cl, ncl, bayesncl}: the arms run in rounds, ``--steps`` steps each, in an
+  order rotated every round; each figure is the median over rounds. On CPU a round is one step
+  per arm, so that the arms compared in a round saw the same load from other processes.
+* ``gate_overhead_pct``: the median over rounds of BayesNCL's step time over NCL's, minus 1, in %
+  (the paper reports +5.9 % wall time on CIFAR-100).
+* ``flops_per_image`` {ncl, bayesncl}: ``torch.utils.flop_counter.FlopCounterMode`` over one
+  forward + backward of the model on a fixed batch (matmuls and convolutions, the augmentation
+  excluded), divided by the batch size: training FLOPs per two-view image.
+* ``augment_speedup``: the same BayesNCL model trained from the batched on-device augmentation
+  (``data.resident=true``, kornia) against the per-sample torchvision/PIL DataLoader path
+  (``data.resident=false``, ``--workers`` workers): the ratio of their images/s, median over rounds.
+* ``breakdown``: the batched augmentation alone, and the BayesNCL step on a fixed batch alone
+  (to see which part limits the step).
+
+Defaults: CPU: ResNet-18 with the ImageNet stem, 32 px, batch 64, fp32 (about a minute on 2
+cores); CUDA: ResNet-18 with the CIFAR stem, batch 256, 32 px, bf16 autocast, channels_last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from bayesncl.config import Config, ConfigError, build_config
+from bayesncl.data import build_train_loader, dataset_info
+from bayesncl.distributed import World, resolve_device
+from bayesncl.models import ContrastiveModel, build_model
+from bayesncl.train import (
+    TrainForward,
+    build_optimizer,
+    forward_loss,
+    param_groups,
+    resolve_precision,
+    set_lr,
+    train_step,
+    wrap_for_training,
+)
+
+__all__ = ["BenchmarkSettings", "add_benchmark_parser", "default_settings", "format_report", "run_benchmark"]
+
+METHODS = ("cl", "ncl", "bayesncl")
+GPU_TARGET_IMAGES_PER_S = 11_200  # 200 CIFAR-100 epochs (10 M pairs) in 15 min on one H200
+CPU_AUGMENT_TARGET = 2.0
+GATE_OVERHEAD_TARGET_PCT = 3.0
+
+
+@dataclass
+class BenchmarkSettings:
+    """Everything a benchmark run depends on (``None`` fields take the device's default)."""
+
+    device: str = "auto"
+    backbone: str = "resnet18"
+    cifar_stem: str | None = None  # CPU: false (ImageNet stem); CUDA: true
+    image_size: int = 32
+    batch_size: int | None = None  # CPU: 64; CUDA: 256
+    steps: int | None = None  # timed steps per arm and round; CPU: 1, CUDA: 20
+    rounds: int | None = None  # interleaved rounds; CPU: 12, CUDA: 5
+    warmup: int = 2  # untimed steps per arm before the first round
+    precision: str | None = None  # CPU: fp32; CUDA: auto (bf16 where supported)
+    channels_last: bool | None = None  # CPU: false; CUDA: true
+    compile: bool = False
+    augment_compare: bool = True  # time the per-sample DataLoader path too
+    workers: int = 0  # DataLoader workers of the per-sample path
+    threads: int = 0  # torch intra-op threads (0: leave as is)
+    extra: list[str] = field(default_factory=list)  # more key=value config overrides
+
+
+def default_settings(settings: BenchmarkSettings) -> tuple[BenchmarkSettings, torch.device]:
+    """Fill the device-dependent defaults. Raises ConfigError for values out of range."""
+    device = resolve_device(settings.device)
+    cuda = device.type == "cuda"
+    s = BenchmarkSettings(**asdict(settings))
+    defaults = {
+        "cifar_stem": "true" if cuda else "false",
+        "batch_size": 256 if cuda else 64,
+        "steps": 20 if cuda else 1,
+        "rounds": 5 if cuda else 12,
+        "precision": "auto" if cuda else "fp32",
+        "channels_last": cuda,
+    }
+    for name, value in defaults.items():
+        if getattr(s, name) is None:
+            setattr(s, name, value)
+    for name, value, low in (("--steps", s.steps, 1), ("--rounds", s.rounds, 1), ("--warmup", s.warmup, 0),
+                             ("--image-size", s.image_size, 8), ("--workers", s.workers, 0)):
+        if value < low:
+            raise ConfigError(f"benchmark {name}={value}: expected >= {low}")
+    return s, device
+
+
+# ----------------------------------------------------------------------------- one arm
+@dataclass
+class _Arm:
+    """One thing timed in the rounds: a callable doing ``steps`` units of work of ``images`` each."""
+
+    name: str
+    run: Callable[[], None]
+    images: int
+    steps: int
+    times: list[float] = field(default_factory=list)  # seconds per step, one entry per round
+
+
+def _endless(loader: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def _config(s: BenchmarkSettings, method: str, resident: bool) -> Config:
+    overrides = [
+        "data.name=synthetic",
+        f"data.image_size={s.image_size}",
+        f"data.resident={'true' if resident else 'false'}",
+        f"data.num_workers={s.workers}",
+        f"model.backbone={s.backbone}",
+        f"model.cifar_stem={s.cifar_stem}",
+        f"method.name={method}",
+        f"train.batch_size={s.batch_size}",
+        f"train.precision={s.precision}",
+        f"train.channels_last={s.channels_last}",
+        f"train.compile={s.compile}",
+        f"train.device={s.device}",
+        *s.extra,
+    ]
+    return build_config(overrides=overrides)
+
+
+class _Trainer:
+    """A model, its optimiser and a training loader, stepped exactly as ``pretrain`` does."""
+
+    def __init__(self, cfg: Config, device: torch.device) -> None:
+        info = dataset_info(cfg.data)
+        torch.manual_seed(0)
+        self.cfg = cfg
+        self.model: ContrastiveModel = build_model(cfg, info.channels, info.image_size, info.num_classes)
+        self.model = self.model.to(device)
+        if cfg.train.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.optimizer = build_optimizer(param_groups(self.model, cfg), cfg)
+        lr = cfg.train.base_lr * cfg.train.batch_size / 256
+        set_lr(self.optimizer, lr, 1.0)
+        amp = resolve_precision(cfg.train.precision, device)
+        self.autocast = torch.autocast(device.type, dtype=amp) if amp is not None else None
+        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+        self.step_model = wrap_for_training(self.model, cfg, World(device=device))
+        self.loader = build_train_loader(cfg.data, cfg.train.batch_size, seed=0, device=device)
+        self.batches = _endless(self.loader)
+        self.model.train()
+
+    def step(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+        x1, x2, y = batch if batch is not None else next(self.batches)
+        train_step(
+            self.step_model, self.optimizer, self.scaler, x1, x2, y, self.cfg.method,
+            autocast=self.autocast, channels_last=self.cfg.train.channels_last,
+        )
+
+    def flops_per_image(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> float:
+        """Forward + backward FLOPs (FlopCounterMode: matmuls, convolutions) per two-view image."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        x1, x2, y = batch
+        counter = FlopCounterMode(display=False)
+        with counter:
+            loss, _ = forward_loss(
+                TrainForward(self.model), x1, x2, y, self.cfg.method,
+                autocast=self.autocast, channels_last=self.cfg.train.channels_last,
+            )
+            loss.backward()
+        self.model.zero_grad(set_to_none=True)
+        return counter.get_total_flops() / len(x1)
+
+
+# ----------------------------------------------------------------------------- the run
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{name}, {torch.get_num_threads()} torch threads"
+
+
+def _median_ratio(a: list[float], b: list[float]) -> float:
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
+def run_benchmark(
+    settings: BenchmarkSettings | None = None, *, log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run the benchmark (see the module docstring) and return the result dict.
+
+    Raises ConfigError / DataError (one line) for impossible settings, e.g. CUDA asked for but
+    absent, a batch larger than the 5000 synthetic images, or an unknown backbone.
+    """
+    s, device = default_settings(settings or BenchmarkSettings())
+    say = log or (lambda msg: None)
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    b, steps, rounds = int(s.batch_size or 0), int(s.steps or 0), int(s.rounds or 0)
+
+    say(f"building {len(METHODS)} models ({s.backbone}, {s.image_size} px, batch {b}) on {device}")
+    trainers = {m: _Trainer(_config(s, m, resident=True), device) for m in METHODS}
+    fixed = next(trainers["bayesncl"].batches)
+    flops = {m: trainers[m].flops_per_image(fixed) for m in ("ncl", "bayesncl")}
+
+    arms = [_Arm(m, (lambda t=trainers[m]: t.step()), b, steps) for m in METHODS]
+    if s.augment_compare:  # the same BayesNCL model (same seed), fed by the per-sample DataLoader
+        per_sample = _Trainer(_config(s, "bayesncl", resident=False), device)
+        arms.append(_Arm("bayesncl/per-sample", per_sample.step, b, min(steps, 3)))
+    cfg = trainers["bayesncl"].cfg
+    aug_batches = _endless(build_train_loader(cfg.data, b, seed=1, device=device))
+
+    def augment_only() -> None:
+        next(aug_batches)
+
+    arms.append(_Arm("augment-only", augment_only, b, steps))
+    arms.append(_Arm("step-only", lambda: trainers["bayesncl"].step(fixed), b, steps))
+
+    say(f"warm-up: {s.warmup} step(s) per arm" + (" (includes torch.compile)" if s.compile else ""))
+    for arm in arms:
+        for _ in range(s.warmup):
+            arm.run()
+    _sync(device)
+    for r in range(rounds):
+        say(f"round {r + 1}/{rounds}")
+        for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(arm.steps):
+                arm.run()
+            _sync(device)
+            arm.times.append((time.perf_counter() - t0) / arm.steps)
+
+    by = {a.name: a for a in arms}
+    rate = {name: a.images / statistics.median(a.times) for name, a in by.items()}
+    result: dict[str, Any] = {
+        "images_per_s": {m: round(rate[m], 1) for m in METHODS},
+        "gate_overhead_pct": round(100 * (_median_ratio(by["bayesncl"].times, by["ncl"].times) - 1), 2),
+        "flops_per_image": {m: float(f) for m, f in flops.items()},
+        "augment_speedup": (
+            round(_median_ratio(by["bayesncl/per-sample"].times, by["bayesncl"].times), 2)
+            if s.augment_compare
+            else None
+        ),
+        "device": device.type,
+        "device_name": _device_name(device),
+        "per_sample_images_per_s": round(rate["bayesncl/per-sample"], 1) if s.augment_compare else None,
+        "breakdown": {
+            "augment_images_per_s": round(rate["augment-only"], 1),
+            "bayesncl_step_fixed_batch_images_per_s": round(rate["step-only"], 1),
+        },
+        "gate_flops_pct": round(100 * (flops["bayesncl"] / flops["ncl"] - 1), 2),
+        "settings": {
+            "backbone": s.backbone,
+            "cifar_stem": s.cifar_stem,
+            "image_size": s.image_size,
+            "batch_size": b,
+            "steps": steps,
+            "rounds": rounds,
+            "precision": str(resolve_precision(str(s.precision), device) or "fp32").replace("torch.", ""),
+            "channels_last": s.channels_last,
+            "compile": s.compile,
+            "workers": s.workers,
+            "threads": torch.get_num_threads(),
+        },
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "image": "one source image = one two-view pair",
+    }
+    return result
+
+
+# ----------------------------------------------------------------------------- output
+def _giga(x: float) -> str:
+    return f"{x / 1e9:.3f} GFLOP"
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The human-readable table of a :func:`run_benchmark` result."""
+    st = r["settings"]
+    stem = {"true": "CIFAR stem", "false": "ImageNet stem"}.get(st["cifar_stem"], "auto stem")
+    lines = [
+        f"bayesncl benchmark, {r['date']}: {r['device']} ({r['device_name']}), torch {r['torch']}",
+        f"{st['backbone']} ({stem}), {st['image_size']} px, batch {st['batch_size']}, {st['precision']}, "
+        f"channels_last={st['channels_last']}, compile={st['compile']}; median of {st['rounds']} rounds "
+        f"x {st['steps']} steps",
+        "a step = augment both views + forward + backward + LARS step; an image = one two-view pair",
+        "",
+        f"{'method':<10} {'images/s':>10}   {'train FLOPs/image':>18}",
+    ]
+    for m, v in r["images_per_s"].items():
+        f = r["flops_per_image"].get(m)
+        lines.append(f"{m:<10} {v:>10,.1f}   {_giga(f) if f is not None else '-':>18}")
+    lines.append("")
+    lines.append(
+        f"gate overhead (BayesNCL vs NCL step time): {r['gate_overhead_pct']:+.2f} %  "
+        f"(target <= {GATE_OVERHEAD_TARGET_PCT:g} %; paper +5.9 % on CIFAR-100); "
+        f"FLOPs {r['gate_flops_pct']:+.2f} %"
+    )
+    if r["augment_speedup"] is not None:
+        lines.append(
+            f"augmentation, same BayesNCL model: batched {r['images_per_s']['bayesncl']:,.1f} vs per-sample "
+            f"PIL DataLoader {r['per_sample_images_per_s']:,.1f} images/s = {r['augment_speedup']:.2f}x"
+            + (f"  (CPU target >= {CPU_AUGMENT_TARGET:g}x)" if r["device"] == "cpu" else "")
+        )
+    bd = r["breakdown"]
+    lines.append(
+        f"breakdown: batched augmentation alone {bd['augment_images_per_s']:,.1f} images/s; "
+        f"BayesNCL step on a fixed batch {bd['bayesncl_step_fixed_batch_images_per_s']:,.1f} images/s"
+    )
+    if r["device"] == "cuda":
+        ok = min(r["images_per_s"].values()) >= GPU_TARGET_IMAGES_PER_S
+        lines.append(
+            f"GPU target (ResNet-18 CIFAR stem, batch 256, 32 px, one H200): >= {GPU_TARGET_IMAGES_PER_S:,} "
+            f"images/s: {'met' if ok else 'NOT met'}"
+        )
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- command line
+def _cmd_benchmark(args: argparse.Namespace) -> int:
+    settings = BenchmarkSettings(
+        device=args.device,
+        backbone=args.backbone,
+        cifar_stem=args.cifar_stem,
+        image_size=args.image_size,
+        batch_size=args.batch_size,
+        steps=args.steps,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        precision=args.precision,
+        channels_last=args.channels_last,
+        compile=args.compile,
+        augment_compare=not args.no_augment_compare,
+        workers=args.workers,
+        threads=args.threads,
+        extra=list(args.overrides),
+    )
+    log = None if args.json else (lambda msg: print(f"... {msg}", flush=True))
+    result = run_benchmark(settings, log=log)
+    print(json.dumps(result, indent=2) if args.json else format_report(result))
+    return 0
+
+
+def add_benchmark_parser(subparsers: Any) -> None:
+    """Register ``bayesncl benchmark`` on the CLI's subparsers (``func(args) -> int``)."""
+    p = subparsers.add_parser(
+        "benchmark",
+        help="training images/s of CL, NCL and BayesNCL, gate overhead, FLOPs, augmentation speed-up",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--backbone", default="resnet18", choices=("resnet18", "resnet50", "small_cnn"))
+    p.add_argument(
+        "--cifar-stem", choices=("auto", "true", "false"), default=None,
+        help="3x3 stride-1 stem without max-pool (default: false on CPU, true on CUDA)",
+    )
+    p.add_argument("--image-size", type=int, default=32, help="image side in px (default 32)")
+    p.add_argument("--batch-size", type=int, default=None, help="images per step (default 64 CPU, 256 CUDA)")
+    p.add_argument(
+        "--steps", type=int, default=None, help="timed steps per arm and round (default 1 CPU, 20 CUDA)"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=None, help="interleaved rounds; medians (default 12 CPU, 5 CUDA)"
+    )
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per arm first (default 2)")
+    p.add_argument(
+        "--precision", choices=("auto", "fp32", "fp16", "bf16"), default=None,
+        help="autocast dtype (default fp32 on CPU, auto = bf16 on CUDA)",
+    )
+    p.add_argument(
+        "--channels-last", action=argparse.BooleanOptionalAction, default=None,
+        help="channels_last memory format (default on for CUDA, off for CPU)",
+    )
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (slow first steps)")
+    p.add_argument("--no-augment-compare", action="store_true", help="skip the per-sample DataLoader path")
+    p.add_argument("--workers", type=int, default=0, help="workers of the per-sample DataLoader (default 0)")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: leave as is)")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="more config overrides, e.g. model.proj_hidden=4096"
+    )
+    p.set_defaults(func=_cmd_benchmark)

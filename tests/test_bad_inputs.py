@@ -1,0 +1,323 @@
+"""The bad-input audit: every row of docs/bad-inputs.md, with the exact message it gets.
+
+``ROWS`` holds each row's message (``<tmp>`` stands for the test's tmp dir, ``…`` for a part that
+varies, such as a loss value). ``test_the_docs_table_matches`` checks that docs/bad-inputs.md
+shows exactly these messages and that every row names a test that exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from PIL import Image
+
+from bayesncl.cli import main
+from bayesncl.config import build_config
+from bayesncl.train import pretrain
+
+TESTS = Path(__file__).parent
+DOC = TESTS.parent / "docs" / "bad-inputs.md"
+E = "bayesncl: error: "
+
+TINY = [
+    "data.name=synthetic",
+    "data.train_subset=96",
+    "data.test_subset=60",
+    "data.image_size=16",
+    "model.backbone=small_cnn",
+    "model.proj_hidden=32",
+    "model.proj_dim=16",
+    "train.epochs=1",
+    "train.batch_size=32",
+    "train.warmup_epochs=1",
+    "train.progress=false",
+    "train.device=cpu",
+    "eval.batch_size=64",
+]
+FOLDER = ["data.name=imagefolder", "data.train_subset=0", "data.test_subset=0"]
+
+LAYOUT = "expected <split>/<class>/<image files> (ImageFolder layout)"
+REFUSED = "was refused by the safe loader (torch.load weights_only=True)"
+ROWS: dict[str, str] = {
+    "D1": E + "Fashion-MNIST not found in <tmp>/nowhere (also looked in fashion-mnist/ and FashionMNIST/raw/ "
+    "below them): install it with `apt-get install dataset-fashion-mnist`, or set data.root to a folder "
+    "holding train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
+    "t10k-labels-idx1-ubyte.gz, or set data.download=true when online",
+    "D2": E + f"image folder split <tmp>/empty/train does not exist: {LAYOUT}",
+    "D3": E + f"image folder <tmp>/folder/train has no class sub-folders (it is empty): {LAYOUT}",
+    "D4": E + "corrupt image <tmp>/folder/train/cat/broken.png (UnidentifiedImageError: cannot identify "
+    "image file '<tmp>/folder/train/cat/broken.png'): fix or remove it, or set data.skip_corrupt=true to "
+    "skip unreadable images",
+    "D5": "skipped 1 corrupt image(s) in <tmp>/folder/train (data.skip_corrupt=true), first: "
+    "<tmp>/folder/train/cat/broken.png",
+    "D6": E + "batch_size=500 is larger than the 96 training samples of synthetic: lower "
+    "train.batch_size or raise data.train_subset",
+    "D7": "(no error, exit 0: SC 100 %, entropies 0: a single class is trivially consistent)",
+    "D8": E + "linear_probe needs at least 2 classes in the train labels; got 1",
+    "D9": E + "features contain NaN or inf in 1 of 50 rows (first: row 3)",
+    "C1": E + "unknown config key 'method.bogus'; did you mean method.rho, method.nonneg, method.topk?",
+    "C2": E + "method.rho=1.5: expected 0 < rho < 1",
+    "C3": E + "train.epochs=0: expected >= 1",
+    "C4": E + "train.epochs='abc': expected int",
+    "C5": E + "config file '<tmp>/missing.yaml' does not exist",
+    "R1": E + "run dir <tmp>/a-file/run cannot be created: <tmp>/a-file is a file, not a directory",
+    "R2": E + "run dir <tmp>/a-file is a file, not a directory; choose another --run-dir",
+    "R3": E + "run dir <tmp>/read-only/run is not writable (no write permission on <tmp>/read-only)",
+    "R4": E + "run dir <tmp>/run already holds a run; pass --resume to continue it, --overwrite to replace "
+    "it, or choose another --run-dir",
+    "R5": E + "--resume: no checkpoint <tmp>/run/last.pt to resume from",
+    "R6": E + "--resume: the config differs from the run's in: method.rho: 0.8 -> 0.5; train.batch_size: "
+    "32 -> 16 (run's -> now); resume with the run's config (no key=value overrides) or start a new --run-dir",
+    "R7": E + "--resume needs --run-dir DIR (the run to continue)",
+    "K1": E + "<tmp>/notes.pt is not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle "
+    "(it starts with b'hello wo')",
+    "K2": E + "<tmp>/empty.pt is empty, not a checkpoint",
+    "K3": E + f"<tmp>/evil.pt {REFUSED}: it would import and call posix.system, which can run code; "
+    "nothing in it was run. Only tensors and plain values are accepted",
+    "K4": E + "<tmp>/resnet18.pt is not a model checkpoint bayesncl can read: neither a bayesncl checkpoint "
+    "(no 'format': 'bayesncl-checkpoint-v1') nor BayesNCL/NCL weights (no backbone.* tensors); its keys: "
+    "conv1.weight, bn1.weight, bn1.bias, bn1.running_mean and 118 more",
+    "K5": E + "<tmp>/bn.ckpt: projector does not have the layout bayesncl can import: expected "
+    "Linear-ReLU-Linear: projector.0.weight (hidden, H), projector.0.bias (hidden,), projector.2.weight "
+    "(D, hidden), projector.2.bias (D,); found projector.0.bias (64,), projector.0.weight (64, 512), "
+    "projector.1.bias (64,), projector.1.num_batches_tracked () and 5 more",
+    "K6": E + "<tmp>/edited.pt does not fit the architecture its config describes: shape mismatch: "
+    "projector.net.2.weight expected (16, 32) found (8, 32)",
+    "K7": E + "<tmp>/official.ckpt is a BayesNCL/NCL (solo-learn) checkpoint, which does not record its "
+    "data: pass it as overrides, e.g. data.name=cifar100 data.root=DIR",
+    "K8": E + "<tmp> holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)",
+    "K9": E + "<tmp>/nowhere: no such run dir or checkpoint file",
+    "T1": E + "non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=…; the last good checkpoint "
+    "<tmp>/run/last.pt is kept",
+    "T2": "bayesncl: interrupted: interrupted in epoch …; state saved to <tmp>/run/interrupted.pt",
+    "T3": "warning: gate collapse: 100% of rows have every gate closed",
+}
+
+
+def expect(row: str, text: str, tmp: Path) -> None:
+    """``text`` (stripped) is exactly row ``row``'s message, with <tmp> and … filled in."""
+    pattern = re.escape(ROWS[row]).replace(re.escape("<tmp>"), re.escape(str(tmp))).replace(
+        re.escape("…"), ".+?"
+    )
+    assert re.fullmatch(pattern, text.strip()), f"\n got: {text.strip()}\nwant: {ROWS[row]}"
+
+
+def cli_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    capsys.readouterr()
+    assert main(args) == 2
+    return capsys.readouterr().err
+
+
+def image_folder(root: Path, classes: tuple[str, ...] = ("cat", "dog"), n: int = 20) -> Path:
+    rng = np.random.default_rng(0)
+    for split, count in (("train", n), ("val", 6)):
+        for c in classes:
+            d = root / split / c
+            d.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(d / f"{i}.png")
+    return root
+
+
+# ----------------------------------------------------------------------------- data
+def test_missing_data_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["data.name=fashion-mnist", f"data.root={tmp_path}/nowhere"]
+    expect("D1", cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, *args], capsys), tmp_path)
+
+
+def test_empty_data_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    args = [*FOLDER, f"data.root={tmp_path}/empty"]
+    expect("D2", cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, *args], capsys), tmp_path)
+
+
+def test_empty_train_split(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "folder" / "train").mkdir(parents=True)
+    args = [*FOLDER, f"data.root={tmp_path}/folder"]
+    expect("D3", cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, *args], capsys), tmp_path)
+
+
+def test_corrupt_image_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    image_folder(tmp_path / "folder")
+    (tmp_path / "folder/train/cat/broken.png").write_bytes(b"not an image at all")
+    args = [*FOLDER, f"data.root={tmp_path}/folder"]
+    expect("D4", cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, *args], capsys), tmp_path)
+    assert not (tmp_path / "r").exists()
+
+
+def test_skip_corrupt_skips_and_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    image_folder(tmp_path / "folder")
+    (tmp_path / "folder/train/cat/broken.png").write_bytes(b"not an image at all")
+    args = [*FOLDER, f"data.root={tmp_path}/folder", "--skip-corrupt", "--no-eval"]
+    assert main(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, *args]) == 0
+    (message,) = [m for m in caplog.messages if "corrupt" in m]
+    expect("D5", message, tmp_path)
+    assert (tmp_path / "r" / "last.pt").exists()
+    assert build_config(overrides=[*TINY, "data.skip_corrupt=true"]).data.skip_corrupt
+
+
+def test_batch_larger_than_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, "train.batch_size=500"], capsys)
+    expect("D6", err, tmp_path)
+
+
+def test_single_class_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "one.npz", features=np.abs(rng.normal(size=(50, 8))).astype(np.float32),
+             labels=np.zeros(50, dtype=np.int64))
+    assert main(["metrics", str(tmp_path / "one.npz"), "--json"]) == 0
+    out = capsys.readouterr()
+    assert out.err == "" and '"semantic_consistency": 100.0' in out.out
+    assert '"semantic_entropy_sum": 0.0' in out.out
+    assert ROWS["D7"].startswith("(no error, exit 0")
+
+
+def test_single_class_pretrain(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    image_folder(tmp_path / "folder", classes=("only",), n=40)
+    args = [*FOLDER, f"data.root={tmp_path}/folder"]
+    expect("D8", cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, *args], capsys), tmp_path)
+    assert (tmp_path / "r" / "last.pt").exists()  # the trained model is kept
+
+
+def test_nan_features(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = np.random.default_rng(0).normal(size=(50, 8)).astype(np.float32)
+    f[3, 2] = np.nan
+    np.savez(tmp_path / "nan.npz", features=f, labels=np.arange(50) % 3)
+    expect("D9", cli_error(["metrics", str(tmp_path / "nan.npz")], capsys), tmp_path)
+
+
+# ----------------------------------------------------------------------------- config
+@pytest.mark.parametrize(
+    ("row", "args"),
+    [("C1", ["method.bogus=1"]), ("C2", ["method.rho=1.5"]), ("C3", ["train.epochs=0"]),
+     ("C4", ["train.epochs=abc"])],
+)
+def test_bad_config_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], row: str, args: list[str]
+) -> None:
+    expect(row, cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, *args], capsys), tmp_path)
+    assert not (tmp_path / "r").exists()
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = cli_error(["pretrain", "--config", str(tmp_path / "missing.yaml"), *TINY], capsys)
+    expect("C5", err, tmp_path)
+
+
+# ----------------------------------------------------------------------------- run dir
+def test_unwritable_run_dir_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a-file").write_text("x")
+    expect("R1", cli_error(["pretrain", "--run-dir", str(tmp_path / "a-file/run"), *TINY], capsys), tmp_path)
+    expect("R2", cli_error(["pretrain", "--run-dir", str(tmp_path / "a-file"), *TINY], capsys), tmp_path)
+    assert (tmp_path / "a-file").read_text() == "x"
+
+
+def test_read_only_run_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ro = tmp_path / "read-only"
+    ro.mkdir()
+    if os.geteuid() == 0:  # root passes permission bits: simulate what a normal user's check sees
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == ro else real(p, mode))
+    ro.chmod(0o555)
+    try:
+        expect("R3", cli_error(["pretrain", "--run-dir", str(ro / "run"), *TINY], capsys), tmp_path)
+    finally:
+        ro.chmod(0o755)
+    assert list(ro.iterdir()) == []
+
+
+def test_run_dir_checks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = str(tmp_path / "run")
+    expect("R5", cli_error(["pretrain", "--run-dir", run, "--resume", *TINY], capsys), tmp_path)
+    expect("R7", cli_error(["pretrain", "--resume", *TINY], capsys), tmp_path)
+    assert main(["pretrain", "--run-dir", run, *TINY, "--no-eval"]) == 0
+    expect("R4", cli_error(["pretrain", "--run-dir", run, *TINY], capsys), tmp_path)
+    changed = ["method.rho=0.5", "train.batch_size=16"]
+    expect("R6", cli_error(["pretrain", "--run-dir", run, "--resume", *TINY, *changed], capsys), tmp_path)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def test_not_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes.pt").write_text("hello world\n")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    expect("K1", cli_error(["extract", str(tmp_path / "notes.pt")], capsys), tmp_path)
+    expect("K2", cli_error(["evaluate", str(tmp_path / "empty.pt")], capsys), tmp_path)
+    expect("K8", cli_error(["extract", str(tmp_path)], capsys), tmp_path)
+    expect("K9", cli_error(["evaluate", str(tmp_path / "nowhere")], capsys), tmp_path)
+
+
+class _RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204 - pickle protocol
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_crafted_pickle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    marker = tmp_path / "MARKER"
+    torch.save({"format": "bayesncl-checkpoint-v1", "config": _RunsCode(marker)}, tmp_path / "evil.pt")
+    expect("K3", cli_error(["extract", str(tmp_path / "evil.pt")], capsys), tmp_path)
+    assert not marker.exists()
+
+
+def test_checkpoint_of_another_architecture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pt")
+    expect("K4", cli_error(["extract", str(tmp_path / "resnet18.pt")], capsys), tmp_path)
+
+    net = torchvision.models.resnet18()
+    net.fc = torch.nn.Identity()
+    proj = torch.nn.Sequential(
+        torch.nn.Linear(512, 64), torch.nn.BatchNorm1d(64), torch.nn.ReLU(), torch.nn.Linear(64, 32)
+    )
+    sd = {f"backbone.{k}": v for k, v in net.state_dict().items()}
+    sd |= {f"projector.{k}": v for k, v in proj.state_dict().items()}
+    torch.save({"state_dict": sd}, tmp_path / "bn.ckpt")
+    expect("K5", cli_error(["extract", str(tmp_path / "bn.ckpt"), "data.name=synthetic"], capsys), tmp_path)
+
+    pretrain(build_config(overrides=TINY), tmp_path / "run", evaluate=False)
+    ckpt = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    ckpt["state_dict"]["projector.net.2.weight"] = torch.zeros(8, 32)
+    torch.save(ckpt, tmp_path / "edited.pt")
+    expect("K6", cli_error(["extract", str(tmp_path / "edited.pt")], capsys), tmp_path)
+
+    sd = {f"backbone.{k}": v for k, v in net.state_dict().items()}
+    sd |= {f"projector.{k}": v for k, v in torch.nn.Sequential(
+        torch.nn.Linear(512, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32)).state_dict().items()}
+    sd |= {"classifier.weight": torch.zeros(10, 512), "classifier.bias": torch.zeros(10)}
+    torch.save({"state_dict": sd}, tmp_path / "official.ckpt")
+    expect("K7", cli_error(["evaluate", str(tmp_path / "official.ckpt")], capsys), tmp_path)
+
+
+# ----------------------------------------------------------------------------- the docs table
+def doc_rows() -> dict[str, tuple[str, str]]:
+    """``{id: (message, test reference)}`` from the table in docs/bad-inputs.md."""
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) == 5 and re.fullmatch(r"[A-Z]\d+", cells[0]):
+            msg = cells[3]
+            assert msg.startswith("`` ") and msg.endswith(" ``"), line
+            rows[cells[0]] = (msg[3:-3], cells[4].strip("`"))
+    return rows
+
+
+def test_the_docs_table_matches() -> None:
+    rows = doc_rows()
+    assert sorted(rows) == sorted(ROWS), "docs/bad-inputs.md and ROWS list different rows"
+    for row, (message, test) in rows.items():
+        assert message == ROWS[row], f"{row}: the docs say\n  {message}\nthe test expects\n  {ROWS[row]}"
+        file, _, name = test.partition("::")
+        source = (TESTS / file).read_text()
+        assert re.search(rf"^def {re.escape(name)}\(", source, re.M), f"{row}: no test {test}"
+        assert ROWS[row] and (f'"{row}"' in source or file != "test_bad_inputs.py"), f"{row}: untested"

@@ -1,0 +1,334 @@
+"""Data-parallel training: 2 gloo processes on CPU against 1 process over the concatenated batch,
+the torchrun end-to-end run, and the one-line errors for impossible launches.
+
+Known bugs in this field that these tests guard against (STYLE.md): negatives from the local rank
+only (solo-learn #229, lightly #1176), a wrong positive-pair mask on ranks > 0 (solo-learn #206)
+and a gradient off by 1/world_size from a reduction without autograd (lightly #1920, #1977).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from bayesncl import distributed
+from bayesncl.cli import main
+from bayesncl.config import ConfigError, build_config
+from bayesncl.models import ContrastiveModel, build_model, contrastive_loss
+from bayesncl.train import TrainForward, forward_loss, wrap_for_training
+
+METHODS = ("cl", "ncl", "bayesncl")
+WORLD = 2
+GLOBAL_BATCH = 8  # images (16 views); 4 per process
+TINY_MODEL = [
+    "model.backbone=small_cnn",
+    "model.proj_hidden=32",
+    "model.proj_dim=16",
+    "method.lam=0.05",  # a KL term large enough to matter in the gradient
+    "train.device=cpu",
+]
+
+
+# ----------------------------------------------------------------------------- shared set-up
+def _model(method: str) -> tuple[Any, ContrastiveModel]:
+    """Identical initial weights in every process (seeded); BatchNorm in eval mode, see below."""
+    cfg = build_config(overrides=[*TINY_MODEL, f"method.name={method}"])
+    torch.manual_seed(0)
+    model = build_model(cfg, 3, 16, 10)
+    model.train()
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.eval()  # per-process batch statistics differ from the global batch's (no SyncBN on CPU)
+    return cfg, model
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    x1 = torch.randn(GLOBAL_BATCH, 3, 16, 16, generator=g)
+    x2 = torch.randn(GLOBAL_BATCH, 3, 16, 16, generator=g)
+    y = torch.randint(0, 10, (GLOBAL_BATCH,), generator=g)
+    return x1, x2, y
+
+
+def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawn(fn: Any, args: tuple[Any, ...], nprocs: int, timeout: float) -> None:
+    """torch.multiprocessing as a test harness (not a launcher), with a deadline instead of a hang."""
+    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            pytest.fail(f"the {nprocs} processes did not finish within {timeout:.0f} s")
+
+
+def _ddp_worker(rank: int, port: int, out: str) -> None:
+    """One of WORLD gloo processes: the real train.py step (TrainForward in DDP, forward_loss)
+    on this rank's quarter of the global batch, backward, then report loss and gradients."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        world = distributed.setup("cpu")
+        assert (world.rank, world.world_size, world.owns_group) == (rank, WORLD, False)
+        n = distributed.split_batch(GLOBAL_BATCH, WORLD)
+        x1, x2, y = (t[rank * n : (rank + 1) * n] for t in _batch())
+        report: dict[str, Any] = {}
+        for method in METHODS:
+            cfg, model = _model(method)
+            step_model = wrap_for_training(model, cfg, world)
+            loss, stats = forward_loss(step_model, x1, x2, y, cfg.method)
+            loss.backward()
+            report[method] = {
+                "loss": distributed.all_reduce_mean(loss.detach()),
+                "stats": distributed.all_reduce_mean(stats),
+                "grads": _grads(model),
+            }
+        # the known bug, for contrast: InfoNCE with this rank's negatives only
+        cfg, model = _model("ncl")
+        loss, _ = contrastive_loss(model(torch.cat([x1, x2])), cfg.method, gather=False)
+        loss.backward()
+        grads = _grads(model)
+        for g in grads.values():  # what DDP would do: average over ranks
+            dist.all_reduce(g)
+            g /= WORLD
+        report["ncl-local-negatives"] = {"loss": distributed.all_reduce_mean(loss.detach()), "grads": grads}
+        torch.save(report, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _single_process(method: str, *, gather: bool = True) -> dict[str, Any]:
+    cfg, model = _model(method)
+    x1, x2, y = _batch()
+    loss, stats = forward_loss(TrainForward(model), x1, x2, y, cfg.method)
+    loss.backward()
+    return {"loss": loss.detach(), "stats": stats, "grads": _grads(model)}
+
+
+@pytest.fixture(scope="module")
+def ddp_reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("ddp")
+    _spawn(_ddp_worker, (_free_port(), str(out)), nprocs=WORLD, timeout=120)
+    return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
+
+
+# ----------------------------------------------------------------------------- gradient equivalence
+@pytest.mark.parametrize("method", METHODS)
+def test_two_gloo_processes_match_one_process_over_the_concatenated_batch(
+    ddp_reports: list[dict[str, Any]], method: str
+) -> None:
+    """Same loss and same parameter gradients (atol 1e-6) as one process on all 8 images.
+
+    The backbone's BatchNorm layers are in eval mode in both runs: in train mode each process
+    normalises with its own 4-image statistics, which differ from the 8-image statistics by
+    design (SyncBatchNorm, CUDA only, is what aligns them; see docs/scaling.md). Everything
+    else -- gathered negatives with gradient, the positive mask on rank 1, the KL and probe
+    means, DDP's 1/world_size average -- is exercised as in training.
+    """
+    ref = _single_process(method)
+    for rank, report in enumerate(ddp_reports):
+        got = report[method]
+        torch.testing.assert_close(got["loss"], ref["loss"], atol=1e-6, rtol=0)
+        # loss, InfoNCE, KL, gate-open rate, closed rows, probe accuracy: global means
+        torch.testing.assert_close(got["stats"], ref["stats"], atol=1e-6, rtol=0)
+        assert got["grads"].keys() == ref["grads"].keys(), rank
+        for name, g in ref["grads"].items():
+            torch.testing.assert_close(got["grads"][name], g, atol=1e-6, rtol=0, msg=f"rank {rank}: {name}")
+    if method == "bayesncl":
+        assert ref["stats"][2] > 0 and any(k.startswith("gating_head.") for k in ref["grads"])
+
+
+def test_local_negatives_alone_do_not_match(ddp_reports: list[dict[str, Any]]) -> None:
+    """The test above can fail: without the gather the loss and gradients differ (solo-learn #229)."""
+    ref = _single_process("ncl")
+    got = ddp_reports[0]["ncl-local-negatives"]
+    assert abs(float(got["loss"]) - float(ref["loss"])) > 1e-3
+    worst = max(float((g - ref["grads"][k]).abs().max()) for k, g in got["grads"].items())
+    assert worst > 1e-4
+
+
+# ----------------------------------------------------------------------------- rules and errors
+def test_lr_scales_with_the_global_batch() -> None:
+    assert distributed.scaled_lr(0.4, 256) == pytest.approx(0.4)
+    assert distributed.scaled_lr(0.4, 256 * 4) == pytest.approx(1.6)  # batch 256 per process, 4 processes
+
+
+def test_every_rank_gets_its_own_seed_and_rank0_keeps_the_run_seed() -> None:
+    seeds = [distributed.rank_seed(7, r) for r in range(8)]
+    assert seeds[0] == 7 and len(set(seeds)) == 8
+    assert distributed.rank_seed(7, 1) != distributed.rank_seed(8, 1)
+
+
+def test_a_batch_that_does_not_split_is_a_clear_error() -> None:
+    assert distributed.split_batch(512, 4) == 128
+    with pytest.raises(distributed.DistributedError, match="not divisible by 4 processes"):
+        distributed.split_batch(510, 4)
+    with pytest.raises(distributed.DistributedError, match="need >= 2"):
+        distributed.split_batch(4, 4)
+
+
+def test_sync_bn_on_cpu_processes_is_a_clear_error() -> None:
+    world = distributed.World(rank=0, world_size=2, device=torch.device("cpu"))
+    with pytest.raises(distributed.DistributedError, match="SyncBatchNorm runs on CUDA only"):
+        distributed.check_sync_bn(True, world)
+    distributed.check_sync_bn(False, world)
+    distributed.check_sync_bn(True, distributed.World())  # one process: plain BatchNorm, no-op
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    assert distributed.convert_sync_bn(model, True, distributed.World()) is model
+
+
+def _torchrun_env(monkeypatch: pytest.MonkeyPatch, world: int, local_world: int) -> None:
+    for k, v in {"RANK": 0, "WORLD_SIZE": world, "LOCAL_RANK": 0, "LOCAL_WORLD_SIZE": local_world}.items():
+        monkeypatch.setenv(k, str(v))
+
+
+def test_more_processes_than_gpus_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _torchrun_env(monkeypatch, world=4, local_world=4)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(distributed.DistributedError, match="4 processes on this node but only 2 CUDA"):
+        distributed.setup("cuda")
+    with pytest.raises(distributed.DistributedError, match="pins every process to one GPU"):
+        distributed.setup("cuda:1")
+    run = tmp_path / "run"
+    assert main(["pretrain", "--run-dir", str(run), "data.name=synthetic", "train.device=auto"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bayesncl: error:") and "\n" not in err and "--nproc_per_node=2" in err
+    assert not run.exists()
+
+
+def test_cuda_under_torchrun_without_cuda_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    _torchrun_env(monkeypatch, world=2, local_world=2)
+    with pytest.raises(ConfigError, match="no CUDA device is available"):
+        distributed.setup("cuda")
+
+
+def test_malformed_torchrun_environment_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(distributed.DistributedError, match="RANK is not set"):
+        distributed.setup("cpu")
+    monkeypatch.setenv("RANK", "two")
+    with pytest.raises(distributed.DistributedError, match="RANK='two'"):
+        distributed.setup("cpu")
+
+
+def test_single_process_helpers_are_no_ops() -> None:
+    world = distributed.setup("cpu")
+    assert (world.rank, world.world_size, world.is_main, world.distributed) == (0, 1, True, False)
+    x = torch.randn(4, 3, requires_grad=True)
+    assert distributed.gather_with_grad(x) is x
+    assert distributed.all_reduce_mean(x) is x
+    assert distributed.run_on_main(lambda: 5) == 5
+    assert distributed.is_main_process() and not distributed.is_distributed()
+
+
+# ----------------------------------------------------------------------------- torchrun end to end
+_AUDIT_HOOK = textwrap.dedent(
+    """
+    # Test-only: record every file write below BAYESNCL_AUDIT_WATCH, per torchrun rank.
+    import os, sys
+    _out, _watch, _rank = (os.environ.get(k) for k in ("BAYESNCL_AUDIT_OUT", "BAYESNCL_AUDIT_WATCH", "RANK"))
+    if _out and _watch and _rank is not None:
+        _log = open(os.path.join(_out, "rank" + _rank + ".txt"), "a", buffering=1)
+        _WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+        def _under(p):
+            try:
+                return os.path.abspath(os.fsdecode(p)).startswith(_watch)
+            except TypeError:
+                return False
+
+        def _hook(event, args):
+            if event == "open" and _under(args[0]):
+                mode, flags = args[1], args[2]
+                if (mode and any(c in mode for c in "wax+")) or (not mode and flags & _WRITE):
+                    _log.write("open " + os.fsdecode(args[0]) + "\\n")
+            elif event in ("os.rename", "os.mkdir", "os.remove", "os.rmdir") and _under(args[0]):
+                _log.write(event + " " + os.fsdecode(args[0]) + "\\n")
+
+        sys.addaudithook(_hook)
+    """
+)
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_end_to_end(tmp_path: Path) -> None:
+    """``python -m torch.distributed.run --nproc_per_node=2 -m bayesncl.cli pretrain`` on tiny
+    synthetic data: the run finishes, the run dir is complete, and only rank 0 wrote to it or
+    printed progress."""
+    run = tmp_path / "run"
+    site = tmp_path / "site"
+    audit = tmp_path / "audit"
+    site.mkdir()
+    audit.mkdir()
+    (site / "sitecustomize.py").write_text(_AUDIT_HOOK)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "BAYESNCL_AUDIT_OUT": str(audit),
+        "BAYESNCL_AUDIT_WATCH": str(run.resolve()),
+        "OMP_NUM_THREADS": "1",
+    }
+    overrides = [
+        "data.name=synthetic", "data.train_subset=96", "data.test_subset=60", "data.image_size=16",
+        "model.backbone=small_cnn", "model.proj_hidden=32", "model.proj_dim=16",
+        "method.name=bayesncl", "method.lam=0.01",
+        "train.epochs=2", "train.batch_size=16", "train.warmup_epochs=1", "train.device=cpu",
+        "train.progress=true", "eval.batch_size=64",
+    ]  # fmt: skip
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "--tee", "3", "--log-line-prefix-template", "[rank${rank}]: ",
+        "-m", "bayesncl.cli", "pretrain", "--run-dir", str(run), *overrides,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    for name in ("config.yaml", "log.csv", "last.pt", "encoder.safetensors", "metrics.json", "metrics.md"):
+        assert (run / name).exists(), name
+    rows = (run / "log.csv").read_text().strip().splitlines()
+    assert len(rows) == 3  # header + 2 epochs
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    assert ckpt["step"] == 2 * (96 // 2 // 16)  # 48 images per rank, batch 16 per rank: 3 steps/epoch
+
+    writes = {r: (audit / f"rank{r}.txt").read_text().splitlines() for r in range(2)}
+    assert any("last.pt" in w for w in writes[0]), writes[0]
+    assert writes[1] == [], writes[1]
+
+    def lines(stream: str, rank: int) -> list[str]:
+        return [ln for ln in stream.splitlines() if ln.startswith(f"[rank{rank}]: ")]
+
+    assert any("semantic" in ln.lower() or "SC" in ln for ln in lines(proc.stdout, 0))  # the table
+    assert any(re.search(r"epoch \d/2", ln) for ln in lines(proc.stderr, 0))  # tqdm progress
+    # rank 1 prints nothing of its own (cli.py's "run dir:" line is printed before pretrain starts)
+    assert [ln for ln in lines(proc.stdout, 1) if "run dir:" not in ln] == []
+    assert not any(re.search(r"epoch \d/2", ln) for ln in lines(proc.stderr, 1))
