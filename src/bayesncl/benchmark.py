@@ -304,17 +304,18 @@ def run_benchmark(
 
 
 # ----------------------------------------------------------------------------- output
-def _giga(x: float) -> str:
-    return f"{x / 1e9:.3f} GFLOP"
+def _flops(x: float) -> str:
+    return f"{x / 1e9:.3f} GFLOP" if x >= 1e8 else f"{x / 1e6:.2f} MFLOP"
 
 
 def format_report(r: dict[str, Any]) -> str:
     """The human-readable table of a :func:`run_benchmark` result."""
     st = r["settings"]
-    stem = {"true": "CIFAR stem", "false": "ImageNet stem"}.get(st["cifar_stem"], "auto stem")
+    stem = {"true": " (CIFAR stem)", "false": " (ImageNet stem)"}.get(st["cifar_stem"], " (auto stem)")
+    stem = stem if st["backbone"].startswith("resnet") else ""
     lines = [
         f"bayesncl benchmark, {r['date']}: {r['device']} ({r['device_name']}), torch {r['torch']}",
-        f"{st['backbone']} ({stem}), {st['image_size']} px, batch {st['batch_size']}, {st['precision']}, "
+        f"{st['backbone']}{stem}, {st['image_size']} px, batch {st['batch_size']}, {st['precision']}, "
         f"channels_last={st['channels_last']}, compile={st['compile']}; median of {st['rounds']} rounds "
         f"x {st['steps']} steps",
         "a step = augment both views + forward + backward + LARS step; an image = one two-view pair",
@@ -323,7 +324,7 @@ def format_report(r: dict[str, Any]) -> str:
     ]
     for m, v in r["images_per_s"].items():
         f = r["flops_per_image"].get(m)
-        lines.append(f"{m:<10} {v:>10,.1f}   {_giga(f) if f is not None else '-':>18}")
+        lines.append(f"{m:<10} {v:>10,.1f}   {_flops(f) if f is not None else '-':>18}")
     lines.append("")
     lines.append(
         f"gate overhead (BayesNCL vs NCL step time): {r['gate_overhead_pct']:+.2f} %  "
@@ -415,3 +416,23 @@ def add_benchmark_parser(subparsers: Any) -> None:
         "overrides", nargs="*", metavar="key=value", help="more config overrides, e.g. model.proj_hidden=4096"
     )
     p.set_defaults(func=_cmd_benchmark)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bayesncl.benchmark [options]``: the same command without the ``bayesncl`` CLI."""
+    import sys
+
+    from bayesncl.data import DataError
+
+    parser = argparse.ArgumentParser(prog="python -m bayesncl")
+    add_benchmark_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["benchmark", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, DataError) as e:
+        print(f"bayesncl: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -57,8 +57,17 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.resume and args.run_dir is None:
         raise ConfigError("--resume needs --run-dir DIR (the run to continue)")
     overrides = [*args.overrides, "data.skip_corrupt=true"] if args.skip_corrupt else args.overrides
-    if args.resume and args.config is None and not overrides:
+    if args.resume and args.config is None:
+        # continue the run as it was configured; key=value on top (e.g. train.epochs=400 to extend)
+        from bayesncl.checkpoint import RunDirError
+        from bayesncl.config import parse_overrides, set_key, validate
+
+        if not (Path(args.run_dir) / "config.yaml").exists():
+            raise RunDirError(f"--resume: {args.run_dir} holds no run (no config.yaml)")
         cfg = load_run_config(Path(args.run_dir))
+        for key, value in parse_overrides(overrides).items():
+            set_key(cfg, key, value)
+        validate(cfg)
     else:
         cfg = build_config(resolve_config_path(args.config), overrides)
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
@@ -106,12 +115,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input, printed as one line; anything else is a bug and raises."""
-    from bayesncl.checkpoint import RunDirError
+    from bayesncl.checkpoint import CheckpointError, RunDirError
     from bayesncl.data import DataError
     from bayesncl.evaluation import EvalError
     from bayesncl.train import TrainingError
 
-    return (ConfigError, DataError, EvalError, RunDirError, TrainingError, FileNotFoundError, PermissionError)
+    return (
+        ConfigError, DataError, EvalError, RunDirError, CheckpointError, TrainingError,
+        FileNotFoundError, PermissionError,
+    )
 
 
 _LOAD_OVERRIDES_HELP = (
