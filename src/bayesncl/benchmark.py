@@ -13,14 +13,17 @@ Measured, in ONE process and ONE run so the ratios are fair on a noisy machine:
   per arm, so that the arms compared in a round saw the same load from other processes.
 * ``gate_overhead_pct``: the median over rounds of BayesNCL's step time over NCL's, minus 1, in %
   (the paper reports +5.9 % wall time on CIFAR-100).
-* ``flops_per_image`` {ncl, bayesncl}: ``torch.utils.flop_counter.FlopCounterMode`` over one
-  forward + backward of the model on a fixed batch (matmuls and convolutions, the augmentation
-  excluded), divided by the batch size: training FLOPs per two-view image.
+* ``flops_per_image`` {ncl, bayesncl}: forward FLOPs of one image (one view) through the model,
+  from ``torch.utils.flop_counter.FlopCounterMode`` (the paper's Table 7 convention), and
+  ``train_flops_per_pair``: forward + backward of a whole training step per two-view pair (what
+  ``images_per_s`` counts); see :func:`flops_per_image`. ``gate_flops_pct`` compares the latter.
 * ``augment_speedup``: the same BayesNCL model trained from the batched on-device augmentation
   (``data.resident=true``, kornia) against the per-sample torchvision/PIL DataLoader path
   (``data.resident=false``, ``--workers`` workers): the ratio of their images/s, median over rounds.
-* ``breakdown``: the batched augmentation alone, and the BayesNCL step on a fixed batch alone
-  (to see which part limits the step).
+* ``augment_only_speedup``: the two loaders alone, without a model (the data path's own ratio).
+* ``breakdown``: each loader alone, and the BayesNCL step on a fixed batch alone (to see which
+  part limits the step); on CUDA also BayesNCL without :func:`bayesncl.train.prefetch_to_device`
+  (the loader on the main stream).
 
 Defaults: CPU: ResNet-18 with the ImageNet stem, 32 px, batch 64, fp32 (about a minute on 2
 cores); CUDA: ResNet-18 with the CIFAR stem, batch 256, 32 px, bf16 autocast, channels_last.
@@ -35,26 +38,21 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from bayesncl.config import Config, ConfigError, build_config
-from bayesncl.data import build_train_loader, dataset_info
-from bayesncl.distributed import World, resolve_device
-from bayesncl.models import ContrastiveModel, build_model
-from bayesncl.train import (
-    TrainForward,
-    build_optimizer,
-    forward_loss,
-    param_groups,
-    resolve_precision,
-    set_lr,
-    train_step,
-    wrap_for_training,
-)
 
-__all__ = ["BenchmarkSettings", "add_benchmark_parser", "default_settings", "format_report", "run_benchmark"]
+if TYPE_CHECKING:  # torch and the training code load only when a benchmark runs (fast CLI start-up)
+    import torch
+
+__all__ = [
+    "BenchmarkSettings",
+    "add_benchmark_parser",
+    "default_settings",
+    "flops_per_image",
+    "format_report",
+    "run_benchmark",
+]
 
 METHODS = ("cl", "ncl", "bayesncl")
 GPU_TARGET_IMAGES_PER_S = 11_200  # 200 CIFAR-100 epochs (10 M pairs) in 15 min on one H200
@@ -85,6 +83,8 @@ class BenchmarkSettings:
 
 def default_settings(settings: BenchmarkSettings) -> tuple[BenchmarkSettings, torch.device]:
     """Fill the device-dependent defaults. Raises ConfigError for values out of range."""
+    from bayesncl.distributed import resolve_device
+
     device = resolve_device(settings.device)
     cuda = device.type == "cuda"
     s = BenchmarkSettings(**asdict(settings))
@@ -118,6 +118,10 @@ class _Arm:
     times: list[float] = field(default_factory=list)  # seconds per step, one entry per round
 
 
+def _next(batches: Iterator[Any]) -> None:
+    next(batches)
+
+
 def _endless(loader: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     epoch = 0
     while True:
@@ -149,10 +153,26 @@ class _Trainer:
     """A model, its optimiser and a training loader, stepped exactly as ``pretrain`` does."""
 
     def __init__(self, cfg: Config, device: torch.device) -> None:
+        import torch
+
+        from bayesncl.data import build_train_loader, dataset_info
+        from bayesncl.distributed import World
+        from bayesncl.models import build_model
+        from bayesncl.train import (
+            build_optimizer,
+            param_groups,
+            prefetch_to_device,
+            resolve_precision,
+            set_lr,
+            train_step,
+            wrap_for_training,
+        )
+
+        self._train_step = train_step
         info = dataset_info(cfg.data)
         torch.manual_seed(0)
         self.cfg = cfg
-        self.model: ContrastiveModel = build_model(cfg, info.channels, info.image_size, info.num_classes)
+        self.model = build_model(cfg, info.channels, info.image_size, info.num_classes)
         self.model = self.model.to(device)
         if cfg.train.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
@@ -164,39 +184,64 @@ class _Trainer:
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
         self.step_model = wrap_for_training(self.model, cfg, World(device=device))
         self.loader = build_train_loader(cfg.data, cfg.train.batch_size, seed=0, device=device)
-        self.batches = _endless(self.loader)
+        self.batches = prefetch_to_device(_endless(self.loader), device)  # as in pretrain
         self.model.train()
 
     def step(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
         x1, x2, y = batch if batch is not None else next(self.batches)
-        train_step(
+        self._train_step(
             self.step_model, self.optimizer, self.scaler, x1, x2, y, self.cfg.method,
             autocast=self.autocast, channels_last=self.cfg.train.channels_last,
         )
 
-    def flops_per_image(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> float:
-        """Forward + backward FLOPs (FlopCounterMode: matmuls, convolutions) per two-view image."""
-        from torch.utils.flop_counter import FlopCounterMode
 
-        x1, x2, y = batch
-        counter = FlopCounterMode(display=False)
-        with counter:
-            loss, _ = forward_loss(
-                TrainForward(self.model), x1, x2, y, self.cfg.method,
-                autocast=self.autocast, channels_last=self.cfg.train.channels_last,
-            )
+def flops_per_image(cfg: Config, *, train: bool = False, batch_size: int | None = None) -> float:
+    """FLOPs of the model ``cfg`` describes, counted by ``torch.utils.flop_counter.FlopCounterMode``
+    (matmuls and convolutions; a multiply-add is 2 FLOPs) on the ``meta`` device: shapes only, no
+    compute, any size in a fraction of a second.
+
+    ``train=False``: the forward pass of ONE image (one view) through backbone, projector and gate
+    (the convention of the paper's Table 7, e.g. ImageNet-100 ResNet-18: 3.71 G here vs 3.73 G
+    there). ``train=True``: a whole training step per two-view pair, forward and backward, InfoNCE
+    and online probe included, at ``batch_size`` pairs (default ``train.batch_size``; the InfoNCE
+    similarity matrix is the only term that grows with the batch).
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from bayesncl.data import dataset_info
+    from bayesncl.models import build_model
+    from bayesncl.train import TrainForward, forward_loss
+
+    info = dataset_info(cfg.data)
+    with torch.device("meta"):
+        model = build_model(cfg, info.channels, info.image_size, info.num_classes)
+    model.train()
+    n = batch_size or cfg.train.batch_size
+    shape = (n, info.channels, info.image_size, info.image_size)
+    x1, x2 = torch.empty(shape, device="meta"), torch.empty(shape, device="meta")
+    y = torch.zeros(n, dtype=torch.long, device="meta")
+    counter = FlopCounterMode(display=False)
+    with counter:
+        if train:
+            loss, _ = forward_loss(TrainForward(model), x1, x2, y, cfg.method)
             loss.backward()
-        self.model.zero_grad(set_to_none=True)
-        return counter.get_total_flops() / len(x1)
+        else:
+            model(x1)
+    return counter.get_total_flops() / n
 
 
 # ----------------------------------------------------------------------------- the run
 def _sync(device: torch.device) -> None:
+    import torch
+
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def _device_name(device: torch.device) -> str:
+    import torch
+
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     name = platform.processor() or platform.machine()
@@ -223,6 +268,11 @@ def run_benchmark(
     Raises ConfigError / DataError (one line) for impossible settings, e.g. CUDA asked for but
     absent, a batch larger than the 5000 synthetic images, or an unknown backbone.
     """
+    import torch
+
+    from bayesncl.data import build_train_loader
+    from bayesncl.train import resolve_precision
+
     s, device = default_settings(settings or BenchmarkSettings())
     say = log or (lambda msg: None)
     if s.threads:
@@ -234,20 +284,22 @@ def run_benchmark(
     say(f"building {len(METHODS)} models ({s.backbone}, {s.image_size} px, batch {b}) on {device}")
     trainers = {m: _Trainer(_config(s, m, resident=True), device) for m in METHODS}
     fixed = next(trainers["bayesncl"].batches)
-    flops = {m: trainers[m].flops_per_image(fixed) for m in ("ncl", "bayesncl")}
+    flops = {m: flops_per_image(trainers[m].cfg) for m in ("ncl", "bayesncl")}
+    train_flops = {m: flops_per_image(trainers[m].cfg, train=True) for m in ("ncl", "bayesncl")}
 
     arms = [_Arm(m, (lambda t=trainers[m]: t.step()), b, steps) for m in METHODS]
+    cfg = trainers["bayesncl"].cfg
+    aug_batches = _endless(build_train_loader(cfg.data, b, seed=1, device=device))
+    arms.append(_Arm("augment-only", lambda: _next(aug_batches), b, steps))
     if s.augment_compare:  # the same BayesNCL model (same seed), fed by the per-sample DataLoader
         per_sample = _Trainer(_config(s, "bayesncl", resident=False), device)
         arms.append(_Arm("bayesncl/per-sample", per_sample.step, b, min(steps, 3)))
-    cfg = trainers["bayesncl"].cfg
-    aug_batches = _endless(build_train_loader(cfg.data, b, seed=1, device=device))
-
-    def augment_only() -> None:
-        next(aug_batches)
-
-    arms.append(_Arm("augment-only", augment_only, b, steps))
+        ps_batches = _endless(build_train_loader(per_sample.cfg.data, b, seed=1, device=device))
+        arms.append(_Arm("per-sample-only", lambda: _next(ps_batches), b, min(steps, 3)))
     arms.append(_Arm("step-only", lambda: trainers["bayesncl"].step(fixed), b, steps))
+    if device.type == "cuda":  # what prefetch_to_device buys: the loader on the main stream
+        plain = _endless(build_train_loader(cfg.data, b, seed=2, device=device))
+        arms.append(_Arm("no-prefetch", lambda: trainers["bayesncl"].step(next(plain)), b, steps))
 
     say(f"warm-up: {s.warmup} step(s) per arm" + (" (includes torch.compile)" if s.compile else ""))
     for arm in arms:
@@ -270,6 +322,7 @@ def run_benchmark(
         "images_per_s": {m: round(rate[m], 1) for m in METHODS},
         "gate_overhead_pct": round(100 * (_median_ratio(by["bayesncl"].times, by["ncl"].times) - 1), 2),
         "flops_per_image": {m: float(f) for m, f in flops.items()},
+        "train_flops_per_pair": {m: float(f) for m, f in train_flops.items()},
         "augment_speedup": (
             round(_median_ratio(by["bayesncl/per-sample"].times, by["bayesncl"].times), 2)
             if s.augment_compare
@@ -278,11 +331,26 @@ def run_benchmark(
         "device": device.type,
         "device_name": _device_name(device),
         "per_sample_images_per_s": round(rate["bayesncl/per-sample"], 1) if s.augment_compare else None,
+        "augment_only_speedup": (
+            round(_median_ratio(by["per-sample-only"].times, by["augment-only"].times), 2)
+            if s.augment_compare
+            else None
+        ),
         "breakdown": {
             "augment_images_per_s": round(rate["augment-only"], 1),
+            **(
+                {"per_sample_augment_images_per_s": round(rate["per-sample-only"], 1)}
+                if "per-sample-only" in rate
+                else {}
+            ),
             "bayesncl_step_fixed_batch_images_per_s": round(rate["step-only"], 1),
+            **(
+                {"bayesncl_no_prefetch_images_per_s": round(rate["no-prefetch"], 1)}
+                if "no-prefetch" in rate
+                else {}
+            ),
         },
-        "gate_flops_pct": round(100 * (flops["bayesncl"] / flops["ncl"] - 1), 2),
+        "gate_flops_pct": round(100 * (train_flops["bayesncl"] / train_flops["ncl"] - 1), 2),
         "settings": {
             "backbone": s.backbone,
             "cifar_stem": s.cifar_stem,
@@ -320,16 +388,18 @@ def format_report(r: dict[str, Any]) -> str:
         f"x {st['steps']} steps",
         "a step = augment both views + forward + backward + LARS step; an image = one two-view pair",
         "",
-        f"{'method':<10} {'images/s':>10}   {'train FLOPs/image':>18}",
+        f"{'method':<10} {'images/s':>10}   {'FLOPs/image (fwd)':>18}   {'train FLOPs/pair':>18}",
     ]
     for m, v in r["images_per_s"].items():
-        f = r["flops_per_image"].get(m)
-        lines.append(f"{m:<10} {v:>10,.1f}   {_flops(f) if f is not None else '-':>18}")
+        f, t = r["flops_per_image"].get(m), r["train_flops_per_pair"].get(m)
+        lines.append(
+            f"{m:<10} {v:>10,.1f}   {_flops(f) if f else '-':>18}   {_flops(t) if t else '-':>18}"
+        )
     lines.append("")
     lines.append(
         f"gate overhead (BayesNCL vs NCL step time): {r['gate_overhead_pct']:+.2f} %  "
         f"(target <= {GATE_OVERHEAD_TARGET_PCT:g} %; paper +5.9 % on CIFAR-100); "
-        f"FLOPs {r['gate_flops_pct']:+.2f} %"
+        f"train FLOPs {r['gate_flops_pct']:+.2f} %"
     )
     if r["augment_speedup"] is not None:
         lines.append(
@@ -337,11 +407,21 @@ def format_report(r: dict[str, Any]) -> str:
             f"PIL DataLoader {r['per_sample_images_per_s']:,.1f} images/s = {r['augment_speedup']:.2f}x"
             + (f"  (CPU target >= {CPU_AUGMENT_TARGET:g}x)" if r["device"] == "cpu" else "")
         )
+        lines.append(
+            f"augmentation alone, no model: batched {r['breakdown']['augment_images_per_s']:,.1f} vs "
+            f"per-sample {r['breakdown']['per_sample_augment_images_per_s']:,.1f} images/s = "
+            f"{r['augment_only_speedup']:.2f}x"
+        )
     bd = r["breakdown"]
     lines.append(
-        f"breakdown: batched augmentation alone {bd['augment_images_per_s']:,.1f} images/s; "
-        f"BayesNCL step on a fixed batch {bd['bayesncl_step_fixed_batch_images_per_s']:,.1f} images/s"
+        f"BayesNCL step on a fixed batch (no data path): {bd['bayesncl_step_fixed_batch_images_per_s']:,.1f} "
+        "images/s"
     )
+    if "bayesncl_no_prefetch_images_per_s" in bd:
+        lines.append(
+            f"BayesNCL with the loader on the main CUDA stream (no prefetch_to_device): "
+            f"{bd['bayesncl_no_prefetch_images_per_s']:,.1f} images/s"
+        )
     if r["device"] == "cuda":
         ok = min(r["images_per_s"].values()) >= GPU_TARGET_IMAGES_PER_S
         lines.append(

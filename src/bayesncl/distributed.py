@@ -44,6 +44,7 @@ __all__ = [
     "gather_with_grad",
     "is_distributed",
     "is_main_process",
+    "local_main_first",
     "rank_seed",
     "resolve_device",
     "run_on_main",
@@ -247,6 +248,24 @@ def run_on_main(fn: Callable[[], T]) -> T:
     if kind == "error":
         raise value
     return value
+
+
+def local_main_first(world: World, fn: Callable[[], T]) -> T:
+    """Run ``fn`` on each node's local rank 0 first, then on the node's other ranks.
+
+    For work that may write a shared cache, such as ``data.download=true``: one process per node
+    downloads, the others then find the files. The barrier is passed even if ``fn`` raises, so the
+    other ranks go on (and meet the same error) instead of waiting. Single process: ``fn()``.
+    """
+    if not world.distributed or not is_distributed():
+        return fn()
+    if world.local_rank == 0:
+        try:
+            return fn()
+        finally:
+            dist.barrier()
+    dist.barrier()
+    return fn()
 
 
 # ----------------------------------------------------------------------------- small rules

@@ -22,9 +22,10 @@ import math
 import os
 import signal
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -46,6 +47,8 @@ from bayesncl.config import Config, MethodConfig, config_from_dict, dump_yaml
 from bayesncl.data import build_train_loader, dataset_info, mix_seed
 from bayesncl.distributed import resolve_device  # noqa: F401 - re-exported: train.resolve_device
 from bayesncl.models import ContrastiveModel, ModelOutput, build_model, contrastive_loss
+
+B = TypeVar("B")
 
 
 class TrainingError(RuntimeError):
@@ -220,6 +223,36 @@ def train_step(
     return stats
 
 
+def prefetch_to_device(batches: Iterable[B], device: torch.device) -> Iterator[B]:
+    """Iterate ``batches``, producing each one on a side CUDA stream while the step before it runs.
+
+    Why: the batched augmentation (kornia) draws its random parameters on the CPU and copies them
+    to the GPU, and each such copy waits for the stream it runs on. On the main stream that wait
+    would include the whole previous training step, so the GPU would idle while the CPU augments.
+    On a side stream the waits cover the augmentation only: the GPU runs step t while the CPU
+    prepares batch t+1. The main stream waits for the side stream before using a batch, and the
+    batch's tensors are marked as used there (``record_stream``) for the caching allocator.
+    On the CPU this is a plain pass-through.
+    """
+    if device.type != "cuda":
+        yield from batches
+        return
+    side = torch.cuda.Stream(device)
+    main = torch.cuda.current_stream(device)
+    it = iter(batches)
+    while True:
+        with torch.cuda.stream(side):
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+        main.wait_stream(side)
+        for t in batch if isinstance(batch, (tuple, list)) else (batch,):
+            if isinstance(t, Tensor) and t.is_cuda:
+                t.record_stream(main)
+        yield batch
+
+
 # ----------------------------------------------------------------------------- the loop
 def pretrain(
     cfg: Config,
@@ -252,7 +285,9 @@ def _pretrain(
     device = world.device
     amp_dtype = resolve_precision(cfg.train.precision, device)
     distributed.check_sync_bn(cfg.train.sync_bn, world)
-    info = dataset_info(cfg.data)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest kernels
+    info = distributed.local_main_first(world, lambda: dataset_info(cfg.data))  # one download per node
     ckpt = distributed.run_on_main(lambda: prepare_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite))
 
     seed_everything(distributed.rank_seed(cfg.seed, world.rank))
@@ -310,7 +345,7 @@ def _pretrain(
         sums = torch.zeros(6, device=device)  # loss, nce, kl, gate_open, all_closed, probe_correct
         n_seen = 0
         bar = _progress(loader, epoch, cfg, world)
-        for x1, x2, y in bar:
+        for x1, x2, y in prefetch_to_device(bar, device):
             lr = float(schedule[state.step])
             set_lr(optimizer, lr, lr / lr_base if lr_base > 0 else 1.0)
             stats = train_step(

@@ -1,0 +1,129 @@
+"""``bayesncl benchmark`` with tiny settings: the JSON keys, sane values, exact FLOPs, bad input.
+
+No timing assertions: this machine's speed says nothing about the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+import pytest
+
+from bayesncl.benchmark import add_benchmark_parser, main
+
+TINY = [
+    "--device", "cpu", "--backbone", "small_cnn", "--image-size", "16", "--batch-size", "8",
+    "--steps", "1", "--rounds", "2", "--warmup", "1", "model.proj_hidden=32", "model.proj_dim=16",
+]  # fmt: skip
+H, HIDDEN, D = 256, 32, 16  # small_cnn's h width, gate hidden (= proj_hidden), proj_dim
+
+
+def _run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="bayesncl")
+    add_benchmark_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["benchmark", *argv])
+    return int(args.func(args))
+
+
+@pytest.fixture(scope="module")
+def result() -> dict[str, Any]:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert _run(["--json", *TINY]) == 0
+    return json.loads(buf.getvalue())
+
+
+def test_json_has_the_documented_keys(result: dict[str, Any]) -> None:
+    assert set(result["images_per_s"]) == {"cl", "ncl", "bayesncl"}
+    assert set(result["flops_per_image"]) == {"ncl", "bayesncl"}
+    for key in ("gate_overhead_pct", "augment_speedup", "device"):
+        assert key in result
+    assert result["device"] == "cpu"
+
+
+def test_values_are_sane(result: dict[str, Any]) -> None:
+    for v in result["images_per_s"].values():
+        assert math.isfinite(v) and v > 0
+    assert math.isfinite(result["gate_overhead_pct"]) and -90 < result["gate_overhead_pct"] < 1000
+    assert math.isfinite(result["augment_speedup"]) and result["augment_speedup"] > 0
+    assert result["per_sample_images_per_s"] > 0
+    assert math.isfinite(result["augment_only_speedup"]) and result["augment_only_speedup"] > 0
+    assert all(v > 0 for v in result["breakdown"].values())
+    st = result["settings"]
+    assert (st["backbone"], st["image_size"], st["batch_size"]) == ("small_cnn", 16, 8)
+    assert st["precision"] == "fp32"
+
+
+def test_flops_differ_by_exactly_the_gating_head(result: dict[str, Any]) -> None:
+    """FlopCounterMode counts matmuls (a multiply-add = 2 FLOPs). Per view, the 2-layer gate costs
+    2·H·hidden + 2·hidden·D forward; backward, the weight gradients of both layers plus the input
+    gradient of the second only (the gate reads sg(h): no gradient flows back into h)."""
+    fwd = 2 * H * HIDDEN + 2 * HIDDEN * D
+    bwd = 2 * H * HIDDEN + 2 * (2 * HIDDEN * D)
+    f, t = result["flops_per_image"], result["train_flops_per_pair"]
+    assert 0 < f["ncl"] < t["ncl"]
+    assert f["bayesncl"] - f["ncl"] == pytest.approx(fwd, abs=1e-6)  # one view, forward
+    assert t["bayesncl"] - t["ncl"] == pytest.approx(2 * (fwd + bwd), abs=1e-6)  # two views, fwd + bwd
+
+
+def test_forward_flops_follow_the_papers_table7_convention() -> None:
+    """ImageNet-100 recipe, ResNet-18 at 224 px: the paper reports 3.731 G (NCL) and 3.815 G
+    (BayesNCL); their difference is the gating head (16384-wide hidden layer)."""
+    from pathlib import Path
+
+    import bayesncl
+    from bayesncl.benchmark import flops_per_image
+    from bayesncl.config import build_config
+
+    recipes = Path(bayesncl.__file__).parent / "configs"
+    over = ["data.name=synthetic", "data.image_size=224"]  # no ImageNet on disk needed: shapes only
+    ncl = flops_per_image(build_config(recipes / "imagenet100-ncl.yaml", over)) / 1e9
+    bay = flops_per_image(build_config(recipes / "imagenet100-bayesncl.yaml", over)) / 1e9
+    assert ncl == pytest.approx(3.731, rel=0.01) and bay == pytest.approx(3.815, rel=0.01)
+    assert bay - ncl == pytest.approx(3.815 - 3.731, abs=1e-3)
+
+
+def test_text_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _run([*TINY, "--rounds", "1", "--no-augment-compare"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("images/s", "cl", "ncl", "bayesncl", "gate overhead", "FLOP", "fixed batch"):
+        assert needle in out
+    assert "per-sample" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--device", "cuda"], "no CUDA device is available"),
+        (["--batch-size", "6000"], "batch_size=6000 is larger than the 5000 training samples"),
+        (["--steps", "0"], "--steps=0: expected >= 1"),
+        (["model.bogus=1"], "unknown config key 'model.bogus'"),
+    ],
+)
+def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    import torch
+
+    if argv[:2] == ["--device", "cuda"] and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    base = [a for a in TINY if a not in ("--device", "cpu")] if argv[0] == "--device" else TINY
+    assert main([*base, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bayesncl: error:") and "\n" not in err and message in err
+
+
+def test_the_cli_registers_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    from bayesncl.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if "benchmark" not in sub.choices:
+        pytest.skip("cli.py does not register `benchmark` yet (docs/scaling.md gives the two lines)")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["benchmark", "--help"])
+    assert "--json" in capsys.readouterr().out
