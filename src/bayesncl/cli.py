@@ -63,7 +63,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         from bayesncl.config import parse_overrides, set_key, validate
 
         if not (Path(args.run_dir) / "config.yaml").exists():
-            raise RunDirError(f"--resume: {args.run_dir} holds no run (no config.yaml)")
+            raise RunDirError(f"--resume: no checkpoint {Path(args.run_dir) / 'last.pt'} to resume from")
         cfg = load_run_config(Path(args.run_dir))
         for key, value in parse_overrides(overrides).items():
             set_key(cfg, key, value)
