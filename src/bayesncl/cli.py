@@ -71,7 +71,10 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     else:
         cfg = build_config(resolve_config_path(args.config), overrides)
     run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
-    print(f"run dir: {run_dir}")
+    from bayesncl.distributed import is_main_process
+
+    if is_main_process():
+        print(f"run dir: {run_dir}")
     metrics = pretrain(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, evaluate=not args.no_eval)
     if metrics:
         from bayesncl.report import format_table
@@ -240,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="output directory (default runs/table<N>-<dataset>)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     p.set_defaults(func=cmd_reproduce)
+
+    from bayesncl.benchmark import add_benchmark_parser
+
+    add_benchmark_parser(sub)
     return parser
 
 

@@ -91,7 +91,7 @@ class TrainConfig:
     warmup_start_lr: float = 3e-5
     min_lr: float = 0.0
     probe_lr: float = 0.1  # online linear probe on sg(h)
-    precision: str = "auto"  # auto | fp32 | fp16 | bf16 (auto: fp16 on CUDA, fp32 on CPU)
+    precision: str = "auto"  # auto | fp32 | fp16 | bf16 (auto: bf16 on CUDA if supported, fp32 on CPU)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     channels_last: bool = False
     compile: bool = False

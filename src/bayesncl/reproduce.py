@@ -47,12 +47,27 @@ TABLES: dict[str, dict[str, Any]] = {
             ("LP@1", "linear_probe_acc1", "{:.2f}"),
         ],
         "paper": {
-            "cifar10": {"CL": 10.00, "NCL": 53.82, "NCL+TopK": 51.81, "BayesNCL (GS)": 53.68,
-                        "BayesNCL (STE)": 56.50},
-            "cifar100": {"CL": 1.00, "NCL": 9.91, "NCL+TopK": 12.32, "BayesNCL (GS)": 20.75,
-                         "BayesNCL (STE)": 22.02},
-            "imagenet100": {"CL": 1.00, "NCL": 14.93, "NCL+TopK": 14.27, "BayesNCL (GS)": 11.66,
-                            "BayesNCL (STE)": 36.14},
+            "cifar10": {
+                "CL": 10.00,
+                "NCL": 53.82,
+                "NCL+TopK": 51.81,
+                "BayesNCL (GS)": 53.68,
+                "BayesNCL (STE)": 56.50,
+            },
+            "cifar100": {
+                "CL": 1.00,
+                "NCL": 9.91,
+                "NCL+TopK": 12.32,
+                "BayesNCL (GS)": 20.75,
+                "BayesNCL (STE)": 22.02,
+            },
+            "imagenet100": {
+                "CL": 1.00,
+                "NCL": 14.93,
+                "NCL+TopK": 14.27,
+                "BayesNCL (GS)": 11.66,
+                "BayesNCL (STE)": 36.14,
+            },
         },
         "paper_key": "paper SC %",
     },
@@ -86,8 +101,13 @@ TABLES: dict[str, dict[str, Any]] = {
             ("LP@1", "linear_probe_acc1", "{:.2f}"),
         ],
         "paper": {
-            "imagenet100": {"full": 36.14, "soft gate": 33.15, "no detach": 22.29,
-                            "1-layer head": 40.85, "3-layer head": 26.37},
+            "imagenet100": {
+                "full": 36.14,
+                "soft gate": 33.15,
+                "no detach": 22.29,
+                "1-layer head": 40.85,
+                "3-layer head": 26.37,
+            },
         },
         "paper_key": "paper SC %",
     },
@@ -121,7 +141,9 @@ def table_configs(table: str, dataset: str, overrides: list[str]) -> dict[str, C
     if dataset not in DATASETS:
         raise ConfigError(f"--dataset {dataset!r}: expected one of {', '.join(DATASETS)}")
     return {
-        v.name: build_config(recipe_for(dataset, v.method), [f"method.name={v.method}", *v.overrides, *overrides])
+        v.name: build_config(
+            recipe_for(dataset, v.method), [f"method.name={v.method}", *v.overrides, *overrides]
+        )
         for v in TABLES[table]["variants"]
     }
 
@@ -153,8 +175,12 @@ def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[st
             m["pretrain_minutes"] = (time.time() - t0) / 60
             write_results(sub, "metrics", m, format_table({name: m}))
         if table == "2" and "knn_acc1" not in m:
-            full = evaluate_command(sub, retrieval_dims=None, knn=True, probe_seeds=spec.get("probe_seeds", 1))
-            m.update({k: full[k] for k in ("linear_probe_acc1", "linear_probe_acc5", "knn_acc1") if k in full})
+            full = evaluate_command(
+                sub, retrieval_dims=None, knn=True, probe_seeds=spec.get("probe_seeds", 1)
+            )
+            m.update(
+                {k: full[k] for k in ("linear_probe_acc1", "linear_probe_acc5", "knn_acc1") if k in full}
+            )
             write_results(sub, "metrics", m, format_table({name: m}))
         if table == "7" and "gflops_per_image" not in m:
             from bayesncl.benchmark import flops_per_image
