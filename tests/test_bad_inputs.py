@@ -59,7 +59,8 @@ ROWS: dict[str, str] = {
     "D6": E + "batch_size=500 is larger than the 96 training samples of synthetic: lower "
     "train.batch_size or raise data.train_subset",
     "D7": "(no error, exit 0: SC 100 %, entropies 0: a single class is trivially consistent)",
-    "D8": E + "linear_probe needs at least 2 classes in the train labels; got 1",
+    "D8": E + "imagefolder has 1 class: the end-of-training linear probe needs >= 2; "
+    "pass --no-eval or eval.probe=none",
     "D9": E + "features contain NaN or inf in 1 of 50 rows (first: row 3)",
     "C1": E + "unknown config key 'method.bogus'; did you mean method.rho, method.nonneg, method.topk?",
     "C2": E + "method.rho=1.5: expected 0 < rho < 1",
@@ -95,7 +96,8 @@ ROWS: dict[str, str] = {
     "K9": E + "<tmp>/nowhere: no such run dir or checkpoint file",
     "T1": E + "non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=…; the last good checkpoint "
     "<tmp>/run/last.pt is kept",
-    "T2": "bayesncl: interrupted: interrupted in epoch …; state saved to <tmp>/run/interrupted.pt",
+    "T2": "bayesncl: interrupted: stopped in epoch … at step …; state saved to <tmp>/run/interrupted.pt; "
+    "--resume continues from last.pt",
     "T3": "warning: gate collapse: 100% of rows have every gate closed",
 }
 
@@ -184,7 +186,7 @@ def test_single_class_pretrain(tmp_path: Path, capsys: pytest.CaptureFixture[str
     image_folder(tmp_path / "folder", classes=("only",), n=40)
     args = [*FOLDER, f"data.root={tmp_path}/folder"]
     expect("D8", cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, *args], capsys), tmp_path)
-    assert (tmp_path / "r" / "last.pt").exists()  # the trained model is kept
+    assert not (tmp_path / "r").exists()  # refused before anything is written
 
 
 def test_nan_features(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

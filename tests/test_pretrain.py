@@ -42,11 +42,13 @@ def test_two_epoch_smoke_pretrain_every_preset(tmp_path: Path, method: str) -> N
         "epoch-0001.pt",
         "epoch-0002.pt",
         "encoder.safetensors",
-        "backbone_torchvision.pt",
         "metrics.json",
         "metrics.md",
+        "top_activations.png",
     ):
         assert (run / name).exists(), name
+    assert not (run / "backbone_torchvision.pt").exists()  # small_cnn is no torchvision model
+    assert (run / "suppressed_features.png").exists() == method.startswith("bayesncl")
     rows = list(csv.DictReader((run / "log.csv").open()))
     assert [int(r["epoch"]) for r in rows] == [1, 2]
     assert int(rows[-1]["step"]) == 2 * (96 // 32)

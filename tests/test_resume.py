@@ -154,7 +154,8 @@ def test_sigint_saves_interrupted_pt_exits_130_and_resume_continues(tmp_path: Pa
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     saved = re.escape(str(run / "interrupted.pt"))
-    assert re.fullmatch(rf"bayesncl: interrupted: interrupted in epoch \d+; state saved to {saved}", lines[0])
+    assert re.fullmatch(rf"bayesncl: interrupted: stopped in epoch \d+ at step \d+; state saved to {saved}; "
+                        r"--resume continues from last\.pt", lines[0])
 
     interrupted = load_checkpoint_file(run / "interrupted.pt")
     last = load_checkpoint_file(run / "last.pt")

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+import torchvision
 import yaml
 from torch import Tensor, nn
 
@@ -44,7 +45,7 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
     write_log,
 )
 from bayesncl.config import Config, MethodConfig, config_from_dict, dump_yaml
-from bayesncl.data import build_train_loader, dataset_info, mix_seed
+from bayesncl.data import DataError, build_train_loader, dataset_info, mix_seed
 from bayesncl.distributed import resolve_device  # noqa: F401 - re-exported: train.resolve_device
 from bayesncl.models import ContrastiveModel, ModelOutput, build_model, contrastive_loss
 
@@ -288,6 +289,11 @@ def _pretrain(
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest kernels
     info = distributed.local_main_first(world, lambda: dataset_info(cfg.data))  # one download per node
+    if evaluate and cfg.eval.probe == "fast" and info.num_classes < 2:
+        raise DataError(
+            f"{cfg.data.name} has {info.num_classes} class: the end-of-training linear probe needs >= 2; "
+            "pass --no-eval or eval.probe=none"
+        )
     ckpt = distributed.run_on_main(lambda: prepare_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite))
 
     seed_everything(distributed.rank_seed(cfg.seed, world.rank))
@@ -360,7 +366,9 @@ def _pretrain(
                 means, stop = _global_means(sums / n_seen, interrupted["flag"])
                 if not math.isfinite(means[0]):
                     raise TrainingError(
-                        f"non-finite loss at step {state.step} (epoch {epoch + 1}): "
+                        # CPU checks every step; CUDA every 25 steps (no per-step host sync)
+                        f"non-finite loss {'at' if device.type == 'cpu' else 'detected by'} step "
+                        f"{state.step} (epoch {epoch + 1}): "
                         f"InfoNCE={float(stats[1]):.4g}, KL={float(stats[2]):.4g}; "
                         f"the last good checkpoint {run_dir / 'last.pt'} is kept"
                     )
@@ -377,7 +385,8 @@ def _pretrain(
             if world.is_main:
                 save_checkpoint(run_dir / "interrupted.pt", model, optimizer, scaler, state, cfg)
             raise KeyboardInterrupt(
-                f"interrupted in epoch {epoch + 1}; state saved to {run_dir / 'interrupted.pt'}"
+                f"stopped in epoch {epoch + 1} at step {state.step}; state saved to "
+                f"{run_dir / 'interrupted.pt'}; --resume continues from last.pt"
             )
         means, _ = _global_means(sums / max(n_seen, 1), False)
         row = {
@@ -440,14 +449,16 @@ def step_stats(
 
 
 def export_encoder(model: ContrastiveModel, run_dir: Path) -> None:
-    """Write ``encoder.safetensors`` (backbone, projector, gating head) and the backbone alone as a
-    torchvision-loadable state dict ``backbone_torchvision.pt`` (load with ``strict=False``: no fc)."""
+    """Write ``encoder.safetensors`` (backbone, projector, gating head) and, for ResNets, the backbone
+    alone as a torchvision-loadable state dict ``backbone_torchvision.pt`` (no fc: see README)."""
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     tmp = run_dir / ".encoder.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "bayesncl-encoder-v1"})
     os.replace(tmp, run_dir / "encoder.safetensors")
+    if not isinstance(model.backbone, torchvision.models.ResNet):
+        return  # small_cnn is not a torchvision model
     atomic_save(
         {k: v.detach().cpu() for k, v in model.backbone.state_dict().items()},
         run_dir / "backbone_torchvision.pt",
