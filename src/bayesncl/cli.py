@@ -140,6 +140,13 @@ _LOAD_OVERRIDES_HELP = (
 )
 
 
+def cmd_dynamics(args: argparse.Namespace) -> int:
+    from bayesncl.evaluation.dynamics import dynamics_command
+
+    dynamics_command(args.run_dir, samples=args.samples, every=args.every)
+    return 0
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from bayesncl.reproduce import reproduce
 
@@ -243,6 +250,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="output directory (default runs/table<N>-<dataset>)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     p.set_defaults(func=cmd_reproduce)
+
+    p = sub.add_parser(
+        "dynamics",
+        help="gradient dynamics (paper Table 3): Spearman AF-GV, GV-SC, AF-SC per checkpoint",
+        description="For every periodic checkpoint epoch-NNNN.pt of a run: activation frequency and "
+        "semantic consistency per dim on the test split, gradient variance per dim on augmented train "
+        "views, and their Spearman correlations. Writes dynamics.json/.md/.png (protocol: "
+        "docs/metrics.md).",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--samples", type=int, default=1024, help="train images for the gradient variance")
+    p.add_argument("--every", type=int, default=1, help="use every N-th periodic checkpoint (default 1)")
+    p.set_defaults(func=cmd_dynamics)
 
     from bayesncl.benchmark import add_benchmark_parser
 

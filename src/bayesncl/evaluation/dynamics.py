@@ -1,0 +1,148 @@
+"""Gradient dynamics (BayesNCL paper Table 3): how activation frequency, gradient variance and
+semantic consistency of each feature dimension relate, checkpoint by checkpoint.
+
+Protocol (the paper gives none; this is ours, also in docs/metrics.md):
+
+- For each periodic checkpoint ``epoch-NNNN.pt`` of a run (``train.checkpoint_every``; the
+  paper looks every 10 epochs), with the model in eval mode (no BatchNorm statistics change):
+- **AF_k** (activation frequency): fraction of *test* samples with z̃_k > 0, z̃ the evaluation
+  features of PAPER-NOTES §3.
+- **GV_k** (gradient variance): variance over samples of ∂L/∂z_k, L the training loss
+  (InfoNCE + λ·KL) on two augmented views of the first ``samples`` *train* images (epoch-0
+  augmentation, batches of ``train.batch_size``), z the non-negative projector output. The loss
+  is a mean over the 2B rows, so each row's gradient is rescaled by 2B (per-sample gradients).
+- **SC_k**: per-dimension semantic consistency on the test features (``bayesncl.metrics``).
+- Spearman correlations AF–GV, GV–SC and AF–SC over the dims where all three are defined (dims
+  that fire on the test split).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bayesncl.config import Config
+from bayesncl.models import ContrastiveModel, contrastive_loss
+
+
+def per_dim_gradient_variance(
+    model: ContrastiveModel, loader: Any, cfg: Config, samples: int
+) -> np.ndarray:
+    """GV_k: variance over samples of ∂L/∂z_k. loader yields ``(x1, x2, y)``. returns (D,) float64."""
+    was_training = model.training
+    model.eval()
+    grads = []
+    seen = 0
+    for x1, x2, _ in loader:
+        out = model(torch.cat([x1, x2]))
+        out.z.retain_grad()
+        loss, _ = contrastive_loss(out, cfg.method)
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        assert out.z.grad is not None
+        grads.append((out.z.grad * out.z.shape[0]).double().cpu())
+        seen += x1.shape[0]
+        if seen >= samples:
+            break
+    model.zero_grad(set_to_none=True)
+    model.train(was_training)
+    g = torch.cat(grads)
+    return g.var(dim=0, unbiased=False).numpy()
+
+
+def dynamics_correlations(af: np.ndarray, gv: np.ndarray, sc: np.ndarray) -> dict[str, float]:
+    """Spearman correlations over dims where AF > 0 and SC is defined. Inputs (D,); returns
+    ``{"AF-GV", "GV-SC", "AF-SC", "dims"}`` (NaN correlation when fewer than 3 dims qualify)."""
+    from scipy.stats import spearmanr
+
+    keep = (af > 0) & np.isfinite(sc) & np.isfinite(gv)
+    out: dict[str, float] = {"dims": int(keep.sum())}
+    for name, a, b in (("AF-GV", af, gv), ("GV-SC", gv, sc), ("AF-SC", af, sc)):
+        if keep.sum() < 3 or np.ptp(a[keep]) == 0 or np.ptp(b[keep]) == 0:
+            out[name] = float("nan")  # undefined for fewer than 3 dims or a constant input
+        else:
+            out[name] = float(spearmanr(a[keep], b[keep]).statistic)
+    return out
+
+
+def checkpoint_epochs(run_dir: Path) -> list[tuple[int, Path]]:
+    """Periodic checkpoints ``epoch-NNNN.pt`` of a run, sorted by epoch."""
+    found = []
+    for p in run_dir.glob("epoch-*.pt"):
+        m = re.fullmatch(r"epoch-(\d+)\.pt", p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1) -> dict[str, Any]:
+    """``bayesncl dynamics RUN_DIR``: the Table 3 correlations for every ``every``-th periodic
+    checkpoint; writes ``dynamics.json``, ``dynamics.md`` and ``dynamics.png`` into the run dir.
+
+    Raises EvalError if the run dir has no periodic checkpoints.
+    """
+    from bayesncl.data import build_eval_loader, build_train_loader
+    from bayesncl.evaluation import EvalError
+    from bayesncl.evaluation.metrics import semantic_consistency_per_dim
+    from bayesncl.evaluation.pipeline import extract_features, load_trained
+    from bayesncl.report import write_results
+
+    run = Path(run_dir)
+    ckpts = checkpoint_epochs(run)[:: max(every, 1)]
+    if not ckpts:
+        raise EvalError(f"{run} holds no periodic checkpoints epoch-NNNN.pt (train.checkpoint_every > 0)")
+    rows: list[dict[str, Any]] = []
+    for epoch, path in ckpts:
+        model, cfg, _ = load_trained(path)
+        device = next(model.parameters()).device
+        test = extract_features(
+            model, build_eval_loader(cfg.data, "test", cfg.eval.batch_size, device=device), device,
+            keys=("features",),
+        )
+        f = test["features"]
+        af = (f > 0).mean(0)
+        sc = semantic_consistency_per_dim(f, test["labels"])
+        loader = build_train_loader(
+            cfg.data, min(cfg.train.batch_size, samples), seed=cfg.seed, device=device
+        )
+        loader.set_epoch(0)
+        gv = per_dim_gradient_variance(model, loader, cfg, samples)
+        corr = dynamics_correlations(af, gv, np.asarray(sc, dtype=np.float64))
+        rows.append({"epoch": epoch, **corr, "mean_AF": float(af.mean()), "mean_GV": float(gv.mean())})
+        print(f"epoch {epoch}: " + ", ".join(f"{k}={v:.3f}" for k, v in corr.items() if k != "dims"))
+    header = "| epoch | AF–GV | GV–SC | AF–SC | dims |\n|---:|---:|---:|---:|---:|"
+    md = "\n".join(
+        [header]
+        + [f"| {r['epoch']} | {r['AF-GV']:.3f} | {r['GV-SC']:.3f} | {r['AF-SC']:.3f} | {r['dims']} |" for r in rows]
+    )
+    result = {"protocol": __doc__.split("Protocol")[1].strip() if __doc__ else "", "rows": rows}
+    write_results(run, "dynamics", result, md, header="Gradient dynamics: Spearman correlations per checkpoint")
+    _plot(rows, run / "dynamics.png")
+    print(md)
+    return result
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    epochs = [r["epoch"] for r in rows]
+    for key in ("AF-GV", "GV-SC", "AF-SC"):
+        ax.plot(epochs, [r[key] for r in rows], marker="o", label=key)
+    ax.axhline(0, color="gray", lw=0.5)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("Spearman ρ")
+    ax.set_title("Gradient dynamics")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
