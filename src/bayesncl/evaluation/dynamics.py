@@ -29,9 +29,7 @@ from bayesncl.config import Config
 from bayesncl.models import ContrastiveModel, contrastive_loss
 
 
-def per_dim_gradient_variance(
-    model: ContrastiveModel, loader: Any, cfg: Config, samples: int
-) -> np.ndarray:
+def per_dim_gradient_variance(model: ContrastiveModel, loader: Any, cfg: Config, samples: int) -> np.ndarray:
     """GV_k: variance over samples of ∂L/∂z_k. loader yields ``(x1, x2, y)``. returns (D,) float64."""
     was_training = model.training
     model.eval()
@@ -100,7 +98,9 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
         model, cfg, _ = load_trained(path)
         device = next(model.parameters()).device
         test = extract_features(
-            model, build_eval_loader(cfg.data, "test", cfg.eval.batch_size, device=device), device,
+            model,
+            build_eval_loader(cfg.data, "test", cfg.eval.batch_size, device=device),
+            device,
             keys=("features",),
         )
         f = test["features"]
@@ -117,10 +117,15 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
     header = "| epoch | AF–GV | GV–SC | AF–SC | dims |\n|---:|---:|---:|---:|---:|"
     md = "\n".join(
         [header]
-        + [f"| {r['epoch']} | {r['AF-GV']:.3f} | {r['GV-SC']:.3f} | {r['AF-SC']:.3f} | {r['dims']} |" for r in rows]
+        + [
+            f"| {r['epoch']} | {r['AF-GV']:.3f} | {r['GV-SC']:.3f} | {r['AF-SC']:.3f} | {r['dims']} |"
+            for r in rows
+        ]
     )
     result = {"protocol": __doc__.split("Protocol")[1].strip() if __doc__ else "", "rows": rows}
-    write_results(run, "dynamics", result, md, header="Gradient dynamics: Spearman correlations per checkpoint")
+    write_results(
+        run, "dynamics", result, md, header="Gradient dynamics: Spearman correlations per checkpoint"
+    )
     _plot(rows, run / "dynamics.png")
     print(md)
     return result
