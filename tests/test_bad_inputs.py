@@ -21,25 +21,13 @@ from bayesncl.cli import main
 from bayesncl.config import build_config
 from bayesncl.train import pretrain
 
+from .tiny import TINY_BASE
+
 TESTS = Path(__file__).parent
 DOC = TESTS.parent / "docs" / "bad-inputs.md"
 E = "bayesncl: error: "
 
-TINY = [
-    "data.name=synthetic",
-    "data.train_subset=96",
-    "data.test_subset=60",
-    "data.image_size=16",
-    "model.backbone=small_cnn",
-    "model.proj_hidden=32",
-    "model.proj_dim=16",
-    "train.epochs=1",
-    "train.batch_size=32",
-    "train.warmup_epochs=1",
-    "train.progress=false",
-    "train.device=cpu",
-    "eval.batch_size=64",
-]
+TINY = [*TINY_BASE, "train.epochs=1"]
 FOLDER = ["data.name=imagefolder", "data.train_subset=0", "data.test_subset=0"]
 
 LAYOUT = "expected <split>/<class>/<image files> (ImageFolder layout)"

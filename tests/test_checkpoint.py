@@ -31,21 +31,9 @@ from bayesncl.models import build_model
 from bayesncl.official import infer_official_config, load_official_checkpoint, official_state_dict
 from bayesncl.train import export_encoder, pretrain
 
-TINY = [
-    "data.name=synthetic",
-    "data.train_subset=96",
-    "data.test_subset=60",
-    "data.image_size=16",
-    "model.backbone=small_cnn",
-    "model.proj_hidden=32",
-    "model.proj_dim=16",
-    "train.epochs=1",
-    "train.batch_size=32",
-    "train.warmup_epochs=1",
-    "train.progress=false",
-    "train.device=cpu",
-    "eval.batch_size=64",
-]
+from .tiny import TINY_BASE
+
+TINY = [*TINY_BASE, "train.epochs=1"]
 
 
 def one_line_error(err: str) -> str:

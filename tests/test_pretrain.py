@@ -13,21 +13,9 @@ from bayesncl.cli import main
 from bayesncl.config import build_config
 from bayesncl.train import pretrain
 
-TINY = [
-    "data.name=synthetic",
-    "data.train_subset=96",
-    "data.test_subset=60",
-    "data.image_size=16",
-    "model.backbone=small_cnn",
-    "model.proj_hidden=32",
-    "model.proj_dim=16",
-    "train.epochs=2",
-    "train.batch_size=32",
-    "train.warmup_epochs=1",
-    "train.progress=false",
-    "train.device=cpu",
-    "eval.batch_size=64",
-]
+from .tiny import TINY_BASE
+
+TINY = [*TINY_BASE, "train.epochs=2"]
 
 
 @pytest.mark.parametrize("method", ["cl", "ncl", "ncl-topk", "bayesncl", "bayesncl-gs"])

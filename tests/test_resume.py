@@ -32,22 +32,9 @@ from bayesncl.config import build_config
 from bayesncl.evaluation.pipeline import load_trained
 from bayesncl.train import TrainingError, pretrain
 
-TINY = [
-    "data.name=synthetic",
-    "data.train_subset=96",
-    "data.test_subset=60",
-    "data.image_size=16",
-    "model.backbone=small_cnn",
-    "model.proj_hidden=32",
-    "model.proj_dim=16",
-    "train.batch_size=32",
-    "train.warmup_epochs=1",
-    "train.progress=false",
-    "train.device=cpu",
-    "eval.batch_size=64",
-    "method.name=bayesncl",
-    "method.lam=0.01",
-]
+from .tiny import TINY_BASE
+
+TINY = [*TINY_BASE, "method.name=bayesncl", "method.lam=0.01"]
 
 # `bayesncl` with every loss computation delayed by argv[1] seconds, so that a test can signal the
 # process at a known point of training. The delay changes no number: runs stay bit-identical.

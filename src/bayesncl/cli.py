@@ -116,6 +116,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         knn=not args.no_knn,
         overrides=args.overrides,
         probe_seeds=args.probe_seeds,
+        probe=args.probe,
+        probe_epochs=args.probe_epochs,
     )
     return 0
 
@@ -234,6 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retrieval-dims", help="comma-separated K list (default 32,64,...,D)")
     p.add_argument("--no-knn", action="store_true", help="skip the kNN classifier")
     p.add_argument("--probe-seeds", type=int, default=1, help="linear probe seeds; mean ± std (default 1)")
+    p.add_argument(
+        "--probe", choices=("fast", "paper"), default="fast",
+        help="fast: L-BFGS on precomputed h (CPU-friendly); paper: LARS, crops+flips, --probe-epochs (GPU)",
+    )
+    p.add_argument("--probe-epochs", type=int, default=50, help="epochs of the paper probe (default 50)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help=_LOAD_OVERRIDES_HELP)
     p.set_defaults(func=cmd_evaluate)
 

@@ -58,6 +58,7 @@ each epoch (like ``DistributedSampler``); iterating twice without it replays the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gzip
 import logging
@@ -987,8 +988,12 @@ def build_train_loader(
     device: torch.device | str,
     rank: int = 0,
     world_size: int = 1,
+    crop_flip_only: bool = False,
 ) -> TwoViewLoader:
     """The two-view training loader of ``cfg`` (a DataConfig): resident or per-sample (see module doc).
+
+    ``crop_flip_only``: random resized crop and horizontal flip only (no colour jitter, grayscale
+    or blur): the augmentation of the paper's linear-probe protocol (PAPER-NOTES §2).
 
     Raises DataError for missing data, ``batch_size < 2`` or ``batch_size`` larger than this
     rank's share of the training split.
@@ -1009,6 +1014,8 @@ def build_train_loader(
             f"lower train.batch_size or raise data.train_subset"
         )
     spec = augment_spec(cfg, info)
+    if crop_flip_only:
+        spec = dataclasses.replace(spec, jitter_p=0.0, gray_p=0.0, blur_p=0.0)
     skip = bool(_cfg_get(cfg, "skip_corrupt", False))
     kw = dict(seed=seed, device=device, rank=rank, world_size=world_size)
     labels = torch.from_numpy(data.labels.copy())

@@ -262,6 +262,8 @@ def evaluate_command(
     knn: bool = True,
     overrides: list[str] | None = None,
     probe_seeds: int = 1,
+    probe: str = "fast",
+    probe_epochs: int = 50,
 ) -> dict[str, Any]:
     """``bayesncl evaluate``: features → metrics, linear probe (mean ± std over ``probe_seeds``),
     kNN, retrieval with feature selection, feature-selection probe, and the figures.
@@ -285,10 +287,16 @@ def evaluate_command(
     )
     result: dict[str, Any] = compute_all(test["features"], test["labels"], retrieval_dims=dims)
     seeds = [cfg.seed + i for i in range(probe_seeds)]
-    probe = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=seeds)
-    result["linear_probe_acc1"], result["linear_probe_acc5"] = probe["acc1"], probe["acc5"]
-    result["linear_probe_acc1_std"], result["linear_probe_acc5_std"] = probe["acc1_std"], probe["acc5_std"]
+    if probe == "paper":
+        from bayesncl.evaluation.paper_probe import paper_linear_probe
+
+        lp = paper_linear_probe(model, cfg, epochs=probe_epochs, seeds=seeds)
+    else:
+        lp = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=seeds)
+    result["linear_probe_acc1"], result["linear_probe_acc5"] = lp["acc1"], lp["acc5"]
+    result["linear_probe_acc1_std"], result["linear_probe_acc5_std"] = lp["acc1_std"], lp["acc5_std"]
     result["linear_probe_seeds"] = seeds
+    result["linear_probe_protocol"] = lp["protocol"]
     k_sel = min(cfg.eval.retrieval_dims or [min(64, d)])
     fs = feature_selection_probe(train["features"], train["labels"], test["features"], test["labels"], k_sel)
     result["feature_selection_probe"] = {"k": k_sel, "acc1": fs["acc1"], "acc5": fs["acc5"]}

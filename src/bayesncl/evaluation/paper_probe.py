@@ -1,0 +1,112 @@
+"""The paper's linear-probe protocol (PAPER-NOTES §2): a linear classifier on the frozen backbone
+features h, trained for 50 epochs with LARS (lr 0.4 × batch/256, momentum 0.9, η 0.02), batch 256,
+linear-warmup cosine schedule stepped per iteration, on the train split with random resized crops
+and horizontal flips; Acc@1/Acc@5 on the test split, mean ± std over seeds.
+
+It runs the backbone on every augmented batch, so it is meant for GPUs; ``fast`` mode
+(``bayesncl.evaluation.probe.linear_probe``) is the CPU alternative. The backbone stays in eval
+mode and is checked to be unchanged afterwards, BatchNorm statistics included (MoCo v3's sanity
+check). Weight decay is not given by the paper; we use 0.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+from torch import nn
+
+from bayesncl.config import Config
+from bayesncl.models import ContrastiveModel
+
+
+def _snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+@torch.no_grad()
+def _accuracy(backbone: nn.Module, clf: nn.Linear, loader: Any, num_classes: int) -> tuple[float, float]:
+    top1 = top5 = n = 0
+    k = min(5, num_classes)
+    for x, y, _ in loader:
+        logits = clf(backbone(x).float())
+        pred = logits.topk(k, dim=1).indices
+        y = y.to(pred.device)
+        top1 += int((pred[:, 0] == y).sum())
+        top5 += int((pred == y[:, None]).any(1).sum())
+        n += len(y)
+    return 100.0 * top1 / max(n, 1), 100.0 * top5 / max(n, 1)
+
+
+def paper_linear_probe(
+    model: ContrastiveModel,
+    cfg: Config,
+    *,
+    epochs: int = 50,
+    seeds: list[int] | None = None,
+    batch_size: int = 256,
+    base_lr: float = 0.4,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train and test a linear probe on frozen h with the paper protocol.
+
+    returns: ``{"acc1", "acc5", "acc1_std", "acc5_std", "per_seed", "protocol"}`` (percent).
+    Raises RuntimeError if the backbone changed during probing (it must not).
+    """
+    from timm.optim import Lars
+
+    from bayesncl.data import build_eval_loader, build_train_loader, dataset_info
+    from bayesncl.train import warmup_cosine
+
+    seeds = seeds or [cfg.seed]
+    device = next(model.parameters()).device
+    backbone = model.backbone.eval()
+    before = _snapshot(backbone)
+    info = dataset_info(cfg.data)
+    test_loader = build_eval_loader(cfg.data, "test", cfg.eval.batch_size, device=device)
+    per_seed = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        clf = nn.Linear(model.h_dim, info.num_classes).to(device)
+        lr = base_lr * batch_size / 256
+        opt = Lars(
+            [{"params": clf.parameters(), "weight_decay": 0.0, "always_adapt": True}],
+            lr=lr, momentum=0.9, trust_coeff=0.02, trust_clip=True,
+        )
+        loader = build_train_loader(cfg.data, batch_size, seed=seed, device=device, crop_flip_only=True)
+        schedule = warmup_cosine(lr, epochs * len(loader), round(0.1 * epochs) * len(loader), start=3e-5)
+        step = 0
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            it = loader
+            if progress:
+                from tqdm.auto import tqdm
+
+                it = tqdm(loader, desc=f"paper probe seed {seed} epoch {epoch + 1}/{epochs}", leave=False)
+            for x1, _, y in it:
+                for g in opt.param_groups:
+                    g["lr"] = float(schedule[step])
+                with torch.no_grad():
+                    h = backbone(x1).float()
+                loss = nn.functional.cross_entropy(clf(h), y.to(device))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                step += 1
+        acc1, acc5 = _accuracy(backbone, clf, test_loader, info.num_classes)
+        per_seed.append({"seed": seed, "acc1": acc1, "acc5": acc5})
+    after = _snapshot(backbone)
+    if any(not torch.equal(before[k], after[k]) for k in before):
+        raise RuntimeError("the frozen backbone changed during linear probing (it must not)")
+    a1 = [r["acc1"] for r in per_seed]
+    a5 = [r["acc5"] for r in per_seed]
+    return {
+        "acc1": statistics.fmean(a1),
+        "acc5": statistics.fmean(a5),
+        "acc1_std": statistics.pstdev(a1),
+        "acc5_std": statistics.pstdev(a5),
+        "per_seed": per_seed,
+        "protocol": f"paper: LARS lr {base_lr}x batch/256, batch {batch_size}, {epochs} epochs, "
+        "warmup-cosine, crops+flips, frozen h",
+    }
