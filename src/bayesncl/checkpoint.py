@@ -231,7 +231,7 @@ def _show(v: Any) -> str:
 
 
 def describe_config_diff(old: Config, new: Config) -> str:
-    """``"key: old -> new; ..."`` for every key (but ``train.epochs``) whose value differs."""
+    """``"key: old -> new; ..."`` for every key whose value differs (but the resume-free keys)."""
     fo, fn = _flat(old.to_dict()), _flat(new.to_dict())
     return "; ".join(f"{k}: {_show(fo.get(k))} -> {_show(fn.get(k))}" for k in diff_configs(old, new))
 
@@ -258,6 +258,22 @@ def _check_writable(run_dir: Path) -> None:
     except OSError as e:
         reason = e.strerror or _first_line(e)
         raise RunDirError(f"run dir {run_dir} is not writable ({reason}: {probe})") from None
+
+
+# What a run writes into its run dir; --overwrite removes these (and nothing else) first.
+RUN_ARTIFACTS = (
+    "config.yaml", "log.csv", "last.pt", "interrupted.pt", "epoch-*.pt", "encoder.safetensors",
+    "backbone_torchvision.pt", "metrics.json", "metrics.md", "evaluation.json", "evaluation.md",
+    "features_*.npz", "*.png", "dynamics.json", "dynamics.md",
+)
+
+
+def clear_run_artifacts(run_dir: Path) -> None:
+    """Remove a previous run's files (``RUN_ARTIFACTS``) so an --overwrite run is not mixed with it."""
+    for pattern in RUN_ARTIFACTS:
+        for p in Path(run_dir).glob(pattern):
+            if p.is_file():
+                p.unlink()
 
 
 def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
@@ -292,7 +308,8 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
         if diff:
             raise RunDirError(
                 f"--resume: the config differs from the run's in: {diff} (run's -> now); resume with "
-                "the run's config (no key=value overrides) or start a new --run-dir"
+                "the run's config (only train.epochs, train.progress, train.checkpoint_every, "
+                "data.num_workers, data.root and eval.* may change) or start a new --run-dir"
             )
         for pattern in _STALE_TMP_GLOBS:
             for stale in run_dir.glob(pattern):

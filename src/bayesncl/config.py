@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field
@@ -188,6 +189,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if origin is list:
         if isinstance(value, str):
             value = [v for v in value.replace(" ", "").split(",") if v]
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = [value]  # key=64 means [64]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}={value!r}: expected a list")
         return [_coerce(key, v, args[0]) for v in value]
@@ -211,12 +214,17 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if tp is float:
             if isinstance(value, bool):
                 raise ValueError
-            return float(value)
+            f = float(value)
+            if not math.isfinite(f):
+                raise ConfigError(f"{key}={value!r}: expected a finite number")
+            return f
         if tp is str:
             if isinstance(value, bool):
                 return "true" if value else "false"
             return str(value)
-    except (TypeError, ValueError):
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{key}={value!r}: expected {tp.__name__}") from None
     raise ConfigError(f"{key}: unsupported type {tp}")
 
@@ -344,6 +352,13 @@ def validate(cfg: Config) -> None:
     _check(t.base_lr > 0, f"train.base_lr={t.base_lr}: expected > 0")
     _check(t.weight_decay >= 0, f"train.weight_decay={t.weight_decay}: expected >= 0")
     _check(t.warmup_epochs >= 0, f"train.warmup_epochs={t.warmup_epochs}: expected >= 0")
+    _check(0.0 <= t.momentum < 1.0, f"train.momentum={t.momentum}: expected 0 <= momentum < 1")
+    _check(t.lars_eta > 0, f"train.lars_eta={t.lars_eta}: expected > 0")
+    _check(t.probe_lr > 0, f"train.probe_lr={t.probe_lr}: expected > 0")
+    _check(t.min_lr >= 0, f"train.min_lr={t.min_lr}: expected >= 0")
+    _check(t.warmup_start_lr >= 0, f"train.warmup_start_lr={t.warmup_start_lr}: expected >= 0")
+    _check(0.0 <= d.blur_prob <= 1.0, f"data.blur_prob={d.blur_prob}: expected 0 <= p <= 1")
+    _check(cfg.eval.batch_size >= 1, f"eval.batch_size={cfg.eval.batch_size}: expected >= 1")
     _check(t.checkpoint_every >= 0, f"train.checkpoint_every={t.checkpoint_every}: expected >= 0")
     _check(d.image_size >= 0, f"data.image_size={d.image_size}: expected >= 0 (0 = native)")
     _check(d.train_subset >= 0, f"data.train_subset={d.train_subset}: expected >= 0")
@@ -364,7 +379,20 @@ def dump_yaml(cfg: Config) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 
-def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = ("train.epochs",)) -> list[str]:
-    """Dotted keys whose values differ between two configs (used to refuse a mismatched resume)."""
+# Keys that may change on --resume. All but train.epochs leave the trained weights as they would be;
+# a larger train.epochs is the way to train longer (the lr schedule is recomputed for the new length).
+RESUME_FREE_KEYS: tuple[str, ...] = (
+    "train.epochs", "train.progress", "train.checkpoint_every", "data.num_workers", "data.root", "eval.",
+)
+
+
+def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = RESUME_FREE_KEYS) -> list[str]:
+    """Dotted keys whose values differ between two configs (used to refuse a mismatched resume).
+
+    ``ignore``: keys, or prefixes ending in ``.``, left out of the comparison."""
     fa, fb = _flatten(a.to_dict()), _flatten(b.to_dict())
-    return [k for k in fa if k not in ignore and fa[k] != fb.get(k)]
+
+    def ignored(k: str) -> bool:
+        return any(k == i or (i.endswith(".") and k.startswith(i)) for i in ignore)
+
+    return [k for k in fa if not ignored(k) and fa[k] != fb.get(k)]

@@ -59,7 +59,7 @@ def run_demo(run_dir: Path | None, overrides: list[str], quick: bool = False) ->
     c = next(iter(configs.values()))
     header = (
         f"NCL vs BayesNCL on {c.data.name} ({c.data.train_subset or 'all'} train images, "
-        f"{c.train.epochs} epochs, {c.model.backbone}, D={c.model.proj_dim}; "
+        f"{c.train.epochs} epoch(s), {c.model.backbone}, D={c.model.proj_dim}; "
         f"BayesNCL rho={configs['bayesncl'].method.rho}, lambda={configs['bayesncl'].method.lam}). "
         "Test split; SC in %, entropies in nats, LP@1 = fast linear probe on frozen h."
     )

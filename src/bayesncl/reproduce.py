@@ -149,7 +149,8 @@ def table_configs(table: str, dataset: str, overrides: list[str]) -> dict[str, C
 
 
 def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+    """``"BayesNCL (GS)"`` → ``"bayesncl-gs"``."""
+    return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
 
 
 def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[str]) -> dict[str, Any]:
@@ -165,6 +166,16 @@ def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[st
         sub = run_dir / _slug(name)
         done = sub / "metrics.json"
         if done.exists():
+            from bayesncl.checkpoint import RunDirError
+            from bayesncl.config import diff_configs
+            from bayesncl.train import load_run_config
+
+            changed = diff_configs(load_run_config(sub), cfg, ignore=("train.progress", "eval."))
+            if changed:
+                raise RunDirError(
+                    f"{sub} holds a finished run with other settings ({', '.join(changed)}); "
+                    "use another --run-dir for the new settings"
+                )
             print(f"== {name}: reusing {done}")
             m = json.loads(done.read_text())
         else:

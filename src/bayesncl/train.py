@@ -23,7 +23,7 @@ import os
 import signal
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,6 +38,7 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
     RunDirError,
     TrainState,
     atomic_save,
+    clear_run_artifacts,
     prepare_run_dir,
     save_checkpoint,
     seed_everything,
@@ -277,6 +278,7 @@ def pretrain(
     try:
         return _pretrain(cfg, Path(run_dir), world, resume=resume, overwrite=overwrite, evaluate=evaluate)
     finally:
+        _restore_sigint()
         world.close()
 
 
@@ -336,8 +338,10 @@ def _pretrain(
             set_rng_state(ckpt["rng"])
         else:  # the checkpoint holds rank 0's RNG; the other ranks restart their own stream
             seed_everything(mix_seed(distributed.rank_seed(cfg.seed, world.rank), state.step))
-    elif world.is_main:
+    if world.is_main:  # fresh run, or a resume that may have extended train.epochs
         run_dir.mkdir(parents=True, exist_ok=True)
+        if ckpt is None and overwrite:
+            clear_run_artifacts(run_dir)
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))
 
     step_model = wrap_for_training(model, cfg, world)
@@ -370,7 +374,12 @@ def _pretrain(
                         f"non-finite loss {'at' if device.type == 'cpu' else 'detected by'} step "
                         f"{state.step} (epoch {epoch + 1}): "
                         f"InfoNCE={float(stats[1]):.4g}, KL={float(stats[2]):.4g}; "
-                        f"the last good checkpoint {run_dir / 'last.pt'} is kept"
+                        + (
+                            f"the last good checkpoint {run_dir / 'last.pt'} is kept"
+                            if (run_dir / "last.pt").exists()
+                            else "no epoch had finished, so there is no checkpoint: fix the cause and "
+                            "rerun with --overwrite"
+                        )
                     )
                 if hasattr(bar, "set_postfix"):
                     post = {"loss": f"{means[0]:.3f}", "kl": f"{means[2]:.2f}"}
@@ -386,7 +395,12 @@ def _pretrain(
                 save_checkpoint(run_dir / "interrupted.pt", model, optimizer, scaler, state, cfg)
             raise KeyboardInterrupt(
                 f"stopped in epoch {epoch + 1} at step {state.step}; state saved to "
-                f"{run_dir / 'interrupted.pt'}; --resume continues from last.pt"
+                f"{run_dir / 'interrupted.pt'}; "
+                + (
+                    "--resume continues from last.pt"
+                    if (run_dir / "last.pt").exists()
+                    else "no epoch had finished: rerun with --overwrite to start again"
+                )
             )
         means, _ = _global_means(sums / max(n_seen, 1), False)
         row = {
@@ -414,6 +428,7 @@ def _pretrain(
         if every and state.epoch % every == 0:
             save_checkpoint(run_dir / f"epoch-{state.epoch:04d}.pt", model, optimizer, scaler, state, cfg)
 
+    _restore_sigint()
     if not world.is_main:
         return {}
     export_encoder(model, run_dir)
@@ -483,8 +498,12 @@ def _progress(loader: Any, epoch: int, cfg: Config, world: distributed.World) ->
     )
 
 
+_PREVIOUS_SIGINT: list[Any] = []
+
+
 def _install_sigint() -> dict[str, bool]:
-    """First Ctrl-C: finish the current step, save ``interrupted.pt`` and stop cleanly."""
+    """First Ctrl-C during the epochs: finish the current step, save ``interrupted.pt`` and stop
+    cleanly. :func:`_restore_sigint` puts the previous handler back (evaluation is interruptible)."""
     flag = {"flag": False}
     try:
         previous = signal.getsignal(signal.SIGINT)
@@ -494,6 +513,14 @@ def _install_sigint() -> dict[str, bool]:
             signal.signal(signal.SIGINT, previous)
 
         signal.signal(signal.SIGINT, handler)
+        _PREVIOUS_SIGINT.append(previous)
     except ValueError:  # not the main thread
         pass
     return flag
+
+
+def _restore_sigint() -> None:
+    while _PREVIOUS_SIGINT:
+        previous = _PREVIOUS_SIGINT.pop()
+        with suppress(ValueError):
+            signal.signal(signal.SIGINT, previous)

@@ -235,24 +235,34 @@ def extract_command(
     """``bayesncl extract``: write ``features_<split>.npz`` (see docs/architecture.md).
 
     ``overrides``: see :func:`load_trained` (official checkpoints need ``data.name=...``)."""
-    from bayesncl.evaluation.io import save_features
+    from bayesncl.evaluation import EvalError
 
+    if out is not None and Path(out).is_dir():
+        raise EvalError(f"--out {out} is a directory; give a file name such as {Path(out) / 'features.npz'}")
     model, cfg, out_dir = load_trained(source, overrides=overrides)
     device = next(model.parameters()).device
     arrays = extract_features(
         model, build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device), device
     )
-    info = dataset_info(cfg.data)
+    path = Path(out) if out else out_dir / f"features_{split}.npz"
+    save_split_features(path, arrays, cfg, split, source)
+    return path
+
+
+def save_split_features(
+    path: Path, arrays: dict[str, np.ndarray], cfg: Config, split: str, source: str | Path
+) -> None:
+    """Write the ONE features file of a split (docs/architecture.md), with its metadata."""
+    from bayesncl.evaluation.io import save_features
+
     meta = {
         "method": cfg.method.name,
         "dataset": cfg.data.name,
         "split": split,
-        "class_names": list(info.class_names),
+        "class_names": list(dataset_info(cfg.data).class_names),
         "source": str(source),
     }
-    path = Path(out) if out else out_dir / f"features_{split}.npz"
     save_features(path, meta=meta, **arrays)
-    return path
 
 
 def evaluate_command(
@@ -278,6 +288,7 @@ def evaluate_command(
     device = next(model.parameters()).device
     bs = cfg.eval.batch_size
     test = extract_features(model, build_eval_loader(cfg.data, "test", bs, device=device), device)
+    save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
     train = extract_features(
         model, build_eval_loader(cfg.data, "train", bs, device=device), device, keys=("h", "features")
     )

@@ -1,0 +1,100 @@
+"""Edge cases found by a fresh-eyes pass: each gets one line, nothing mixed, nothing lost."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from bayesncl.cli import main
+from bayesncl.config import ConfigError, build_config
+from bayesncl.train import pretrain
+
+from .tiny import TINY_BASE
+
+TINY = [*TINY_BASE, "train.epochs=1"]
+
+
+def _err(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("bayesncl: error: ")
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.epochs=inf", "train.epochs='inf': expected int"),
+        ("method.lam=inf", "method.lam='inf': expected a finite number"),
+        ("method.rho=nan", "method.rho='nan': expected a finite number"),
+        ("train.momentum=-1", "train.momentum=-1.0: expected 0 <= momentum < 1"),
+        ("data.blur_prob=5", "data.blur_prob=5.0: expected 0 <= p <= 1"),
+        ("eval.batch_size=0", "eval.batch_size=0: expected >= 1"),
+        ("train.lars_eta=0", "train.lars_eta=0.0: expected > 0"),
+    ],
+)
+def test_more_range_checks(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        build_config(overrides=[override])
+    assert str(e.value) == message
+
+
+def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["reproduce", "3"])
+    assert e.value.code == 2
+    assert "invalid choice: '3'" in _err(capsys)
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--bogus"])
+    assert "unrecognized arguments: --bogus" in _err(capsys)
+
+
+def test_bad_retrieval_dims_and_out_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(0)
+    f = tmp_path / "f.npz"
+    np.savez(f, features=rng.random((20, 8)).astype(np.float32), labels=np.arange(20) % 2)
+    assert main(["metrics", str(f), "--retrieval-dims", "abc"]) == 2
+    assert "--retrieval-dims 'abc': expected comma-separated integers" in _err(capsys)
+    assert main(["extract", str(tmp_path), "--out", str(tmp_path)]) == 2
+    assert "is a directory" in _err(capsys)
+
+
+def test_overwrite_removes_the_previous_runs_files(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    pretrain(build_config(overrides=[*TINY_BASE, "train.epochs=2"]), run)
+    assert (run / "epoch-0002.pt").exists() and (run / "metrics.json").exists()
+    pretrain(build_config(overrides=TINY), run, overwrite=True, evaluate=False)
+    assert not (run / "epoch-0002.pt").exists() and not (run / "metrics.json").exists()
+    assert (run / "epoch-0001.pt").exists()
+
+
+def test_resume_extends_and_records_the_new_length(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 0
+    # train.epochs may grow and cosmetic keys may change; config.yaml then says what was run
+    assert main(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=2", "train.progress=true",
+                 "--no-eval"]) == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["epochs"] == 2
+    assert (run / "epoch-0002.pt").exists()
+
+
+def test_sigint_handler_is_restored_after_training(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGINT)
+    pretrain(build_config(overrides=TINY), tmp_path / "run", evaluate=False)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_reproduce_refuses_to_reuse_runs_of_other_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["reproduce", "7", "--dataset", "cifar10", "--run-dir", str(tmp_path / "t7"), *TINY,
+            "data.root=none", "eval.retrieval_dims=8"]
+    assert main(args) == 0
+    assert (tmp_path / "t7" / "bayesncl" / "metrics.json").exists()
+    capsys.readouterr()
+    assert main([*args, "train.epochs=2"]) == 2
+    assert "holds a finished run with other settings (train.epochs)" in _err(capsys)
