@@ -62,7 +62,9 @@ ROWS: dict[str, str] = {
     "it, or choose another --run-dir",
     "R5": E + "--resume: no checkpoint <tmp>/run/last.pt to resume from",
     "R6": E + "--resume: the config differs from the run's in: method.rho: 0.8 -> 0.5; train.batch_size: "
-    "32 -> 16 (run's -> now); resume with the run's config (no key=value overrides) or start a new --run-dir",
+    "32 -> 16 (run's -> now); resume with the run's config (only train.epochs, "
+    "train.progress, train.checkpoint_every, data.num_workers, data.root and eval.* may change) or start a "
+    "new --run-dir",
     "R7": E + "--resume needs --run-dir DIR (the run to continue)",
     "K1": E + "<tmp>/notes.pt is not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle "
     "(it starts with b'hello wo')",
@@ -82,8 +84,8 @@ ROWS: dict[str, str] = {
     "data: pass it as overrides, e.g. data.name=cifar100 data.root=DIR",
     "K8": E + "<tmp> holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)",
     "K9": E + "<tmp>/nowhere: no such run dir or checkpoint file",
-    "T1": E + "non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=…; the last good checkpoint "
-    "<tmp>/run/last.pt is kept",
+    "T1": E + "non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=…; no epoch had finished, so there is "
+    "no checkpoint: fix the cause and rerun with --overwrite",
     "T2": "bayesncl: interrupted: stopped in epoch … at step …; state saved to <tmp>/run/interrupted.pt; "
     "--resume continues from last.pt",
     "T3": "warning: gate collapse: 100% of rows have every gate closed",

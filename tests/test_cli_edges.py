@@ -98,3 +98,14 @@ def test_reproduce_refuses_to_reuse_runs_of_other_settings(
     capsys.readouterr()
     assert main([*args, "train.epochs=2"]) == 2
     assert "holds a finished run with other settings (train.epochs)" in _err(capsys)
+
+
+def test_checkpoint_and_features_file_swapped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    np.savez(tmp_path / "f.npz", features=np.ones((4, 2), np.float32), labels=np.arange(4))
+    torch.save({"state_dict": {"w": torch.ones(3)}}, tmp_path / "c.pt")
+    assert main(["metrics", str(tmp_path / "c.pt")]) == 2
+    assert "is a PyTorch checkpoint, not a features file: run `bayesncl extract" in _err(capsys)
+    assert main(["extract", str(tmp_path / "f.npz")]) == 2
+    assert "is a NumPy .npz (a features file?), not a checkpoint" in _err(capsys)

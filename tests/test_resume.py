@@ -141,8 +141,11 @@ def test_sigint_saves_interrupted_pt_exits_130_and_resume_continues(tmp_path: Pa
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     saved = re.escape(str(run / "interrupted.pt"))
-    assert re.fullmatch(rf"bayesncl: interrupted: stopped in epoch \d+ at step \d+; state saved to {saved}; "
-                        r"--resume continues from last\.pt", lines[0])
+    assert re.fullmatch(
+        rf"bayesncl: interrupted: stopped in epoch \d+ at step \d+; state saved to {saved}; "
+        r"--resume continues from last\.pt",
+        lines[0],
+    )
 
     interrupted = load_checkpoint_file(run / "interrupted.pt")
     last = load_checkpoint_file(run / "last.pt")
@@ -225,7 +228,9 @@ def test_non_finite_loss_from_the_cli_is_one_line(
     assert main(["pretrain", "--run-dir", str(tmp_path / "run"), *TINY, "train.epochs=2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("bayesncl: error: non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=")
-    assert err.endswith(f"; the last good checkpoint {tmp_path / 'run' / 'last.pt'} is kept")
+    assert err.endswith(
+        "; no epoch had finished, so there is no checkpoint: fix the cause and rerun with --overwrite"
+    )
     assert "\n" not in err
 
 

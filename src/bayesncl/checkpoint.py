@@ -200,6 +200,10 @@ def load_checkpoint_file(path: str | Path) -> Any:
             f"{path} is not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle "
             f"(it starts with {head!r})"
         )
+    if is_zip and _is_npz(path):
+        raise CheckpointError(
+            f"{path} is a NumPy .npz (a features file?), not a checkpoint: use `bayesncl metrics {path}`"
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the error below says it all
         try:
@@ -210,6 +214,17 @@ def load_checkpoint_file(path: str | Path) -> Any:
             raise CheckpointError(
                 f"{path} is not a readable PyTorch checkpoint (truncated or damaged? {_first_line(e)})"
             ) from None
+
+
+def _is_npz(path: Path) -> bool:
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+    return bool(names) and all(n.endswith(".npy") for n in names)
 
 
 def is_bayesncl_checkpoint(obj: Any) -> bool:

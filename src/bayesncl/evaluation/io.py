@@ -212,8 +212,13 @@ def load_features(path: str | os.PathLike[str]) -> FeatureSet:
     with data:
         keys = sorted(data.files)
         missing = [k for k in ("features", "labels") if k not in keys]
+        if missing and any(k.endswith("data.pkl") for k in keys):
+            raise EvalError(
+                f"{path} is a PyTorch checkpoint, not a features file: run `bayesncl extract {path}` first"
+            )
         if missing:
-            found = ", ".join(repr(k) for k in keys) or "no arrays"
+            shown = keys[:8] + (["..."] if len(keys) > 8 else [])
+            found = ", ".join(repr(k) for k in shown) or "no arrays"
             raise EvalError(
                 f"{path} is not a features file: missing {' and '.join(repr(k) for k in missing)} "
                 f"(found {found})"
