@@ -76,8 +76,20 @@ def test_resume_extends_and_records_the_new_length(tmp_path: Path) -> None:
     run = tmp_path / "run"
     assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 0
     # train.epochs may grow and cosmetic keys may change; config.yaml then says what was run
-    assert main(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=2", "train.progress=true",
-                 "--no-eval"]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--run-dir",
+                str(run),
+                "--resume",
+                "train.epochs=2",
+                "train.progress=true",
+                "--no-eval",
+            ]
+        )
+        == 0
+    )
     assert yaml.safe_load((run / "config.yaml").read_text())["train"]["epochs"] == 2
     assert (run / "epoch-0002.pt").exists()
 
@@ -91,8 +103,17 @@ def test_sigint_handler_is_restored_after_training(tmp_path: Path) -> None:
 def test_reproduce_refuses_to_reuse_runs_of_other_settings(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = ["reproduce", "7", "--dataset", "cifar10", "--run-dir", str(tmp_path / "t7"), *TINY,
-            "data.root=none", "eval.retrieval_dims=8"]
+    args = [
+        "reproduce",
+        "7",
+        "--dataset",
+        "cifar10",
+        "--run-dir",
+        str(tmp_path / "t7"),
+        *TINY,
+        "data.root=none",
+        "eval.retrieval_dims=8",
+    ]
     assert main(args) == 0
     assert (tmp_path / "t7" / "bayesncl" / "metrics.json").exists()
     capsys.readouterr()
@@ -109,3 +130,26 @@ def test_checkpoint_and_features_file_swapped(tmp_path: Path, capsys: pytest.Cap
     assert "is a PyTorch checkpoint, not a features file: run `bayesncl extract" in _err(capsys)
     assert main(["extract", str(tmp_path / "f.npz")]) == 2
     assert "is a NumPy .npz (a features file?), not a checkpoint" in _err(capsys)
+
+
+def test_metrics_json_has_exactly_the_issue_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "f.npz", features=rng.random((40, 8)).astype(np.float32), labels=np.arange(40) % 4)
+    assert main(["metrics", str(tmp_path / "f.npz"), "--json", "--retrieval-dims", "4,8"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {
+        "semantic_consistency",
+        "semantic_entropy_sum",
+        "semantic_entropy_mean",
+        "semantic_entropy_freq",
+        "active_dims",
+        "activation_ratio",
+        "sparsity",
+        "effective_rank",
+        "orthogonality",
+        "retrieval",
+    }
+    assert set(out["retrieval"]) == {"4", "8"}
+    assert set(out["retrieval"]["4"]) == {"P@1", "P@3", "P@5", "P@10", "mAP@10"}

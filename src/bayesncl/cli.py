@@ -123,7 +123,10 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
     dims = parse_dims(args.retrieval_dims)
     result = metrics_command(args.features, dims, args.json)
-    print(json.dumps(result, indent=2) if args.json else format_metrics_table(result))
+    if args.json:  # exactly the metric keys (+ retrieval, + note on degenerate input)
+        print(json.dumps({k: v for k, v in result.items() if k != "source"}, indent=2))
+    else:
+        print(format_metrics_table(result))
     return 0
 
 
