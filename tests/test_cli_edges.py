@@ -153,3 +153,12 @@ def test_metrics_json_has_exactly_the_issue_keys(tmp_path: Path, capsys: pytest.
     }
     assert set(out["retrieval"]) == {"4", "8"}
     assert set(out["retrieval"]["4"]) == {"P@1", "P@3", "P@5", "P@10", "mAP@10"}
+
+
+def test_resume_with_overwrite_and_yaml_position(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["pretrain", "--run-dir", str(tmp_path / "r"), "--resume", "--overwrite"]) == 2
+    assert "--resume and --overwrite contradict each other" in _err(capsys)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  epochs: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"is not valid YAML at line 3, column 1"):
+        build_config(bad)

@@ -64,3 +64,11 @@ def test_nothing_to_draw_is_a_clear_error(tmp_path: Path) -> None:
     feats.pop("mask")
     with pytest.raises(ValueError, match="needs a gated method"):
         suppressed_features_figure(feats, images, ["a", "b"], tmp_path / "y.png")
+
+
+def test_retrieval_table() -> None:
+    from bayesncl.report import format_retrieval
+
+    md = format_retrieval({"64": {"P@1": 50.0, "P@3": 40.0, "P@5": 30.0, "P@10": 20.0, "mAP@10": 12.345}})
+    assert md.splitlines()[0] == "| K | P@1 | P@3 | P@5 | P@10 | mAP@10 |"
+    assert md.splitlines()[2] == "| 64 | 50.00 | 40.00 | 30.00 | 20.00 | 12.35 |"

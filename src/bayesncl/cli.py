@@ -76,6 +76,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
     if args.resume and args.run_dir is None:
         raise ConfigError("--resume needs --run-dir DIR (the run to continue)")
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other: continue the run, or replace it")
     overrides = [*args.overrides, "data.skip_corrupt=true"] if args.skip_corrupt else args.overrides
     if args.resume and args.config is None:
         # continue the run as it was configured; key=value on top (e.g. train.epochs=400 to extend)

@@ -259,7 +259,10 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file '{p}' is not valid YAML: {str(e).splitlines()[0]}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"config file '{p}' is not valid YAML{where}: {problem}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file '{p}' must hold a mapping of sections, got {type(raw).__name__}")
     return _flatten(raw)

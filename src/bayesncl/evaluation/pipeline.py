@@ -282,7 +282,7 @@ def evaluate_command(
     from bayesncl.evaluation.knn import knn_accuracy
     from bayesncl.evaluation.metrics import compute_all
     from bayesncl.evaluation.probe import feature_selection_probe, linear_probe
-    from bayesncl.report import format_table, write_results
+    from bayesncl.report import format_retrieval, format_table, write_results
 
     model, cfg, out_dir = load_trained(source, overrides=overrides)
     device = next(model.parameters()).device
@@ -315,10 +315,14 @@ def evaluate_command(
         k = knn_accuracy(train["h"], train["labels"], test["h"], test["labels"])
         result["knn_acc1"] = k["acc1"]
     result["method"] = cfg.method.name
-    write_results(out_dir, "evaluation", result, format_table({cfg.method.name: result}))
+    md = format_table({cfg.method.name: result})
+    if result.get("retrieval"):
+        md += "\n\nRetrieval with feature selection (top-K dims by expected activation), %:\n\n"
+        md += format_retrieval(result["retrieval"])
+    write_results(out_dir, "evaluation", result, md)
     from bayesncl.report.figures import write_figures
 
     write_figures(test, cfg.data, out_dir)
-    print(format_table({cfg.method.name: result}))
+    print(md)
     print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
     return result

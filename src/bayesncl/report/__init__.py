@@ -49,3 +49,11 @@ def write_results(out_dir: Path, stem: str, results: dict[str, Any], markdown: s
     """Write ``stem.json`` and ``stem.md`` into ``out_dir`` (atomically)."""
     write_text_atomic(out_dir / f"{stem}.json", json.dumps(results, indent=2, default=float) + "\n")
     write_text_atomic(out_dir / f"{stem}.md", (header + "\n\n" if header else "") + markdown + "\n")
+
+
+def format_retrieval(retrieval: dict[str, dict[str, float]]) -> str:
+    """Markdown table of retrieval with feature selection: one row per K (PAPER-NOTES §3), in %."""
+    keys = ("P@1", "P@3", "P@5", "P@10", "mAP@10")
+    head = "| K | " + " | ".join(keys) + " |\n|---:|" + "---:|" * len(keys)
+    rows = [f"| {k} | " + " | ".join(f"{v[m]:.2f}" for m in keys) + " |" for k, v in retrieval.items()]
+    return "\n".join([head, *rows])

@@ -71,8 +71,14 @@ def image_grid_figure(
     return path
 
 
-def _sc_of(labels: np.ndarray) -> float:
-    return float(np.bincount(labels).max() / len(labels)) if len(labels) else 0.0
+def _majority(labels: np.ndarray, class_names: Sequence[str]) -> str:
+    """``"75% Bag"``: the share of the most frequent class among ``labels`` and its name."""
+    if not len(labels):
+        return ""
+    counts = np.bincount(labels)
+    c = int(counts.argmax())
+    name = class_names[c] if c < len(class_names) else str(c)
+    return f"{100 * counts[c] / len(labels):.0f}% {name}"
 
 
 def top_activations_figure(
@@ -93,7 +99,7 @@ def top_activations_figure(
         raise ValueError("no active dimension: every feature is zero, nothing to draw")
     top = top_samples(f, dims, n_images)
     lab = feats["labels"]
-    row_titles = [f"dim {k}\n{100 * _sc_of(lab[t]):.0f}% one class" for k, t in zip(dims, top, strict=True)]
+    row_titles = [f"dim {k}\n{_majority(lab[t], class_names)}" for k, t in zip(dims, top, strict=True)]
     cells = [[class_names[lab[i]] if lab[i] < len(class_names) else str(lab[i]) for i in t] for t in top]
     return image_grid_figure(
         images,
