@@ -162,3 +162,21 @@ def test_resume_with_overwrite_and_yaml_position(tmp_path: Path, capsys: pytest.
     bad.write_text("train:\n  epochs: [1, 2\n")
     with pytest.raises(ConfigError, match=r"is not valid YAML at line 3, column 1"):
         build_config(bad)
+
+
+def test_resume_cannot_shrink_and_reproduce_keeps_variant_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    assert main(["pretrain", "--run-dir", str(run), *TINY_BASE, "train.epochs=2", "--no-eval"]) == 0
+    assert main(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=1"]) == 2
+    assert "train.epochs=1 is fewer than the 2 epochs the run has done" in _err(capsys)
+    assert yaml.safe_load((run / "config.yaml").read_text())["train"]["epochs"] == 2
+    assert main(["reproduce", "2", "--dataset", "fashion-mnist", "method.name=cl"]) == 2
+    assert "method.name define the variants of table 2" in _err(capsys)
+    assert main(["reproduce", "4", "--dataset", "fashion-mnist", "method.detach=true"]) == 2
+    assert "method.detach define the variants of table 4" in _err(capsys)
+    assert main(["dynamics", str(tmp_path / "nope")]) == 2
+    assert "no such run dir" in _err(capsys)
+    assert main(["dynamics", str(run), "--samples", "1"]) == 2
+    assert "--samples 1: expected >= 2" in _err(capsys)

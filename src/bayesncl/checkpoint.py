@@ -277,9 +277,21 @@ def _check_writable(run_dir: Path) -> None:
 
 # What a run writes into its run dir; --overwrite removes these (and nothing else) first.
 RUN_ARTIFACTS = (
-    "config.yaml", "log.csv", "last.pt", "interrupted.pt", "epoch-*.pt", "encoder.safetensors",
-    "backbone_torchvision.pt", "metrics.json", "metrics.md", "evaluation.json", "evaluation.md",
-    "features_*.npz", "*.png", "dynamics.json", "dynamics.md",
+    "config.yaml",
+    "log.csv",
+    "last.pt",
+    "interrupted.pt",
+    "epoch-*.pt",
+    "encoder.safetensors",
+    "backbone_torchvision.pt",
+    "metrics.json",
+    "metrics.md",
+    "evaluation.json",
+    "evaluation.md",
+    "features_*.npz",
+    "*.png",
+    "dynamics.json",
+    "dynamics.md",
 )
 
 
@@ -318,6 +330,11 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
             raise RunDirError(f"--resume: {e}") from None
         if not is_bayesncl_checkpoint(ckpt):
             raise RunDirError(f"--resume: {ckpt_path} is not a bayesncl checkpoint ({CHECKPOINT_FORMAT})")
+        if cfg.train.epochs < ckpt["epoch"]:
+            raise RunDirError(
+                f"--resume: train.epochs={cfg.train.epochs} is fewer than the {ckpt['epoch']} epochs the run "
+                "has done; give train.epochs >= that to continue it"
+            )
         old = config_from_dict(ckpt["config"])
         diff = describe_config_diff(old, cfg)
         if diff:

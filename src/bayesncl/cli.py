@@ -160,8 +160,14 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from bayesncl.train import TrainingError
 
     return (
-        ConfigError, DataError, EvalError, RunDirError, CheckpointError, TrainingError,
-        FileNotFoundError, PermissionError,
+        ConfigError,
+        DataError,
+        EvalError,
+        RunDirError,
+        CheckpointError,
+        TrainingError,
+        FileNotFoundError,
+        PermissionError,
     )
 
 
@@ -175,6 +181,10 @@ _LOAD_OVERRIDES_HELP = (
 def cmd_dynamics(args: argparse.Namespace) -> int:
     from bayesncl.evaluation.dynamics import dynamics_command
 
+    if args.samples < 2:
+        raise ConfigError(f"--samples {args.samples}: expected >= 2 (InfoNCE needs negatives)")
+    if args.every < 1:
+        raise ConfigError(f"--every {args.every}: expected >= 1")
     dynamics_command(args.run_dir, samples=args.samples, every=args.every)
     return 0
 
@@ -238,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         "metric reads.",
     )
     p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
-    p.add_argument("--split", choices=("test", "train"), default="test")
+    p.add_argument("--split", choices=("test", "train"), default="test", help="which split (default test)")
     p.add_argument("--out", help="output .npz (default RUN_DIR/features_<split>.npz)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help=_LOAD_OVERRIDES_HELP)
     p.set_defaults(func=cmd_extract)
@@ -269,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-knn", action="store_true", help="skip the kNN classifier")
     p.add_argument("--probe-seeds", type=int, default=1, help="linear probe seeds; mean ± std (default 1)")
     p.add_argument(
-        "--probe", choices=("fast", "paper"), default="fast",
+        "--probe",
+        choices=("fast", "paper"),
+        default="fast",
         help="fast: L-BFGS on precomputed h (CPU-friendly); paper: LARS, crops+flips, --probe-epochs (GPU)",
     )
     p.add_argument("--probe-epochs", type=int, default=50, help="epochs of the paper probe (default 50)")
@@ -285,7 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
         "CPU demo budget. key=value overrides apply to every variant.",
     )
     p.add_argument("table", choices=("1", "2", "4", "7"), help="paper table number")
-    p.add_argument("--dataset", default="cifar100", help="cifar10 | cifar100 | imagenet100 | fashion-mnist")
+    p.add_argument(
+        "--dataset",
+        default="cifar100",
+        help="cifar10 | cifar100 | imagenet100 | fashion-mnist (default cifar100)",
+    )
     p.add_argument("--run-dir", help="output directory (default runs/table<N>-<dataset>)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     p.set_defaults(func=cmd_reproduce)
@@ -299,8 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
         "docs/metrics.md).",
     )
     p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--samples", type=int, default=1024, help="train images for the gradient variance")
-    p.add_argument("--every", type=int, default=1, help="use every N-th periodic checkpoint (default 1)")
+    p.add_argument(
+        "--samples", type=int, default=1024, help="train images for the gradient variance (default 1024)"
+    )
+    p.add_argument(
+        "--every",
+        type=int,
+        default=1,
+        help="use checkpoints 1, 1+N, 1+2N, ... of the sorted periodic ones (default 1: all)",
+    )
     p.set_defaults(func=cmd_dynamics)
 
     from bayesncl.benchmark import add_benchmark_parser

@@ -140,6 +140,12 @@ def table_configs(table: str, dataset: str, overrides: list[str]) -> dict[str, C
         raise ConfigError(f"table {table!r}: expected one of {', '.join(TABLES)}")
     if dataset not in DATASETS:
         raise ConfigError(f"--dataset {dataset!r}: expected one of {', '.join(DATASETS)}")
+    defining = {"method.name"} | {o.split("=")[0] for v in TABLES[table]["variants"] for o in v.overrides}
+    clash = sorted({o.split("=")[0].strip() for o in overrides} & defining)
+    if clash:
+        raise ConfigError(
+            f"{', '.join(clash)} define the variants of table {table}; they cannot be overridden here"
+        )
     return {
         v.name: build_config(
             recipe_for(dataset, v.method), [f"method.name={v.method}", *v.overrides, *overrides]
@@ -189,9 +195,16 @@ def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[st
             full = evaluate_command(
                 sub, retrieval_dims=None, knn=True, probe_seeds=spec.get("probe_seeds", 1)
             )
-            m.update(
-                {k: full[k] for k in ("linear_probe_acc1", "linear_probe_acc5", "knn_acc1") if k in full}
+            keys = (
+                "linear_probe_acc1",
+                "linear_probe_acc5",
+                "linear_probe_acc1_std",
+                "linear_probe_acc5_std",
+                "linear_probe_seeds",
+                "linear_probe_protocol",
+                "knn_acc1",
             )
+            m.update({k: full[k] for k in keys if k in full})
             write_results(sub, "metrics", m, format_table({name: m}))
         if table == "7" and "gflops_per_image" not in m:
             from bayesncl.benchmark import flops_per_image

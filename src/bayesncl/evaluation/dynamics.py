@@ -90,6 +90,8 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
     from bayesncl.report import write_results
 
     run = Path(run_dir)
+    if not run.is_dir():
+        raise EvalError(f"{run}: no such run dir")
     ckpts = checkpoint_epochs(run)[:: max(every, 1)]
     if not ckpts:
         raise EvalError(f"{run} holds no periodic checkpoints epoch-NNNN.pt (train.checkpoint_every > 0)")

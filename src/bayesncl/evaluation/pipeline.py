@@ -220,7 +220,10 @@ def _load_official(path: Path, obj: Any, overrides: list[str] | None) -> tuple[C
         logging.getLogger("bayesncl").warning(
             "%s: its classifier has %d classes but data.name=%s has %d; features are extracted anyway "
             "(the classifier is not used)",
-            path, n_cls, cfg.data.name, info.num_classes,
+            path,
+            n_cls,
+            cfg.data.name,
+            info.num_classes,
         )
     return model, cfg
 
@@ -315,7 +318,7 @@ def evaluate_command(
         k = knn_accuracy(train["h"], train["labels"], test["h"], test["labels"])
         result["knn_acc1"] = k["acc1"]
     result["method"] = cfg.method.name
-    md = format_table({cfg.method.name: result})
+    md = format_table({cfg.method.name: result}) + f"\n\nLP@1 protocol: {result['linear_probe_protocol']}"
     if result.get("retrieval"):
         md += "\n\nRetrieval with feature selection (top-K dims by expected activation), %:\n\n"
         md += format_retrieval(result["retrieval"])
