@@ -83,10 +83,10 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
 
     Raises EvalError if the run dir has no periodic checkpoints.
     """
-    from bayesncl.data import build_eval_loader, build_train_loader
+    from bayesncl.data import build_train_loader
     from bayesncl.evaluation import EvalError
     from bayesncl.evaluation.metrics import semantic_consistency_per_dim
-    from bayesncl.evaluation.pipeline import extract_features, load_trained
+    from bayesncl.evaluation.pipeline import extract_split, load_trained
     from bayesncl.report import write_results
 
     run = Path(run_dir)
@@ -99,12 +99,7 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
     for epoch, path in ckpts:
         model, cfg, _ = load_trained(path)
         device = next(model.parameters()).device
-        test = extract_features(
-            model,
-            build_eval_loader(cfg.data, "test", cfg.eval.batch_size, device=device),
-            device,
-            keys=("features",),
-        )
+        test = extract_split(model, cfg, "test", device, keys=("features",))
         f = test["features"]
         af = (f > 0).mean(0)
         sc = semantic_consistency_per_dim(f, test["labels"])

@@ -48,6 +48,18 @@ def extract_features(
     return {k: np.concatenate(v) for k, v in out.items() if v}
 
 
+def extract_split(
+    model: ContrastiveModel,
+    cfg: Config,
+    split: str,
+    device: torch.device,
+    keys: tuple[str, ...] = FEATURE_KEYS,
+) -> dict[str, np.ndarray]:
+    """:func:`extract_features` over ``split`` of the run's data (eval transforms, eval batch size)."""
+    loader = build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device)
+    return extract_features(model, loader, device, keys=keys)
+
+
 def evaluate_model(
     model: ContrastiveModel, cfg: Config, run_dir: Path, *, device: torch.device
 ) -> dict[str, Any]:
@@ -60,21 +72,16 @@ def evaluate_model(
     from bayesncl.evaluation.probe import linear_probe
     from bayesncl.report import format_table, write_results
 
-    bs = cfg.eval.batch_size
-    test = extract_features(model, build_eval_loader(cfg.data, "test", bs, device=device), device)
+    test = extract_split(model, cfg, "test", device)
     metrics: dict[str, Any] = compute_all(
         test["features"], test["labels"], retrieval_dims=cfg.eval.retrieval_dims or None
     )
     if cfg.eval.probe == "fast":
-        train = extract_features(
-            model, build_eval_loader(cfg.data, "train", bs, device=device), device, keys=("h",)
-        )
+        train = extract_split(model, cfg, "train", device, keys=("h",))
         probe = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seed=cfg.seed)
         metrics["linear_probe_acc1"] = probe["acc1"]
         metrics["linear_probe_acc5"] = probe["acc5"]
-        metrics["linear_probe_protocol"] = (
-            "fast: L-BFGS logistic regression on frozen h, L2 chosen on held-out train"
-        )
+        metrics["linear_probe_protocol"] = probe["protocol"]
     if model.gate is not None:
         metrics["gate_open_rate"] = float(test["mask"].mean())
         metrics["rows_all_closed"] = float((test["mask"].sum(1) == 0).mean())
@@ -244,9 +251,7 @@ def extract_command(
         raise EvalError(f"--out {out} is a directory; give a file name such as {Path(out) / 'features.npz'}")
     model, cfg, out_dir = load_trained(source, overrides=overrides)
     device = next(model.parameters()).device
-    arrays = extract_features(
-        model, build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device), device
-    )
+    arrays = extract_split(model, cfg, split, device)
     path = Path(out) if out else out_dir / f"features_{split}.npz"
     save_split_features(path, arrays, cfg, split, source)
     return path
@@ -289,12 +294,9 @@ def evaluate_command(
 
     model, cfg, out_dir = load_trained(source, overrides=overrides)
     device = next(model.parameters()).device
-    bs = cfg.eval.batch_size
-    test = extract_features(model, build_eval_loader(cfg.data, "test", bs, device=device), device)
+    test = extract_split(model, cfg, "test", device)
     save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
-    train = extract_features(
-        model, build_eval_loader(cfg.data, "train", bs, device=device), device, keys=("h", "features")
-    )
+    train = extract_split(model, cfg, "train", device, keys=("h", "features"))
     d = test["features"].shape[1]
     dims = (
         [int(k) for k in retrieval_dims.split(",")] if retrieval_dims else list(range(32, d + 1, 32)) or [d]
