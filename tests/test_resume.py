@@ -182,7 +182,7 @@ def test_resume_with_dataloader_workers_is_bit_identical(tmp_path: Path) -> None
 def test_resume_removes_temporary_files_of_a_killed_save(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=[*TINY, "train.epochs=1"]), run, evaluate=False)
-    for name in (".last.pt.tmp4242", ".epoch-0002.pt.tmp4242", ".log.csv.tmp"):
+    for name in (".last.pt.tmp4242", ".epoch-0002.pt.tmp4242", ".log.csv.tmp4242"):
         (run / name).write_bytes(b"half a file")
     pretrain(build_config(overrides=[*TINY, "train.epochs=2"]), run, resume=True, evaluate=False)
     assert not [p.name for p in run.iterdir() if p.name.startswith(".")]

@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from bayesncl.config import Config, config_from_dict, diff_configs
+from bayesncl.fileio import atomic_path, remove_stale_temporaries
 
 LOG_FIELDS = [
     "epoch",
@@ -62,9 +63,6 @@ LOG_FIELDS = [
 
 
 CHECKPOINT_FORMAT = "bayesncl-checkpoint-v1"
-
-# Temporary files a killed run can leave behind (atomic_save, write_log, export_encoder).
-_STALE_TMP_GLOBS = (".*.pt.tmp*", ".log.csv.tmp", ".encoder.safetensors.tmp")
 
 
 class RunDirError(ValueError):
@@ -105,13 +103,8 @@ def seed_everything(seed: int) -> None:
 
 def atomic_save(obj: Any, path: Path) -> None:
     """torch.save to a temporary file in the same dir, then rename: never a half-written file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 @dataclass
@@ -343,9 +336,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
                 "the run's config (only train.epochs, train.progress, train.checkpoint_every, "
                 "data.num_workers, data.root and eval.* may change) or start a new --run-dir"
             )
-        for pattern in _STALE_TMP_GLOBS:
-            for stale in run_dir.glob(pattern):
-                stale.unlink(missing_ok=True)
+        remove_stale_temporaries(run_dir)
         return ckpt
     if has_run and not overwrite:
         raise RunDirError(
@@ -356,10 +347,8 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
 
 
 def write_log(run_dir: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = run_dir / ".log.csv.tmp"
-    with tmp.open("w", newline="") as f:
+    with atomic_path(run_dir / "log.csv") as tmp, tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=LOG_FIELDS)
         w.writeheader()
         for r in rows:
             w.writerow({k: r.get(k, "") for k in LOG_FIELDS})
-    os.replace(tmp, run_dir / "log.csv")

@@ -19,7 +19,6 @@ Run dir layout::
 from __future__ import annotations
 
 import math
-import os
 import signal
 import time
 from collections.abc import Iterable, Iterator
@@ -48,6 +47,7 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
 from bayesncl.config import Config, MethodConfig, config_from_dict, dump_yaml
 from bayesncl.data import DataError, build_train_loader, dataset_info, mix_seed
 from bayesncl.distributed import resolve_device  # noqa: F401 - re-exported: train.resolve_device
+from bayesncl.fileio import atomic_path
 from bayesncl.models import ContrastiveModel, ModelOutput, build_model, contrastive_loss
 
 B = TypeVar("B")
@@ -469,9 +469,8 @@ def export_encoder(model: ContrastiveModel, run_dir: Path) -> None:
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tmp = run_dir / ".encoder.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "bayesncl-encoder-v1"})
-    os.replace(tmp, run_dir / "encoder.safetensors")
+    with atomic_path(run_dir / "encoder.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "bayesncl-encoder-v1"})
     if not isinstance(model.backbone, torchvision.models.ResNet):
         return  # small_cnn is not a torchvision model
     atomic_save(

@@ -134,6 +134,8 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from bayesncl.report.figures import save_figure
+
     fig, ax = plt.subplots(figsize=(5, 3.2))
     epochs = [r["epoch"] for r in rows]
     for key in ("AF-GV", "GV-SC", "AF-SC"):
@@ -144,7 +146,4 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_title("Gradient dynamics")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_figure(fig, path)

@@ -24,10 +24,8 @@ what was found.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 import warnings
 import zipfile
 from dataclasses import dataclass, field
@@ -36,6 +34,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from bayesncl.fileio import atomic_path
 
 __all__ = [
     "EvalError",
@@ -287,13 +287,6 @@ def save_features(
     if meta is not None:
         out["meta"] = np.array(json.dumps(meta, sort_keys=True))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            (np.savez_compressed if compress else np.savez)(fh, **out)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, tmp.open("wb") as fh:
+        (np.savez_compressed if compress else np.savez)(fh, **out)
     return path

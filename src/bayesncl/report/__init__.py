@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
+
+from bayesncl.fileio import atomic_path
 
 # (column header, metrics key, format)
 MAIN_COLUMNS: list[tuple[str, str, str]] = [
@@ -40,9 +41,8 @@ def format_table(
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def write_results(out_dir: Path, stem: str, results: dict[str, Any], markdown: str, header: str = "") -> None:

@@ -7,13 +7,14 @@ split's images from ``bayesncl.data.load_split_images``; nothing recomputes feat
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from bayesncl.fileio import atomic_path
 
 
 def most_active_dims(features: np.ndarray, n: int) -> np.ndarray:
@@ -64,10 +65,7 @@ def image_grid_figure(
         axes[r, 0].set_ylabel(row_titles[r], fontsize=7, rotation=0, ha="right", va="center")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path)
     return path
 
 
@@ -164,3 +162,15 @@ def suppressed_features_figure(
         path,
         "Gate-suppressed features: active z_k with a closed gate (largest z_k shown)",
     )
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:
+    """Save a matplotlib figure as PNG atomically (see :mod:`bayesncl.fileio`) and close it."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format="png")
+    finally:
+        plt.close(fig)
+    return path

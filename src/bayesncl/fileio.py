@@ -1,0 +1,62 @@
+"""Atomic file writes: every file bayesncl writes appears whole or not at all.
+
+One rule for checkpoints, logs, features, tables and figures: write to a hidden temporary file in
+the destination's folder, then ``os.replace`` it over the destination (atomic on POSIX and
+Windows). A crash or Ctrl-C mid-write leaves the old file (or none) and no temporary file; a
+killed process (SIGKILL) can leave a temporary, which :func:`remove_stale_temporaries` clears.
+
+The final file gets the mode an ordinary ``open(path, "w")`` would give (``0o666`` minus the
+umask): ``tempfile``, safetensors and others create private ``0o600`` files, which would surprise a
+user sharing a run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["atomic_path", "default_file_mode", "remove_stale_temporaries", "temporary_name"]
+
+_TMP_MARK = ".tmp"
+
+
+def temporary_name(path: Path) -> Path:
+    """The temporary file :func:`atomic_path` writes before ``path``: ``.{name}.tmp{pid}`` beside it."""
+    return path.with_name(f".{path.name}{_TMP_MARK}{os.getpid()}")
+
+
+def default_file_mode() -> int:
+    """``0o666`` minus the process umask (what ``open(path, "w")`` creates)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path | str) -> Iterator[Path]:
+    """Yield a temporary path to write; on a clean exit it replaces ``path``, on an error it is removed.
+
+    ``path``'s folder must exist. The writer may create the temporary file any way it likes (its
+    name keeps ``path``'s suffix out, so pass an explicit format where a library guesses from it).
+    """
+    path = Path(path)
+    tmp = temporary_name(path)
+    try:
+        yield tmp
+        os.chmod(tmp, default_file_mode())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporaries a killed bayesncl process left in ``folder``; returns what it removed."""
+    removed = []
+    for stale in Path(folder).glob(f".*{_TMP_MARK}[0-9]*"):
+        if stale.is_file():
+            stale.unlink(missing_ok=True)
+            removed.append(stale)
+    return removed
