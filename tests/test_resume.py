@@ -188,6 +188,34 @@ def test_resume_removes_temporary_files_of_a_killed_save(tmp_path: Path) -> None
     assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
 
 
+
+def test_resume_that_trains_further_archives_the_shorter_runs_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    pretrain(build_config(overrides=[*TINY, "train.epochs=1"]), run, evaluate=False)
+    old_encoder = (run / "encoder.safetensors").read_bytes()
+    for name in ("evaluation.json", "dynamics.md", "features_test.npz", "top_activations.png"):
+        (run / name).write_text(f"1-epoch {name}")
+    (run / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    pretrain(build_config(overrides=[*TINY, "train.epochs=2"]), run, resume=True, evaluate=False)
+    archive = run / "results-epoch-0001"
+    assert f"moved the results of the 1-epoch run to {archive}/" in capsys.readouterr().out
+    assert sorted(p.name for p in archive.iterdir()) == sorted(
+        ["dynamics.md", "encoder.safetensors", "evaluation.json",
+         "features_test.npz", "top_activations.png"]
+    )
+    assert (archive / "encoder.safetensors").read_bytes() == old_encoder
+    assert (archive / "evaluation.json").read_text() == "1-epoch evaluation.json"
+    assert not (run / "evaluation.json").exists() and (run / "notes.txt").read_text() == "mine"
+    assert (run / "encoder.safetensors").read_bytes() != old_encoder  # the 2-epoch export
+    # a resume with nothing left to train moves nothing; --overwrite removes the archive too
+    pretrain(build_config(overrides=[*TINY, "train.epochs=2"]), run, resume=True, evaluate=False)
+    assert sorted(p.name for p in run.glob("results-epoch-*")) == ["results-epoch-0001"]
+    pretrain(build_config(overrides=[*TINY, "train.epochs=1"]), run, overwrite=True, evaluate=False)
+    assert not list(run.glob("results-epoch-*")) and (run / "notes.txt").exists()
+
 # ----------------------------------------------------------------------------- non-finite loss
 def _nan_at(step: int) -> Any:
     real = train_module.contrastive_loss

@@ -35,6 +35,7 @@ import os
 import pickle
 import random
 import re
+import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,13 +269,9 @@ def _check_writable(run_dir: Path) -> None:
         raise RunDirError(f"run dir {run_dir} is not writable ({reason}: {probe})") from None
 
 
-# What a run writes into its run dir; --overwrite removes these (and nothing else) first.
-RUN_ARTIFACTS = (
-    "config.yaml",
-    "log.csv",
-    "last.pt",
-    "interrupted.pt",
-    "epoch-*.pt",
+# What is computed from the final weights (export, evaluation, figures, dynamics): stale once a
+# --resume trains further, so archive_results moves it aside first.
+RESULT_ARTIFACTS = (
     "encoder.safetensors",
     "backbone_torchvision.pt",
     "metrics.json",
@@ -286,14 +283,42 @@ RUN_ARTIFACTS = (
     "dynamics.json",
     "dynamics.md",
 )
+# What a run writes into its run dir; --overwrite removes these (and nothing else) first.
+RUN_ARTIFACTS = ("config.yaml", "log.csv", "last.pt", "interrupted.pt", "epoch-*.pt", *RESULT_ARTIFACTS)
+ARCHIVE_GLOB = "results-epoch-*"
 
 
 def clear_run_artifacts(run_dir: Path) -> None:
-    """Remove a previous run's files (``RUN_ARTIFACTS``) so an --overwrite run is not mixed with it."""
+    """Remove a previous run's files (``RUN_ARTIFACTS`` and archived results) so an --overwrite run
+    is not mixed with it. Nothing else in the folder is touched."""
     for pattern in RUN_ARTIFACTS:
         for p in Path(run_dir).glob(pattern):
             if p.is_file():
                 p.unlink()
+    for folder in Path(run_dir).glob(ARCHIVE_GLOB):
+        if folder.is_dir() and all(p.is_file() for p in folder.iterdir()):
+            shutil.rmtree(folder)
+
+
+def archive_results(run_dir: Path, epoch: int) -> Path | None:
+    """Move the results of the ``epoch``-epoch run (``RESULT_ARTIFACTS``: exported encoder, metrics,
+    evaluation, features, figures, dynamics) into ``run_dir/results-epoch-NNNN/`` before a --resume
+    trains further, so the run dir never mixes results of two lengths and nothing is lost.
+
+    Returns the folder, or None when there was nothing to move (e.g. the run had been interrupted).
+    """
+    run_dir = Path(run_dir)
+    found = [p for pattern in RESULT_ARTIFACTS for p in sorted(run_dir.glob(pattern)) if p.is_file()]
+    if not found:
+        return None
+    dest = run_dir / f"results-epoch-{epoch:04d}"
+    n = 2
+    while dest.exists():
+        dest, n = run_dir / f"results-epoch-{epoch:04d}-{n}", n + 1
+    dest.mkdir()
+    for p in found:
+        os.replace(p, dest / p.name)
+    return dest
 
 
 def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:

@@ -36,6 +36,7 @@ from bayesncl import distributed
 from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for callers
     RunDirError,
     TrainState,
+    archive_results,
     atomic_save,
     clear_run_artifacts,
     prepare_run_dir,
@@ -342,6 +343,10 @@ def _pretrain(
         run_dir.mkdir(parents=True, exist_ok=True)
         if ckpt is None and overwrite:
             clear_run_artifacts(run_dir)
+        if ckpt is not None and ckpt["epoch"] < cfg.train.epochs:
+            moved = archive_results(run_dir, ckpt["epoch"])
+            if moved is not None:
+                print(f"moved the results of the {ckpt['epoch']}-epoch run to {moved}/ (they would be stale)")
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))
 
     step_model = wrap_for_training(model, cfg, world)
