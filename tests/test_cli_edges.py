@@ -57,8 +57,10 @@ def test_bad_retrieval_dims_and_out_dir(tmp_path: Path, capsys: pytest.CaptureFi
     rng = np.random.default_rng(0)
     f = tmp_path / "f.npz"
     np.savez(f, features=rng.random((20, 8)).astype(np.float32), labels=np.arange(20) % 2)
-    assert main(["metrics", str(f), "--retrieval-dims", "abc"]) == 2
-    assert "--retrieval-dims 'abc': expected comma-separated integers" in _err(capsys)
+    for bad in ("abc", "32,,64", "", "0,8", "8,-1", ","):
+        assert main(["metrics", str(f), "--retrieval-dims", bad]) == 2, bad
+        assert f"--retrieval-dims {bad!r}: expected comma-separated positive integers" in _err(capsys)
+    assert main(["metrics", str(f), "--retrieval-dims", " 4, 8"]) == 0
     assert main(["extract", str(tmp_path), "--out", str(tmp_path)]) == 2
     assert "is a directory" in _err(capsys)
 

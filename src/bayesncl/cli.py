@@ -53,14 +53,21 @@ def _default_run_dir(cfg: Config, prefix: str = "") -> Path:
 
 
 def parse_dims(value: str | None) -> list[int] | None:
-    """``--retrieval-dims 32,64`` → ``[32, 64]``. Raises ConfigError for anything but integers."""
-    if not value:
+    """``--retrieval-dims 32,64`` → ``[32, 64]``; ``None`` (option not given) → ``None``.
+
+    Raises ConfigError (one line) for an empty value, an empty entry, a non-integer or a K < 1.
+    """
+    if value is None:
         return None
+    parts = [k.strip() for k in value.split(",")]
     try:
-        return [int(k) for k in value.split(",") if k.strip()]
+        dims = [int(k) for k in parts]
     except ValueError:
-        msg = f"--retrieval-dims {value!r}: expected comma-separated integers, e.g. 32,64"
+        dims = []
+    if not dims or min(dims) < 1:
+        msg = f"--retrieval-dims {value!r}: expected comma-separated positive integers, e.g. 32,64"
         raise ConfigError(msg) from None
+    return dims
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -135,14 +142,14 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from bayesncl.evaluation.pipeline import evaluate_command
 
-    parse_dims(args.retrieval_dims)
+    dims = parse_dims(args.retrieval_dims)
     if args.probe_seeds < 1:
         raise ConfigError(f"--probe-seeds {args.probe_seeds}: expected >= 1")
     if args.probe_epochs < 1:
         raise ConfigError(f"--probe-epochs {args.probe_epochs}: expected >= 1")
     evaluate_command(
         args.source,
-        retrieval_dims=args.retrieval_dims,
+        retrieval_dims=dims,
         knn=not args.no_knn,
         overrides=args.overrides,
         probe_seeds=args.probe_seeds,

@@ -276,7 +276,7 @@ def save_split_features(
 def evaluate_command(
     source: str | Path,
     *,
-    retrieval_dims: str | None = None,
+    retrieval_dims: list[int] | None = None,
     knn: bool = True,
     overrides: list[str] | None = None,
     probe_seeds: int = 1,
@@ -298,9 +298,7 @@ def evaluate_command(
     save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
     train = extract_split(model, cfg, "train", device, keys=("h", "features"))
     d = test["features"].shape[1]
-    dims = (
-        [int(k) for k in retrieval_dims.split(",")] if retrieval_dims else list(range(32, d + 1, 32)) or [d]
-    )
+    dims = retrieval_dims or list(range(32, d + 1, 32)) or [d]
     result: dict[str, Any] = compute_all(test["features"], test["labels"], retrieval_dims=dims)
     seeds = [cfg.seed + i for i in range(probe_seeds)]
     if probe == "paper":
