@@ -24,7 +24,7 @@ from bayesncl.checkpoint import (
     set_rng_state,
 )
 from bayesncl.cli import main
-from bayesncl.config import build_config
+from bayesncl.config import ConfigError, build_config
 from bayesncl.evaluation import EvalError, load_features
 from bayesncl.evaluation.pipeline import load_trained
 from bayesncl.models import build_model
@@ -423,6 +423,10 @@ def test_own_checkpoint_overrides_are_limited_to_data_and_eval(tmp_path: Path) -
     assert (cfg.data.test_subset, cfg.eval.batch_size) == (30, 16)
     with pytest.raises(EvalError, match="model.proj_dim cannot be overridden for a bayesncl checkpoint"):
         load_trained(run, overrides=["model.proj_dim=8"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'eval.batchsize'.*eval.batch_size"):
+        load_trained(run, overrides=["eval.batchsize=16"])
+    with pytest.raises(ConfigError, match="unknown config key 'bogus.key'"):
+        load_trained(run, overrides=["bogus.key=1"])
 
 
 def test_own_checkpoint_with_weights_of_another_architecture(tmp_path: Path) -> None:

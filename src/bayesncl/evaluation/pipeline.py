@@ -6,6 +6,7 @@ probe, kNN, retrieval and the figures read its output (PAPER-NOTES §3 for which
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,8 @@ def _load_own(
 
     cfg = config_from_dict(cfg_dict)
     user = parse_overrides(list(overrides or []))
+    for k, v in user.items():  # an unknown or mistyped key: the usual error, with the closest keys
+        set_key(copy.deepcopy(cfg), k, v)
     fixed = [k for k in user if not k.startswith(("data.", "eval."))]
     if fixed:
         raise EvalError(
