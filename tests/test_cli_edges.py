@@ -182,3 +182,16 @@ def test_resume_cannot_shrink_and_reproduce_keeps_variant_keys(
     assert "no such run dir" in _err(capsys)
     assert main(["dynamics", str(run), "--samples", "1"]) == 2
     assert "--samples 1: expected >= 2" in _err(capsys)
+
+
+@pytest.mark.parametrize(
+    "command", ["", "pretrain", "demo", "extract", "metrics", "evaluate", "dynamics", "reproduce", "benchmark"]
+)
+def test_help_is_plain_text(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"] if command else ["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: ") and len(text) > 200
+    for markup in ("``", ":func:", ":class:", ":mod:", ":data:"):
+        assert markup not in text, (command, markup)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -456,12 +457,19 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plain_text(rst: str) -> str:
+    """The module docstring for ``--help``: ``literal`` → literal, :func:`a.b.f` → f, *em* → em."""
+    text = re.sub(r":\w+:`~?(?:[\w.]+\.)?([\w]+)`", r"\1", rst)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    return re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"\1", text)
+
+
 def add_benchmark_parser(subparsers: Any) -> None:
     """Register ``bayesncl benchmark`` on the CLI's subparsers (``func(args) -> int``)."""
     p = subparsers.add_parser(
         "benchmark",
         help="training images/s of CL, NCL and BayesNCL, gate overhead, FLOPs, augmentation speed-up",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        description=_plain_text(__doc__.split("\n\n", 1)[1]) if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
