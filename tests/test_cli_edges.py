@@ -185,7 +185,8 @@ def test_resume_cannot_shrink_and_reproduce_keeps_variant_keys(
 
 
 @pytest.mark.parametrize(
-    "command", ["", "pretrain", "demo", "extract", "metrics", "evaluate", "dynamics", "reproduce", "benchmark"]
+    "command",
+    ["", "pretrain", "demo", "extract", "metrics", "evaluate", "dynamics", "reproduce", "benchmark"],
 )
 def test_help_is_plain_text(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,20 @@ def test_warmup_cosine_schedule() -> None:
     assert s[60] == pytest.approx(0.5)  # cosine midpoint
     assert s[-1] == pytest.approx((1 + __import__("math").cos(__import__("math").pi * 99 / 100)) / 2)
     assert all(a >= b for a, b in zip(s[10:], s[11:], strict=False))
+
+
+def test_gate_settings_on_a_gateless_method_warn_naming_them() -> None:
+    with pytest.warns(UserWarning) as record:
+        build_config(overrides=["method.name=cl", "method.lam=0.1", "method.rho=0.3", "seed=1"])
+    assert [str(w.message) for w in record] == [
+        "method.lam, method.rho have no effect with method.name=cl (method.gate=none, method.topk=false)"
+    ]
+    with pytest.warns(UserWarning, match=r"^method.gate_depth has no effect .*method.topk=true\)$"):
+        build_config(overrides=["method.name=ncl-topk", "method.rho=0.3", "method.gate_depth=3"])
+    with pytest.warns(UserWarning, match=r"^method.gumbel_noise has no effect with method.name=bayesncl "):
+        build_config(overrides=["method.gumbel_noise=logistic"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_config(overrides=["method.name=bayesncl", "method.lam=0.1", "method.rho=0.3"])
+        build_config(overrides=["method.name=ncl", "method.gate=ste", "method.lam=0.1"])  # a part switched on
+        build_config(overrides={"method.name": "cl", "method.lam": 0.1})  # programmatic dicts: no warning

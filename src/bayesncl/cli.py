@@ -10,9 +10,10 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from bayesncl import __version__
 from bayesncl.config import Config, ConfigError, build_config, valid_keys
@@ -351,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
+    show_warning = warnings.formatwarning
+    warnings.formatwarning = _one_line_warning
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:
@@ -361,6 +364,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"bayesncl: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        warnings.formatwarning = show_warning
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
+    return f"bayesncl: warning: {message}\n"
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import difflib
 import math
 import types
 import typing
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,7 +297,31 @@ def build_config(
     for k, v in flat.items():
         set_key(cfg, k, v)
     validate(cfg)
+    if isinstance(overrides, list):  # command-line keys only: a recipe file may serve several methods
+        inert = inert_method_keys(cfg.method, parse_overrides(overrides))
+        if inert:
+            warnings.warn(
+                f"{', '.join(inert)} {'has' if len(inert) == 1 else 'have'} no effect with "
+                f"method.name={cfg.method.name} "
+                f"(method.gate={cfg.method.gate}, method.topk={str(cfg.method.topk).lower()})",
+                stacklevel=2,
+            )
     return cfg
+
+
+def inert_method_keys(method: MethodConfig, keys: typing.Iterable[str]) -> list[str]:
+    """Those of ``keys`` (dotted) that cannot change a run of ``method``: the gating head's settings
+    when ``method.gate=none``, ``method.rho`` when there is neither gate nor TopK, the Gumbel noise
+    without the Gumbel gate. E.g. ``method.lam`` for ``cl``."""
+    gate_only = {"lam", "gate_depth", "gate_hidden", "detach", "gate_lr_ratio", "threshold", "gate_tau"}
+    inert = set()
+    if method.gate == "none":
+        inert |= gate_only
+        if not method.topk:
+            inert.add("rho")
+    if method.gate != "gumbel":
+        inert.add("gumbel_noise")
+    return [k for k in keys if k.startswith("method.") and k.split(".", 1)[1] in inert]
 
 
 def set_key(cfg: Config, key: str, value: Any) -> None:
