@@ -255,6 +255,50 @@ def test_imagefolder_corrupt_at_load_time(tmp_path, monkeypatch):
     assert images._src.num_skipped == 1
 
 
+
+def test_imagefolder_class_list_selects_and_orders_classes(tmp_path):
+    """data.classes takes e.g. ImageNet-100 from a full ImageNet folder: only the listed classes,
+    labelled in sorted order (as a ready-made folder of just those classes would be)."""
+    write_folder(tmp_path, corrupt=False)  # cat, dog: 6 train + 2 val images each
+    for split in ("train", "val"):
+        (tmp_path / split / "ant").mkdir()
+        Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / split / "ant" / "0.png")
+    listing = tmp_path / "classes.txt"
+    listing.write_text("# two of the three classes\ndog\n\n cat, # a comment\n")
+    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=32, classes=str(listing))
+    info = dataset_info(cfg)
+    assert info.class_names == ("cat", "dog") and (info.num_train, info.num_test) == (12, 4)
+    _, labels = load_split_images(cfg, "train")
+    assert labels.tolist() == [0] * 6 + [1] * 6
+    listing.write_text("dog\n")
+    _load_split_cached.cache_clear()
+    _, labels = load_split_images(cfg, "test")
+    assert dataset_info(cfg).class_names == ("dog",) and labels.tolist() == [0, 0]
+    bad = {
+        "cat\nzebra\nyak\n": f"{tmp_path / 'train'} lacks 2 of the 3 classes listed in data.classes: "
+        "yak, zebra",
+        "cat dog\ncat\n": f"data.classes={listing}: repeated class name(s) cat",
+        "# nothing\n\n": f"data.classes={listing}: the file lists no class folder names",
+    }
+    for text, message in bad.items():
+        listing.write_text(text)
+        _load_split_cached.cache_clear()
+        with pytest.raises(DataError) as e:
+            dataset_info(cfg)
+        assert str(e.value) == message
+    with pytest.raises(DataError, match=r"^data.classes=.*nope.txt: cannot read the class list \(No such"):
+        dataset_info(dataclasses.replace(cfg, classes=str(tmp_path / "nope.txt")))
+
+
+def test_class_list_is_for_image_folders_only():
+    from bayesncl.config import ConfigError, build_config
+
+    with pytest.raises(ConfigError) as e:
+        build_config(overrides=["data.name=cifar10", "data.classes=list.txt"])
+    expected = "data.classes=list.txt: a class list selects folders of data.name=imagefolder, not cifar10"
+    assert str(e.value) == expected
+
+
 # ----------------------------------------------------------------------------- errors
 def test_missing_and_empty_dirs(tmp_path):
     missing = tmp_path / "nowhere"
@@ -467,3 +511,14 @@ def test_spec_gray_and_blur_kernel(fmnist):
     rgb = augment_spec(DataConfig(name="synthetic", blur_prob=0.0, crop_min_scale=0.2))
     assert rgb.gray_p == 0.2 and rgb.hue == 0.2 and rgb.blur_p == 0.0 and rgb.crop_min_scale == 0.2
     assert mix_seed(1, 2) != mix_seed(2, 1) and mix_seed(0) == mix_seed(0) >= 0
+
+
+CMC_LIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "imagenet100_classes.txt"
+
+
+@pytest.mark.skipif(not CMC_LIST.is_file(), reason="the team's copy of the CMC ImageNet-100 list is not here")
+def test_the_cmc_imagenet100_list_reads_as_100_wordnet_ids():
+    from bayesncl.data.datasets import read_class_list
+
+    names = read_class_list(CMC_LIST)
+    assert len(names) == 100 and all(n.startswith("n") and len(n) == 9 for n in names)

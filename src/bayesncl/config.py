@@ -45,6 +45,7 @@ class DataConfig:
     crop_min_scale: float = 0.08
     blur_prob: float = 0.5
     skip_corrupt: bool = False  # imagefolder: skip unreadable images instead of failing
+    classes: str | None = None  # imagefolder: a file listing the class folders to use (e.g. ImageNet-100)
 
 
 @dataclass
@@ -393,6 +394,10 @@ def validate(cfg: Config) -> None:
     _check(d.test_subset >= 0, f"data.test_subset={d.test_subset}: expected >= 0")
     _check(0.0 < d.crop_min_scale <= 1.0, f"data.crop_min_scale={d.crop_min_scale}: expected (0, 1]")
     _check(d.num_workers >= 0, f"data.num_workers={d.num_workers}: expected >= 0")
+    _check(
+        not d.classes or d.name == "imagefolder",
+        f"data.classes={d.classes}: a class list selects folders of data.name=imagefolder, not {d.name}",
+    )
     for k in cfg.eval.retrieval_dims:
         _check(1 <= k <= mo.proj_dim, f"eval.retrieval_dims: K={k}: expected 1 <= K <= D={mo.proj_dim}")
     dev = t.device

@@ -476,7 +476,35 @@ def _folder_split_dir(r: Path, split: str) -> Path:
     return r / "val" if (r / "val").is_dir() or not (r / "test").is_dir() else r / "test"
 
 
-def _scan_folder(d: Path, class_names: Sequence[str] | None) -> tuple[list[str], np.ndarray, tuple[str, ...]]:
+def read_class_list(path: str | os.PathLike[str]) -> tuple[str, ...]:
+    """The class folder names listed in a text file (``data.classes``), sorted.
+
+    Names are separated by whitespace, commas or newlines (the CMC ImageNet-100 list is one line of
+    WordNet ids); ``#`` starts a comment. Sorted like torchvision's ImageFolder, so an ImageNet-100
+    taken from a full ImageNet folder gets the same labels as a ready-made ImageNet-100 folder.
+    Raises DataError (one line) if the file is missing or unreadable, lists nothing, or repeats a name.
+    """
+    f = _expand(str(path))
+    try:
+        lines = f.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        raise DataError(f"data.classes={path}: cannot read the class list ({reason})") from None
+    names = [n for ln in lines for n in ln.split("#", 1)[0].replace(",", " ").split()]
+    if not names:
+        raise DataError(f"data.classes={path}: the file lists no class folder names")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise DataError(f"data.classes={path}: repeated class name(s) {', '.join(repeated[:5])}")
+    return tuple(sorted(names))
+
+
+def _scan_folder(
+    d: Path, class_names: Sequence[str] | None, *, subset: bool = False
+) -> tuple[list[str], np.ndarray, tuple[str, ...]]:
+    """Image paths and labels of one split folder. ``class_names`` fixes the label order (None:
+    the sorted sub-folders); ``subset=True`` takes only those classes (``data.classes``) and
+    requires every one of them, else every sub-folder must be one of them."""
     hint = "expected <split>/<class>/<image files> (ImageFolder layout)"
     if not d.is_dir():
         raise DataError(f"image folder split {d} does not exist: {hint}")
@@ -485,7 +513,14 @@ def _scan_folder(d: Path, class_names: Sequence[str] | None) -> tuple[list[str],
         class_names = tuple(found)
     if not class_names:
         raise DataError(f"image folder {d} has no class sub-folders (it is empty): {hint}")
-    unknown = sorted(set(found) - set(class_names))
+    if subset:
+        missing = sorted(set(class_names) - set(found))
+        if missing:
+            raise DataError(
+                f"{d} lacks {len(missing)} of the {len(class_names)} classes listed in data.classes: "
+                f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}"
+            )
+    unknown = [] if subset else sorted(set(found) - set(class_names))
     if unknown:
         raise DataError(f"{d} has class folders not in the train split: {', '.join(unknown[:5])}")
     paths: list[str] = []
@@ -525,15 +560,15 @@ def _corrupt_error(path: str, reason: str, more: int = 0) -> DataError:
     )
 
 
-def _load_folder(root: str | None, split: str, skip_corrupt: bool) -> _Split:
+def _load_folder(root: str | None, split: str, skip_corrupt: bool, classes: str | None = None) -> _Split:
     r = _folder_root(root)
     train_dir = r / "train"
-    class_names = None
-    if split == "test":
+    class_names = read_class_list(classes) if classes else None
+    if split == "test" and class_names is None:
         if not train_dir.is_dir():
             raise DataError(f"image folder {r} has no train/ sub-folder (needed for the class list)")
         class_names = tuple(sorted(e.name for e in os.scandir(train_dir) if e.is_dir()))
-    paths, labels, names = _scan_folder(_folder_split_dir(r, split), class_names)
+    paths, labels, names = _scan_folder(_folder_split_dir(r, split), class_names, subset=bool(classes))
     skipped: list[str] = []
     if len(paths) <= VERIFY_MAX_FILES:
         bad = [(p, why) for p in paths if (why := _verify_image(p)) is not None]
@@ -556,7 +591,9 @@ def _load_folder(root: str | None, split: str, skip_corrupt: bool) -> _Split:
 
 # ============================================================================ loading + subsets
 @functools.lru_cache(maxsize=6)
-def _load_split_cached(name: str, root: str | None, download: bool, split: str, skip_corrupt: bool) -> _Split:
+def _load_split_cached(
+    name: str, root: str | None, download: bool, split: str, skip_corrupt: bool, classes: str | None = None
+) -> _Split:
     if name == "fashion-mnist":
         return _load_fmnist(root, download, split)
     if name in CIFAR:
@@ -564,7 +601,7 @@ def _load_split_cached(name: str, root: str | None, download: bool, split: str, 
     if name == "synthetic":
         x, y = _synthetic(split)
         return _Split(y, SYNTHETIC_CLASSES, f"synthetic(seed={SYNTHETIC_SEED})", images=x)
-    return _load_folder(root, split, skip_corrupt)
+    return _load_folder(root, split, skip_corrupt, classes)
 
 
 def _load_full(cfg: Any, split: str) -> _Split:
@@ -576,6 +613,7 @@ def _load_full(cfg: Any, split: str) -> _Split:
         bool(_cfg_get(cfg, "download", False)),
         _check_split(split),
         bool(_cfg_get(cfg, "skip_corrupt", False)),
+        _cfg_get(cfg, "classes", None) or None,
     )
 
 
