@@ -86,8 +86,8 @@ ROWS: dict[str, str] = {
     "K9": E + "<tmp>/nowhere: no such run dir or checkpoint file",
     "T1": E + "non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=…; no epoch had finished, so there is "
     "no checkpoint: fix the cause and rerun with --overwrite",
-    "T2": "bayesncl: interrupted: stopped in epoch … at step …; state saved to <tmp>/run/interrupted.pt; "
-    "--resume continues from last.pt",
+    "T2": "bayesncl: interrupted: stopped in epoch … after … of its … steps; state saved to "
+    "<tmp>/run/last.pt; --resume continues from that step",
     "T3": "warning: gate collapse: 100% of rows have every gate closed",
 }
 

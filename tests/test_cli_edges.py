@@ -172,7 +172,7 @@ def test_resume_cannot_shrink_and_reproduce_keeps_variant_keys(
     run = tmp_path / "run"
     assert main(["pretrain", "--run-dir", str(run), *TINY_BASE, "train.epochs=2", "--no-eval"]) == 0
     assert main(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=1"]) == 2
-    assert "train.epochs=1 is fewer than the 2 epochs the run has done" in _err(capsys)
+    assert "train.epochs=1 is fewer than 2: the run has done 2 epochs; give train.epochs >= 2" in _err(capsys)
     assert yaml.safe_load((run / "config.yaml").read_text())["train"]["epochs"] == 2
     assert main(["reproduce", "2", "--dataset", "fashion-mnist", "method.name=cl"]) == 2
     assert "method.name define the variants of table 2" in _err(capsys)

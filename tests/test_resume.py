@@ -2,8 +2,8 @@
 
 - SIGKILL during epoch 3, then ``--resume``: the same final weights as an uninterrupted run, bit for
   bit, and nothing lost beyond the last checkpoint (one epoch).
-- SIGINT: ``interrupted.pt`` is saved, the exit is clean (status 130, one line), ``--resume``
-  continues from ``last.pt``.
+- SIGINT / SIGTERM: the mid-epoch state goes to ``last.pt``, the exit is clean (status 130 / 143,
+  one line), and ``--resume`` continues from that step, bit-identical to an uninterrupted run.
 - Non-finite loss: a one-line error naming the step and the loss parts; the last good checkpoint
   is kept.
 - fp16 overflow: the grad scaler skips the step and lowers its scale; training goes on.
@@ -131,34 +131,62 @@ def test_sigkill_in_epoch_3_then_resume_is_bit_identical(tmp_path: Path) -> None
 
 # ----------------------------------------------------------------------------- SIGINT
 @pytest.mark.slow
-def test_sigint_saves_interrupted_pt_exits_130_and_resume_continues(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    proc = start_cli(["pretrain", "--run-dir", str(run), *TINY, "train.epochs=6", "--no-eval"], delay=0.2)
-    wait_for(lambda: (run / "last.pt").exists(), proc)
-    proc.send_signal(signal.SIGINT)
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_mid_epoch_saves_last_pt_and_resume_is_bit_identical(
+    tmp_path: Path, signum: int, status: int
+) -> None:
+    """Ctrl-C or SIGTERM (a scheduler's preemption) inside epoch 2: the step in progress finishes,
+    last.pt holds the mid-epoch state, and --resume ends bit-identical to an uninterrupted run."""
+    args = [*TINY, "data.train_subset=192", "train.epochs=3", "--no-eval"]  # 6 steps per epoch
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    code, _, err = run_cli(["pretrain", "--run-dir", str(straight), *args])
+    assert code == 0, err
+
+    proc = start_cli(["pretrain", "--run-dir", str(run), *args], delay=0.15)
+    wait_for(lambda: len(log_rows(run)) == 1, proc)
+    time.sleep(0.4)  # into epoch 2
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == status, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
-    saved = re.escape(str(run / "interrupted.pt"))
-    assert re.fullmatch(
-        rf"bayesncl: interrupted: stopped in epoch \d+ at step \d+; state saved to {saved}; "
-        r"--resume continues from last\.pt",
+    found = re.fullmatch(
+        r"bayesncl: interrupted: stopped in epoch 2 after (\d) of its 6 steps; state saved to "
+        rf"{re.escape(str(run / 'last.pt'))}; --resume continues from that step",
         lines[0],
     )
-
-    interrupted = load_checkpoint_file(run / "interrupted.pt")
-    last = load_checkpoint_file(run / "last.pt")
-    assert interrupted["format"] == "bayesncl-checkpoint-v1"
-    assert interrupted["step"] > last["step"] and interrupted["epoch"] == last["epoch"]
-    model, cfg, _ = load_trained(run / "interrupted.pt", device=torch.device("cpu"))
+    assert found, lines[0]
+    n_seen = int(found.group(1))
+    saved = load_checkpoint_file(run / "last.pt")
+    assert (saved["epoch"], saved["step"], saved["partial"]["n_seen"]) == (1, 6 + n_seen, n_seen)
+    assert 1 <= n_seen <= 6 and [r["epoch"] for r in log_rows(run)] == ["1"]
+    model, cfg, _ = load_trained(run / "last.pt", device=torch.device("cpu"))
     assert cfg.method.name == "bayesncl" and all(torch.isfinite(p).all() for p in model.parameters())
 
-    done = len(log_rows(run))
     code, _, err = run_cli(["pretrain", "--run-dir", str(run), "--resume"])
     assert code == 0, err
-    assert [int(r["epoch"]) for r in log_rows(run)] == list(range(1, 7))
-    assert load_checkpoint_file(run / "last.pt")["epoch"] == 6 and done >= 1
+    assert_same_weights(straight / "last.pt", run / "last.pt")
+    after, ref = log_rows(run), log_rows(straight)
+    assert [r["epoch"] for r in after] == ["1", "2", "3"]
+    for r, s in zip(after, ref, strict=True):  # epoch 2's row includes the steps before the signal
+        assert {k: v for k, v in r.items() if k != "epoch_time_s"} == {
+            k: v for k, v in s.items() if k != "epoch_time_s"
+        }
+    assert load_checkpoint_file(run / "last.pt")["partial"] is None
+
+
+def test_resume_inside_an_epoch_needs_that_epoch(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    pretrain(build_config(overrides=[*TINY, "train.epochs=2"]), run, evaluate=False)
+    ckpt = load_checkpoint_file(run / "last.pt")
+    ckpt.update(epoch=1, partial={"n_seen": 1, "sums": torch.zeros(6), "elapsed": 0.0})
+    ckpt["step"] = ckpt["steps_per_epoch"] + 1
+    torch.save(ckpt, run / "last.pt")
+    code, _, err = run_cli(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=1"])
+    assert code == 2 and err.strip() == (
+        "bayesncl: error: --resume: train.epochs=1 is fewer than 2: the run stopped inside epoch 2; "
+        "give train.epochs >= 2 to continue it"
+    )
 
 
 # ----------------------------------------------------------------------------- resume details

@@ -113,6 +113,10 @@ class TrainState:
     epoch: int = 0  # epochs completed
     step: int = 0  # optimiser steps completed
     log: list[dict[str, Any]] = field(default_factory=list)
+    # A run stopped inside an epoch (Ctrl-C, SIGTERM): {"n_seen": steps done in epoch+1, "sums": (6,)
+    # running sums of the step statistics (means over processes), "elapsed": seconds}; else None.
+    partial: dict[str, Any] | None = None
+    steps_per_epoch: int = 0
 
 
 def save_checkpoint(
@@ -134,6 +138,8 @@ def save_checkpoint(
             "epoch": state.epoch,
             "step": state.step,
             "log": state.log,
+            "partial": state.partial,
+            "steps_per_epoch": state.steps_per_epoch,
             "rng": rng_state(),
         },
         path,
@@ -335,23 +341,22 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     if resume:
         ckpt_path = run_dir / "last.pt"
         if not ckpt_path.exists():
-            extra = (
-                f" ({run_dir / 'interrupted.pt'} holds a mid-epoch state, which cannot be resumed "
-                "bit-identically: start again with --overwrite)"
-                if (run_dir / "interrupted.pt").exists()
-                else ""
-            )
-            raise RunDirError(f"--resume: no checkpoint {ckpt_path} to resume from{extra}")
+            raise RunDirError(f"--resume: no checkpoint {ckpt_path} to resume from")
         try:
             ckpt = load_checkpoint_file(ckpt_path)
         except CheckpointError as e:
             raise RunDirError(f"--resume: {e}") from None
         if not is_bayesncl_checkpoint(ckpt):
             raise RunDirError(f"--resume: {ckpt_path} is not a bayesncl checkpoint ({CHECKPOINT_FORMAT})")
-        if cfg.train.epochs < ckpt["epoch"]:
+        started = ckpt["epoch"] + (1 if ckpt.get("partial") else 0)  # epochs begun
+        if cfg.train.epochs < started:
+            done = (
+                f"the run stopped inside epoch {started}" if ckpt.get("partial")
+                else f"the run has done {started} epochs"
+            )
             raise RunDirError(
-                f"--resume: train.epochs={cfg.train.epochs} is fewer than the {ckpt['epoch']} epochs the run "
-                "has done; give train.epochs >= that to continue it"
+                f"--resume: train.epochs={cfg.train.epochs} is fewer than {started}: {done}; give "
+                f"train.epochs >= {started} to continue it"
             )
         old = config_from_dict(ckpt["config"])
         diff = describe_config_diff(old, cfg)

@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:
         print(f"bayesncl: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
-        return 130
+        return int(getattr(e, "exit_code", 130))
     except Exception as e:
         if not isinstance(e, user_errors()):
             raise

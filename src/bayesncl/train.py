@@ -279,7 +279,7 @@ def pretrain(
     try:
         return _pretrain(cfg, Path(run_dir), world, resume=resume, overwrite=overwrite, evaluate=evaluate)
     finally:
-        _restore_sigint()
+        _restore_stop_handlers()
         world.close()
 
 
@@ -322,10 +322,14 @@ def _pretrain(
         final=cfg.train.min_lr,
     )
 
-    state = TrainState()
+    state = TrainState(steps_per_epoch=steps_per_epoch)
     if ckpt is not None:
-        if ckpt["step"] != ckpt["epoch"] * steps_per_epoch:
-            done = ckpt["step"] // max(ckpt["epoch"], 1)
+        partial = ckpt.get("partial")
+        in_epoch = ckpt["step"] - ckpt["epoch"] * steps_per_epoch
+        if ckpt.get("steps_per_epoch", steps_per_epoch) != steps_per_epoch or in_epoch != (
+            partial["n_seen"] if partial else 0
+        ):
+            done = ckpt.get("steps_per_epoch") or ckpt["step"] // max(ckpt["epoch"], 1)
             raise RunDirError(
                 f"--resume: the run took {done} steps per epoch, this launch takes {steps_per_epoch} "
                 f"({world.world_size} process(es) x batch {cfg.train.batch_size}); relaunch with as "
@@ -334,7 +338,10 @@ def _pretrain(
         model.load_state_dict(ckpt["state_dict"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
-        state = TrainState(epoch=ckpt["epoch"], step=ckpt["step"], log=list(ckpt["log"]))
+        state = TrainState(
+            epoch=ckpt["epoch"], step=ckpt["step"], log=list(ckpt["log"]), partial=partial,
+            steps_per_epoch=steps_per_epoch,
+        )
         if world.is_main:
             set_rng_state(ckpt["rng"])
         else:  # the checkpoint holds rank 0's RNG; the other ranks restart their own stream
@@ -351,15 +358,17 @@ def _pretrain(
 
     step_model = wrap_for_training(model, cfg, world)
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
-    interrupted = _install_sigint()
+    interrupted = _install_stop_handlers()
     stop = False
     for epoch in range(state.epoch, cfg.train.epochs):
-        loader.set_epoch(epoch)
+        partial, state.partial = state.partial, None  # a run stopped inside this epoch goes on from there
+        n_seen = partial["n_seen"] if partial else 0
+        loader.set_epoch(epoch, start_step=n_seen)
         model.train()
-        t0 = time.time()
-        sums = torch.zeros(6, device=device)  # loss, nce, kl, gate_open, all_closed, probe_correct
-        n_seen = 0
-        bar = _progress(loader, epoch, cfg, world)
+        t0 = time.time() - (partial["elapsed"] if partial else 0.0)
+        # running sums of loss, nce, kl, gate_open, all_closed, probe_correct
+        sums = partial["sums"].to(device) if partial else torch.zeros(6, device=device)
+        bar = _progress(loader, epoch, cfg, world, initial=n_seen)
         for x1, x2, y in prefetch_to_device(bar, device):
             lr = float(schedule[state.step])
             set_lr(optimizer, lr, lr / lr_base if lr_base > 0 else 1.0)
@@ -372,7 +381,7 @@ def _pretrain(
             state.step += 1
             if device.type == "cpu" or state.step % 25 == 0 or n_seen == steps_per_epoch:
                 # the only host sync: means over every process, and whether any was interrupted
-                means, stop = _global_means(sums / n_seen, interrupted["flag"])
+                means, stop = _global_means(sums / n_seen, interrupted["signal"] is not None)
                 if not math.isfinite(means[0]):
                     raise TrainingError(
                         # CPU checks every step; CUDA every 25 steps (no per-step host sync)
@@ -392,20 +401,21 @@ def _pretrain(
                         post["open"] = f"{means[3]:.2f}"
                     bar.set_postfix(post)
             # several processes stop together, at a sync point; one process at once
-            stop = stop or (interrupted["flag"] and not world.distributed)
+            stop = stop or (interrupted["signal"] is not None and not world.distributed)
             if stop:
                 break
-        if stop:
+        if stop:  # every process stops after the same step (decided at a sync point)
+            state.partial = {
+                "n_seen": n_seen,
+                "sums": distributed.all_reduce_mean(sums.clone()).cpu(),  # every rank's share
+                "elapsed": time.time() - t0,
+            }
             if world.is_main:
-                save_checkpoint(run_dir / "interrupted.pt", model, optimizer, scaler, state, cfg)
-            raise KeyboardInterrupt(
-                f"stopped in epoch {epoch + 1} at step {state.step}; state saved to "
-                f"{run_dir / 'interrupted.pt'}; "
-                + (
-                    "--resume continues from last.pt"
-                    if (run_dir / "last.pt").exists()
-                    else "no epoch had finished: rerun with --overwrite to start again"
-                )
+                save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
+            raise TrainingInterrupted(
+                f"stopped in epoch {epoch + 1} after {n_seen} of its {steps_per_epoch} steps; state saved "
+                f"to {run_dir / 'last.pt'}; --resume continues from that step",
+                signum=interrupted["signal"] or signal.SIGINT,
             )
         means, _ = _global_means(sums / max(n_seen, 1), False)
         row = {
@@ -433,7 +443,7 @@ def _pretrain(
         if every and state.epoch % every == 0:
             save_checkpoint(run_dir / f"epoch-{state.epoch:04d}.pt", model, optimizer, scaler, state, cfg)
 
-    _restore_sigint()
+    _restore_stop_handlers()
     if not world.is_main:
         return {}
     export_encoder(model, run_dir)
@@ -489,7 +499,7 @@ def load_run_config(run_dir: Path) -> Config:
     return config_from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
 
 
-def _progress(loader: Any, epoch: int, cfg: Config, world: distributed.World) -> Any:
+def _progress(loader: Any, epoch: int, cfg: Config, world: distributed.World, initial: int = 0) -> Any:
     if not cfg.train.progress or not world.is_main:
         return loader
     from tqdm.auto import tqdm
@@ -497,34 +507,48 @@ def _progress(loader: Any, epoch: int, cfg: Config, world: distributed.World) ->
     return tqdm(
         loader,
         desc=f"{cfg.method.name} epoch {epoch + 1}/{cfg.train.epochs}",
+        initial=initial,
+        total=len(loader),
         leave=False,
         dynamic_ncols=True,
     )
 
 
-_PREVIOUS_SIGINT: list[Any] = []
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped by Ctrl-C or SIGTERM after saving a resumable ``last.pt`` (one-line message);
+    ``exit_code`` is 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
 
 
-def _install_sigint() -> dict[str, bool]:
-    """First Ctrl-C during the epochs: finish the current step, save ``interrupted.pt`` and stop
-    cleanly. :func:`_restore_sigint` puts the previous handler back (evaluation is interruptible)."""
-    flag = {"flag": False}
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-
-        def handler(signum: int, frame: Any) -> None:
-            flag["flag"] = True
-            signal.signal(signal.SIGINT, previous)
-
-        signal.signal(signal.SIGINT, handler)
-        _PREVIOUS_SIGINT.append(previous)
-    except ValueError:  # not the main thread
-        pass
-    return flag
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; a cluster scheduler's preemption notice
+_PREVIOUS_HANDLERS: list[tuple[int, Any]] = []
 
 
-def _restore_sigint() -> None:
-    while _PREVIOUS_SIGINT:
-        previous = _PREVIOUS_SIGINT.pop()
+def _install_stop_handlers() -> dict[str, int | None]:
+    """First Ctrl-C or SIGTERM during the epochs: finish the current step, save ``last.pt`` (mid-epoch,
+    resumable) and stop cleanly; a second one acts at once (the previous handler is back).
+    :func:`_restore_stop_handlers` restores the handlers after the epochs (evaluation is interruptible)."""
+    received: dict[str, int | None] = {"signal": None}
+    for signum in STOP_SIGNALS:
+        try:
+            previous = signal.getsignal(signum)
+
+            def handler(sig: int, frame: Any, previous: Any = previous) -> None:
+                received["signal"] = received["signal"] or sig
+                signal.signal(sig, previous)
+
+            signal.signal(signum, handler)
+            _PREVIOUS_HANDLERS.append((signum, previous))
+        except ValueError:  # not the main thread
+            pass
+    return received
+
+
+def _restore_stop_handlers() -> None:
+    while _PREVIOUS_HANDLERS:
+        signum, previous = _PREVIOUS_HANDLERS.pop()
         with suppress(ValueError):
-            signal.signal(signal.SIGINT, previous)
+            signal.signal(signum, previous)

@@ -103,8 +103,8 @@ def load_trained(
 ) -> tuple[ContrastiveModel, Config, Path]:
     """Load a trained model safely from a run dir or a checkpoint file.
 
-    source: a run dir (its ``last.pt``); a bayesncl checkpoint (``last.pt``, ``epoch-NNNN.pt``,
-    ``interrupted.pt``: format ``bayesncl-checkpoint-v1``); a run's ``encoder.safetensors`` (next
+    source: a run dir (its ``last.pt``); a bayesncl checkpoint (``last.pt``, ``epoch-NNNN.pt``:
+    format ``bayesncl-checkpoint-v1``); a run's ``encoder.safetensors`` (next
     to its ``config.yaml``); or an authors'-layout BayesNCL/NCL checkpoint (Lightning ``.ckpt`` or
     bare state dict with ``backbone.*``, ``projector.*``, ``gating_head.*``, ``classifier.*``),
     see :mod:`bayesncl.official`.
