@@ -97,18 +97,29 @@ def assert_same_weights(a: Path, b: Path) -> None:
         assert torch.equal(sa[k], sb[k]), k
 
 
+def straight_then_signalled(
+    straight: Path, run: Path, *, epochs: int, signum: int, after_epochs: int, delay: float, wait: float
+) -> subprocess.Popen[str]:
+    """Train ``straight`` uninterrupted; then start the same run in ``run`` (paced by ``delay`` s a
+    step) and send ``signum`` ``wait`` s after its epoch ``after_epochs`` is logged. 6 steps an epoch."""
+    args = [*TINY, "data.train_subset=192", f"train.epochs={epochs}", "--no-eval"]
+    code, _, err = run_cli(["pretrain", "--run-dir", str(straight), *args])
+    assert code == 0, err
+    proc = start_cli(["pretrain", "--run-dir", str(run), *args], delay=delay)
+    wait_for(lambda: len(log_rows(run)) == after_epochs, proc)
+    time.sleep(wait)
+    proc.send_signal(signum)
+    return proc
+
+
 # ----------------------------------------------------------------------------- SIGKILL + --resume
 @pytest.mark.slow
 def test_sigkill_in_epoch_3_then_resume_is_bit_identical(tmp_path: Path) -> None:
-    args = [*TINY, "data.train_subset=192", "train.epochs=4", "--no-eval"]  # 6 steps per epoch
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    code, _, err = run_cli(["pretrain", "--run-dir", str(straight), *args])
-    assert code == 0, err
-
-    proc = start_cli(["pretrain", "--run-dir", str(killed), *args], delay=0.1)
-    wait_for(lambda: len(log_rows(killed)) == 2, proc)
-    time.sleep(0.25)  # into epoch 3 (>= 0.6 s of paced steps); epoch 2's last.pt is written by now
-    proc.send_signal(signal.SIGKILL)
+    # into epoch 3 (>= 0.6 s of paced steps); epoch 2's last.pt is written by now
+    proc = straight_then_signalled(
+        straight, killed, epochs=4, signum=signal.SIGKILL, after_epochs=2, delay=0.1, wait=0.25
+    )
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL
     before = log_rows(killed)
@@ -137,15 +148,10 @@ def test_signal_mid_epoch_saves_last_pt_and_resume_is_bit_identical(
 ) -> None:
     """Ctrl-C or SIGTERM (a scheduler's preemption) inside epoch 2: the step in progress finishes,
     last.pt holds the mid-epoch state, and --resume ends bit-identical to an uninterrupted run."""
-    args = [*TINY, "data.train_subset=192", "train.epochs=3", "--no-eval"]  # 6 steps per epoch
     straight, run = tmp_path / "straight", tmp_path / "run"
-    code, _, err = run_cli(["pretrain", "--run-dir", str(straight), *args])
-    assert code == 0, err
-
-    proc = start_cli(["pretrain", "--run-dir", str(run), *args], delay=0.15)
-    wait_for(lambda: len(log_rows(run)) == 1, proc)
-    time.sleep(0.4)  # into epoch 2
-    proc.send_signal(signum)
+    proc = straight_then_signalled(
+        straight, run, epochs=3, signum=signum, after_epochs=1, delay=0.15, wait=0.4  # into epoch 2
+    )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == status, err
     lines = err.strip().splitlines()
