@@ -84,8 +84,8 @@ ROWS: dict[str, str] = {
     "data: pass it as overrides, e.g. data.name=cifar100 data.root=DIR",
     "K8": E + "<tmp> holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)",
     "K9": E + "<tmp>/nowhere: no such run dir or checkpoint file",
-    "T1": E + "non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=…; no epoch had finished, so there is "
-    "no checkpoint: fix the cause and rerun with --overwrite",
+    "T1": E + "non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=…; no epoch had finished, so nothing "
+    "was kept: fix the cause and rerun",
     "T2": "bayesncl: interrupted: stopped in epoch … after … of its … steps; state saved to "
     "<tmp>/run/last.pt; --resume continues from that step",
     "T3": "warning: gate collapse: 100% of rows have every gate closed",

@@ -286,14 +286,18 @@ def test_non_finite_loss_stops_naming_step_and_parts_and_keeps_last_good_checkpo
 def test_non_finite_loss_from_the_cli_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(train_module, "contrastive_loss", _nan_at(2))
-    assert main(["pretrain", "--run-dir", str(tmp_path / "run"), *TINY, "train.epochs=2"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("bayesncl: error: non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=")
-    assert err.endswith(
-        "; no epoch had finished, so there is no checkpoint: fix the cause and rerun with --overwrite"
-    )
-    assert "\n" not in err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    for run in (tmp_path / "run", tmp_path / "mine"):  # a new dir, and an existing one with a user file
+        monkeypatch.setattr(train_module, "contrastive_loss", _nan_at(2))
+        assert main(["pretrain", "--run-dir", str(run), *TINY, "train.epochs=2"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("bayesncl: error: non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=")
+        assert err.endswith("; no epoch had finished, so nothing was kept: fix the cause and rerun")
+        assert "\n" not in err
+    # nothing was kept: the new run dir is gone, the existing one holds only the user's file again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
 
 
 # ----------------------------------------------------------------------------- fp16 overflow
@@ -363,3 +367,21 @@ def test_gate_collapse_warns(
     (r,) = log_rows(run)
     assert float(r["gate_open"]) == 0.0 and float(r["rows_all_closed"]) == 1.0
     assert "warning: gate collapse: 100% of rows have every gate closed" in capsys.readouterr().out
+
+
+def test_ctrl_c_during_the_final_evaluation_says_training_is_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import bayesncl.evaluation.pipeline as pipeline
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "evaluate_model", interrupted)
+    run = tmp_path / "run"
+    assert main(["pretrain", "--run-dir", str(run), *TINY, "train.epochs=1"]) == 130
+    assert capsys.readouterr().err.strip() == (
+        f"bayesncl: interrupted: stopped during the end-of-training evaluation; training is complete "
+        f"({run / 'last.pt'}): `bayesncl evaluate {run}` evaluates it"
+    )
+    assert load_checkpoint_file(run / "last.pt")["epoch"] == 1 and (run / "encoder.safetensors").exists()

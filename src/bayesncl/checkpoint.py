@@ -306,6 +306,20 @@ def clear_run_artifacts(run_dir: Path) -> None:
             shutil.rmtree(folder)
 
 
+def discard_unstarted_run(run_dir: Path, existed: bool) -> None:
+    """After a fresh run failed before writing its first checkpoint (bad data found mid-epoch, a
+    non-finite loss in epoch 1, ...): remove what it wrote (``config.yaml``, temporaries), and the run
+    dir itself if this run created it and it is now empty, so the same command can simply be rerun.
+    A run dir that holds a ``last.pt`` is left alone."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or (run_dir / "last.pt").exists():
+        return
+    (run_dir / "config.yaml").unlink(missing_ok=True)
+    remove_stale_temporaries(run_dir)
+    if not existed and not any(run_dir.iterdir()):
+        run_dir.rmdir()
+
+
 def archive_results(run_dir: Path, epoch: int) -> Path | None:
     """Move the results of the ``epoch``-epoch run (``RESULT_ARTIFACTS``: exported encoder, metrics,
     evaluation, features, figures, dynamics) into ``run_dir/results-epoch-NNNN/`` before a --resume

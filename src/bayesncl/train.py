@@ -39,6 +39,7 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
     archive_results,
     atomic_save,
     clear_run_artifacts,
+    discard_unstarted_run,
     prepare_run_dir,
     save_checkpoint,
     seed_everything,
@@ -276,8 +277,14 @@ def pretrain(
     seed and data shard; only rank 0 writes the run dir, prints and evaluates (others return {}).
     """
     world = distributed.setup(cfg.train.device)
+    run_dir = Path(run_dir)
+    existed = run_dir.exists()
     try:
-        return _pretrain(cfg, Path(run_dir), world, resume=resume, overwrite=overwrite, evaluate=evaluate)
+        return _pretrain(cfg, run_dir, world, resume=resume, overwrite=overwrite, evaluate=evaluate)
+    except Exception:
+        if world.is_main and not resume:  # a fresh run that failed before its first checkpoint: no trace
+            discard_unstarted_run(run_dir, existed)
+        raise
     finally:
         _restore_stop_handlers()
         world.close()
@@ -391,8 +398,7 @@ def _pretrain(
                         + (
                             f"the last good checkpoint {run_dir / 'last.pt'} is kept"
                             if (run_dir / "last.pt").exists()
-                            else "no epoch had finished, so there is no checkpoint: fix the cause and "
-                            "rerun with --overwrite"
+                            else "no epoch had finished, so nothing was kept: fix the cause and rerun"
                         )
                     )
                 if hasattr(bar, "set_postfix"):
@@ -451,7 +457,13 @@ def _pretrain(
         return {}
     from bayesncl.evaluation.pipeline import evaluate_model
 
-    return evaluate_model(model, cfg, run_dir, device=device)
+    try:
+        return evaluate_model(model, cfg, run_dir, device=device)
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(
+            f"stopped during the end-of-training evaluation; training is complete ({run_dir / 'last.pt'}): "
+            f"`bayesncl evaluate {run_dir}` evaluates it"
+        ) from None
 
 
 def _global_means(local_means: Tensor, interrupted: bool) -> tuple[list[float], bool]:
