@@ -522,3 +522,32 @@ def test_the_cmc_imagenet100_list_reads_as_100_wordnet_ids():
 
     names = read_class_list(CMC_LIST)
     assert len(names) == 100 and all(n.startswith("n") and len(n) == 9 for n in names)
+
+
+def test_a_failed_download_leaves_the_disk_as_it_was(tmp_path, monkeypatch):
+    """Offline (or any failure mid-download): one line, and every file and folder the download made is
+    removed again; what was there before stays."""
+    import torchvision.datasets
+
+    def offline(root, train=True, download=False):
+        raw = Path(root) / "FashionMNIST" / "raw"
+        raw.mkdir(parents=True, exist_ok=True)
+        (raw / "train-images-idx3-ubyte.gz.part").write_bytes(b"half")
+        raise OSError("<urlopen error [Errno -3] Temporary failure in name resolution>")
+
+    monkeypatch.setattr(torchvision.datasets, "FashionMNIST", offline)
+    new = tmp_path / "new"
+    with pytest.raises(DataError) as e:
+        dataset_info(DataConfig(name="fashion-mnist", root=str(new), download=True))
+    assert str(e.value) == (
+        f"downloading Fashion-MNIST into {new} failed (<urlopen error [Errno -3] Temporary failure in "
+        "name resolution>): copy the files there by hand, or set data.root"
+    )
+    assert not new.exists()
+    mine = tmp_path / "mine"
+    (mine / "FashionMNIST").mkdir(parents=True)
+    (mine / "notes.txt").write_text("kept")
+    _load_split_cached.cache_clear()
+    with pytest.raises(DataError):
+        dataset_info(DataConfig(name="fashion-mnist", root=str(mine), download=True))
+    assert sorted(str(p.relative_to(mine)) for p in mine.rglob("*")) == ["FashionMNIST", "notes.txt"]

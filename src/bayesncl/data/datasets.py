@@ -58,12 +58,14 @@ each epoch (like ``DistributedSampler``); iterating twice without it replays the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gzip
 import logging
 import os
 import pickle
+import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,24 +290,42 @@ def _fmnist_missing(root: str | None) -> DataError:
     )
 
 
-def _download_error(what: str, target: Path, e: Exception) -> DataError:
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    return DataError(
-        f"downloading {what} into {target} failed ({first}): copy the files there by hand, or set data.root"
-    )
+def _download(what: str, target: Path, fetch: Callable[[str], Any]) -> None:
+    """Run torchvision's download ``fetch(str(target))``. On failure (offline, disk full, ...) remove
+    every file and folder it created, so a failed download leaves the disk as it was, and raise a
+    one-line DataError."""
+    before = set(target.rglob("*")) if target.is_dir() else None
+    try:
+        fetch(str(target))
+    except Exception as e:  # noqa: BLE001 - any network/IO failure becomes one line
+        if before is None:
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            for new in sorted(set(target.rglob("*")) - before, reverse=True):  # children first
+                with contextlib.suppress(OSError):
+                    if new.is_dir() and not new.is_symlink():
+                        new.rmdir()
+                    else:
+                        new.unlink()
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DataError(
+            f"downloading {what} into {target} failed ({first}): copy the files there by hand, or set "
+            "data.root"
+        ) from None
 
 
 def _load_fmnist(root: str | None, download: bool, split: str) -> _Split:
     d = _find_fmnist(root)
     if d is None and download:
         target = _expand(root) if root else _expand(CACHE_DIR)
-        try:
+
+        def fetch(where: str) -> None:
             from torchvision.datasets import FashionMNIST
 
             for train in (True, False):
-                FashionMNIST(str(target), train=train, download=True)
-        except Exception as e:  # noqa: BLE001 - any network/IO failure becomes one line
-            raise _download_error("Fashion-MNIST", target, e) from None
+                FashionMNIST(where, train=train, download=True)
+
+        _download("Fashion-MNIST", target, fetch)
         d = _find_fmnist(str(target))
     if d is None:
         raise _fmnist_missing(root)
@@ -359,12 +379,13 @@ def _load_cifar(name: str, root: str | None, download: bool, split: str) -> _Spl
     d = _find_cifar(name, root)
     if d is None and download:
         target = _expand(root) if root else _expand(CACHE_DIR)
-        try:
+
+        def fetch(where: str) -> None:
             from torchvision.datasets import CIFAR10, CIFAR100
 
-            (CIFAR10 if name == "cifar10" else CIFAR100)(str(target), train=True, download=True)
-        except Exception as e:  # noqa: BLE001
-            raise _download_error(name, target, e) from None
+            (CIFAR10 if name == "cifar10" else CIFAR100)(where, train=True, download=True)
+
+        _download(name, target, fetch)
         d = _find_cifar(name, str(target))
     if d is None:
         searched = ", ".join(str(p) for p in _cifar_candidates(name, root))
