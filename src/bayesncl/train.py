@@ -452,7 +452,7 @@ def _pretrain(
     _restore_stop_handlers()
     if not world.is_main:
         return {}
-    export_encoder(model, run_dir)
+    export_encoder(model, run_dir, cfg)
     if not evaluate:
         return {}
     from bayesncl.evaluation.pipeline import evaluate_model
@@ -490,14 +490,25 @@ def step_stats(
     return torch.stack([loss.detach(), parts["info_nce"], parts["kl"], open_rate, closed, correct])
 
 
-def export_encoder(model: ContrastiveModel, run_dir: Path) -> None:
+ENCODER_FORMAT = "bayesncl-encoder-v1"
+
+
+def export_encoder(model: ContrastiveModel, run_dir: Path, cfg: Config | None = None) -> None:
     """Write ``encoder.safetensors`` (backbone, projector, gating head) and, for ResNets, the backbone
-    alone as a torchvision-loadable state dict ``backbone_torchvision.pt`` (no fc: see README)."""
+    alone as a torchvision-loadable state dict ``backbone_torchvision.pt`` (no fc: see README).
+
+    With ``cfg`` the safetensors metadata also holds the resolved config as JSON (key ``config``), so
+    the file alone can be evaluated elsewhere (``bayesncl evaluate encoder.safetensors``)."""
+    import json
+
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    metadata = {"format": ENCODER_FORMAT}
+    if cfg is not None:
+        metadata["config"] = json.dumps(cfg.to_dict(), sort_keys=True)
     with atomic_path(run_dir / "encoder.safetensors") as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "bayesncl-encoder-v1"})
+        save_file(tensors, str(tmp), metadata=metadata)
     if not isinstance(model.backbone, torchvision.models.ResNet):
         return  # small_cnn is not a torchvision model
     atomic_save(
