@@ -130,7 +130,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from bayesncl.demo import run_demo
 
     run_dir = path_arg(args.run_dir, "--run-dir", "a directory")
-    run_demo(run_dir, args.overrides, quick=args.quick)
+    run_demo(run_dir, args.overrides, quick=args.quick, resume=args.resume, overwrite=args.overwrite)
     return 0
 
 
@@ -259,11 +259,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="the main job: NCL vs BayesNCL on Fashion-MNIST, side-by-side table",
         description="Pretrain NCL and BayesNCL with the same budget on Fashion-MNIST (about 7 min on "
         "2 CPU cores), evaluate both on the test split and print one table (also saved as "
-        "table.md and table.json in the run dir). key=value overrides apply to both runs.",
+        "table.md and table.json in the run dir). key=value overrides apply to both runs (not "
+        "method.name: the demo runs ncl and bayesncl). An interrupted demo continues with --resume "
+        "(the same --run-dir, options and overrides): a method that finished is reused, one with a "
+        "last.pt continues from it.",
         formatter_class=fmt,
     )
     p.add_argument("--run-dir", help="output directory (default runs/demo-<time>)")
     p.add_argument("--quick", action="store_true", help="a ~1 minute smoke version of the demo")
+    p.add_argument("--resume", action="store_true", help="continue the demo in --run-dir")
+    p.add_argument("--overwrite", action="store_true", help="replace a demo already in --run-dir")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     p.set_defaults(func=cmd_demo)
 
