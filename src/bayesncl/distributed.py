@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from bayesncl.config import ConfigError
+from bayesncl.config import ConfigError, check_device
 from bayesncl.data.augment import mix_seed
 
 __all__ = [
@@ -64,8 +64,6 @@ class DistributedError(ConfigError):
 def resolve_device(name: str, what: str = "train.device") -> torch.device:
     """``auto`` → cuda if available else cpu. Raises ConfigError for a name other than auto, cpu,
     cuda, cuda:N, or if CUDA is asked for but absent; ``what`` names the setting in the message."""
-    from bayesncl.config import check_device
-
     check_device(name, what)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
