@@ -55,6 +55,18 @@ ROWS: dict[str, str] = {
     "C3": E + "train.epochs=0: expected >= 1",
     "C4": E + "train.epochs='abc': expected int",
     "C5": E + "config file '<tmp>/missing.yaml' does not exist",
+    "C6": E + "config file '<tmp>/bin.yaml' is not UTF-8 text (byte 0x89 at offset 0): expected a YAML file",
+    "C7": E + "config file '<tmp>' is a directory, not a YAML file",
+    "C8": E + "config file '<tmp>/bad.yaml': section 'method' must be a mapping of keys "
+    "(e.g. method: {rho: 0.5}), got 3",
+    "C9": E + "data.image_size=1: expected 0 (the dataset's native size) or >= 8 px",
+    "C10": E + "method.temperature=1e-30: expected 0.01 <= temperature <= 10 (the paper uses 0.2)",
+    "C11": E + "method.name defines the benchmark's arms (cl, ncl, bayesncl on the synthetic set, resident "
+    "and per-sample data paths); it cannot be overridden here",
+    "C12": E + "benchmark --device='tpu': expected auto, cpu, cuda or cuda:N",
+    "C13": E + "benchmark --threads=-3: expected >= 0",
+    "C14": E + "method.name defines the demo's two runs (ncl, bayesncl); it cannot be overridden here",
+    "C15": E + "unrecognized arguments: --bogus-flag (see bayesncl pretrain --help)",
     "R1": E + "run dir <tmp>/a-file/run cannot be created: <tmp>/a-file is a file, not a directory",
     "R2": E + "run dir <tmp>/a-file is a file, not a directory; choose another --run-dir",
     "R3": E + "run dir <tmp>/read-only/run is not writable (no write permission on <tmp>/read-only)",
@@ -66,6 +78,11 @@ ROWS: dict[str, str] = {
     "train.progress, train.checkpoint_every, data.num_workers, data.root and eval.* may change) or start a "
     "new --run-dir",
     "R7": E + "--resume needs --run-dir DIR (the run to continue)",
+    "R8": E + "--run-dir '': expected a directory, not an empty path",
+    "R9": E + "run dir <tmp>/demo already exists and is not empty; pass --resume to continue the demo in "
+    "it, --overwrite to replace it, or choose another --run-dir",
+    "R10": E + "--resume: no demo run in <tmp>/demo to continue (no <tmp>/demo/ncl/last.pt or "
+    "<tmp>/demo/bayesncl/last.pt)",
     "K1": E + "<tmp>/notes.pt is not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle "
     "(it starts with b'hello wo')",
     "K2": E + "<tmp>/empty.pt is empty, not a checkpoint",
@@ -84,6 +101,8 @@ ROWS: dict[str, str] = {
     "data: pass it as overrides, e.g. data.name=cifar100 data.root=DIR",
     "K8": E + "<tmp> holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)",
     "K9": E + "<tmp>/nowhere: no such run dir or checkpoint file",
+    "K10": E + "<tmp>/run/last.pt is a file: dynamics expects a run dir (the folder holding its "
+    "epoch-NNNN.pt checkpoints)",
     "T1": E + "non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=…; no epoch had finished, so nothing "
     "was kept: fix the cause and rerun",
     "T2": "bayesncl: interrupted: stopped in epoch … after … of its … steps; state saved to "
@@ -190,7 +209,7 @@ def test_nan_features(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 @pytest.mark.parametrize(
     ("row", "args"),
     [("C1", ["method.bogus=1"]), ("C2", ["method.rho=1.5"]), ("C3", ["train.epochs=0"]),
-     ("C4", ["train.epochs=abc"])],
+     ("C4", ["train.epochs=abc"]), ("C9", ["data.image_size=1"]), ("C10", ["method.temperature=1e-30"])],
 )
 def test_bad_config_values(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], row: str, args: list[str]
@@ -202,6 +221,36 @@ def test_bad_config_values(
 def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = cli_error(["pretrain", "--config", str(tmp_path / "missing.yaml"), *TINY], capsys)
     expect("C5", err, tmp_path)
+
+
+def test_unreadable_config_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "bin.yaml").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (tmp_path / "bad.yaml").write_text("method: 3\n")
+    run = ["--run-dir", str(tmp_path / "r")]
+    expect("C6", cli_error(["pretrain", *run, "--config", str(tmp_path / "bin.yaml")], capsys), tmp_path)
+    expect("C7", cli_error(["pretrain", *run, "--config", str(tmp_path)], capsys), tmp_path)
+    expect("C8", cli_error(["pretrain", *run, "--config", str(tmp_path / "bad.yaml")], capsys), tmp_path)
+    assert not (tmp_path / "r").exists()
+
+
+def test_benchmark_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    expect("C11", cli_error(["benchmark", "method.name=cl"], capsys), tmp_path)
+    expect("C12", cli_error(["benchmark", "--device", "tpu"], capsys), tmp_path)
+    expect("C13", cli_error(["benchmark", "--threads", "-3"], capsys), tmp_path)
+
+
+def test_demo_method_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = cli_error(["demo", "--run-dir", str(tmp_path / "demo"), "method.name=cl"], capsys)
+    expect("C14", err, tmp_path)
+    assert not (tmp_path / "demo").exists()
+
+
+def test_unknown_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["pretrain", "--bogus-flag"])
+    assert e.value.code == 2
+    expect("C15", capsys.readouterr().err, tmp_path)
 
 
 # ----------------------------------------------------------------------------- run dir
@@ -238,6 +287,24 @@ def test_run_dir_checks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     expect("R6", cli_error(["pretrain", "--run-dir", run, "--resume", *TINY, *changed], capsys), tmp_path)
 
 
+def test_empty_run_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # where the default runs/ would be created
+    for command in (["pretrain", *TINY], ["demo", *TINY], ["reproduce", "7", "--dataset", "fashion-mnist"]):
+        expect("R8", cli_error([*command, "--run-dir", ""], capsys), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    (demo / "notes.txt").write_text("mine")
+    expect("R9", cli_error(["demo", "--run-dir", str(demo), *TINY], capsys), tmp_path)
+    expect("R10", cli_error(["demo", "--run-dir", str(demo), "--resume", *TINY], capsys), tmp_path)
+    assert [p.name for p in demo.iterdir()] == ["notes.txt"]
+
+
 # ----------------------------------------------------------------------------- checkpoints
 def test_not_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "notes.pt").write_text("hello world\n")
@@ -246,6 +313,12 @@ def test_not_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     expect("K2", cli_error(["evaluate", str(tmp_path / "empty.pt")], capsys), tmp_path)
     expect("K8", cli_error(["extract", str(tmp_path)], capsys), tmp_path)
     expect("K9", cli_error(["evaluate", str(tmp_path / "nowhere")], capsys), tmp_path)
+
+
+def test_dynamics_of_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "last.pt").write_bytes(b"PK")
+    expect("K10", cli_error(["dynamics", str(tmp_path / "run" / "last.pt")], capsys), tmp_path)
 
 
 class _RunsCode:

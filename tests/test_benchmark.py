@@ -117,6 +117,39 @@ def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[st
     assert err.startswith("bayesncl: error:") and "\n" not in err and message in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--device", "tpu"], "benchmark --device='tpu': expected auto, cpu, cuda or cuda:N"),
+        (["--device", "cuda:x"], "benchmark --device='cuda:x': expected auto, cpu, cuda or cuda:N"),
+        (["--threads", "-3"], "benchmark --threads=-3: expected >= 0"),
+        (["--batch-size", "1"], "benchmark --batch-size=1: expected >= 2"),
+        (
+            ["method.name=cl"],
+            "method.name defines the benchmark's arms (cl, ncl, bayesncl on the synthetic set, resident "
+            "and per-sample data paths); it cannot be overridden here",
+        ),
+        (
+            ["data.resident=false", "data.name=cifar10"],
+            "data.name, data.resident define the benchmark's arms (cl, ncl, bayesncl on the synthetic "
+            "set, resident and per-sample data paths); they cannot be overridden here",
+        ),
+        (
+            ["data.image_size=64"],
+            "data.image_size is set by benchmark --image-size; pass that option instead",
+        ),
+    ],
+)
+def test_bad_settings_are_refused_in_one_exact_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """Refused before any model is built: a wrong device or thread count, or an override of what
+    the benchmark sets itself (the arms' method.name, the data paths, the keys its options set)."""
+    base = [a for a in TINY if a not in ("--device", "cpu")] if argv[0] == "--device" else TINY
+    assert main([*base, *argv]) == 2
+    assert capsys.readouterr().err == f"bayesncl: error: {message}\n"
+
+
 def test_the_cli_registers_the_command(capsys: pytest.CaptureFixture[str]) -> None:
     from bayesncl.cli import build_parser
 

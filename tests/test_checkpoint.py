@@ -14,6 +14,7 @@ import torchvision
 from torch import nn
 
 from bayesncl.checkpoint import (
+    LOG_FIELDS,
     CheckpointError,
     RunDirError,
     atomic_save,
@@ -22,6 +23,7 @@ from bayesncl.checkpoint import (
     prepare_run_dir,
     rng_state,
     set_rng_state,
+    write_log,
 )
 from bayesncl.cli import main
 from bayesncl.config import ConfigError, build_config
@@ -439,3 +441,10 @@ def test_own_checkpoint_with_weights_of_another_architecture(tmp_path: Path) -> 
         load_trained(tmp_path / "edited.pt")
     assert "does not fit the architecture its config describes: shape mismatch: projector.net.2.weight " \
         "expected (16, 32) found (8, 32)" in str(info.value)
+
+
+def test_log_csv_has_plain_newlines(tmp_path: Path) -> None:
+    write_log(tmp_path, [{"epoch": 1, "step": 3, "loss": 1.5}, {"epoch": 2, "step": 6, "loss": 1.25}])
+    assert (tmp_path / "log.csv").read_bytes() == (
+        ",".join(LOG_FIELDS) + "\n1,3,1.5" + "," * 8 + "\n2,6,1.25" + "," * 8 + "\n"
+    ).encode()

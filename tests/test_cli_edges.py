@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -47,10 +48,35 @@ def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(["reproduce", "3"])
     assert e.value.code == 2
-    assert "invalid choice: '3'" in _err(capsys)
+    assert _err(capsys) == (
+        "bayesncl: error: argument table: invalid choice: '3' (choose from '1', '2', '4', '7') "
+        "(see bayesncl reproduce --help)"
+    )
+    # an unknown option is reported by the subcommand's parser: no doubled prefix, its own --help
+    for command in ("pretrain", "demo", "benchmark"):
+        with pytest.raises(SystemExit):
+            main([command, "--bogus", "x=1"])
+        hint = f"(see bayesncl {command} --help)"
+        assert _err(capsys) == f"bayesncl: error: unrecognized arguments: --bogus {hint}"
     with pytest.raises(SystemExit):
-        main(["pretrain", "--bogus"])
-    assert "unrecognized arguments: --bogus" in _err(capsys)
+        main(["--bogus"])
+    assert _err(capsys) == "bayesncl: error: unrecognized arguments: --bogus (see bayesncl --help)"
+
+
+def test_empty_paths_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "f.npz", features=rng.random((20, 8)).astype(np.float32), labels=np.arange(20) % 2)
+    source = "expected a run dir or checkpoint file"
+    cases = [
+        (["pretrain", "--config", "", *TINY], "--config '': expected a YAML file or recipe name"),
+        (["extract", str(tmp_path), "--out", ""], "--out '': expected a .npz file path"),
+        (["extract", ""], f"RUN_DIR_OR_CHECKPOINT '': {source}"),
+        (["evaluate", " "], f"RUN_DIR_OR_CHECKPOINT ' ': {source}"),
+        (["dynamics", ""], "RUN_DIR '': expected a run dir"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        assert _err(capsys) == f"bayesncl: error: {message}, not an empty path"
 
 
 def test_bad_retrieval_dims_and_out_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,8 +161,6 @@ def test_checkpoint_and_features_file_swapped(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_metrics_json_has_exactly_the_issue_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import json
-
     rng = np.random.default_rng(1)
     np.savez(tmp_path / "f.npz", features=rng.random((40, 8)).astype(np.float32), labels=np.arange(40) % 4)
     assert main(["metrics", str(tmp_path / "f.npz"), "--json", "--retrieval-dims", "4,8"]) == 0
@@ -175,13 +199,28 @@ def test_resume_cannot_shrink_and_reproduce_keeps_variant_keys(
     assert "train.epochs=1 is fewer than 2: the run has done 2 epochs; give train.epochs >= 2" in _err(capsys)
     assert yaml.safe_load((run / "config.yaml").read_text())["train"]["epochs"] == 2
     assert main(["reproduce", "2", "--dataset", "fashion-mnist", "method.name=cl"]) == 2
-    assert "method.name define the variants of table 2" in _err(capsys)
-    assert main(["reproduce", "4", "--dataset", "fashion-mnist", "method.detach=true"]) == 2
-    assert "method.detach define the variants of table 4" in _err(capsys)
+    assert _err(capsys) == (
+        "bayesncl: error: method.name defines the variants of table 2; it cannot be overridden here"
+    )
+    assert main(["reproduce", "4", "--dataset", "fashion-mnist", "method.detach=1", "method.gate=none"]) == 2
+    assert _err(capsys) == (
+        "bayesncl: error: method.detach, method.gate define the variants of table 4; they cannot be "
+        "overridden here"
+    )
     assert main(["dynamics", str(tmp_path / "nope")]) == 2
-    assert "no such run dir" in _err(capsys)
+    assert _err(capsys) == f"bayesncl: error: {tmp_path / 'nope'}: no such run dir"
+    assert main(["dynamics", str(run / "last.pt")]) == 2
+    assert _err(capsys) == (
+        f"bayesncl: error: {run / 'last.pt'} is a file: dynamics expects a run dir (the folder holding its "
+        "epoch-NNNN.pt checkpoints)"
+    )
     assert main(["dynamics", str(run), "--samples", "1"]) == 2
     assert "--samples 1: expected >= 2" in _err(capsys)
+    # dynamics.json records the settings it was computed with
+    assert main(["dynamics", str(run), "--samples", "32", "--every", "2"]) == 0
+    saved = json.loads((run / "dynamics.json").read_text())
+    assert (saved["samples"], saved["every"], saved["checkpoints"]) == (32, 2, ["epoch-0001.pt"])
+    assert [r["epoch"] for r in saved["rows"]] == [1]
 
 
 @pytest.mark.parametrize(

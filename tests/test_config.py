@@ -71,7 +71,10 @@ def test_unknown_key_names_closest() -> None:
         ("method.rho=1.0", r"method\.rho=1\.0: expected 0 < rho < 1"),
         ("method.rho=0", r"method\.rho=0\.0: expected 0 < rho < 1"),
         ("method.lam=-1e-5", r"method\.lam=-1e-05: expected lambda >= 0"),
-        ("method.temperature=0", r"method\.temperature=0\.0: expected > 0"),
+        ("method.temperature=0", r"method\.temperature=0\.0: expected 0\.01 <= temperature <= 10 \(the"),
+        ("method.temperature=11", r"method\.temperature=11\.0: expected 0\.01 <= temperature <= 10 "),
+        ("data.image_size=7", r"data\.image_size=7: expected 0 \(the dataset's native size\) or >= 8 px"),
+        ("train.device=cuda:x", r"train\.device='cuda:x': expected auto, cpu, cuda or cuda:N"),
         ("method.gate_tau=-1", r"method\.gate_tau=-1\.0: expected > 0"),
         ("train.batch_size=1", r"train\.batch_size=1: expected >= 2"),
         ("method.gate_depth=4", r"gate_depth=4: expected 1, 2 or 3"),
@@ -91,6 +94,39 @@ def test_topk_k_larger_than_d() -> None:
     # rho < 1 always gives k <= D; k = 0 (too small rho for D) is the reachable failure.
     with pytest.raises(ConfigError, match=r"TopK k=round\(rho\*D\)=0"):
         build_config(overrides=["method.name=ncl-topk", "method.rho=0.001", "model.proj_dim=16"])
+
+
+def test_range_edges_are_accepted() -> None:
+    for over in ("method.temperature=0.01", "method.temperature=10", "data.image_size=8", "data.image_size=0",
+                 "train.device=cuda:1"):
+        build_config(overrides=[over])
+
+
+def test_unreadable_yaml_files_are_one_line(tmp_path: Path) -> None:
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"train:\n  epochs: 3\n\xff\xfe\x00")
+    with pytest.raises(ConfigError) as e:
+        build_config(binary)
+    assert str(e.value) == (
+        f"config file '{binary}' is not UTF-8 text (byte 0xff at offset 19): expected a YAML file"
+    )
+    with pytest.raises(ConfigError) as e:
+        build_config(tmp_path)
+    assert str(e.value) == f"config file '{tmp_path}' is a directory, not a YAML file"
+    example = {"method": "method: {rho: 0.5}", "train": "train: {epochs: 10}",
+               "data": "data: {name: cifar10}"}
+    for section, value, shown in (("method", "3", "3"), ("train", "[1, 2]", "[1, 2]"), ("data", "x", "'x'")):
+        bad = tmp_path / f"{section}.yaml"
+        bad.write_text(f"{section}: {value}\n")
+        with pytest.raises(ConfigError) as e:
+            build_config(bad)
+        assert str(e.value) == (
+            f"config file '{bad}': section '{section}' must be a mapping of keys (e.g. {example[section]}), "
+            f"got {shown}"
+        )
+    empty = tmp_path / "empty-section.yaml"
+    empty.write_text("method:\n  # rho: 0.5\ntrain:\n  epochs: 3\n")
+    assert build_config(empty).train.epochs == 3  # a section with every key commented out is empty
 
 
 def test_yaml_errors(tmp_path: Path) -> None:

@@ -100,7 +100,7 @@ def test_resume_continues_to_the_same_weights(tmp_path: Path) -> None:
     [
         (["method.rho=1.5"], "method.rho=1.5: expected 0 < rho < 1"),
         (["method.lam=-1"], "method.lam=-1.0: expected lambda >= 0"),
-        (["method.temperature=0"], "method.temperature=0.0: expected > 0"),
+        (["method.temperature=0"], "method.temperature=0.0: expected 0.01 <= temperature <= 10 (the paper"),
         (["method.bogus=1"], "unknown config key 'method.bogus'"),
         (["train.batch_size=1"], "train.batch_size=1: expected >= 2"),
         (["train.batch_size=500"], "500"),

@@ -82,11 +82,41 @@ class BenchmarkSettings:
     extra: list[str] = field(default_factory=list)  # more key=value config overrides
 
 
+# Config keys the benchmark sets itself: the arms (method.name), the two data paths (data.resident) on
+# the synthetic set (data.name), and the keys its options set.
+ARM_KEYS = ("method.name", "data.resident", "data.name")
+OPTION_KEYS = {
+    "data.image_size": "--image-size",
+    "data.num_workers": "--workers",
+    "model.backbone": "--backbone",
+    "model.cifar_stem": "--cifar-stem",
+    "train.batch_size": "--batch-size",
+    "train.precision": "--precision",
+    "train.channels_last": "--channels-last",
+    "train.compile": "--compile",
+    "train.device": "--device",
+}
+
+
 def default_settings(settings: BenchmarkSettings) -> tuple[BenchmarkSettings, torch.device]:
-    """Fill the device-dependent defaults. Raises ConfigError for values out of range."""
+    """Fill the device-dependent defaults. Raises ConfigError for values out of range, an unknown
+    device, or a key=value override of a key the benchmark sets itself (``method.name``, ...)."""
+    from bayesncl.config import check_device, refuse_fixed_keys
     from bayesncl.distributed import resolve_device
 
-    device = resolve_device(settings.device)
+    refuse_fixed_keys(
+        settings.extra, ARM_KEYS,
+        "the benchmark's arms (cl, ncl, bayesncl on the synthetic set, resident and per-sample data paths)",
+    )
+    for o in settings.extra:
+        key = o.split("=", 1)[0].strip()
+        if key in OPTION_KEYS:
+            raise ConfigError(f"{key} is set by benchmark {OPTION_KEYS[key]}; pass that option instead")
+    check_device(settings.device, "benchmark --device")
+    for name, value, low in (("--threads", settings.threads, 0), ("--workers", settings.workers, 0)):
+        if value < low:
+            raise ConfigError(f"benchmark {name}={value}: expected >= {low}")
+    device = resolve_device(settings.device, what="benchmark --device")
     cuda = device.type == "cuda"
     s = BenchmarkSettings(**asdict(settings))
     defaults = {
@@ -101,7 +131,7 @@ def default_settings(settings: BenchmarkSettings) -> tuple[BenchmarkSettings, to
         if getattr(s, name) is None:
             setattr(s, name, value)
     for name, value, low in (("--steps", s.steps, 1), ("--rounds", s.rounds, 1), ("--warmup", s.warmup, 0),
-                             ("--image-size", s.image_size, 8), ("--workers", s.workers, 0)):
+                             ("--image-size", s.image_size, 8), ("--batch-size", s.batch_size, 2)):
         if value < low:
             raise ConfigError(f"benchmark {name}={value}: expected >= {low}")
     return s, device

@@ -391,8 +391,9 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
 
 
 def write_log(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """Write ``run_dir/log.csv`` (one row per epoch, ``LOG_FIELDS``; ``\\n`` line ends) atomically."""
     with atomic_path(run_dir / "log.csv") as tmp, tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=LOG_FIELDS)
+        w = csv.DictWriter(f, fieldnames=LOG_FIELDS, lineterminator="\n")
         w.writeheader()
         for r in rows:
             w.writerow({k: r.get(k, "") for k in LOG_FIELDS})

@@ -34,11 +34,22 @@ def _keys_epilog() -> str:
     return "\n".join(lines)
 
 
-def resolve_config_path(value: str | None) -> Path | None:
-    """``--config`` takes a YAML path or the name of a shipped recipe (e.g. ``cifar100-bayesncl``)."""
+def path_arg(value: str | None, name: str, expected: str) -> Path | None:
+    """``Path(value)``, or None for an option not given. An empty value (``--run-dir ""``) is a
+    ConfigError naming ``name`` and what was ``expected``, never a silent fallback to a default
+    location or to the current folder."""
     if value is None:
         return None
-    p = Path(value)
+    if not value.strip():
+        raise ConfigError(f"{name} {value!r}: expected {expected}, not an empty path")
+    return Path(value)
+
+
+def resolve_config_path(value: str | None) -> Path | None:
+    """``--config`` takes a YAML path or the name of a shipped recipe (e.g. ``cifar100-bayesncl``)."""
+    p = path_arg(value, "--config", "a YAML file or recipe name")
+    if value is None or p is None:
+        return None
     if p.exists() or p.suffix in (".yaml", ".yml"):
         return p
     shipped = RECIPES_DIR / f"{value}.yaml"
@@ -75,14 +86,15 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line ``bayesncl: error: ...`` (exit 2), like every other."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"bayesncl: error: {self.prog}: {message} (see {self.prog} --help)\n")
+        sys.stderr.write(f"bayesncl: error: {message} (see {self.prog} --help)\n")
         sys.exit(2)
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
     from bayesncl.train import load_run_config, pretrain
 
-    if args.resume and args.run_dir is None:
+    run_dir_arg = path_arg(args.run_dir, "--run-dir", "a directory")
+    if args.resume and run_dir_arg is None:
         raise ConfigError("--resume needs --run-dir DIR (the run to continue)")
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite contradict each other: continue the run, or replace it")
@@ -92,15 +104,16 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         from bayesncl.checkpoint import RunDirError
         from bayesncl.config import parse_overrides, set_key, validate
 
-        if not (Path(args.run_dir) / "config.yaml").exists():
-            raise RunDirError(f"--resume: no checkpoint {Path(args.run_dir) / 'last.pt'} to resume from")
-        cfg = load_run_config(Path(args.run_dir))
+        assert run_dir_arg is not None
+        if not (run_dir_arg / "config.yaml").exists():
+            raise RunDirError(f"--resume: no checkpoint {run_dir_arg / 'last.pt'} to resume from")
+        cfg = load_run_config(run_dir_arg)
         for key, value in parse_overrides(overrides).items():
             set_key(cfg, key, value)
         validate(cfg)
     else:
         cfg = build_config(resolve_config_path(args.config), overrides)
-    run_dir = Path(args.run_dir) if args.run_dir else _default_run_dir(cfg)
+    run_dir = run_dir_arg or _default_run_dir(cfg)
     from bayesncl.distributed import is_main_process
 
     if is_main_process():
@@ -116,13 +129,16 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from bayesncl.demo import run_demo
 
-    run_demo(Path(args.run_dir) if args.run_dir else None, args.overrides, quick=args.quick)
+    run_dir = path_arg(args.run_dir, "--run-dir", "a directory")
+    run_demo(run_dir, args.overrides, quick=args.quick, resume=args.resume, overwrite=args.overwrite)
     return 0
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
     from bayesncl.evaluation.pipeline import extract_command
 
+    path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
+    path_arg(args.out, "--out", "a .npz file path")
     out = extract_command(args.source, split=args.split, out=args.out, overrides=args.overrides)
     print(f"wrote {out}")
     return 0
@@ -143,6 +159,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from bayesncl.evaluation.pipeline import evaluate_command
 
+    path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
     dims = parse_dims(args.retrieval_dims)
     if args.probe_seeds < 1:
         raise ConfigError(f"--probe-seeds {args.probe_seeds}: expected >= 1")
@@ -189,6 +206,7 @@ _LOAD_OVERRIDES_HELP = (
 def cmd_dynamics(args: argparse.Namespace) -> int:
     from bayesncl.evaluation.dynamics import dynamics_command
 
+    path_arg(args.run_dir, "RUN_DIR", "a run dir")
     if args.samples < 2:
         raise ConfigError(f"--samples {args.samples}: expected >= 2 (InfoNCE needs negatives)")
     if args.every < 1:
@@ -200,7 +218,7 @@ def cmd_dynamics(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from bayesncl.reproduce import reproduce
 
-    reproduce(args.table, args.dataset, Path(args.run_dir) if args.run_dir else None, args.overrides)
+    reproduce(args.table, args.dataset, path_arg(args.run_dir, "--run-dir", "a directory"), args.overrides)
     return 0
 
 
@@ -241,11 +259,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="the main job: NCL vs BayesNCL on Fashion-MNIST, side-by-side table",
         description="Pretrain NCL and BayesNCL with the same budget on Fashion-MNIST (about 7 min on "
         "2 CPU cores), evaluate both on the test split and print one table (also saved as "
-        "table.md and table.json in the run dir). key=value overrides apply to both runs.",
+        "table.md and table.json in the run dir). key=value overrides apply to both runs (not "
+        "method.name: the demo runs ncl and bayesncl). An interrupted demo continues with --resume "
+        "(the same --run-dir, options and overrides): a method that finished is reused, one with a "
+        "last.pt continues from it.",
         formatter_class=fmt,
     )
     p.add_argument("--run-dir", help="output directory (default runs/demo-<time>)")
     p.add_argument("--quick", action="store_true", help="a ~1 minute smoke version of the demo")
+    p.add_argument("--resume", action="store_true", help="continue the demo in --run-dir")
+    p.add_argument("--overwrite", action="store_true", help="replace a demo already in --run-dir")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     p.set_defaults(func=cmd_demo)
 
@@ -340,6 +363,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of subcommand ``command`` (``parser`` itself when there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     # key=value overrides may appear before or after options: argparse leaves the later ones over.
@@ -347,8 +378,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
             args.overrides = [*args.overrides, *extra]
-        else:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        else:  # the subcommand's parser, so that the hint points to its --help
+            _subparser(parser, getattr(args, "command", None)).error(
+                f"unrecognized arguments: {' '.join(extra)}"
+            )
     if not getattr(args, "command", None):
         parser.print_help()
         return 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 import warnings
@@ -253,13 +254,51 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
+# An example entry of each section, for the error a non-mapping section gets.
+_SECTION_EXAMPLES = {
+    "data": "data: {name: cifar10}",
+    "model": "model: {backbone: resnet18}",
+    "method": "method: {rho: 0.5}",
+    "train": "train: {epochs: 10}",
+    "eval": "eval: {batch_size: 512}",
+}
+
+
+def refuse_fixed_keys(overrides: typing.Iterable[str], fixed: typing.Iterable[str], what: str) -> None:
+    """Raise ConfigError if a ``key=value`` of ``overrides`` sets one of the ``fixed`` keys, which a
+    command sets itself, e.g. ``method.name defines the variants of table 2; it cannot be overridden
+    here``. ``what`` completes "defines ..."."""
+    clash = sorted({o.split("=", 1)[0].strip() for o in overrides} & set(fixed))
+    if clash:
+        one = len(clash) == 1
+        raise ConfigError(
+            f"{', '.join(clash)} {'defines' if one else 'define'} {what}; "
+            f"{'it' if one else 'they'} cannot be overridden here"
+        )
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML config file into flat dotted keys. Raises ConfigError if unreadable."""
+    """Read a YAML config file into flat dotted keys.
+
+    Raises ConfigError (one line, naming the file) if it is missing, a directory, not UTF-8 text,
+    not valid YAML, not a mapping of sections, or has a section (``method:``, ...) that is not a
+    mapping of keys."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file '{p}' is a directory, not a YAML file")
     if not p.is_file():
         raise ConfigError(f"config file '{p}' does not exist")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file '{p}' is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): "
+            "expected a YAML file"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"config file '{p}' cannot be read: {e.strerror or e}") from None
+    try:
+        raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -267,6 +306,14 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file '{p}' is not valid YAML{where}: {problem}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file '{p}' must hold a mapping of sections, got {type(raw).__name__}")
+    for section, value in list(raw.items()):
+        if section in _SECTION_EXAMPLES and value is None:  # a section with every key commented out
+            del raw[section]
+        elif section in _SECTION_EXAMPLES and not isinstance(value, dict):
+            raise ConfigError(
+                f"config file '{p}': section '{section}' must be a mapping of keys "
+                f"(e.g. {_SECTION_EXAMPLES[section]}), got {value!r}"
+            )
     return _flatten(raw)
 
 
@@ -348,6 +395,13 @@ def config_from_dict(d: dict[str, Any]) -> Config:
     return cfg
 
 
+# Smallest data.image_size (besides 0, native): 8 px still trains with every backbone and stem; below
+# that the augmentations degenerate (1 px crashes kornia's blur, 2-3 px train at chance).
+MIN_IMAGE_SIZE = 8
+# method.temperature: a much smaller one overflows the logits, a much larger one flattens them.
+TEMPERATURE_RANGE = (0.01, 10.0)
+
+
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
@@ -362,7 +416,11 @@ def validate(cfg: Config) -> None:
     m, t, d, mo = cfg.method, cfg.train, cfg.data, cfg.model
     _check(0.0 < m.rho < 1.0, f"method.rho={m.rho}: expected 0 < rho < 1")
     _check(m.lam >= 0.0, f"method.lam={m.lam}: expected lambda >= 0")
-    _check(m.temperature > 0.0, f"method.temperature={m.temperature}: expected > 0")
+    _check(
+        TEMPERATURE_RANGE[0] <= m.temperature <= TEMPERATURE_RANGE[1],
+        f"method.temperature={m.temperature}: expected {TEMPERATURE_RANGE[0]} <= temperature <= "
+        f"{TEMPERATURE_RANGE[1]:g} (the paper uses 0.2)",
+    )
     _check(m.gate_tau > 0.0, f"method.gate_tau={m.gate_tau}: expected > 0")
     _check(0.0 < m.threshold < 1.0, f"method.threshold={m.threshold}: expected 0 < threshold < 1")
     _check(m.gate_depth in (1, 2, 3), f"method.gate_depth={m.gate_depth}: expected 1, 2 or 3")
@@ -389,7 +447,10 @@ def validate(cfg: Config) -> None:
     _check(0.0 <= d.blur_prob <= 1.0, f"data.blur_prob={d.blur_prob}: expected 0 <= p <= 1")
     _check(cfg.eval.batch_size >= 1, f"eval.batch_size={cfg.eval.batch_size}: expected >= 1")
     _check(t.checkpoint_every >= 0, f"train.checkpoint_every={t.checkpoint_every}: expected >= 0")
-    _check(d.image_size >= 0, f"data.image_size={d.image_size}: expected >= 0 (0 = native)")
+    _check(
+        d.image_size == 0 or d.image_size >= MIN_IMAGE_SIZE,
+        f"data.image_size={d.image_size}: expected 0 (the dataset's native size) or >= {MIN_IMAGE_SIZE} px",
+    )
     _check(d.train_subset >= 0, f"data.train_subset={d.train_subset}: expected >= 0")
     _check(d.test_subset >= 0, f"data.test_subset={d.test_subset}: expected >= 0")
     _check(0.0 < d.crop_min_scale <= 1.0, f"data.crop_min_scale={d.crop_min_scale}: expected (0, 1]")
@@ -400,10 +461,15 @@ def validate(cfg: Config) -> None:
     )
     for k in cfg.eval.retrieval_dims:
         _check(1 <= k <= mo.proj_dim, f"eval.retrieval_dims: K={k}: expected 1 <= K <= D={mo.proj_dim}")
-    dev = t.device
+    check_device(t.device, "train.device")
+
+
+def check_device(device: str, what: str) -> None:
+    """Raise ConfigError unless ``device`` is auto, cpu, cuda or cuda:N; ``what`` names the setting
+    in the message (``train.device``, ``benchmark --device``)."""
     _check(
-        dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:"),
-        f"train.device={dev!r}: expected auto, cpu, cuda or cuda:N",
+        re.fullmatch(r"auto|cpu|cuda(:\d+)?", device) is not None,
+        f"{what}={device!r}: expected auto, cpu, cuda or cuda:N",
     )
 
 

@@ -8,11 +8,12 @@ this scale is explained in docs/decisions.md ("Demo scale").
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
-from bayesncl.config import Config, build_config
+from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
 from bayesncl.report import format_table, write_results
 
 DEMO_CONFIG = Path(__file__).parent / "configs" / "fashion-mnist-demo.yaml"
@@ -26,13 +27,67 @@ QUICK_OVERRIDES = [
 
 
 def demo_configs(overrides: list[str], quick: bool = False) -> dict[str, Config]:
-    """One resolved config per method, identical except for ``method.name``'s preset."""
+    """One resolved config per method, identical except for ``method.name``'s preset.
+
+    Raises ConfigError for a bad override, or one of ``method.name``, which the demo sets itself."""
+    refuse_fixed_keys(overrides, ("method.name",), f"the demo's two runs ({', '.join(DEMO_METHODS)})")
     extra = (QUICK_OVERRIDES if quick else []) + list(overrides)
     return {m: build_config(DEMO_CONFIG, [*extra, f"method.name={m}"]) for m in DEMO_METHODS}
 
 
-def run_demo(run_dir: Path | None, overrides: list[str], quick: bool = False) -> dict[str, Any]:
+def _plan(run_dir: Path, configs: dict[str, Config], *, resume: bool, overwrite: bool) -> dict[str, str]:
+    """What to do with each method's sub-run ``run_dir/<method>``: ``"reuse"`` (finished and
+    evaluated with the same settings), ``"resume"`` (continue its ``last.pt``), ``"new"``.
+
+    Checks everything a sub-run will check, and writes nothing. Raises RunDirError if the run dir
+    is occupied without --resume/--overwrite, holds no demo to resume, a sub-run's settings differ
+    from this command's, or it cannot be written."""
+    from bayesncl.checkpoint import RunDirError, _check_writable, prepare_run_dir
+    from bayesncl.config import diff_configs
+    from bayesncl.train import load_run_config
+
+    _check_writable(run_dir)
+    if not (resume or overwrite) and run_dir.exists() and any(run_dir.iterdir()):
+        raise RunDirError(
+            f"run dir {run_dir} already exists and is not empty; pass --resume to continue the demo in "
+            "it, --overwrite to replace it, or choose another --run-dir"
+        )
+    plan = {}
+    for name, cfg in configs.items():
+        sub = run_dir / name
+        if resume and (sub / "metrics.json").exists() and (sub / "config.yaml").exists():
+            changed = diff_configs(load_run_config(sub), cfg, ignore=("train.progress", "eval."))
+            if changed:
+                raise RunDirError(
+                    f"--resume: {sub} holds a finished run with other settings ({', '.join(changed)}); "
+                    "resume with the same options and key=value overrides, or use --overwrite"
+                )
+            plan[name] = "reuse"
+        elif resume and (sub / "last.pt").exists():
+            prepare_run_dir(sub, cfg, resume=True, overwrite=False)  # same settings? readable?
+            plan[name] = "resume"
+        else:  # with --resume: not begun, or killed before its first checkpoint (nothing to keep)
+            prepare_run_dir(sub, cfg, resume=False, overwrite=overwrite or resume)
+            plan[name] = "new"
+    if resume and set(plan.values()) == {"new"}:
+        names = " or ".join(str(run_dir / m / "last.pt") for m in configs)
+        raise RunDirError(f"--resume: no demo run in {run_dir} to continue (no {names})")
+    return plan
+
+
+def run_demo(
+    run_dir: Path | None,
+    overrides: list[str],
+    quick: bool = False,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Pretrain + evaluate each method into ``run_dir/<method>``; write ``table.md``/``table.json``.
+
+    ``resume``: continue an interrupted demo in ``run_dir``: a method whose run finished and was
+    evaluated is reused, one with a ``last.pt`` continues from it (``pretrain --resume``), the
+    others start. ``overwrite``: replace the demo in ``run_dir``.
 
     Everything is validated (configs, data, run dir) before the first epoch starts.
     Raises ConfigError / DataError / RunDirError on bad input.
@@ -41,27 +96,45 @@ def run_demo(run_dir: Path | None, overrides: list[str], quick: bool = False) ->
     from bayesncl.data import dataset_info
     from bayesncl.train import pretrain
 
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other: continue the demo, or replace it")
+    if resume and run_dir is None:
+        raise ConfigError("--resume needs --run-dir DIR (the demo to continue)")
     configs = demo_configs(overrides, quick)
     for cfg in configs.values():
         dataset_info(cfg.data)
     run_dir = run_dir or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise RunDirError(f"run dir {run_dir} already exists and is not empty; choose another --run-dir")
+    if resume and not run_dir.is_dir():
+        raise RunDirError(f"--resume: no demo run in {run_dir} to continue (no such directory)")
+    plan = _plan(run_dir, configs, resume=resume, overwrite=overwrite)
     print(f"run dir: {run_dir}")
+    if overwrite:  # the sub-runs are replaced by pretrain(overwrite=True); the old table goes now
+        for stem in ("table.md", "table.json"):
+            (run_dir / stem).unlink(missing_ok=True)
     results: dict[str, dict[str, Any]] = {}
     t0 = time.time()
     for name, cfg in configs.items():
-        print(f"== {name}: {cfg.model.backbone}, {cfg.train.epochs} epochs on {cfg.data.name} ==")
+        sub = run_dir / name
+        if plan[name] == "reuse":
+            print(f"== {name}: reusing the finished run {sub} ==")
+            results[name] = json.loads((sub / "metrics.json").read_text())
+            continue
+        what = f"continuing {sub}:" if plan[name] == "resume" else f"{cfg.model.backbone},"
+        print(f"== {name}: {what} {cfg.train.epochs} epochs on {cfg.data.name} ==")
         t = time.time()
-        results[name] = pretrain(cfg, run_dir / name)
-        results[name]["pretrain_eval_time_s"] = round(time.time() - t, 1)
+        replace = plan[name] == "new" and (resume or overwrite)  # with --resume: no checkpoint to keep
+        m = pretrain(cfg, sub, resume=plan[name] == "resume", overwrite=replace)
+        m["pretrain_eval_time_s"] = round(time.time() - t, 1)
+        write_results(sub, "metrics", m, format_table({name: m}))  # the time too, for a later --resume
+        results[name] = m
     table = format_table(results)
     c = next(iter(configs.values()))
+    test_split = f"Test split, {c.data.test_subset:,}-image subset" if c.data.test_subset else "Test split"
     header = (
         f"NCL vs BayesNCL on {c.data.name} ({c.data.train_subset or 'all'} train images, "
         f"{c.train.epochs} epoch(s), {c.model.backbone}, D={c.model.proj_dim}; "
         f"BayesNCL rho={configs['bayesncl'].method.rho}, lambda={configs['bayesncl'].method.lam}). "
-        "Test split; SC in %, entropies in nats, LP@1 = fast linear probe on frozen h."
+        f"{test_split}; SC in %, entropies in nats, LP@1 = fast linear probe on frozen h."
     )
     write_results(run_dir, "table", results, table, header=header)
     print()

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from bayesncl.config import ConfigError
+from bayesncl.config import ConfigError, check_device
 from bayesncl.data.augment import mix_seed
 
 __all__ = [
@@ -61,18 +61,18 @@ class DistributedError(ConfigError):
 
 
 # ----------------------------------------------------------------------------- devices
-def resolve_device(name: str) -> torch.device:
-    """``auto`` → cuda if available else cpu. Raises ConfigError if CUDA is asked for but absent."""
+def resolve_device(name: str, what: str = "train.device") -> torch.device:
+    """``auto`` → cuda if available else cpu. Raises ConfigError for a name other than auto, cpu,
+    cuda, cuda:N, or if CUDA is asked for but absent; ``what`` names the setting in the message."""
+    check_device(name, what)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"train.device={name}: no CUDA device is available here; use train.device=cpu")
+            raise ConfigError(f"{what}={name}: no CUDA device is available here; use {what}=cpu")
         idx = int(name.split(":")[1]) if ":" in name else 0
         if idx >= torch.cuda.device_count():
-            raise ConfigError(
-                f"train.device={name}: only {torch.cuda.device_count()} CUDA device(s) are available"
-            )
+            raise ConfigError(f"{what}={name}: only {torch.cuda.device_count()} CUDA device(s) are available")
     return torch.device(name)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bayesncl.config import Config, ConfigError, build_config
+from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
 from bayesncl.report import format_table, write_results
 
 RECIPES = Path(__file__).parent / "configs"
@@ -141,11 +141,7 @@ def table_configs(table: str, dataset: str, overrides: list[str]) -> dict[str, C
     if dataset not in DATASETS:
         raise ConfigError(f"--dataset {dataset!r}: expected one of {', '.join(DATASETS)}")
     defining = {"method.name"} | {o.split("=")[0] for v in TABLES[table]["variants"] for o in v.overrides}
-    clash = sorted({o.split("=")[0].strip() for o in overrides} & defining)
-    if clash:
-        raise ConfigError(
-            f"{', '.join(clash)} define the variants of table {table}; they cannot be overridden here"
-        )
+    refuse_fixed_keys(overrides, defining, f"the variants of table {table}")
     return {
         v.name: build_config(
             recipe_for(dataset, v.method), [f"method.name={v.method}", *v.overrides, *overrides]

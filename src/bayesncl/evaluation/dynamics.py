@@ -81,7 +81,8 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
     """``bayesncl dynamics RUN_DIR``: the Table 3 correlations for every ``every``-th periodic
     checkpoint; writes ``dynamics.json``, ``dynamics.md`` and ``dynamics.png`` into the run dir.
 
-    Raises EvalError if the run dir has no periodic checkpoints.
+    ``dynamics.json`` records ``samples``, ``every`` and the checkpoints used. Raises EvalError if
+    ``run_dir`` is a file, missing, or has no periodic checkpoints.
     """
     from bayesncl.data import build_train_loader
     from bayesncl.evaluation import EvalError
@@ -90,6 +91,10 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
     from bayesncl.report import write_results
 
     run = Path(run_dir)
+    if run.is_file():
+        raise EvalError(
+            f"{run} is a file: dynamics expects a run dir (the folder holding its epoch-NNNN.pt checkpoints)"
+        )
     if not run.is_dir():
         raise EvalError(f"{run}: no such run dir")
     ckpts = checkpoint_epochs(run)[:: max(every, 1)]
@@ -119,7 +124,13 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
             for r in rows
         ]
     )
-    result = {"protocol": __doc__.split("Protocol")[1].strip() if __doc__ else "", "rows": rows}
+    result = {
+        "protocol": __doc__.split("Protocol")[1].strip() if __doc__ else "",
+        "samples": samples,  # train images for the gradient variance (--samples)
+        "every": every,  # every N-th periodic checkpoint (--every)
+        "checkpoints": [path.name for _, path in ckpts],
+        "rows": rows,
+    }
     write_results(
         run, "dynamics", result, md, header="Gradient dynamics: Spearman correlations per checkpoint"
     )

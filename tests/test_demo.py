@@ -1,0 +1,124 @@
+"""``bayesncl demo``: the side-by-side table, and an interrupted demo continued (--resume) or
+replaced (--overwrite) in the same run dir. Tiny settings: a few seconds per method."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bayesncl.cli import main
+from bayesncl.config import Config
+
+from .tiny import TINY_BASE
+
+TINY = [*TINY_BASE, "train.epochs=2"]
+
+
+def _err(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bayesncl: error: "), err
+    return err.strip()
+
+
+def _interrupt_bayesncl_after_one_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's bayesncl run stops after its first epoch checkpoint, as a Ctrl-C would."""
+    import bayesncl.train
+
+    real = bayesncl.train.pretrain
+
+    def pretrain(cfg: Config, run_dir: Path, **kwargs: Any) -> dict[str, Any]:
+        if cfg.method.name != "bayesncl":
+            return real(cfg, run_dir, **kwargs)
+        cfg.train.epochs = 1
+        real(cfg, run_dir, **{**kwargs, "evaluate": False})
+        raise KeyboardInterrupt("stopped after epoch 1")
+
+    monkeypatch.setattr(bayesncl.train, "pretrain", pretrain)
+
+
+def test_interrupted_demo_resumes_then_overwrites(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "demo"
+    with monkeypatch.context() as m:
+        _interrupt_bayesncl_after_one_epoch(m)
+        assert main(["demo", "--run-dir", str(run), *TINY]) == 130
+    assert (run / "ncl" / "metrics.json").exists() and (run / "bayesncl" / "last.pt").exists()
+    assert not (run / "table.json").exists() and not (run / "bayesncl" / "metrics.json").exists()
+    ncl_metrics = (run / "ncl" / "metrics.json").read_text()
+    capsys.readouterr()
+
+    # the same command again: refused, nothing touched
+    assert main(["demo", "--run-dir", str(run), *TINY]) == 2
+    assert _err(capsys) == (
+        f"bayesncl: error: run dir {run} already exists and is not empty; pass --resume to continue the "
+        "demo in it, --overwrite to replace it, or choose another --run-dir"
+    )
+    # other settings than the interrupted demo's: refused before anything runs
+    assert main(["demo", "--run-dir", str(run), "--resume", *TINY, "data.blur_prob=0.2"]) == 2
+    assert _err(capsys) == (
+        f"bayesncl: error: --resume: {run / 'ncl'} holds a finished run with other settings "
+        "(data.blur_prob); resume with the same options and key=value overrides, or use --overwrite"
+    )
+    assert main(["demo", "--run-dir", str(run), "--resume", "--overwrite", *TINY]) == 2
+    assert _err(capsys) == (
+        "bayesncl: error: --resume and --overwrite contradict each other: continue the demo, or replace it"
+    )
+
+    # --resume: ncl is reused as it is, bayesncl continues from its epoch-1 checkpoint to epoch 2
+    assert main(["demo", "--run-dir", str(run), "--resume", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert f"== ncl: reusing the finished run {run / 'ncl'} ==" in out
+    assert f"== bayesncl: continuing {run / 'bayesncl'}: 2 epochs on synthetic ==" in out
+    assert (run / "ncl" / "metrics.json").read_text() == ncl_metrics
+    log = (run / "bayesncl" / "log.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in log] == ["epoch", "1", "2"]
+    table = json.loads((run / "table.json").read_text())
+    assert list(table) == ["ncl", "bayesncl"]
+    assert table["ncl"] == json.loads(ncl_metrics)
+    assert table["bayesncl"] == json.loads((run / "bayesncl" / "metrics.json").read_text())
+    caption = (run / "table.md").read_text().splitlines()[0]
+    assert "Test split, 60-image subset; SC in %" in caption
+
+    # --resume of a finished demo: both reused, the same table
+    assert main(["demo", "--run-dir", str(run), "--resume", *TINY]) == 0
+    assert json.loads((run / "table.json").read_text()) == table
+    capsys.readouterr()
+
+    # --overwrite: both methods train again from scratch, with the new settings
+    assert main(["demo", "--run-dir", str(run), "--overwrite", *TINY_BASE, "train.epochs=1"]) == 0
+    assert "reusing" not in capsys.readouterr().out
+    for method in ("ncl", "bayesncl"):
+        assert (run / method / "log.csv").read_text().count("\n") == 2  # header + 1 epoch
+        assert not (run / method / "epoch-0002.pt").exists()
+    assert json.loads((run / "table.json").read_text())["ncl"] != table["ncl"]
+
+
+def test_demo_refusals_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "demo"
+    assert main(["demo", "--run-dir", str(run), *TINY, "method.name=cl"]) == 2
+    assert _err(capsys) == (
+        "bayesncl: error: method.name defines the demo's two runs (ncl, bayesncl); it cannot be overridden "
+        "here"
+    )
+    assert main(["demo", "--run-dir", str(run), "--resume", *TINY]) == 2
+    assert _err(capsys) == f"bayesncl: error: --resume: no demo run in {run} to continue (no such directory)"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    assert main(["demo", "--run-dir", str(run), "--resume", *TINY]) == 2
+    assert _err(capsys) == (
+        f"bayesncl: error: --resume: no demo run in {run} to continue "
+        f"(no {run / 'ncl' / 'last.pt'} or {run / 'bayesncl' / 'last.pt'})"
+    )
+    assert main(["demo", "--resume", *TINY]) == 2
+    assert _err(capsys) == "bayesncl: error: --resume needs --run-dir DIR (the demo to continue)"
+    assert main(["demo", "--run-dir", str(run / "notes.txt"), *TINY]) == 2
+    assert _err(capsys) == (
+        f"bayesncl: error: run dir {run / 'notes.txt'} is a file, not a directory; choose another --run-dir"
+    )
+    assert main(["demo", "--run-dir", "", *TINY]) == 2
+    assert _err(capsys) == "bayesncl: error: --run-dir '': expected a directory, not an empty path"
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
