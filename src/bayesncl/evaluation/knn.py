@@ -19,7 +19,7 @@ from ._numerics import normalize_rows
 from .io import EvalError, validate_features
 from .retrieval import auto_chunk_size
 
-__all__ = ["knn_accuracy", "knn_classify"]
+__all__ = ["knn_accuracy"]
 
 
 def knn_accuracy(
@@ -74,7 +74,3 @@ def knn_accuracy(
         for i, t in enumerate(tops):
             correct[i] += (pred[:, :t] == truth).any(dim=1).sum()
     return {f"acc{t}": 100.0 * float(correct[i]) / n_test for i, t in enumerate(topk)}
-
-
-#: Alias used by :mod:`bayesncl.evaluation.pipeline`.
-knn_classify = knn_accuracy
