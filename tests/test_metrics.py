@@ -534,6 +534,21 @@ def test_save_load_round_trip(tmp_path):
     np.testing.assert_array_equal(fs.indices, np.arange(50))
 
 
+def test_save_features_that_cannot_be_written_names_the_target(tmp_path):
+    arrays = {"features": np.ones((2, 2), np.float32), "labels": np.array([0, 1])}
+    (tmp_path / "notes.pt").write_text("x")
+    target = tmp_path / "notes.pt" / "deeper" / "x.npz"
+    with pytest.raises(EvalError) as e:
+        save_features(target, **arrays)
+    blocker = tmp_path / "notes.pt"
+    assert str(e.value) == f"features file {target} cannot be written: {blocker} is a file, not a directory"
+    long_name = tmp_path / ("y" * 300 + ".npz")  # the temporary file cannot be created either
+    with pytest.raises(EvalError) as e:
+        save_features(long_name, **arrays)
+    assert str(e.value) == f"features file {long_name} cannot be written: file name too long (in {tmp_path})"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.pt"]
+
+
 def test_metrics_command_and_table(tmp_path):
     feats, labels = sparse_features(1, n=60, d=16)
     plain = tmp_path / "plain.npz"
