@@ -439,3 +439,23 @@ def test_own_checkpoint_with_weights_of_another_architecture(tmp_path: Path) -> 
         load_trained(tmp_path / "edited.pt")
     assert "does not fit the architecture its config describes: shape mismatch: projector.net.2.weight " \
         "expected (16, 32) found (8, 32)" in str(info.value)
+
+
+def test_data_override_that_changes_the_stem_is_blamed_on_the_image_size(tmp_path: Path) -> None:
+    # ResNet-18 with model.cifar_stem=auto: a 3x3 stem at 16 px, the 7x7 ImageNet stem at 96 px
+    cfg = build_config(overrides=[*TINY, "model.backbone=resnet18"])
+    ckpt = {
+        "format": "bayesncl-checkpoint-v1",
+        "config": cfg.to_dict(),
+        "state_dict": build_model(cfg, 3, 16, 10).state_dict(),
+    }
+    torch.save(ckpt, tmp_path / "r18.pt")
+    with pytest.raises(EvalError) as info:
+        load_trained(tmp_path / "r18.pt", overrides=["data.image_size=96"])
+    assert str(info.value) == (
+        f"{tmp_path / 'r18.pt'}: data.name=synthetic with data.image_size=96 gives 96 px images but the "
+        "model was trained on 16 px synthetic images, and model.cifar_stem=auto builds another first layer "
+        "for them: set data.image_size=16"
+    )
+    model, cfg2, _ = load_trained(tmp_path / "r18.pt", overrides=["data.image_size=16"])
+    assert cfg2.data.image_size == 16

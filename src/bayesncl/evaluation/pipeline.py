@@ -182,6 +182,7 @@ def _load_own(
     from bayesncl.official import load_state_strict
 
     cfg = config_from_dict(cfg_dict)
+    trained_data = copy.deepcopy(cfg.data)
     user = parse_overrides(list(overrides or []))
     for k, v in user.items():  # an unknown or mistyped key: the usual error, with the closest keys
         set_key(copy.deepcopy(cfg), k, v)
@@ -199,8 +200,31 @@ def _load_own(
     try:
         load_state_strict(model, state_dict, str(path), "the architecture its config describes")
     except ValueError as e:
-        raise EvalError(str(e)) from None
+        why = _data_mismatch(path, trained_data, cfg, info.channels, info.image_size)
+        raise EvalError(why or str(e)) from None
     return model, cfg
+
+
+def _data_mismatch(path: Path, trained: Any, cfg: Config, channels: int, size: int) -> str | None:
+    """Why the weights do not fit when data.* overrides changed the images the model is built for
+    (channels, or an image size that switches the ResNet stem); ``None`` when they did not."""
+    from bayesncl.data import image_geometry
+
+    trained_channels, trained_size = image_geometry(trained)
+    if channels != trained_channels:
+        return (
+            f"{path}: data.name={cfg.data.name} has {channels}-channel images but the model was trained on "
+            f"{trained_channels}-channel {trained.name} images: extract with a dataset of "
+            f"{trained_channels}-channel images"
+        )
+    if size != trained_size:
+        return (
+            f"{path}: data.name={cfg.data.name} with data.image_size={cfg.data.image_size} gives {size} px "
+            f"images but the model was trained on {trained_size} px {trained.name} images, and "
+            f"model.cifar_stem={cfg.model.cifar_stem} builds another first layer for them: set "
+            f"data.image_size={trained_size}"
+        )
+    return None
 
 
 def _load_official(path: Path, obj: Any, overrides: list[str] | None) -> tuple[ContrastiveModel, Config]:
