@@ -19,10 +19,9 @@ from PIL import Image
 
 from bayesncl.cli import main
 from bayesncl.config import build_config
-from bayesncl.models import build_model
 from bayesncl.train import pretrain
 
-from .tiny import TINY_BASE
+from .tiny import TINY_BASE, tiny_checkpoint
 
 TESTS = Path(__file__).parent
 DOC = TESTS.parent / "docs" / "bad-inputs.md"
@@ -294,15 +293,6 @@ def test_checkpoint_of_another_architecture(tmp_path: Path, capsys: pytest.Captu
     sd |= {"classifier.weight": torch.zeros(10, 512), "classifier.bias": torch.zeros(10)}
     torch.save({"state_dict": sd}, tmp_path / "official.ckpt")
     expect("K7", cli_error(["evaluate", str(tmp_path / "official.ckpt")], capsys), tmp_path)
-
-
-def tiny_checkpoint(path: Path, overrides: list[str], channels: int) -> Path:
-    """A bayesncl checkpoint of an untrained tiny model (enough for extract: no training needed)."""
-    cfg = build_config(overrides=[*TINY, *overrides])
-    model = build_model(cfg, channels, 16, 10)
-    ckpt = {"format": "bayesncl-checkpoint-v1", "config": cfg.to_dict(), "state_dict": model.state_dict()}
-    torch.save(ckpt, path)
-    return path
 
 
 def test_data_override_with_other_channels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
