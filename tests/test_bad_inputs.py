@@ -21,7 +21,7 @@ from bayesncl.cli import main
 from bayesncl.config import build_config
 from bayesncl.train import pretrain
 
-from .tiny import TINY_BASE
+from .tiny import TINY_BASE, tiny_checkpoint
 
 TESTS = Path(__file__).parent
 DOC = TESTS.parent / "docs" / "bad-inputs.md"
@@ -100,8 +100,12 @@ ROWS: dict[str, str] = {
     "K7": E + "<tmp>/official.ckpt is a BayesNCL/NCL (solo-learn) checkpoint, which does not record its "
     "data: pass it as overrides, e.g. data.name=cifar100 data.root=DIR",
     "K8": E + "<tmp> holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)",
+    "K10": E + "<tmp>/fm.pt: data.name=synthetic has 3-channel images but the model was trained on 1-channel "
+    "fashion-mnist images: extract with a dataset of 1-channel images",
+    "K11": E + "features file <tmp>/notes.pt/x.npz cannot be written: <tmp>/notes.pt is a file, not a "
+    "directory",
     "K9": E + "<tmp>/nowhere: no such run dir or checkpoint file",
-    "K10": E + "<tmp>/run/last.pt is a file: dynamics expects a run dir (the folder holding its "
+    "K12": E + "<tmp>/run/last.pt is a file: dynamics expects a run dir (the folder holding its "
     "epoch-NNNN.pt checkpoints)",
     "T1": E + "non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=…; no epoch had finished, so nothing "
     "was kept: fix the cause and rerun",
@@ -318,7 +322,7 @@ def test_not_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_dynamics_of_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "last.pt").write_bytes(b"PK")
-    expect("K10", cli_error(["dynamics", str(tmp_path / "run" / "last.pt")], capsys), tmp_path)
+    expect("K12", cli_error(["dynamics", str(tmp_path / "run" / "last.pt")], capsys), tmp_path)
 
 
 class _RunsCode:
@@ -362,6 +366,22 @@ def test_checkpoint_of_another_architecture(tmp_path: Path, capsys: pytest.Captu
     sd |= {"classifier.weight": torch.zeros(10, 512), "classifier.bias": torch.zeros(10)}
     torch.save({"state_dict": sd}, tmp_path / "official.ckpt")
     expect("K7", cli_error(["evaluate", str(tmp_path / "official.ckpt")], capsys), tmp_path)
+
+
+def test_data_override_with_other_channels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # trained on 1-channel fashion-mnist (its data need not be here), extracted on 3-channel synthetic
+    fm = tiny_checkpoint(tmp_path / "fm.pt", ["data.name=fashion-mnist", f"data.root={tmp_path}/gone"], 1)
+    expect("K10", cli_error(["extract", str(fm), "data.name=synthetic"], capsys), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fm.pt"]
+
+
+def test_unwritable_features_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tiny_checkpoint(tmp_path / "run.pt", [], 3)
+    (tmp_path / "notes.pt").write_text("hello world\n")
+    err = cli_error(["extract", str(run), "--out", str(tmp_path / "notes.pt" / "x.npz")], capsys)
+    expect("K11", err, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.pt", "run.pt"]
+    assert (tmp_path / "notes.pt").read_text() == "hello world\n"
 
 
 # ----------------------------------------------------------------------------- the docs table

@@ -448,3 +448,23 @@ def test_log_csv_has_plain_newlines(tmp_path: Path) -> None:
     assert (tmp_path / "log.csv").read_bytes() == (
         ",".join(LOG_FIELDS) + "\n1,3,1.5" + "," * 8 + "\n2,6,1.25" + "," * 8 + "\n"
     ).encode()
+
+
+def test_data_override_that_changes_the_stem_is_blamed_on_the_image_size(tmp_path: Path) -> None:
+    # ResNet-18 with model.cifar_stem=auto: a 3x3 stem at 16 px, the 7x7 ImageNet stem at 96 px
+    cfg = build_config(overrides=[*TINY, "model.backbone=resnet18"])
+    ckpt = {
+        "format": "bayesncl-checkpoint-v1",
+        "config": cfg.to_dict(),
+        "state_dict": build_model(cfg, 3, 16, 10).state_dict(),
+    }
+    torch.save(ckpt, tmp_path / "r18.pt")
+    with pytest.raises(EvalError) as info:
+        load_trained(tmp_path / "r18.pt", overrides=["data.image_size=96"])
+    assert str(info.value) == (
+        f"{tmp_path / 'r18.pt'}: data.name=synthetic with data.image_size=96 gives 96 px images but the "
+        "model was trained on 16 px synthetic images, and model.cifar_stem=auto builds another first layer "
+        "for them: set data.image_size=16"
+    )
+    model, cfg2, _ = load_trained(tmp_path / "r18.pt", overrides=["data.image_size=16"])
+    assert cfg2.data.image_size == 16

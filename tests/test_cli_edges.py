@@ -235,3 +235,52 @@ def test_help_is_plain_text(command: str, capsys: pytest.CaptureFixture[str]) ->
     assert text.startswith("usage: ") and len(text) > 200
     for markup in ("``", ":func:", ":class:", ":mod:", ":data:"):
         assert markup not in text, (command, markup)
+
+
+def test_evaluate_honours_probe_none_and_writes_nothing_on_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from PIL import Image
+
+    from .tiny import tiny_checkpoint
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 12), ("val", 6)):  # one class; a 6-image test split
+        (tmp_path / "folder" / split / "only").mkdir(parents=True)
+        for i in range(n):
+            img = rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)
+            Image.fromarray(img).save(tmp_path / "folder" / split / "only" / f"{i}.png")
+    folder = ["data.name=imagefolder", f"data.root={tmp_path / 'folder'}", "data.train_subset=0",
+              "data.test_subset=0"]
+    ckpt = str(tiny_checkpoint(tmp_path / "one.pt", folder, num_classes=1))
+
+    def files() -> list[str]:
+        return sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+
+    capsys.readouterr()
+    assert main(["evaluate", ckpt]) == 2  # the run's eval.probe is fast
+    assert _err(capsys) == (
+        "bayesncl: error: imagefolder has 1 class: the linear probe needs >= 2; pass --probe none or "
+        "eval.probe=none"
+    )
+    assert main(["evaluate", ckpt, "--probe", "fast", "eval.probe=none"]) == 2
+    assert _err(capsys) == "bayesncl: error: --probe fast contradicts eval.probe=none: give one of them"
+    # asked for explicitly, retrieval on 6 test images stays an error
+    assert main(["evaluate", ckpt, "eval.probe=none", "--retrieval-dims", "8"]) == 2
+    assert _err(capsys) == "bayesncl: error: retrieval needs at least 11 samples for depth 10; got N=6"
+    assert files() == ["one.pt"]  # no features_test.npz from a failed evaluation
+
+    for how in (["eval.probe=none"], ["--probe", "none"]):
+        assert main(["evaluate", ckpt, *how]) == 0, how
+        result = json.loads((tmp_path / "evaluation.json").read_text())
+        assert not any(k.startswith(("linear_probe", "feature_selection")) for k in result), how
+        assert "retrieval" not in result
+        assert result["retrieval_note"] == (
+            "retrieval skipped: it needs at least 11 test samples (P@10, mAP@10); got 6"
+        )
+        assert result["knn_acc1"] == 100.0  # one class: every vote is right
+        assert "No linear probe (eval.probe=none)." in (tmp_path / "evaluation.md").read_text()
+        assert {"features_test.npz", "evaluation.json", "evaluation.md"} <= set(files())
+        assert len(np.load(tmp_path / "features_test.npz")["labels"]) == 6

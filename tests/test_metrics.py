@@ -245,6 +245,99 @@ def test_all_zero_features_are_defined_and_flagged():
     )
 
 
+def test_huge_features_from_the_cli_give_the_scale_free_values(tmp_path, capsys):
+    # every entry 1e38 (float32): row norms and class sums overflow float32; each dim fires for
+    # both classes equally, so SC_k = 1/2 and p = (1/2, 1/2) for every entropy
+    from bayesncl.cli import main
+
+    np.savez(tmp_path / "huge.npz", features=np.full((4, 3), 1e38, np.float32), labels=np.array([0, 0, 1, 1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no numpy "invalid value encountered in divide"
+        assert main(["metrics", str(tmp_path / "huge.npz"), "--json"]) == 0
+    out = capsys.readouterr()
+    assert out.err == ""
+    result = json.loads(out.out)
+    assert result["semantic_consistency"] == 50.0
+    assert result["semantic_entropy_sum"] == result["semantic_entropy_freq"] == math.log(2)
+    assert result["semantic_entropy_mean"] == math.log(2)
+    assert result["effective_rank"] == pytest.approx(1.0) and result["orthogonality"] == pytest.approx(1.0)
+
+
+def test_huge_rows_and_a_zero_row_by_hand():
+    # rows (1e38, 0), (1e38, 1e38), (0, 0), labels 0, 1, 1. dim 0 fires for rows 0 (class 0) and 1
+    # (class 1): SC_0 = 1/2, H = ln 2; dim 1 fires for row 1 only: SC_1 = 1, H = 0. The zero row
+    # fires nowhere but counts in the class size of class 1 (H_mean: A/|c| = (1e38, 0.5e38) on dim 0).
+    feats = np.array([[1e38, 0.0], [1e38, 1e38], [0.0, 0.0]], np.float32)
+    labels = np.array([0, 1, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = M.compute_all(feats, labels)
+        per_dim = M.semantic_consistency_per_dim(feats, labels)
+    np.testing.assert_array_equal(per_dim, [0.5, 1.0])
+    assert out["semantic_consistency"] == 75.0
+    assert out["semantic_entropy_sum"] == pytest.approx(math.log(2) / 2, rel=1e-12)
+    h_mean_0 = -(2 / 3) * math.log(2 / 3) - (1 / 3) * math.log(1 / 3)
+    assert out["semantic_entropy_mean"] == pytest.approx(h_mean_0 / 2, rel=1e-6)
+    assert out["active_dims"] == 2 and out["sparsity"] == 0.5
+    # the same with the huge values replaced by 1: identical
+    unit = M.compute_all((feats > 0).astype(np.float32), labels)
+    assert {k: pytest.approx(v, rel=1e-6) for k, v in unit.items()} == out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_metric_is_invariant_to_the_scale_of_the_features(dtype):
+    rng = np.random.default_rng(3)
+    feats = rng.random((60, 12)).astype(dtype)
+    feats[feats < 0.4] = 0  # every entry is 0 or >= 0.4: no entry crosses eps = 1e-5 when scaled
+    feats[5] = 0  # a zero row
+    labels = np.arange(60) % 4
+    big = (feats * (dtype(1e38) / feats.max())).astype(dtype)
+    assert np.isfinite(big).all() and big.max() == pytest.approx(1e38, rel=1e-6)
+    cases = [(feats, "x1")] + [(big, "1e38")]
+    if dtype is np.float64:
+        cases.append((feats * 1e300, "1e300"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        results = [
+            {
+                **M.compute_all(f, labels, retrieval_dims=[4, 12]),
+                "sepin": M.sepin_at_k(f, labels, 4),
+                "knn": M.knn_accuracy(f[:40], labels[:40], f[40:], labels[40:], k=5),
+                "probe": M.linear_probe(f[:40], labels[:40], f[40:], labels[40:])["acc1"],
+                "fs_probe": M.feature_selection_probe(f[:40], labels[:40], f[40:], labels[40:], 4)["dims"],
+            }
+            for f, _ in cases
+        ]
+    ref = results[0]
+    assert ref["active_dims"] == 12 and 0 < ref["semantic_consistency"] < 100
+    for (_, name), got in zip(cases[1:], results[1:], strict=True):
+        assert _flat(got).keys() == _flat(ref).keys(), name
+        for key, value in _flat(ref).items():
+            assert _flat(got)[key] == pytest.approx(value, rel=1e-6), (name, key)
+    # scaling by a power of two is exact: bit-identical results
+    assert M.compute_all(feats * dtype(2.0**120), labels, retrieval_dims=[4]) == M.compute_all(
+        feats, labels, retrieval_dims=[4]
+    )
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def test_normalize_rows_keeps_zero_rows_and_rescales_overflowing_ones():
+    from bayesncl.evaluation._numerics import normalize_rows, row_norms
+
+    x = torch.tensor([[1.5e38, 2e38], [0.0, 0.0], [3.0, 4.0]])  # row 0: the squares overflow float32
+    assert not torch.isfinite(torch.linalg.vector_norm(x[0]))
+    torch.testing.assert_close(normalize_rows(x), torch.tensor([[0.6, 0.8], [0.0, 0.0], [0.6, 0.8]]))
+    norms = row_norms(x).flatten()
+    assert norms.dtype == torch.float64 and norms[1:].tolist() == [0.0, 5.0]
+    assert norms[0].item() == pytest.approx(2.5e38, rel=1e-7)
+
+
 # ---------------------------------------------------------------------------------------------
 # activity, sparsity, spectrum, orthogonality
 # ---------------------------------------------------------------------------------------------
@@ -439,6 +532,21 @@ def test_save_load_round_trip(tmp_path):
     np.testing.assert_allclose(fs.features, feats.float().numpy())
     assert fs.meta == meta and fs.h is None and fs.mask.shape == (50, 16)
     np.testing.assert_array_equal(fs.indices, np.arange(50))
+
+
+def test_save_features_that_cannot_be_written_names_the_target(tmp_path):
+    arrays = {"features": np.ones((2, 2), np.float32), "labels": np.array([0, 1])}
+    (tmp_path / "notes.pt").write_text("x")
+    target = tmp_path / "notes.pt" / "deeper" / "x.npz"
+    with pytest.raises(EvalError) as e:
+        save_features(target, **arrays)
+    blocker = tmp_path / "notes.pt"
+    assert str(e.value) == f"features file {target} cannot be written: {blocker} is a file, not a directory"
+    long_name = tmp_path / ("y" * 300 + ".npz")  # the temporary file cannot be created either
+    with pytest.raises(EvalError) as e:
+        save_features(long_name, **arrays)
+    assert str(e.value) == f"features file {long_name} cannot be written: file name too long (in {tmp_path})"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.pt"]
 
 
 def test_metrics_command_and_table(tmp_path):

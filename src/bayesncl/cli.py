@@ -311,9 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-seeds", type=int, default=1, help="linear probe seeds; mean ± std (default 1)")
     p.add_argument(
         "--probe",
-        choices=("fast", "paper"),
-        default="fast",
-        help="fast: L-BFGS on precomputed h (CPU-friendly); paper: LARS, crops+flips, --probe-epochs (GPU)",
+        choices=("fast", "paper", "none"),
+        default=None,
+        help="fast: L-BFGS on precomputed h (CPU-friendly); paper: LARS, crops+flips, --probe-epochs (GPU); "
+        "none: no linear or feature-selection probe (default: the run's eval.probe, fast unless set)",
     )
     p.add_argument("--probe-epochs", type=int, default=50, help="epochs of the paper probe (default 50)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help=_LOAD_OVERRIDES_HELP)

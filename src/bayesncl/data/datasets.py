@@ -99,6 +99,7 @@ __all__ = [
     "build_train_loader",
     "clear_cache",
     "dataset_info",
+    "image_geometry",
     "load_split_images",
     "stratified_subset",
     "subset_indices",
@@ -690,6 +691,13 @@ def _stats(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return _synthetic_stats() if name == "synthetic" else STATS[name]
 
 
+def image_geometry(cfg: Any) -> tuple[int, int]:
+    """``(channels, image size in px)`` of the images ``cfg`` (a DataConfig) feeds the model, read
+    from the config alone (no data files): 1 channel for fashion-mnist, else 3 (RGB). Raises DataError."""
+    name = _check_name(cfg)
+    return (1 if name == "fashion-mnist" else 3), _image_size(cfg, name)
+
+
 def dataset_info(cfg: Any) -> DatasetInfo:
     """Classes, channels, effective image size and (subset) split sizes of ``cfg`` (a DataConfig).
 
@@ -697,12 +705,12 @@ def dataset_info(cfg: Any) -> DatasetInfo:
     """
     name = _check_name(cfg)
     train, test = _load(cfg, "train"), _load(cfg, "test")
-    channels = 1 if name == "fashion-mnist" else 3
+    channels, image_size = image_geometry(cfg)
     mean, std = _stats(name)
     return DatasetInfo(
         num_classes=len(train.class_names),
         channels=channels,
-        image_size=_image_size(cfg, name),
+        image_size=image_size,
         class_names=tuple(train.class_names),
         num_train=len(train),
         num_test=len(test),

@@ -261,7 +261,11 @@ def save_features(
 
     ``arrays`` may hold the optional per-row arrays (:data:`OPTIONAL_ARRAYS`); tensors are
     converted to NumPy. ``features`` is stored as float32 and ``labels`` as int64. ``meta`` is
-    stored as a 0-d string array holding JSON. Returns the final path.
+    stored as a 0-d string array holding JSON. Returns the final path; its folder is created.
+
+    Raises :class:`EvalError` for bad arrays, and (one line naming ``path`` and the reason, e.g. a
+    parent that is a regular file, or no permission) when the file cannot be written; nothing is
+    left behind then.
     """
     path = Path(path)
     unknown = sorted(set(arrays) - set(OPTIONAL_ARRAYS))
@@ -286,7 +290,21 @@ def save_features(
             out[key] = arr
     if meta is not None:
         out["meta"] = np.array(json.dumps(meta, sort_keys=True))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp, tmp.open("wb") as fh:
-        (np.savez_compressed if compress else np.savez)(fh, **out)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp, tmp.open("wb") as fh:
+            (np.savez_compressed if compress else np.savez)(fh, **out)
+    except OSError as exc:
+        raise EvalError(f"features file {path} cannot be written: {_write_failure(path, exc)}") from None
     return path
+
+
+def _write_failure(path: Path, exc: OSError) -> str:
+    """Why ``path`` could not be written, in words that name ``path``'s folders, not a temporary file."""
+    for folder in path.parents:
+        if folder.exists():
+            if not folder.is_dir():
+                return f"{folder} is a file, not a directory"
+            break
+    reason = exc.strerror or type(exc).__name__
+    return f"{reason[:1].lower()}{reason[1:]} (in {path.parent})"

@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
+from ._numerics import normalize_rows
 from .io import EvalError, validate_features
 from .retrieval import auto_chunk_size
 
-__all__ = ["knn_accuracy", "knn_classify"]
+__all__ = ["knn_accuracy"]
 
 
 def knn_accuracy(
@@ -53,8 +54,7 @@ def knn_accuracy(
     pos_c = pos.clamp_max(num_classes - 1)
     yte_idx = torch.where(classes[pos_c] == yte, pos_c, torch.full_like(pos_c, -1))
 
-    bank = xtr.to(torch.float32)
-    bank = bank / torch.linalg.vector_norm(bank, dim=1, keepdim=True).clamp_min(1e-12)
+    bank = normalize_rows(xtr).to(torch.float32)
     k_eff = min(int(k), bank.shape[0])
     tops = [min(int(t), num_classes) for t in topk]
     if chunk_size is None:
@@ -62,8 +62,7 @@ def knn_accuracy(
     correct = torch.zeros(len(tops), dtype=torch.float64)
     n_test = xte.shape[0]
     for start in range(0, n_test, chunk_size):
-        q = xte[start : start + chunk_size].to(torch.float32)
-        q = q / torch.linalg.vector_norm(q, dim=1, keepdim=True).clamp_min(1e-12)
+        q = normalize_rows(xte[start : start + chunk_size]).to(torch.float32)
         sims = torch.mm(q, bank.T)
         top_sim, top_idx = torch.topk(sims, k_eff, dim=1)
         del sims
@@ -75,7 +74,3 @@ def knn_accuracy(
         for i, t in enumerate(tops):
             correct[i] += (pred[:, :t] == truth).any(dim=1).sum()
     return {f"acc{t}": 100.0 * float(correct[i]) / n_test for i, t in enumerate(topk)}
-
-
-#: Alias used by :mod:`bayesncl.evaluation.pipeline`.
-knn_classify = knn_accuracy

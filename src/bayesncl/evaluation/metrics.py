@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._numerics import NORM_EPS, downscale_exponent, row_norms, scaled
 from .io import EvalError, EvalWarning, load_features, validate_features
 
 __all__ = [
@@ -153,18 +154,23 @@ class SemanticStats:
         a = _abs(f)
         # SC thresholds the row-normalised features (F.normalize: x / max(||x||, 1e-12)); for
         # unit rows both indicators agree and one count product serves both.
-        norms = torch.linalg.vector_norm(f, dim=1, keepdim=True).clamp_min(1e-12)
-        same = torch.equal(a > EPS, a > norms * EPS)
+        thresholds = _sc_thresholds(f)
+        same = torch.equal(a > EPS, a > thresholds)
         # Indicators are written straight into float tensors (a bool->float cast is ~5x slower).
         fire = torch.empty_like(a)
         torch.gt(a, EPS, out=fire)
         mats = [a, fire]
         if not same:
             sc = torch.empty_like(a)
-            torch.gt(a, norms * EPS, out=sc)
+            torch.gt(a, thresholds, out=sc)
             mats.append(sc)
         out = _aggregate(inverse, classes.numel(), mats)
         act_sum, fire_count = out[0], out[1]
+        if not bool(torch.isfinite(act_sum).all()):
+            # class sums of huge activations overflowed the input's dtype: sum a power-of-two
+            # rescaled copy (exact) and scale the float64 result back
+            e = downscale_exponent(float(a.max()), f.shape[0], a.dtype)
+            act_sum = torch.ldexp(_aggregate(inverse, classes.numel(), [scaled(a, e)])[0], torch.tensor(e))
         sc_count = fire_count if same else out[2]
         return cls(
             classes=classes,
@@ -228,6 +234,19 @@ class SemanticStats:
     def firing_entries(self) -> int:
         """Number of entries with |F_nk| > 1e-5 (exact: counts are integers)."""
         return int(round(float(self.fire_count.sum())))
+
+
+def _sc_thresholds(f: torch.Tensor) -> torch.Tensor:
+    """(N, 1) thresholds ``max(‖F_n‖, 1e-12) · 1e-5`` in F's dtype: |F_nk| above it ⇔ |F̂_nk| > 1e-5.
+
+    A row whose norm overflows the dtype (e.g. float32 entries ~1e38) gets its norm from
+    :func:`row_norms` (max-abs rescaled, float64), so SC does not depend on the scale of F.
+    """
+    thresholds = torch.linalg.vector_norm(f, dim=1, keepdim=True).clamp_min(NORM_EPS) * EPS
+    bad = ~torch.isfinite(thresholds).flatten()
+    if bool(bad.any()):
+        thresholds[bad] = (row_norms(f[bad]) * EPS).to(f.dtype)
+    return thresholds
 
 
 def _stats(features: Any, labels: Any, metric: str) -> SemanticStats:
@@ -328,17 +347,25 @@ def sparsity(features: Any, labels: Any = None) -> float:
 
 
 def _gram_active(f: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-    """FᵀF over the active columns in float64, accumulated in row chunks."""
+    """FᵀF over the active columns in float64, accumulated in row chunks.
+
+    When the entries are so large that FᵀF would overflow float64 (only possible for float64
+    input), F is divided by a power of two first: the spectral entropy and the orthogonality
+    error only see ratios, so they are unchanged.
+    """
     idx = torch.nonzero(active).flatten()
     d = idx.numel()
     gram = torch.zeros(d, d, dtype=torch.float64)
     if d == 0:
         return gram
+    e = 0
+    if f.dtype == torch.float64:
+        e = downscale_exponent(float(f.abs().max()), f.shape[0], torch.float64, power=2)
     all_active = d == f.shape[1]
     step = max(1, _GRAM_CHUNK_BYTES // (8 * d))
     for i in range(0, f.shape[0], step):
         block = f[i : i + step]
-        block = (block if all_active else block[:, idx]).to(torch.float64)
+        block = scaled((block if all_active else block[:, idx]).to(torch.float64), e)
         gram.addmm_(block.T, block)
     return gram
 
@@ -422,6 +449,8 @@ def sepin_scores(features: Any, labels: Any) -> tuple[np.ndarray, np.ndarray]:
     _needs_labels(labels, "sepin_scores")
     f, y = validate_features(features, labels)
     n, d = f.shape
+    if f.dtype == torch.float64:  # the ratios below do not depend on a common scale of F
+        f = scaled(f, downscale_exponent(float(f.abs().max()), 4 * n, torch.float64, power=2))
     _, inverse, sizes = _class_index(y)  # type: ignore[arg-type]
     weights = sizes.to(torch.float64) / n
     # float64 moments accumulated in row chunks (no full float64 copy of F), about a shift close

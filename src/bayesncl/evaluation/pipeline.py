@@ -19,6 +19,10 @@ from bayesncl.data import build_eval_loader, dataset_info
 from bayesncl.models import ContrastiveModel, build_model
 
 FEATURE_KEYS = ("h", "p", "z", "features", "alpha", "mask")
+#: ``bayesncl evaluate --probe`` values: the fast probe, the paper's probe, or none.
+PROBES = ("fast", "paper", "none")
+#: The neighbour depth of the default retrieval (P@10, mAP@10): it needs more test samples than this.
+RETRIEVAL_DEPTH = 10
 
 
 @torch.no_grad()
@@ -182,6 +186,7 @@ def _load_own(
     from bayesncl.official import load_state_strict
 
     cfg = config_from_dict(cfg_dict)
+    trained_data = copy.deepcopy(cfg.data)
     user = parse_overrides(list(overrides or []))
     for k, v in user.items():  # an unknown or mistyped key: the usual error, with the closest keys
         set_key(copy.deepcopy(cfg), k, v)
@@ -199,8 +204,31 @@ def _load_own(
     try:
         load_state_strict(model, state_dict, str(path), "the architecture its config describes")
     except ValueError as e:
-        raise EvalError(str(e)) from None
+        why = _data_mismatch(path, trained_data, cfg, info.channels, info.image_size)
+        raise EvalError(why or str(e)) from None
     return model, cfg
+
+
+def _data_mismatch(path: Path, trained: Any, cfg: Config, channels: int, size: int) -> str | None:
+    """Why the weights do not fit when data.* overrides changed the images the model is built for
+    (channels, or an image size that switches the ResNet stem); ``None`` when they did not."""
+    from bayesncl.data import image_geometry
+
+    trained_channels, trained_size = image_geometry(trained)
+    if channels != trained_channels:
+        return (
+            f"{path}: data.name={cfg.data.name} has {channels}-channel images but the model was trained on "
+            f"{trained_channels}-channel {trained.name} images: extract with a dataset of "
+            f"{trained_channels}-channel images"
+        )
+    if size != trained_size:
+        return (
+            f"{path}: data.name={cfg.data.name} with data.image_size={cfg.data.image_size} gives {size} px "
+            f"images but the model was trained on {trained_size} px {trained.name} images, and "
+            f"model.cifar_stem={cfg.model.cifar_stem} builds another first layer for them: set "
+            f"data.image_size={trained_size}"
+        )
+    return None
 
 
 def _load_official(path: Path, obj: Any, overrides: list[str] | None) -> tuple[ContrastiveModel, Config]:
@@ -283,48 +311,90 @@ def evaluate_command(
     knn: bool = True,
     overrides: list[str] | None = None,
     probe_seeds: int = 1,
-    probe: str = "fast",
+    probe: str | None = None,
     probe_epochs: int = 50,
 ) -> dict[str, Any]:
     """``bayesncl evaluate``: features → metrics, linear probe (mean ± std over ``probe_seeds``),
     kNN, retrieval with feature selection, feature-selection probe, and the figures.
 
-    Writes ``evaluation.json`` / ``evaluation.md`` and the PNGs next to the checkpoint."""
+    ``probe``: ``"fast"``, ``"paper"`` or ``"none"`` (no linear probe and no feature-selection
+    probe); ``None`` takes the run's ``eval.probe`` (after ``overrides``). ``retrieval_dims``:
+    the K list; ``None`` means K = 32, 64, ..., D, and then retrieval is skipped (with a
+    ``retrieval_note`` in the result) when the test split has 10 samples or fewer.
+
+    Everything is computed before anything is written: a failure leaves no file behind. Then
+    ``features_test.npz``, ``evaluation.json`` / ``evaluation.md`` and the PNGs are written next to
+    the checkpoint. Raises EvalError (one line) for unusable input, ConfigError for an ``--probe``
+    that contradicts an ``eval.probe=`` override."""
+    from bayesncl.config import ConfigError, parse_overrides
+    from bayesncl.evaluation import EvalError
     from bayesncl.evaluation.knn import knn_accuracy
     from bayesncl.evaluation.metrics import compute_all
     from bayesncl.evaluation.probe import feature_selection_probe, linear_probe
     from bayesncl.report import format_retrieval, format_table, write_results
 
+    asked = parse_overrides(list(overrides or [])).get("eval.probe")
+    if probe is not None and asked is not None and str(asked) != probe:
+        raise ConfigError(f"--probe {probe} contradicts eval.probe={asked}: give one of them")
+    if probe is not None and probe not in PROBES:
+        raise ConfigError(f"--probe {probe}: expected one of {', '.join(PROBES)}")
     model, cfg, out_dir = load_trained(source, overrides=overrides)
+    probe = probe or cfg.eval.probe
+    if probe != "none":
+        n_classes = dataset_info(cfg.data).num_classes
+        if n_classes < 2:
+            raise EvalError(
+                f"{cfg.data.name} has {n_classes} class: the linear probe needs >= 2; pass --probe none "
+                "or eval.probe=none"
+            )
     device = next(model.parameters()).device
     test = extract_split(model, cfg, "test", device)
-    save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
     train = extract_split(model, cfg, "train", device, keys=("h", "features"))
-    d = test["features"].shape[1]
+    n_test, d = test["features"].shape
     dims = retrieval_dims or list(range(32, d + 1, 32)) or [d]
+    retrieval_note = None
+    if retrieval_dims is None and n_test <= RETRIEVAL_DEPTH:
+        dims = None
+        retrieval_note = (
+            f"retrieval skipped: it needs at least {RETRIEVAL_DEPTH + 1} test samples (P@10, mAP@10); "
+            f"got {n_test}"
+        )
     result: dict[str, Any] = compute_all(test["features"], test["labels"], retrieval_dims=dims)
+    if retrieval_note:
+        result["retrieval_note"] = retrieval_note
     seeds = [cfg.seed + i for i in range(probe_seeds)]
-    if probe == "paper":
-        from bayesncl.evaluation.paper_probe import paper_linear_probe
+    if probe != "none":
+        if probe == "paper":
+            from bayesncl.evaluation.paper_probe import paper_linear_probe
 
-        lp = paper_linear_probe(model, cfg, epochs=probe_epochs, seeds=seeds)
-    else:
-        lp = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=seeds)
-    result["linear_probe_acc1"], result["linear_probe_acc5"] = lp["acc1"], lp["acc5"]
-    result["linear_probe_acc1_std"], result["linear_probe_acc5_std"] = lp["acc1_std"], lp["acc5_std"]
-    result["linear_probe_seeds"] = seeds
-    result["linear_probe_protocol"] = lp["protocol"]
-    k_sel = min(cfg.eval.retrieval_dims or [min(64, d)])
-    fs = feature_selection_probe(train["features"], train["labels"], test["features"], test["labels"], k_sel)
-    result["feature_selection_probe"] = {"k": k_sel, "acc1": fs["acc1"], "acc5": fs["acc5"]}
+            lp = paper_linear_probe(model, cfg, epochs=probe_epochs, seeds=seeds)
+        else:
+            lp = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=seeds)
+        result["linear_probe_acc1"], result["linear_probe_acc5"] = lp["acc1"], lp["acc5"]
+        result["linear_probe_acc1_std"], result["linear_probe_acc5_std"] = lp["acc1_std"], lp["acc5_std"]
+        result["linear_probe_seeds"] = seeds
+        result["linear_probe_protocol"] = lp["protocol"]
+        k_sel = min(cfg.eval.retrieval_dims or [min(64, d)])
+        fs = feature_selection_probe(
+            train["features"], train["labels"], test["features"], test["labels"], k_sel
+        )
+        result["feature_selection_probe"] = {"k": k_sel, "acc1": fs["acc1"], "acc5": fs["acc5"]}
     if knn:
         k = knn_accuracy(train["h"], train["labels"], test["h"], test["labels"])
         result["knn_acc1"] = k["acc1"]
     result["method"] = cfg.method.name
-    md = format_table({cfg.method.name: result}) + f"\n\nLP@1 protocol: {result['linear_probe_protocol']}"
+    md = format_table({cfg.method.name: result})
+    if "linear_probe_protocol" in result:
+        md += f"\n\nLP@1 protocol: {result['linear_probe_protocol']}"
+    else:
+        md += "\n\nNo linear probe (eval.probe=none)."
     if result.get("retrieval"):
         md += "\n\nRetrieval with feature selection (top-K dims by expected activation), %:\n\n"
         md += format_retrieval(result["retrieval"])
+    if retrieval_note:
+        md += f"\n\nNote: {retrieval_note}."
+    # everything is computed: only now write the files
+    save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
     write_results(out_dir, "evaluation", result, md)
     from bayesncl.report.figures import write_figures
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._numerics import downscale_exponent, scaled
 from .io import EvalError, validate_features
 from .retrieval import select_top_dims
 
@@ -175,8 +176,12 @@ def linear_probe(
         raise EvalError(f"linear_probe needs at least 2 classes in the train labels; got {num_classes}")
     pos = torch.searchsorted(classes, yte).clamp_max(num_classes - 1)  # type: ignore[arg-type]
     yte_idx = torch.where(classes[pos] == yte, pos, torch.full_like(pos, -1))
-    xtr = xtr.to(torch.float32)
-    xte = xte.to(torch.float32)
+    # Standardisation is invariant to a common scale of train and test: divide huge features by a
+    # power of two (exact) so that their float32 squares and sums cannot overflow.
+    peak = max(float(xtr.abs().max()), float(xte.abs().max()))
+    e = downscale_exponent(peak, xtr.shape[0] + xte.shape[0], torch.float32, power=2)
+    xtr = scaled(xtr, e).to(torch.float32)
+    xte = scaled(xte, e).to(torch.float32)
     tops = [1, min(5, num_classes)]
 
     per_seed = []

@@ -1,6 +1,7 @@
 """Retrieval with feature selection (PAPER-NOTES §3; NCL's and BayesNCL's Table 2 protocol).
 
-1. f = normalize(F) (rows; an all-zero row stays zero).
+1. f = normalize(F) (rows; an all-zero row stays zero; a row too large for a plain sum of squares
+   is divided by its max-abs first, so the result does not depend on the scale of F).
 2. Rank the dims by the expected activation Σ_n f_nk (descending; ties: lower index first) and
    keep the top K.
 3. Re-normalise the kept columns row-wise and use cosine similarity.
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._numerics import normalize_rows, row_norms
 from .io import EvalError, validate_features
 
 __all__ = [
@@ -67,7 +69,7 @@ def expected_activation(features: Any) -> torch.Tensor:
     step = max(1, _RANK_CHUNK_BYTES // (8 * d))
     for i in range(0, n, step):
         block = f[i : i + step].to(torch.float64)
-        inv = 1.0 / torch.linalg.vector_norm(block, dim=1).clamp_min(1e-12)
+        inv = 1.0 / row_norms(block).flatten().clamp_min(1e-12)
         score += inv @ block
     return score
 
@@ -83,11 +85,6 @@ def select_top_dims(features: Any, k: int) -> torch.Tensor:
     f, _ = validate_features(features, None)
     (k,) = check_dims([k], f.shape[1])
     return rank_dims(f)[:k]
-
-
-def _normalize_rows(x: torch.Tensor) -> torch.Tensor:
-    norms = torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(1e-12)
-    return x / norms
 
 
 def _neighbour_blocks(x: torch.Tensor, depth: int, chunk_size: int) -> Iterable[tuple[int, torch.Tensor]]:
@@ -115,7 +112,7 @@ def nearest_neighbours(
     if not 0 < depth <= n - 1:
         raise EvalError(f"neighbour depth must be in 1..N-1={n - 1}; got {depth}")
     k = d if dims is None else check_dims([dims], d)[0]
-    x = _normalize_rows(f[:, rank_dims(f)[:k]].to(torch.float32))
+    x = normalize_rows(f[:, rank_dims(f)[:k]]).to(torch.float32)
     out = torch.empty(n, depth, dtype=torch.int64)
     for start, idx in _neighbour_blocks(x, depth, chunk_size or auto_chunk_size(n)):
         out[start : start + idx.shape[0]] = idx
@@ -164,7 +161,7 @@ def retrieval_metrics(
     order = rank_dims(f)
     out: dict[str, dict[str, float]] = {}
     for k in dims:
-        x = _normalize_rows(f[:, order[:k]].to(torch.float32))
+        x = normalize_rows(f[:, order[:k]]).to(torch.float32)
         hits = torch.zeros(len(topk), dtype=torch.float64)
         ap_sum = 0.0
         for start, idx in _neighbour_blocks(x, depth, chunk_size):
