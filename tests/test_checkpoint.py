@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -223,6 +224,25 @@ def test_encoder_safetensors_reloads_the_same_model(tmp_path: Path) -> None:
     assert cfg.method.name == "bayesncl"
     for k, v in a.state_dict().items():
         assert torch.equal(v, tensors[k]) and torch.equal(v, b.state_dict()[k]), k
+    # shared on its own: the config travels in the safetensors metadata
+    alone = tmp_path / "shared" / "enc.safetensors"
+    alone.parent.mkdir()
+    shutil.copy(run / "encoder.safetensors", alone)
+    c, cfg_alone, out_dir = load_trained(alone, device=torch.device("cpu"))
+    assert cfg_alone == cfg and out_dir == alone.parent
+    assert all(torch.equal(v, c.state_dict()[k]) for k, v in a.state_dict().items())
+    # an export without the metadata (older bayesncl) needs the run's config.yaml beside it
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(alone), metadata={"format": "bayesncl-encoder-v1"})
+    with pytest.raises(EvalError) as info:
+        load_trained(alone)
+    assert str(info.value) == (
+        f"{alone} records no config (an export from an older bayesncl) and no config.yaml is beside it: "
+        "copy the run's config.yaml next to it"
+    )
+    shutil.copy(run / "config.yaml", alone.parent / "config.yaml")
+    assert load_trained(alone, device=torch.device("cpu"))[1] == cfg
 
 
 # ----------------------------------------------------------------------------- official layout

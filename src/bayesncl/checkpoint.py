@@ -19,7 +19,8 @@ would import anything beyond tensors and plain values is refused with a one-line
 
 The files written at the end of training load elsewhere without bayesncl:
 
-- ``encoder.safetensors``: ``safetensors.torch.load_file(path)`` → the model's full state dict.
+- ``encoder.safetensors``: ``safetensors.torch.load_file(path)`` → the model's full state dict;
+  its metadata holds the resolved config as JSON (``safe_open(path, "pt").metadata()["config"]``).
 - ``backbone_torchvision.pt`` (ResNet backbones): torchvision names without ``fc``. Load it with
   ``net = torchvision.models.resnet18(); net.fc = torch.nn.Identity();
   net.load_state_dict(torch.load(path, weights_only=True))`` (strict), or keep the fc and pass

@@ -108,10 +108,10 @@ def load_trained(
     """Load a trained model safely from a run dir or a checkpoint file.
 
     source: a run dir (its ``last.pt``); a bayesncl checkpoint (``last.pt``, ``epoch-NNNN.pt``:
-    format ``bayesncl-checkpoint-v1``); a run's ``encoder.safetensors`` (next
-    to its ``config.yaml``); or an authors'-layout BayesNCL/NCL checkpoint (Lightning ``.ckpt`` or
-    bare state dict with ``backbone.*``, ``projector.*``, ``gating_head.*``, ``classifier.*``),
-    see :mod:`bayesncl.official`.
+    format ``bayesncl-checkpoint-v1``); a run's ``encoder.safetensors`` (it carries its config, so
+    a copy on its own is enough); or an authors'-layout BayesNCL/NCL checkpoint (Lightning
+    ``.ckpt`` or bare state dict with ``backbone.*``, ``projector.*``, ``gating_head.*``,
+    ``classifier.*``), see :mod:`bayesncl.official`.
     overrides: ``key=value`` strings. For a bayesncl checkpoint only ``data.*`` and ``eval.*`` (e.g.
     a new ``data.root``); the model is fixed by its config. For an official checkpoint the data is
     required (``data.name=cifar100 data.root=DIR``) and ``method.name`` etc. may be set.
@@ -143,10 +143,7 @@ def load_trained(
                 f"{ckpt_path} is a {obj['format']} checkpoint; this bayesncl reads bayesncl-checkpoint-v1"
             )
         elif _is_own_encoder(ckpt_path, obj):
-            import yaml
-
-            cfg_dict = yaml.safe_load((ckpt_path.parent / "config.yaml").read_text())
-            model, cfg = _load_own(ckpt_path, cfg_dict, obj, overrides)
+            model, cfg = _load_own(ckpt_path, _encoder_config(ckpt_path), obj, overrides)
         elif looks_official(obj):
             model, cfg = _load_official(ckpt_path, obj, overrides)
         else:
@@ -169,12 +166,35 @@ def _what_is(obj: Any) -> str:
 
 
 def _is_own_encoder(path: Path, obj: Any) -> bool:
-    """A run's ``encoder.safetensors`` (our key names) with the run's ``config.yaml`` beside it."""
+    """A run's ``encoder.safetensors`` (our key names: ``projector.net.*``)."""
     return (
         path.suffix == ".safetensors"
         and isinstance(obj, dict)
         and any(str(k).startswith("projector.net.") for k in obj)
-        and (path.parent / "config.yaml").is_file()
+    )
+
+
+def _encoder_config(path: Path) -> dict[str, Any]:
+    """The config of an exported ``encoder.safetensors``: from its metadata (key ``config``, written
+    by :func:`bayesncl.train.export_encoder`), else from the run's ``config.yaml`` beside it (files
+    exported before the metadata held it). Raises EvalError if neither exists."""
+    import json
+
+    import yaml
+    from safetensors import safe_open
+
+    from bayesncl.evaluation import EvalError
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if "config" in meta:
+        return dict(json.loads(meta["config"]))
+    beside = path.parent / "config.yaml"
+    if beside.is_file():
+        return dict(yaml.safe_load(beside.read_text()))
+    raise EvalError(
+        f"{path} records no config (an export from an older bayesncl) and no config.yaml is beside it: "
+        "copy the run's config.yaml next to it"
     )
 
 
