@@ -270,7 +270,7 @@ def test_imagefolder_class_list_selects_and_orders_classes(tmp_path):
     assert info.class_names == ("cat", "dog") and (info.num_train, info.num_test) == (12, 4)
     _, labels = load_split_images(cfg, "train")
     assert labels.tolist() == [0] * 6 + [1] * 6
-    listing.write_text("dog\n")
+    listing.write_bytes("\ufeffdog\r\n".encode())  # saved with a byte-order mark and CRLF
     _load_split_cached.cache_clear()
     _, labels = load_split_images(cfg, "test")
     assert dataset_info(cfg).class_names == ("dog",) and labels.tolist() == [0, 0]

@@ -385,3 +385,72 @@ def test_ctrl_c_during_the_final_evaluation_says_training_is_complete(
         f"({run / 'last.pt'}): `bayesncl evaluate {run}` evaluates it"
     )
     assert load_checkpoint_file(run / "last.pt")["epoch"] == 1 and (run / "encoder.safetensors").exists()
+
+
+# ----------------------------------------------------------------------------- signals at the edges
+def _signal_at(monkeypatch: pytest.MonkeyPatch, target: str, calls: tuple[int, ...]) -> None:
+    """Send SIGINT to this process during the listed calls (1-based) of ``bayesncl.train.<target>``."""
+    real = getattr(train_module, target)
+    count = {"n": 0}
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        count["n"] += 1
+        out = real(*args, **kwargs)
+        for _ in range(calls.count(count["n"])):
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(train_module, target, wrapped)
+
+
+def test_a_stop_after_an_epochs_last_step_resumes_bit_identically(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [*TINY, "train.epochs=2", "--no-eval"]  # 3 steps per epoch
+    assert main(["pretrain", "--run-dir", str(tmp_path / "straight"), *args]) == 0
+    with monkeypatch.context() as m:
+        _signal_at(m, "train_step", (3,))  # the last step of epoch 1
+        assert main(["pretrain", "--run-dir", str(tmp_path / "run"), *args]) == 130
+    assert "stopped in epoch 1 after 3 of its 3 steps" in capsys.readouterr().err
+    assert main(["pretrain", "--run-dir", str(tmp_path / "run"), "--resume"]) == 0
+    assert_same_weights(tmp_path / "straight" / "last.pt", tmp_path / "run" / "last.pt")
+    def rows(run: Path) -> list[dict[str, str]]:
+        return [{k: v for k, v in r.items() if k != "epoch_time_s"} for r in log_rows(run)]
+
+    assert rows(tmp_path / "run") == rows(tmp_path / "straight")
+
+
+def test_a_signal_during_the_last_epochs_saves_stops_before_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    with monkeypatch.context() as m:
+        _signal_at(m, "write_log", (1,))  # epoch 1 of 1: the log is written, then the checkpoint
+        assert main(["pretrain", "--run-dir", str(run), *TINY, "train.epochs=1"]) == 130
+    assert capsys.readouterr().err.strip() == (
+        f"bayesncl: interrupted: stopped after the last epoch (1), before the export and evaluation; "
+        f"{run / 'last.pt'} holds the trained model: --resume exports and evaluates it"
+    )
+    assert not (run / "encoder.safetensors").exists() and not (run / "metrics.json").exists()
+    assert main(["pretrain", "--run-dir", str(run), "--resume"]) == 0
+    assert (run / "encoder.safetensors").exists() and (run / "metrics.json").exists()
+
+
+def test_a_hard_stop_in_epoch_1_leaves_a_dir_the_same_command_can_reuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    args = ["pretrain", "--run-dir", str(run), *TINY, "train.epochs=1", "--no-eval"]
+    with monkeypatch.context() as m:
+        _signal_at(m, "train_step", (2, 2))  # a second Ctrl-C stops at once: no checkpoint
+        assert main(args) == 130
+    assert capsys.readouterr().err.strip() == "bayesncl: interrupted"
+    assert not run.exists()
+    run.mkdir()  # as a SIGKILL in epoch 1 leaves it: config.yaml only
+    (run / "config.yaml").write_text("seed: 0\n")
+    assert main([*args[:3], "--resume"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"bayesncl: error: --resume: no checkpoint {run / 'last.pt'} to resume from (the run stopped "
+        "before its first checkpoint: run the same command without --resume)"
+    )
+    assert main(args) == 0 and load_checkpoint_file(run / "last.pt")["epoch"] == 1

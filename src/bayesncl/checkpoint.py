@@ -352,11 +352,17 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     """
     run_dir = Path(run_dir)
     _check_writable(run_dir)
-    has_run = (run_dir / "config.yaml").exists() or (run_dir / "last.pt").exists()
+    # A run dir with only config.yaml holds a run killed before its first checkpoint: nothing to keep.
+    has_run = any((run_dir / name).exists() for name in ("last.pt", "log.csv", "encoder.safetensors"))
     if resume:
         ckpt_path = run_dir / "last.pt"
         if not ckpt_path.exists():
-            raise RunDirError(f"--resume: no checkpoint {ckpt_path} to resume from")
+            unstarted = (
+                " (the run stopped before its first checkpoint: run the same command without --resume)"
+                if (run_dir / "config.yaml").exists()
+                else ""
+            )
+            raise RunDirError(f"--resume: no checkpoint {ckpt_path} to resume from{unstarted}")
         try:
             ckpt = load_checkpoint_file(ckpt_path)
         except CheckpointError as e:

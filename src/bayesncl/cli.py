@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -391,7 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:
-        print(f"bayesncl: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, one line from rank 0 only
+            print(f"bayesncl: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         return int(getattr(e, "exit_code", 130))
     except Exception as e:
         if not isinstance(e, user_errors()):

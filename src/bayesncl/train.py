@@ -281,7 +281,7 @@ def pretrain(
     existed = run_dir.exists()
     try:
         return _pretrain(cfg, run_dir, world, resume=resume, overwrite=overwrite, evaluate=evaluate)
-    except Exception:
+    except BaseException:  # an error, or a second Ctrl-C that stopped at once
         if world.is_main and not resume:  # a fresh run that failed before its first checkpoint: no trace
             discard_unstarted_run(run_dir, existed)
         raise
@@ -367,6 +367,7 @@ def _pretrain(
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
     interrupted = _install_stop_handlers()
     stop = False
+    lr = float(schedule[max(state.step - 1, 0)]) if total_steps else 0.0  # a stop after an epoch's last step
     for epoch in range(state.epoch, cfg.train.epochs):
         partial, state.partial = state.partial, None  # a run stopped inside this epoch goes on from there
         n_seen = partial["n_seen"] if partial else 0
@@ -450,6 +451,12 @@ def _pretrain(
             save_checkpoint(run_dir / f"epoch-{state.epoch:04d}.pt", model, optimizer, scaler, state, cfg)
 
     _restore_stop_handlers()
+    if interrupted["signal"] is not None and world.is_main:  # it came during the last epoch's saves
+        raise TrainingInterrupted(
+            f"stopped after the last epoch ({state.epoch}), before the export and evaluation; "
+            f"{run_dir / 'last.pt'} holds the trained model: --resume exports and evaluates it",
+            signum=interrupted["signal"],
+        )
     if not world.is_main:
         return {}
     export_encoder(model, run_dir, cfg)

@@ -508,7 +508,7 @@ def read_class_list(path: str | os.PathLike[str]) -> tuple[str, ...]:
     """
     f = _expand(str(path))
     try:
-        lines = f.read_text(encoding="utf-8").splitlines()
+        lines = f.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark is not a name
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
         raise DataError(f"data.classes={path}: cannot read the class list ({reason})") from None
