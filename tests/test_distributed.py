@@ -332,3 +332,69 @@ def test_torchrun_two_processes_end_to_end(tmp_path: Path) -> None:
     # rank 1 prints nothing of its own (cli.py's "run dir:" line is printed before pretrain starts)
     assert [ln for ln in lines(proc.stdout, 1) if "run dir:" not in ln] == []
     assert not any(re.search(r"epoch \d/2", ln) for ln in lines(proc.stderr, 1))
+
+
+_SIGNAL_HOOK = textwrap.dedent(
+    """
+    # Test-only: rank 0 sends itself SIGINT after the BAYESNCL_SIGNAL_AT-th training step.
+    import os
+    if os.environ.get("BAYESNCL_SIGNAL_AT") and os.environ.get("RANK") == "0":
+        import signal
+        import bayesncl.train as _t
+
+        _real, _n = _t.train_step, [0]
+
+        def _step(*args, **kwargs):
+            out = _real(*args, **kwargs)
+            _n[0] += 1
+            if _n[0] == int(os.environ["BAYESNCL_SIGNAL_AT"]):
+                os.kill(os.getpid(), signal.SIGINT)
+            return out
+
+        _t.train_step = _step
+    """
+)
+
+
+@pytest.mark.slow
+def test_torchrun_mid_epoch_stop_and_resume_is_bit_identical_with_random_gates(tmp_path: Path) -> None:
+    """2 gloo processes, Gumbel gates (random noise from every rank's global RNG): a Ctrl-C on rank 0
+    in epoch 2 stops both ranks after the same step; --resume restores each rank's RNG stream, so
+    the weights equal those of an uninterrupted 2-process run."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SIGNAL_HOOK)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+    }
+    overrides = [
+        "data.name=synthetic", "data.train_subset=96", "data.test_subset=60", "data.image_size=16",
+        "model.backbone=small_cnn", "model.proj_hidden=32", "model.proj_dim=16",
+        "method.name=bayesncl-gs", "method.lam=0.01",
+        "train.epochs=2", "train.batch_size=16", "train.warmup_epochs=1", "train.device=cpu",
+        "train.progress=false", "--no-eval",
+    ]  # fmt: skip
+
+    def torchrun(run: Path, *extra: str, signal_at: str = "") -> subprocess.CompletedProcess[str]:
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "-m", "bayesncl.cli", "pretrain", "--run-dir", str(run), *extra,
+        ]  # fmt: skip
+        return subprocess.run(
+            cmd, env={**env, "BAYESNCL_SIGNAL_AT": signal_at}, capture_output=True, text=True, timeout=180
+        )
+
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    assert torchrun(straight, *overrides).returncode == 0
+    stopped = torchrun(run, *overrides, signal_at="4")  # 3 steps per epoch: step 1 of epoch 2
+    assert stopped.returncode != 0
+    assert stopped.stderr.count("bayesncl: interrupted: stopped in epoch 2 after 1 of its 3 steps") == 1
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    assert ckpt["partial"]["n_seen"] == 1 and len(ckpt["rng_ranks"]) == 2
+    resumed = torchrun(run, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = torch.load(straight / "last.pt", weights_only=True)["state_dict"]
+    b = torch.load(run / "last.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -118,6 +118,8 @@ class TrainState:
     # running sums of the step statistics (means over processes), "elapsed": seconds}; else None.
     partial: dict[str, Any] | None = None
     steps_per_epoch: int = 0
+    # Under DDP: every rank's RNG state (rank order), gathered at the save; rank 0's is also "rng".
+    rng_ranks: list[dict[str, Any]] | None = None
 
 
 def save_checkpoint(
@@ -141,6 +143,7 @@ def save_checkpoint(
             "log": state.log,
             "partial": state.partial,
             "steps_per_epoch": state.steps_per_epoch,
+            "rng_ranks": state.rng_ranks,
             "rng": rng_state(),
         },
         path,

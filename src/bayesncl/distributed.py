@@ -228,6 +228,16 @@ def all_reduce_mean(x: Tensor) -> Tensor:
     return y / dist.get_world_size()
 
 
+def all_gather_objects(obj: T) -> list[T] | None:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank; None for a single process.
+    Used to store each rank's RNG state in the checkpoint (bit-identical resume of random gates)."""
+    if not is_distributed():
+        return None
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def run_on_main(fn: Callable[[], T]) -> T:
     """Run ``fn`` on rank 0 only and hand its result, or the exception it raised, to every rank.
 

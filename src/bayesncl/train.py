@@ -41,6 +41,7 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
     clear_run_artifacts,
     discard_unstarted_run,
     prepare_run_dir,
+    rng_state,
     save_checkpoint,
     seed_everything,
     set_rng_state,
@@ -349,9 +350,12 @@ def _pretrain(
             epoch=ckpt["epoch"], step=ckpt["step"], log=list(ckpt["log"]), partial=partial,
             steps_per_epoch=steps_per_epoch,
         )
-        if world.is_main:
+        ranks = ckpt.get("rng_ranks")
+        if ranks and len(ranks) == world.world_size:  # each rank continues its own RNG stream
+            set_rng_state(ranks[world.rank])
+        elif world.is_main:
             set_rng_state(ckpt["rng"])
-        else:  # the checkpoint holds rank 0's RNG; the other ranks restart their own stream
+        else:  # a checkpoint without the other ranks' RNG states: they restart their own stream
             seed_everything(mix_seed(distributed.rank_seed(cfg.seed, world.rank), state.step))
     if world.is_main:  # fresh run, or a resume that may have extended train.epochs
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -417,6 +421,7 @@ def _pretrain(
                 "sums": distributed.all_reduce_mean(sums.clone()).cpu(),  # every rank's share
                 "elapsed": time.time() - t0,
             }
+            state.rng_ranks = distributed.all_gather_objects(rng_state())
             if world.is_main:
                 save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
             raise TrainingInterrupted(
@@ -440,6 +445,7 @@ def _pretrain(
         }
         state.log.append(row)
         state.epoch = epoch + 1
+        state.rng_ranks = distributed.all_gather_objects(rng_state())  # collective: before rank 0 saves
         if not world.is_main:
             continue
         if model.gate is not None and means[4] > 0.5:
