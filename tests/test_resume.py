@@ -454,3 +454,15 @@ def test_a_hard_stop_in_epoch_1_leaves_a_dir_the_same_command_can_reuse(
         "before its first checkpoint: run the same command without --resume)"
     )
     assert main(args) == 0 and load_checkpoint_file(run / "last.pt")["epoch"] == 1
+
+
+def test_resume_restores_a_periodic_checkpoint_a_kill_prevented(tmp_path: Path) -> None:
+    """last.pt is written before epoch-NNNN.pt: a SIGKILL between the two leaves the periodic copy
+    missing (as here, removed by hand); --resume writes it from last.pt, so `dynamics` misses no epoch."""
+    run = tmp_path / "run"
+    pretrain(build_config(overrides=[*TINY, "train.epochs=2"]), run, evaluate=False)
+    last = (run / "last.pt").read_bytes()
+    (run / "epoch-0002.pt").unlink()
+    pretrain(build_config(overrides=[*TINY, "train.epochs=3"]), run, resume=True, evaluate=False)
+    assert (run / "epoch-0002.pt").read_bytes() == last
+    assert sorted(p.name for p in run.glob("epoch-*.pt")) == [f"epoch-000{e}.pt" for e in (1, 2, 3)]

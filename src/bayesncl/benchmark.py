@@ -26,7 +26,8 @@ Measured, in ONE process and ONE run so the ratios are fair on a noisy machine:
   (the loader on the main stream).
 
 Defaults: CPU: ResNet-18 with the ImageNet stem, 32 px, batch 64, fp32 (about 25 s on 2 idle
-cores, up to a minute on busy ones); CUDA: ResNet-18 with the CIFAR stem, batch 256, 32 px, bf16 autocast, channels_last.
+cores, up to a minute on busy ones); CUDA: ResNet-18 with the CIFAR stem, batch 256, 32 px, bf16
+autocast, channels_last.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ Run dir layout::
 from __future__ import annotations
 
 import math
+import shutil
 import signal
 import time
 from collections.abc import Iterable, Iterator
@@ -365,6 +366,13 @@ def _pretrain(
             moved = archive_results(run_dir, ckpt["epoch"])
             if moved is not None:
                 print(f"moved the results of the {ckpt['epoch']}-epoch run to {moved}/ (they would be stale)")
+        every, done = cfg.train.checkpoint_every, ckpt["epoch"] if ckpt is not None else 0
+        periodic = run_dir / f"epoch-{done:04d}.pt"
+        at_boundary = ckpt is not None and not ckpt.get("partial") and done > 0
+        if at_boundary and every and done % every == 0 and not periodic.exists():
+            # killed between last.pt and the periodic copy of the same epoch: write the copy now
+            with atomic_path(periodic) as tmp:
+                shutil.copyfile(run_dir / "last.pt", tmp)
         (run_dir / "config.yaml").write_text(dump_yaml(cfg))
 
     step_model = wrap_for_training(model, cfg, world)
