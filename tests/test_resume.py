@@ -466,3 +466,21 @@ def test_resume_restores_a_periodic_checkpoint_a_kill_prevented(tmp_path: Path) 
     pretrain(build_config(overrides=[*TINY, "train.epochs=3"]), run, resume=True, evaluate=False)
     assert (run / "epoch-0002.pt").read_bytes() == last
     assert sorted(p.name for p in run.glob("epoch-*.pt")) == [f"epoch-000{e}.pt" for e in (1, 2, 3)]
+
+
+def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    args = ["pretrain", "--run-dir", str(run), *TINY, "train.epochs=1"]
+    assert main(args) == 0
+    (run / "notes.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    monkeypatch.setattr(train_module, "contrastive_loss", _nan_at(2))  # the new run fails in epoch 1
+    assert main([*args, "--overwrite"]) == 2
+    assert "non-finite loss at step 2 (epoch 1)" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # the old run is back, whole
+    monkeypatch.undo()
+    assert main([*args, "train.epochs=2", "--overwrite"]) == 0  # a new run that succeeds replaces it
+    assert load_checkpoint_file(run / "last.pt")["epoch"] == 2
+    assert not [p for p in run.iterdir() if p.name.startswith(".")] and (run / "notes.txt").exists()

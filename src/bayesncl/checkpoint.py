@@ -298,16 +298,38 @@ RUN_ARTIFACTS = ("config.yaml", "log.csv", "last.pt", "interrupted.pt", "epoch-*
 ARCHIVE_GLOB = "results-epoch-*"
 
 
-def clear_run_artifacts(run_dir: Path) -> None:
-    """Remove a previous run's files (``RUN_ARTIFACTS`` and archived results) so an --overwrite run
-    is not mixed with it. Nothing else in the folder is touched."""
-    for pattern in RUN_ARTIFACTS:
-        for p in Path(run_dir).glob(pattern):
-            if p.is_file():
-                p.unlink()
-    for folder in Path(run_dir).glob(ARCHIVE_GLOB):
-        if folder.is_dir() and all(p.is_file() for p in folder.iterdir()):
-            shutil.rmtree(folder)
+def set_aside_run_artifacts(run_dir: Path) -> Path | None:
+    """--overwrite, first half: move a previous run's files (``RUN_ARTIFACTS`` and archived results)
+    into a hidden ``run_dir/.replaced-PID/``, so the new run is not mixed with them but they are not
+    lost yet. :func:`finish_overwrite` deletes them once the new run has its first checkpoint, or puts
+    them back if it fails before. Nothing else in the folder is touched. Returns the folder, or None
+    when there was nothing to move."""
+    run_dir = Path(run_dir)
+    found = [p for pattern in RUN_ARTIFACTS for p in run_dir.glob(pattern) if p.is_file()]
+    found += [d for d in run_dir.glob(ARCHIVE_GLOB) if d.is_dir() and all(p.is_file() for p in d.iterdir())]
+    if not found:
+        return None
+    aside = run_dir / f".replaced-{os.getpid()}"
+    aside.mkdir(exist_ok=True)
+    for p in found:
+        os.replace(p, aside / p.name)
+    return aside
+
+
+def finish_overwrite(aside: Path | None, *, keep_new: bool) -> None:
+    """--overwrite, second half: ``keep_new=True`` deletes the previous run set aside by
+    :func:`set_aside_run_artifacts`; ``False`` moves it back over whatever the new run wrote."""
+    if aside is None or not aside.is_dir():
+        return
+    if keep_new:
+        shutil.rmtree(aside)
+        return
+    for p in aside.iterdir():
+        dest = aside.parent / p.name
+        if dest.is_dir():
+            shutil.rmtree(dest)
+        os.replace(p, dest)
+    aside.rmdir()
 
 
 def discard_unstarted_run(run_dir: Path, existed: bool) -> None:

@@ -39,12 +39,13 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
     TrainState,
     archive_results,
     atomic_save,
-    clear_run_artifacts,
     discard_unstarted_run,
+    finish_overwrite,
     prepare_run_dir,
     rng_state,
     save_checkpoint,
     seed_everything,
+    set_aside_run_artifacts,
     set_rng_state,
     write_log,
 )
@@ -281,10 +282,14 @@ def pretrain(
     world = distributed.setup(cfg.train.device)
     run_dir = Path(run_dir)
     existed = run_dir.exists()
+    replaced: dict[str, Path | None] = {}  # --overwrite: where the previous run waits (see _pretrain)
     try:
-        return _pretrain(cfg, run_dir, world, resume=resume, overwrite=overwrite, evaluate=evaluate)
+        return _pretrain(
+            cfg, run_dir, world, resume=resume, overwrite=overwrite, evaluate=evaluate, replaced=replaced
+        )
     except BaseException:  # an error, or a second Ctrl-C that stopped at once
         if world.is_main and not resume:  # a fresh run that failed before its first checkpoint: no trace
+            finish_overwrite(replaced.get("run"), keep_new=False)  # the overwritten run comes back
             discard_unstarted_run(run_dir, existed)
         raise
     finally:
@@ -293,7 +298,8 @@ def pretrain(
 
 
 def _pretrain(
-    cfg: Config, run_dir: Path, world: distributed.World, *, resume: bool, overwrite: bool, evaluate: bool
+    cfg: Config, run_dir: Path, world: distributed.World, *, resume: bool, overwrite: bool, evaluate: bool,
+    replaced: dict[str, Path | None],
 ) -> dict[str, Any]:
     device = world.device
     amp_dtype = resolve_precision(cfg.train.precision, device)
@@ -360,8 +366,8 @@ def _pretrain(
             seed_everything(mix_seed(distributed.rank_seed(cfg.seed, world.rank), state.step))
     if world.is_main:  # fresh run, or a resume that may have extended train.epochs
         run_dir.mkdir(parents=True, exist_ok=True)
-        if ckpt is None and overwrite:
-            clear_run_artifacts(run_dir)
+        if ckpt is None and overwrite:  # the previous run waits aside until this one has a checkpoint
+            replaced["run"] = set_aside_run_artifacts(run_dir)
         if ckpt is not None and ckpt["epoch"] < cfg.train.epochs:
             moved = archive_results(run_dir, ckpt["epoch"])
             if moved is not None:
@@ -432,6 +438,7 @@ def _pretrain(
             state.rng_ranks = distributed.all_gather_objects(rng_state())
             if world.is_main:
                 save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
+                finish_overwrite(replaced.pop("run", None), keep_new=True)
             raise TrainingInterrupted(
                 f"stopped in epoch {epoch + 1} after {n_seen} of its {steps_per_epoch} steps; state saved "
                 f"to {run_dir / 'last.pt'}; --resume continues from that step",
@@ -460,6 +467,7 @@ def _pretrain(
             print(f"warning: gate collapse: {100 * means[4]:.0f}% of rows have every gate closed")
         write_log(run_dir, state.log)
         save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
+        finish_overwrite(replaced.pop("run", None), keep_new=True)
         every = cfg.train.checkpoint_every
         if every and state.epoch % every == 0:
             save_checkpoint(run_dir / f"epoch-{state.epoch:04d}.pt", model, optimizer, scaler, state, cfg)
