@@ -284,3 +284,13 @@ def test_evaluate_honours_probe_none_and_writes_nothing_on_failure(
         assert "No linear probe (eval.probe=none)." in (tmp_path / "evaluation.md").read_text()
         assert {"features_test.npz", "evaluation.json", "evaluation.md"} <= set(files())
         assert len(np.load(tmp_path / "features_test.npz")["labels"]) == 6
+
+
+def test_run_dir_is_announced_only_once_it_is_accepted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    missing = f"data.root={tmp_path}/nowhere"
+    assert main(["pretrain", "--run-dir", str(run), "data.name=cifar10", missing]) == 2
+    out = capsys.readouterr()
+    assert "run dir:" not in out.out and out.err.startswith("bayesncl: error: ") and not run.exists()

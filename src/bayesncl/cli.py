@@ -115,10 +115,6 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     else:
         cfg = build_config(resolve_config_path(args.config), overrides)
     run_dir = run_dir_arg or _default_run_dir(cfg)
-    from bayesncl.distributed import is_main_process
-
-    if is_main_process():
-        print(f"run dir: {run_dir}")
     metrics = pretrain(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, evaluate=not args.no_eval)
     if metrics:
         from bayesncl.report import format_table

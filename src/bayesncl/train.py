@@ -313,6 +313,8 @@ def _pretrain(
             "pass --no-eval or eval.probe=none"
         )
     ckpt = distributed.run_on_main(lambda: prepare_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite))
+    if world.is_main:
+        print(f"run dir: {run_dir}", flush=True)
 
     seed_everything(distributed.rank_seed(cfg.seed, world.rank))
     loader = build_train_loader(  # this rank's shard; augmentation seeded by (seed, epoch, rank, step)
