@@ -252,6 +252,12 @@ def test_single_process_helpers_are_no_ops() -> None:
 
 
 # ----------------------------------------------------------------------------- torchrun end to end
+# 2 processes x batch 16 on 96 images: 3 steps per epoch, 2 epochs
+TORCHRUN_TINY = [
+    "data.name=synthetic", "data.train_subset=96", "data.test_subset=60", "data.image_size=16",
+    "model.backbone=small_cnn", "model.proj_hidden=32", "model.proj_dim=16", "method.lam=0.01",
+    "train.epochs=2", "train.batch_size=16", "train.warmup_epochs=1", "train.device=cpu",
+]  # fmt: skip
 _AUDIT_HOOK = textwrap.dedent(
     """
     # Test-only: record every file write below BAYESNCL_AUDIT_WATCH, per torchrun rank.
@@ -298,13 +304,7 @@ def test_torchrun_two_processes_end_to_end(tmp_path: Path) -> None:
         "BAYESNCL_AUDIT_WATCH": str(run.resolve()),
         "OMP_NUM_THREADS": "1",
     }
-    overrides = [
-        "data.name=synthetic", "data.train_subset=96", "data.test_subset=60", "data.image_size=16",
-        "model.backbone=small_cnn", "model.proj_hidden=32", "model.proj_dim=16",
-        "method.name=bayesncl", "method.lam=0.01",
-        "train.epochs=2", "train.batch_size=16", "train.warmup_epochs=1", "train.device=cpu",
-        "train.progress=true", "eval.batch_size=64",
-    ]  # fmt: skip
+    overrides = [*TORCHRUN_TINY, "method.name=bayesncl", "train.progress=true", "eval.batch_size=64"]
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
         "--tee", "3", "--log-line-prefix-template", "[rank${rank}]: ",
@@ -369,13 +369,7 @@ def test_torchrun_mid_epoch_stop_and_resume_is_bit_identical_with_random_gates(t
         "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
         "OMP_NUM_THREADS": "1",
     }
-    overrides = [
-        "data.name=synthetic", "data.train_subset=96", "data.test_subset=60", "data.image_size=16",
-        "model.backbone=small_cnn", "model.proj_hidden=32", "model.proj_dim=16",
-        "method.name=bayesncl-gs", "method.lam=0.01",
-        "train.epochs=2", "train.batch_size=16", "train.warmup_epochs=1", "train.device=cpu",
-        "train.progress=false", "--no-eval",
-    ]  # fmt: skip
+    overrides = [*TORCHRUN_TINY, "method.name=bayesncl-gs", "train.progress=false", "--no-eval"]
 
     def torchrun(run: Path, *extra: str, signal_at: str = "") -> subprocess.CompletedProcess[str]:
         cmd = [
