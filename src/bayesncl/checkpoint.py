@@ -293,9 +293,21 @@ RESULT_ARTIFACTS = (
     "dynamics.json",
     "dynamics.md",
 )
-# What a run writes into its run dir; --overwrite removes these (and nothing else) first.
+# What a run writes into its run dir (interrupted.pt: older versions); --overwrite sets these, and
+# nothing else, aside first.
 RUN_ARTIFACTS = ("config.yaml", "log.csv", "last.pt", "interrupted.pt", "epoch-*.pt", *RESULT_ARTIFACTS)
 ARCHIVE_GLOB = "results-epoch-*"
+
+
+def _files(run_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
+    return [p for pattern in patterns for p in sorted(Path(run_dir).glob(pattern)) if p.is_file()]
+
+
+def _move_into(paths: list[Path], dest: Path) -> Path:
+    dest.mkdir(exist_ok=True)
+    for p in paths:
+        os.replace(p, dest / p.name)
+    return dest
 
 
 def set_aside_run_artifacts(run_dir: Path) -> Path | None:
@@ -305,15 +317,9 @@ def set_aside_run_artifacts(run_dir: Path) -> Path | None:
     them back if it fails before. Nothing else in the folder is touched. Returns the folder, or None
     when there was nothing to move."""
     run_dir = Path(run_dir)
-    found = [p for pattern in RUN_ARTIFACTS for p in run_dir.glob(pattern) if p.is_file()]
+    found = _files(run_dir, RUN_ARTIFACTS)
     found += [d for d in run_dir.glob(ARCHIVE_GLOB) if d.is_dir() and all(p.is_file() for p in d.iterdir())]
-    if not found:
-        return None
-    aside = run_dir / f".replaced-{os.getpid()}"
-    aside.mkdir(exist_ok=True)
-    for p in found:
-        os.replace(p, aside / p.name)
-    return aside
+    return _move_into(found, run_dir / f".replaced-{os.getpid()}") if found else None
 
 
 def finish_overwrite(aside: Path | None, *, keep_new: bool) -> None:
@@ -324,11 +330,10 @@ def finish_overwrite(aside: Path | None, *, keep_new: bool) -> None:
     if keep_new:
         shutil.rmtree(aside)
         return
-    for p in aside.iterdir():
-        dest = aside.parent / p.name
-        if dest.is_dir():
-            shutil.rmtree(dest)
-        os.replace(p, dest)
+    for p in aside.iterdir():  # the new run's files of the same names give way
+        if (aside.parent / p.name).is_dir():
+            shutil.rmtree(aside.parent / p.name)
+    _move_into(list(aside.iterdir()), aside.parent)
     aside.rmdir()
 
 
@@ -354,17 +359,14 @@ def archive_results(run_dir: Path, epoch: int) -> Path | None:
     Returns the folder, or None when there was nothing to move (e.g. the run had been interrupted).
     """
     run_dir = Path(run_dir)
-    found = [p for pattern in RESULT_ARTIFACTS for p in sorted(run_dir.glob(pattern)) if p.is_file()]
+    found = _files(run_dir, RESULT_ARTIFACTS)
     if not found:
         return None
     dest = run_dir / f"results-epoch-{epoch:04d}"
     n = 2
     while dest.exists():
         dest, n = run_dir / f"results-epoch-{epoch:04d}-{n}", n + 1
-    dest.mkdir()
-    for p in found:
-        os.replace(p, dest / p.name)
-    return dest
+    return _move_into(found, dest)
 
 
 def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:

@@ -317,6 +317,14 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return _flatten(raw)
 
 
+def check_keys(keys: typing.Iterable[str]) -> None:
+    """Raise ConfigError for the first dotted key that is not a config key, naming the closest ones."""
+    valid = set(valid_keys())
+    for k in keys:
+        if k not in valid:
+            raise _unknown_key(k)
+
+
 def build_config(
     yaml_path: str | Path | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
@@ -328,15 +336,10 @@ def build_config(
     user: dict[str, Any] = {}
     if yaml_path is not None:
         user.update(load_yaml(yaml_path))
-    if isinstance(overrides, dict):
-        user.update(_flatten(overrides))
-    elif overrides:
-        user.update(parse_overrides(overrides))
+    command_line = parse_overrides(overrides) if isinstance(overrides, list) else {}
+    user.update(_flatten(overrides) if isinstance(overrides, dict) else command_line)
     cfg = Config()
-    keys = set(valid_keys())
-    for k in user:
-        if k not in keys:
-            raise _unknown_key(k)
+    check_keys(user)
     name = str(user.get("method.name", cfg.method.name))
     if name not in METHOD_PRESETS:
         raise ConfigError(f"method.name={name!r}: expected one of {', '.join(METHOD_PRESETS)}")
@@ -345,15 +348,15 @@ def build_config(
     for k, v in flat.items():
         set_key(cfg, k, v)
     validate(cfg)
-    if isinstance(overrides, list):  # command-line keys only: a recipe file may serve several methods
-        inert = inert_method_keys(cfg.method, parse_overrides(overrides))
-        if inert:
-            warnings.warn(
-                f"{', '.join(inert)} {'has' if len(inert) == 1 else 'have'} no effect with "
-                f"method.name={cfg.method.name} "
-                f"(method.gate={cfg.method.gate}, method.topk={str(cfg.method.topk).lower()})",
-                stacklevel=2,
-            )
+    # command-line keys only: a recipe file may serve several methods
+    inert = inert_method_keys(cfg.method, command_line)
+    if inert:
+        warnings.warn(
+            f"{', '.join(inert)} {'has' if len(inert) == 1 else 'have'} no effect with "
+            f"method.name={cfg.method.name} "
+            f"(method.gate={cfg.method.gate}, method.topk={str(cfg.method.topk).lower()})",
+            stacklevel=2,
+        )
     return cfg
 
 

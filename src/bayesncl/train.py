@@ -437,7 +437,7 @@ def _pretrain(
                 "sums": distributed.all_reduce_mean(sums.clone()).cpu(),  # every rank's share
                 "elapsed": time.time() - t0,
             }
-            state.rng_ranks = distributed.all_gather_objects(rng_state())
+            state.rng_ranks = _rng_of_every_rank(world)
             if world.is_main:
                 save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
                 finish_overwrite(replaced.pop("run", None), keep_new=True)
@@ -462,7 +462,7 @@ def _pretrain(
         }
         state.log.append(row)
         state.epoch = epoch + 1
-        state.rng_ranks = distributed.all_gather_objects(rng_state())  # collective: before rank 0 saves
+        state.rng_ranks = _rng_of_every_rank(world)  # collective: before rank 0 alone saves
         if not world.is_main:
             continue
         if model.gate is not None and means[4] > 0.5:
@@ -495,6 +495,11 @@ def _pretrain(
             f"stopped during the end-of-training evaluation; training is complete ({run_dir / 'last.pt'}): "
             f"`bayesncl evaluate {run_dir}` evaluates it"
         ) from None
+
+
+def _rng_of_every_rank(world: distributed.World) -> list[dict[str, Any]] | None:
+    """Every rank's RNG state for the checkpoint (a collective under DDP); None for one process."""
+    return distributed.all_gather_objects(rng_state()) if world.distributed else None
 
 
 def _global_means(local_means: Tensor, interrupted: bool) -> tuple[list[float], bool]:

@@ -201,15 +201,14 @@ def _encoder_config(path: Path) -> dict[str, Any]:
 def _load_own(
     path: Path, cfg_dict: dict[str, Any], state_dict: dict[str, torch.Tensor], overrides: list[str] | None
 ) -> tuple[ContrastiveModel, Config]:
-    from bayesncl.config import config_from_dict, parse_overrides, set_key, validate
+    from bayesncl.config import check_keys, config_from_dict, parse_overrides, set_key, validate
     from bayesncl.evaluation import EvalError
     from bayesncl.official import load_state_strict
 
     cfg = config_from_dict(cfg_dict)
     trained_data = copy.deepcopy(cfg.data)
     user = parse_overrides(list(overrides or []))
-    for k, v in user.items():  # an unknown or mistyped key: the usual error, with the closest keys
-        set_key(copy.deepcopy(cfg), k, v)
+    check_keys(user)  # an unknown key: the usual error, with the closest keys
     fixed = [k for k in user if not k.startswith(("data.", "eval."))]
     if fixed:
         raise EvalError(
