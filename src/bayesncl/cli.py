@@ -49,7 +49,7 @@ def path_arg(value: str | None, name: str, expected: str) -> Path | None:
 def resolve_config_path(value: str | None) -> Path | None:
     """``--config`` takes a YAML path or the name of a shipped recipe (e.g. ``cifar100-bayesncl``)."""
     p = path_arg(value, "--config", "a YAML file or recipe name")
-    if value is None or p is None:
+    if p is None:
         return None
     if p.exists() or p.suffix in (".yaml", ".yml"):
         return p
