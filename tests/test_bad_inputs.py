@@ -107,6 +107,10 @@ ROWS: dict[str, str] = {
     "K9": E + "<tmp>/nowhere: no such run dir or checkpoint file",
     "K12": E + "<tmp>/run/last.pt is a file: dynamics expects a run dir (the folder holding its "
     "epoch-NNNN.pt checkpoints)",
+    "K13": E + "<tmp>/run has no log.csv: expected a run dir (or its log.csv) with at least one finished "
+    "epoch",
+    "K14": E + "<tmp>/run/log.csv line 3: info_nce='nan?' is not a number",
+    "K15": E + "figure <tmp>/notes.pt/c.png cannot be written: <tmp>/notes.pt is a file, not a directory",
     "T1": E + "non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=…; no epoch had finished, so nothing "
     "was kept: fix the cause and rerun",
     "T2": "bayesncl: interrupted: stopped in epoch … after … of its … steps; state saved to "
@@ -382,6 +386,30 @@ def test_unwritable_features_file(tmp_path: Path, capsys: pytest.CaptureFixture[
     expect("K11", err, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.pt", "run.pt"]
     assert (tmp_path / "notes.pt").read_text() == "hello world\n"
+
+
+def test_curves_of_a_bad_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    expect("K13", cli_error(["curves", str(run)], capsys), tmp_path)
+    header = "epoch,step,loss,info_nce,kl,gate_open,rho,rows_all_closed,online_acc,lr,epoch_time_s\n"
+    (run / "log.csv").write_text(header + "1,3,5.5,5.4,0,1,,0,10,0.1,2\n2,6,5.4,nan?,0,1,,0,20,0.1,2\n")
+    expect("K14", cli_error(["curves", str(run)], capsys), tmp_path)
+    assert sorted(p.name for p in run.iterdir()) == ["log.csv"]
+
+
+def test_unwritable_curves_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.csv").write_text(
+        "epoch,step,loss,info_nce,kl,gate_open,rho,rows_all_closed,online_acc,lr,epoch_time_s\n"
+        "1,3,5.5,5.4,2.5,0.4,0.5,0,10,0.1,2\n"
+    )
+    (tmp_path / "notes.pt").write_text("hello world\n")
+    err = cli_error(["curves", str(run), "--out", str(tmp_path / "notes.pt" / "c.png")], capsys)
+    expect("K15", err, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.pt", "run"]
+    assert sorted(p.name for p in run.iterdir()) == ["log.csv"]
 
 
 # ----------------------------------------------------------------------------- the docs table

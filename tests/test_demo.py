@@ -80,6 +80,7 @@ def test_interrupted_demo_resumes_then_overwrites(
     assert list(table) == ["ncl", "bayesncl"]
     assert table["ncl"] == json.loads(ncl_metrics)
     assert table["bayesncl"] == json.loads((run / "bayesncl" / "metrics.json").read_text())
+    assert (run / "curves.png").read_bytes().startswith(b"\x89PNG")
     caption = (run / "table.md").read_text().splitlines()[0]
     assert "Test split, 60-image subset; SC in %" in caption
 

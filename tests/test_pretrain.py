@@ -33,6 +33,7 @@ def test_two_epoch_smoke_pretrain_every_preset(tmp_path: Path, method: str) -> N
         "metrics.json",
         "metrics.md",
         "top_activations.png",
+        "training_curves.png",
     ):
         assert (run / name).exists(), name
     assert not (run / "backbone_torchvision.pt").exists()  # small_cnn is no torchvision model

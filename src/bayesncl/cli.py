@@ -212,6 +212,20 @@ def cmd_dynamics(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_curves(args: argparse.Namespace) -> int:
+    from bayesncl.report.curves import write_training_curves
+
+    runs = [path_arg(r, "RUN_DIR", "a run dir or its log.csv") or Path(r) for r in args.runs]
+    out = path_arg(args.out, "--out", "a .png file path")
+    if out is None:  # one run: next to its log; several: here
+        first = runs[0] if runs[0].is_dir() else runs[0].parent
+        out = (first if len(runs) == 1 else Path()) / "training_curves.png"
+    if out.suffix.lower() != ".png":
+        raise ConfigError(f"--out {out}: expected a .png file path")
+    print(f"wrote {write_training_curves(runs, out)}")
+    return 0
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from bayesncl.reproduce import reproduce
 
@@ -354,6 +368,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="use checkpoints 1, 1+N, 1+2N, ... of the sorted periodic ones (default 1: all)",
     )
     p.set_defaults(func=cmd_dynamics)
+
+    p = sub.add_parser(
+        "curves",
+        help="plot training curves (InfoNCE, online probe, KL, gate open vs rho) of one or more runs",
+        description="Read each run's log.csv (one row per finished epoch) and draw InfoNCE, online "
+        "probe accuracy and, for gated runs, the KL term and the gate-open rate against rho, one line "
+        "per run. pretrain writes the same figure as training_curves.png when a run ends; this "
+        "command draws runs in progress too, or several runs side by side.",
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run dirs (or their log.csv files)")
+    p.add_argument(
+        "--out",
+        help="output .png (default: RUN_DIR/training_curves.png for one run, ./training_curves.png for "
+        "several)",
+    )
+    p.set_defaults(func=cmd_curves)
 
     from bayesncl.benchmark import add_benchmark_parser
 

@@ -94,6 +94,7 @@ def run_demo(
     """
     from bayesncl.checkpoint import RunDirError
     from bayesncl.data import dataset_info
+    from bayesncl.report.curves import write_training_curves
     from bayesncl.train import pretrain
 
     if resume and overwrite:
@@ -109,7 +110,7 @@ def run_demo(
     plan = _plan(run_dir, configs, resume=resume, overwrite=overwrite)
     print(f"run dir: {run_dir}")
     if overwrite:  # the sub-runs are replaced by pretrain(overwrite=True); the old table goes now
-        for stem in ("table.md", "table.json"):
+        for stem in ("table.md", "table.json", "curves.png"):
             (run_dir / stem).unlink(missing_ok=True)
     results: dict[str, dict[str, Any]] = {}
     t0 = time.time()
@@ -137,8 +138,12 @@ def run_demo(
         f"{test_split}; SC in %, entropies in nats, LP@1 = fast linear probe on frozen h."
     )
     write_results(run_dir, "table", results, table, header=header)
+    write_training_curves([run_dir / m for m in configs], run_dir / "curves.png", labels=list(configs))
     print()
     print(header)
     print(table)
-    print(f"\ntotal time {time.time() - t0:.0f} s; table saved to {run_dir / 'table.md'} and table.json")
+    print(
+        f"\ntotal time {time.time() - t0:.0f} s; table saved to {run_dir / 'table.md'} and table.json, "
+        "training curves to curves.png"
+    )
     return results

@@ -17,7 +17,13 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["atomic_path", "default_file_mode", "remove_stale_temporaries", "temporary_name"]
+__all__ = [
+    "atomic_path",
+    "default_file_mode",
+    "remove_stale_temporaries",
+    "temporary_name",
+    "write_failure_reason",
+]
 
 _TMP_MARK = ".tmp"
 
@@ -60,3 +66,16 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
             stale.unlink(missing_ok=True)
             removed.append(stale)
     return removed
+
+
+def write_failure_reason(path: Path, exc: OSError) -> str:
+    """Why ``path`` could not be written (``exc`` from the attempt), in words that name ``path``'s
+    folders, not the temporary file: e.g. ``"<dir> is a file, not a directory"`` or
+    ``"permission denied (in <dir>)"``."""
+    for folder in path.parents:
+        if folder.exists():
+            if not folder.is_dir():
+                return f"{folder} is a file, not a directory"
+            break
+    reason = exc.strerror or type(exc).__name__
+    return f"{reason[:1].lower()}{reason[1:]} (in {path.parent})"

@@ -158,6 +158,7 @@ def _slug(name: str) -> str:
 def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[str]) -> dict[str, Any]:
     """Run (or reuse) every variant of ``table`` on ``dataset`` and write the table. returns results."""
     from bayesncl.evaluation.pipeline import evaluate_command
+    from bayesncl.report.curves import write_training_curves
     from bayesncl.train import pretrain
 
     configs = table_configs(table, dataset, overrides)
@@ -215,6 +216,9 @@ def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[st
     header = f"{spec['title']} on {dataset} (ours vs the paper's reported value)."
     run_dir.mkdir(parents=True, exist_ok=True)
     write_results(run_dir, f"table{table}", results, md, header=header)
+    logged = [name for name in configs if (run_dir / _slug(name) / "log.csv").exists()]
+    if logged:  # (a variant copied in by hand may have no log)
+        write_training_curves([run_dir / _slug(n) for n in logged], run_dir / "curves.png", labels=logged)
     print(header)
     print(md)
     return results

@@ -54,6 +54,7 @@ from bayesncl.data import DataError, build_train_loader, dataset_info, mix_seed
 from bayesncl.distributed import resolve_device  # noqa: F401 - re-exported: train.resolve_device
 from bayesncl.fileio import atomic_path
 from bayesncl.models import ContrastiveModel, ModelOutput, build_model, contrastive_loss
+from bayesncl.report.curves import write_training_curves
 
 B = TypeVar("B")
 
@@ -483,6 +484,8 @@ def _pretrain(
         )
     if not world.is_main:
         return {}
+    if state.log:
+        write_training_curves([run_dir], run_dir / "training_curves.png", labels=[cfg.method.name])
     export_encoder(model, run_dir, cfg)
     if not evaluate:
         return {}

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesncl.fileio import atomic_path
+from bayesncl.fileio import atomic_path, write_failure_reason
 
 __all__ = [
     "EvalError",
@@ -295,16 +295,7 @@ def save_features(
         with atomic_path(path) as tmp, tmp.open("wb") as fh:
             (np.savez_compressed if compress else np.savez)(fh, **out)
     except OSError as exc:
-        raise EvalError(f"features file {path} cannot be written: {_write_failure(path, exc)}") from None
+        reason = write_failure_reason(path, exc)
+        raise EvalError(f"features file {path} cannot be written: {reason}") from None
     return path
 
-
-def _write_failure(path: Path, exc: OSError) -> str:
-    """Why ``path`` could not be written, in words that name ``path``'s folders, not a temporary file."""
-    for folder in path.parents:
-        if folder.exists():
-            if not folder.is_dir():
-                return f"{folder} is a file, not a directory"
-            break
-    reason = exc.strerror or type(exc).__name__
-    return f"{reason[:1].lower()}{reason[1:]} (in {path.parent})"

@@ -1,0 +1,152 @@
+"""Training curves: the per-epoch log (``log.csv``) of one run or several, as one figure.
+
+Panels, x = epoch (each point is an epoch mean, as logged by :func:`bayesncl.train.pretrain`):
+
+* InfoNCE (the contrastive term alone, in nats),
+* online probe accuracy (%, the linear head trained on sg(h) during pretraining),
+* for gated runs (BayesNCL): KL(Bern(α) ‖ Bern(ρ)) (nats, summed over the D dims, mean over
+  rows: :func:`bayesncl.functional.bernoulli_kl`), and the gate-open rate
+  E[1[α > 0.5]] with the prior ρ as a dashed line of the same colour (PAPER-NOTES §1: the KL pulls
+  the open rate towards ρ).
+
+``pretrain`` writes ``training_curves.png`` into the run dir when training ends; the demo and
+``reproduce`` overlay their runs in ``curves.png``; ``bayesncl curves RUN_DIR ...`` draws any runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bayesncl.checkpoint import LOG_FIELDS, RunDirError
+from bayesncl.fileio import write_failure_reason
+
+__all__ = ["read_log", "run_label", "training_curves_figure", "write_training_curves"]
+
+# (log column, panel title); the last two only when some run has a gate (a non-empty rho column)
+PANELS = (
+    ("info_nce", "InfoNCE (nats)"),
+    ("online_acc", "online probe accuracy (%)"),
+    ("kl", "KL(Bern(α) ‖ Bern(ρ)), sum over dims"),
+    ("gate_open", "gate open rate vs ρ (dashed)"),
+)
+GATED_PANELS = ("kl", "gate_open")
+
+
+def read_log(source: str | Path) -> list[dict[str, float]]:
+    """Rows of a run's ``log.csv`` as floats (an empty cell, e.g. ``rho`` of an ungated run, is NaN).
+
+    source: a run dir or a ``log.csv`` path. returns: one dict per logged epoch, in file order,
+    keyed by the file's columns. Raises RunDirError (one line) if there is no log, a column of
+    ``LOG_FIELDS`` that the curves need is missing, a cell is not a number, or no epoch is logged.
+    """
+    path = Path(source)
+    if path.is_dir():
+        path = path / "log.csv"
+    if not path.is_file():
+        where = f"{path.parent} has no log.csv" if path.name == "log.csv" else f"{path} is not a file"
+        raise RunDirError(f"{where}: expected a run dir (or its log.csv) with at least one finished epoch")
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            header = reader.fieldnames or []
+            missing = [k for k in ("epoch", *(k for k, _ in PANELS)) if k not in header]
+            if missing:
+                raise RunDirError(
+                    f"{path}: not a bayesncl log (no column {', '.join(missing)}; "
+                    f"expected {','.join(LOG_FIELDS)})"
+                )
+            rows = [
+                {k: _number(v, path, line, k) for k, v in r.items() if k is not None}
+                for line, r in enumerate(reader, start=2)
+            ]
+    except UnicodeDecodeError:
+        raise RunDirError(f"{path}: not a bayesncl log (not UTF-8 text)") from None
+    if not rows:
+        raise RunDirError(f"{path}: no epoch has finished yet (the log has a header only)")
+    return rows
+
+
+def _number(value: str | None, path: Path, line: int, column: str) -> float:
+    if value is None or value.strip() == "":
+        return math.nan
+    try:
+        return float(value)
+    except ValueError:
+        raise RunDirError(f"{path} line {line}: {column}={value!r} is not a number") from None
+
+
+def run_label(paths: Sequence[Path]) -> list[str]:
+    """Legend labels for run dirs: the folder name, or the whole path where names repeat."""
+    names = [Path(p).name or str(p) for p in paths]
+    return [n if names.count(n) == 1 else str(p) for n, p in zip(names, paths, strict=True)]
+
+
+def _is_gated(rows: Sequence[Mapping[str, float]]) -> bool:
+    return any(not math.isnan(r.get("rho", math.nan)) for r in rows)
+
+
+def training_curves_figure(runs: Mapping[str, Sequence[Mapping[str, float]]], title: str = "") -> Any:
+    """A matplotlib figure of ``runs = {label: rows of read_log}``: one panel per entry of ``PANELS``
+    (the gate panels only if some run is gated), one line per run, same colour across panels.
+
+    Raises ValueError if ``runs`` is empty or a run has no rows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    if not runs or any(len(rows) == 0 for rows in runs.values()):
+        raise ValueError("training_curves_figure: expected at least one run, each with >= 1 logged epoch")
+    gated = any(_is_gated(rows) for rows in runs.values())
+    panels = [(k, t) for k, t in PANELS if gated or k not in GATED_PANELS]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.0), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, rows) in enumerate(runs.items()):
+        colour = colours[i % len(colours)]
+        epochs = [r["epoch"] for r in rows]
+        run_gated = _is_gated(rows)
+        for ax, (key, _) in zip(axes[0], panels, strict=True):
+            if key in GATED_PANELS and not run_gated:
+                continue  # an ungated run has no KL and no gate
+            ax.plot(epochs, [r[key] for r in rows], marker="o", ms=3, color=colour, label=label)
+            if key == "gate_open":
+                ax.axhline(rows[-1]["rho"], color=colour, ls="--", lw=1)
+    for ax, (key, text) in zip(axes[0], panels, strict=True):
+        ax.set_title(text, fontsize=9)
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if key == "gate_open":
+            ax.set_ylim(0, 1.02)
+    axes[0, 0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def write_training_curves(
+    sources: Sequence[str | Path], out: Path, labels: Sequence[str] | None = None
+) -> Path:
+    """Read each run's ``log.csv`` (run dir or file) and write the curves PNG ``out`` atomically.
+
+    labels: legend entries, one per source (default :func:`run_label` of the run dirs). Raises
+    RunDirError (one line) for a missing or malformed log, or when ``out`` cannot be written;
+    nothing is written then. returns ``out``."""
+    from bayesncl.report.figures import save_figure
+
+    out = Path(out)
+    dirs = [Path(s).parent if Path(s).is_file() else Path(s) for s in sources]
+    names = list(labels) if labels is not None else run_label(dirs)
+    runs = {name: read_log(s) for name, s in zip(names, sources, strict=True)}
+    title = "Training curves" if len(runs) > 1 else f"Training curves: {names[0]}"
+    fig = training_curves_figure(runs, title)
+    try:
+        return save_figure(fig, out)
+    except OSError as exc:
+        raise RunDirError(f"figure {out} cannot be written: {write_failure_reason(out, exc)}") from None

@@ -1,0 +1,115 @@
+"""Training curves: log.csv read back exactly, one line per run with the logged values, the gate
+panels only for gated runs, and ``bayesncl curves``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from bayesncl.checkpoint import RunDirError, write_log
+from bayesncl.cli import main
+from bayesncl.report.curves import read_log, run_label, training_curves_figure
+
+
+def _rows(rho: float | str, nce: list[float]) -> list[dict[str, object]]:
+    return [
+        {
+            "epoch": i + 1,
+            "step": 3 * (i + 1),
+            "loss": v + 0.5,
+            "info_nce": v,
+            "kl": 2.0 - i if rho != "" else 0.0,
+            "gate_open": 0.4 - 0.1 * i if rho != "" else 1.0,
+            "rho": rho,
+            "rows_all_closed": 0.0,
+            "online_acc": 10.0 * (i + 1),
+            "lr": 0.1,
+            "epoch_time_s": 1.5,
+        }
+        for i, v in enumerate(nce)
+    ]
+
+
+def _run(path: Path, rho: float | str, nce: list[float]) -> Path:
+    path.mkdir(parents=True)
+    write_log(path, _rows(rho, nce))
+    return path
+
+
+def test_read_log_round_trips_write_log(tmp_path: Path) -> None:
+    run = _run(tmp_path / "ncl", "", [5.5, 5.25])
+    rows = read_log(run)
+    assert read_log(run / "log.csv") == rows
+    assert [r["epoch"] for r in rows] == [1.0, 2.0]
+    assert [r["info_nce"] for r in rows] == [5.5, 5.25]
+    assert [r["online_acc"] for r in rows] == [10.0, 20.0]
+    assert all(math.isnan(r["rho"]) for r in rows)  # an ungated run logs no rho
+
+
+def test_figure_draws_the_logged_values(tmp_path: Path) -> None:
+    ncl = read_log(_run(tmp_path / "ncl", "", [5.5, 5.25, 5.0]))
+    gated = read_log(_run(tmp_path / "bnc", 0.3, [5.6, 5.3, 5.1]))
+    fig = training_curves_figure({"ncl": ncl, "bayesncl": gated})
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes] == [
+        "InfoNCE (nats)",
+        "online probe accuracy (%)",
+        "KL(Bern(α) ‖ Bern(ρ)), sum over dims",
+        "gate open rate vs ρ (dashed)",
+    ]
+    nce_lines = {ln.get_label(): list(ln.get_ydata()) for ln in axes[0].lines}
+    assert nce_lines == {"ncl": [5.5, 5.25, 5.0], "bayesncl": [5.6, 5.3, 5.1]}
+    assert list(axes[0].lines[0].get_xdata()) == [1.0, 2.0, 3.0]
+    assert [list(ln.get_ydata()) for ln in axes[1].lines] == [[10.0, 20.0, 30.0]] * 2
+    # the ungated run is absent from the KL and gate panels; rho is a dashed line at 0.3
+    assert [ln.get_label() for ln in axes[2].lines] == ["bayesncl"]
+    assert list(axes[2].lines[0].get_ydata()) == [2.0, 1.0, 0.0]
+    solid, dashed = axes[3].lines
+    assert list(solid.get_ydata()) == pytest.approx([0.4, 0.3, 0.2])
+    assert dashed.get_linestyle() == "--" and list(dashed.get_ydata()) == [0.3, 0.3]
+    assert solid.get_color() == dashed.get_color() == axes[0].lines[1].get_color()
+
+
+def test_ungated_runs_get_no_gate_panels(tmp_path: Path) -> None:
+    fig = training_curves_figure({"cl": read_log(_run(tmp_path / "cl", "", [6.0]))})
+    assert [ax.get_title() for ax in fig.axes] == ["InfoNCE (nats)", "online probe accuracy (%)"]
+    with pytest.raises(ValueError, match="at least one run"):
+        training_curves_figure({})
+
+
+def test_labels_are_names_unless_they_repeat() -> None:
+    assert run_label([Path("a/ncl"), Path("b/bayesncl")]) == ["ncl", "bayesncl"]
+    assert run_label([Path("a/ncl"), Path("b/ncl")]) == ["a/ncl", "b/ncl"]
+
+
+def test_malformed_logs_are_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(RunDirError, match=f"^{tmp_path} has no log.csv: expected a run dir"):
+        read_log(tmp_path)
+    log = tmp_path / "log.csv"
+    log.write_text("epoch,step,loss,info_nce,kl,gate_open,rho,rows_all_closed,online_acc,lr,epoch_time_s\n")
+    with pytest.raises(RunDirError, match="no epoch has finished yet"):
+        read_log(log)
+    log.write_text("epoch,info_nce\n1,2\n")
+    with pytest.raises(RunDirError, match="no column online_acc, kl, gate_open"):
+        read_log(log)
+    log.write_bytes(b"\x89PNG\r\n\x1a\n\xff")
+    with pytest.raises(RunDirError, match="not UTF-8 text"):
+        read_log(log)
+
+
+def test_cli_default_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = _run(tmp_path / "x" / "ncl", "", [5.5, 5.0])
+    b = _run(tmp_path / "y" / "bayesncl", 0.5, [5.6, 5.1])
+    assert main(["curves", str(a)]) == 0
+    assert capsys.readouterr().out == f"wrote {a / 'training_curves.png'}\n"
+    assert (a / "training_curves.png").read_bytes().startswith(b"\x89PNG")
+    monkeypatch.chdir(tmp_path)
+    assert main(["curves", str(a), str(b / "log.csv")]) == 0
+    assert (tmp_path / "training_curves.png").read_bytes().startswith(b"\x89PNG")
+    assert main(["curves", str(a), "--out", str(tmp_path / "c.jpg")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"bayesncl: error: --out {tmp_path / 'c.jpg'}: expected a .png file path\n"
