@@ -144,6 +144,7 @@ def test_reproduce_refuses_to_reuse_runs_of_other_settings(
     ]
     assert main(args) == 0
     assert (tmp_path / "t7" / "bayesncl" / "metrics.json").exists()
+    assert (tmp_path / "t7" / "curves.png").read_bytes().startswith(b"\x89PNG")  # every variant's log
     capsys.readouterr()
     assert main([*args, "train.epochs=2"]) == 2
     assert "holds a finished run with other settings (train.epochs)" in _err(capsys)

@@ -238,7 +238,7 @@ def test_resume_that_trains_further_archives_the_shorter_runs_results(
     assert f"moved the results of the 1-epoch run to {archive}/" in capsys.readouterr().out
     assert sorted(p.name for p in archive.iterdir()) == sorted(
         ["dynamics.md", "encoder.safetensors", "evaluation.json",
-         "features_test.npz", "top_activations.png"]
+         "features_test.npz", "top_activations.png", "training_curves.png"]
     )
     assert (archive / "encoder.safetensors").read_bytes() == old_encoder
     assert (archive / "evaluation.json").read_text() == "1-epoch evaluation.json"

@@ -12,6 +12,7 @@ Run dir layout::
     log.csv         one row per epoch (loss parts, gate health, online probe, lr, time)
     last.pt         full state (model, optimiser, scaler, RNGs, epoch, step, log), atomic
     epoch-NNNN.pt   periodic copies (train.checkpoint_every)
+    training_curves.png   log.csv drawn (bayesncl.report.curves), end of training
     encoder.safetensors, backbone_torchvision.pt   exported encoder (end of training)
     metrics.json, metrics.md   end-of-training evaluation on the test split
 """
