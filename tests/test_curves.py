@@ -10,7 +10,7 @@ import pytest
 
 from bayesncl.checkpoint import RunDirError, write_log
 from bayesncl.cli import main
-from bayesncl.report.curves import read_log, run_label, training_curves_figure
+from bayesncl.report.curves import read_log, read_steps, run_label, training_curves_figure
 
 
 def _rows(rho: float | str, nce: list[float]) -> list[dict[str, object]]:
@@ -70,6 +70,24 @@ def test_figure_draws_the_logged_values(tmp_path: Path) -> None:
     assert list(solid.get_ydata()) == pytest.approx([0.4, 0.3, 0.2])
     assert dashed.get_linestyle() == "--" and list(dashed.get_ydata()) == [0.3, 0.3]
     assert solid.get_color() == dashed.get_color() == axes[0].lines[1].get_color()
+
+
+def test_step_rows_are_a_thin_line_of_the_runs_colour(tmp_path: Path) -> None:
+    run = _run(tmp_path / "bnc", 0.3, [5.6, 5.3])
+    assert read_steps(run) == []  # no steps.csv (fewer than 25 steps): epoch markers only
+    rows = [
+        {"step": 25, "epoch": 0.5, "info_nce": 5.9, "online_acc": 5.0, "kl": 3.0, "gate_open": 0.5},
+        {"step": 50, "epoch": 1.0, "info_nce": 5.7, "online_acc": 8.0, "kl": 2.5, "gate_open": 0.45},
+    ]
+    write_log(run, rows, "steps.csv")
+    steps = read_steps(run)
+    assert [r["step"] for r in steps] == [25.0, 50.0] and math.isnan(steps[0]["loss"])
+    fig = training_curves_figure({"b": read_log(run)}, steps={"b": steps})
+    marked, thin = fig.axes[0].lines
+    assert list(thin.get_xdata()) == [0.5, 1.0] and list(thin.get_ydata()) == [5.9, 5.7]
+    assert thin.get_color() == marked.get_color() and thin.get_label().startswith("_")  # not in the legend
+    assert list(fig.axes[3].lines[1].get_ydata()) == [0.5, 0.45]  # gate panel: epochs, steps, then rho
+    assert fig.axes[3].lines[2].get_linestyle() == "--"
 
 
 def test_ungated_runs_get_no_gate_panels(tmp_path: Path) -> None:

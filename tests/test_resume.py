@@ -181,6 +181,42 @@ def test_signal_mid_epoch_saves_last_pt_and_resume_is_bit_identical(
     assert load_checkpoint_file(run / "last.pt")["partial"] is None
 
 
+def test_step_log_rows_and_a_mid_epoch_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """steps.csv, a row every STEP_LOG_EVERY (here 2) steps: each row is the mean over the epoch's
+    steps since the previous row, and a run interrupted between two rows resumes to the same rows."""
+    from bayesncl.report.curves import read_log, read_steps
+
+    monkeypatch.setattr(train_module, "STEP_LOG_EVERY", 2)
+    args = [*TINY, "train.epochs=2"]  # 96 images, batch 32: 3 steps an epoch
+    straight = tmp_path / "straight"
+    pretrain(build_config(overrides=args), straight, evaluate=False)
+    steps, log = read_steps(straight), read_log(straight)
+    assert [r["step"] for r in steps] == [2, 4, 6]
+    assert [r["epoch"] for r in steps] == [0.6667, 1.3333, 2.0]
+    # epoch 2 = step 4 (the row of its first step alone) + steps 5-6 (the next row): their weighted
+    # mean is the epoch's mean in log.csv, for every statistic
+    for key in ("loss", "info_nce", "kl", "gate_open", "online_acc"):
+        assert (steps[1][key] + 2 * steps[2][key]) / 3 == pytest.approx(log[1][key], abs=1e-5), key
+
+    real, calls = train_module.contrastive_loss, {"n": 0}
+
+    def ctrl_c_in_step_5(*a: Any, **k: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 5:  # between the rows of steps 4 and 6
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*a, **k)
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(train_module, "contrastive_loss", ctrl_c_in_step_5)
+    with pytest.raises(train_module.TrainingInterrupted, match="stopped in epoch 2 after 2 of its 3 steps"):
+        pretrain(build_config(overrides=args), run, evaluate=False)
+    assert [r["step"] for r in read_steps(run)] == [2, 4]
+    monkeypatch.setattr(train_module, "contrastive_loss", real)
+    pretrain(build_config(overrides=args), run, resume=True, evaluate=False)
+    assert read_steps(run) == steps
+    assert_same_weights(straight / "last.pt", run / "last.pt")
+
+
 def test_resume_inside_an_epoch_needs_that_epoch(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=[*TINY, "train.epochs=2"]), run, evaluate=False)

@@ -62,6 +62,10 @@ LOG_FIELDS = [
     "lr",
     "epoch_time_s",
 ]
+# steps.csv: one row every STEP_LOG_EVERY optimiser steps, the means over the steps since the
+# previous row of the same epoch (epoch = step / steps per epoch, fractional)
+STEP_LOG_FIELDS = ["step", "epoch", "loss", "info_nce", "kl", "gate_open", "online_acc", "lr"]
+STEP_LOG_EVERY = 25  # also the CUDA loop's host-sync period: rows cost no extra synchronisation
 
 
 CHECKPOINT_FORMAT = "bayesncl-checkpoint-v1"
@@ -114,8 +118,10 @@ class TrainState:
     epoch: int = 0  # epochs completed
     step: int = 0  # optimiser steps completed
     log: list[dict[str, Any]] = field(default_factory=list)
+    step_log: list[dict[str, Any]] = field(default_factory=list)  # the rows of steps.csv
     # A run stopped inside an epoch (Ctrl-C, SIGTERM): {"n_seen": steps done in epoch+1, "sums": (6,)
-    # running sums of the step statistics (means over processes), "elapsed": seconds}; else None.
+    # running sums of the step statistics (means over processes), "elapsed": seconds, "window":
+    # [means, n] at the last steps.csv row of the epoch}; else None.
     partial: dict[str, Any] | None = None
     steps_per_epoch: int = 0
     # Under DDP: every rank's RNG state (rank order), gathered at the save; rank 0's is also "rng".
@@ -141,6 +147,7 @@ def save_checkpoint(
             "epoch": state.epoch,
             "step": state.step,
             "log": state.log,
+            "step_log": state.step_log,
             "partial": state.partial,
             "steps_per_epoch": state.steps_per_epoch,
             "rng_ranks": state.rng_ranks,
@@ -295,7 +302,9 @@ RESULT_ARTIFACTS = (
 )
 # What a run writes into its run dir (interrupted.pt: older versions); --overwrite sets these, and
 # nothing else, aside first.
-RUN_ARTIFACTS = ("config.yaml", "log.csv", "last.pt", "interrupted.pt", "epoch-*.pt", *RESULT_ARTIFACTS)
+RUN_ARTIFACTS = (
+    "config.yaml", "log.csv", "steps.csv", "last.pt", "interrupted.pt", "epoch-*.pt", *RESULT_ARTIFACTS
+)
 ARCHIVE_GLOB = "results-epoch-*"
 
 
@@ -339,13 +348,15 @@ def finish_overwrite(aside: Path | None, *, keep_new: bool) -> None:
 
 def discard_unstarted_run(run_dir: Path, existed: bool) -> None:
     """After a fresh run failed before writing its first checkpoint (bad data found mid-epoch, a
-    non-finite loss in epoch 1, ...): remove what it wrote (``config.yaml``, temporaries), and the run
-    dir itself if this run created it and it is now empty, so the same command can simply be rerun.
+    non-finite loss in epoch 1, ...): remove what it wrote (``config.yaml``, ``steps.csv``,
+    temporaries), and the run dir itself if this run created it and it is now empty, so the same
+    command can simply be rerun.
     A run dir that holds a ``last.pt`` is left alone."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir() or (run_dir / "last.pt").exists():
         return
-    (run_dir / "config.yaml").unlink(missing_ok=True)
+    for name in ("config.yaml", "steps.csv"):
+        (run_dir / name).unlink(missing_ok=True)
     remove_stale_temporaries(run_dir)
     if not existed and not any(run_dir.iterdir()):
         run_dir.rmdir()
@@ -424,10 +435,12 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     return None
 
 
-def write_log(run_dir: Path, rows: list[dict[str, Any]]) -> None:
-    """Write ``run_dir/log.csv`` (one row per epoch, ``LOG_FIELDS``; ``\\n`` line ends) atomically."""
-    with atomic_path(run_dir / "log.csv") as tmp, tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=LOG_FIELDS, lineterminator="\n")
+def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") -> None:
+    """Write ``run_dir/log.csv`` (one row per epoch, ``LOG_FIELDS``) or, with ``name="steps.csv"``,
+    the per-step log (``STEP_LOG_FIELDS``), atomically, with ``\\n`` line ends."""
+    fields = STEP_LOG_FIELDS if name == "steps.csv" else LOG_FIELDS
+    with atomic_path(run_dir / name) as tmp, tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
         w.writeheader()
         for r in rows:
-            w.writerow({k: r.get(k, "") for k in LOG_FIELDS})
+            w.writerow({k: r.get(k, "") for k in fields})

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from bayesncl import distributed
 from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for callers
+    STEP_LOG_EVERY,
     RunDirError,
     TrainState,
     archive_results,
@@ -291,8 +292,8 @@ def pretrain(
         )
     except BaseException:  # an error, or a second Ctrl-C that stopped at once
         if world.is_main and not resume:  # a fresh run that failed before its first checkpoint: no trace
-            finish_overwrite(replaced.get("run"), keep_new=False)  # the overwritten run comes back
             discard_unstarted_run(run_dir, existed)
+            finish_overwrite(replaced.get("run"), keep_new=False)  # the overwritten run comes back
         raise
     finally:
         _restore_stop_handlers()
@@ -359,7 +360,7 @@ def _pretrain(
         scaler.load_state_dict(ckpt["scaler"])
         state = TrainState(
             epoch=ckpt["epoch"], step=ckpt["step"], log=list(ckpt["log"]), partial=partial,
-            steps_per_epoch=steps_per_epoch,
+            steps_per_epoch=steps_per_epoch, step_log=list(ckpt.get("step_log", [])),
         )
         ranks = ckpt.get("rng_ranks")
         if ranks and len(ranks) == world.world_size:  # each rank continues its own RNG stream
@@ -398,6 +399,7 @@ def _pretrain(
         t0 = time.time() - (partial["elapsed"] if partial else 0.0)
         # running sums of loss, nce, kl, gate_open, all_closed, probe_correct
         sums = partial["sums"].to(device) if partial else torch.zeros(6, device=device)
+        window = partial.get("window", ([0.0] * 6, 0)) if partial else ([0.0] * 6, 0)  # last steps.csv row
         bar = _progress(loader, epoch, cfg, world, initial=n_seen)
         for x1, x2, y in prefetch_to_device(bar, device):
             lr = float(schedule[state.step])
@@ -409,12 +411,12 @@ def _pretrain(
             sums += stats
             n_seen += 1
             state.step += 1
-            if device.type == "cpu" or state.step % 25 == 0 or n_seen == steps_per_epoch:
+            if device.type == "cpu" or state.step % STEP_LOG_EVERY == 0 or n_seen == steps_per_epoch:
                 # the only host sync: means over every process, and whether any was interrupted
                 means, stop = _global_means(sums / n_seen, interrupted["signal"] is not None)
                 if not math.isfinite(means[0]):
                     raise TrainingError(
-                        # CPU checks every step; CUDA every 25 steps (no per-step host sync)
+                        # CPU checks every step; CUDA every STEP_LOG_EVERY steps (no per-step host sync)
                         f"non-finite loss {'at' if device.type == 'cpu' else 'detected by'} step "
                         f"{state.step} (epoch {epoch + 1}): "
                         f"InfoNCE={float(stats[1]):.4g}, KL={float(stats[2]):.4g}; "
@@ -429,6 +431,11 @@ def _pretrain(
                     if model.gate is not None:
                         post["open"] = f"{means[3]:.2f}"
                     bar.set_postfix(post)
+                if state.step % STEP_LOG_EVERY == 0:
+                    state.step_log.append(_step_row(state, means, n_seen, window, lr))
+                    window = (means, n_seen)
+                    if world.is_main:
+                        write_log(run_dir, state.step_log, "steps.csv")
             # several processes stop together, at a sync point; one process at once
             stop = stop or (interrupted["signal"] is not None and not world.distributed)
             if stop:
@@ -438,6 +445,7 @@ def _pretrain(
                 "n_seen": n_seen,
                 "sums": distributed.all_reduce_mean(sums.clone()).cpu(),  # every rank's share
                 "elapsed": time.time() - t0,
+                "window": window,
             }
             state.rng_ranks = _rng_of_every_rank(world)
             if world.is_main:
@@ -504,6 +512,22 @@ def _pretrain(
 def _rng_of_every_rank(world: distributed.World) -> list[dict[str, Any]] | None:
     """Every rank's RNG state for the checkpoint (a collective under DDP); None for one process."""
     return distributed.all_gather_objects(rng_state()) if world.distributed else None
+
+
+def _step_row(
+    state: TrainState, means: list[float], n: int, window: tuple[list[float], int], lr: float
+) -> dict[str, float]:
+    """A steps.csv row: the means over this epoch's steps since the previous row, from the running
+    means over the epoch's ``n`` steps (``means``) and those at the previous row (``window``)."""
+    base, n0 = window
+    m = [(a * n - b * n0) / (n - n0) for a, b in zip(means, base, strict=True)]
+    return {
+        "step": state.step,
+        "epoch": round(state.step / state.steps_per_epoch, 4),
+        **{k: round(v, 6) for k, v in zip(("loss", "info_nce", "kl", "gate_open"), m, strict=False)},
+        "online_acc": round(100 * m[5], 3),
+        "lr": lr,
+    }
 
 
 def _global_means(local_means: Tensor, interrupted: bool) -> tuple[list[float], bool]:

@@ -1,6 +1,8 @@
 """Training curves: the per-epoch log (``log.csv``) of one run or several, as one figure.
 
-Panels, x = epoch (each point is an epoch mean, as logged by :func:`bayesncl.train.pretrain`):
+Panels, x = epoch; markers are the epoch means of ``log.csv`` and, where the run has a
+``steps.csv`` (a row every ``STEP_LOG_EVERY`` = 25 steps), a thin line of the same colour follows
+the means over those steps:
 
 * InfoNCE (the contrastive term alone, in nats),
 * online probe accuracy (%, the linear head trained on sg(h) during pretraining),
@@ -21,10 +23,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bayesncl.checkpoint import LOG_FIELDS, RunDirError
+from bayesncl.checkpoint import LOG_FIELDS, STEP_LOG_FIELDS, RunDirError
 from bayesncl.fileio import write_failure_reason
 
-__all__ = ["read_log", "run_label", "training_curves_figure", "write_training_curves"]
+__all__ = ["read_log", "read_steps", "run_label", "training_curves_figure", "write_training_curves"]
 
 # (log column, panel title); the last two only when some run has a gate (a non-empty rho column)
 PANELS = (
@@ -49,6 +51,21 @@ def read_log(source: str | Path) -> list[dict[str, float]]:
     if not path.is_file():
         where = f"{path.parent} has no log.csv" if path.name == "log.csv" else f"{path} is not a file"
         raise RunDirError(f"{where}: expected a run dir (or its log.csv) with at least one finished epoch")
+    rows = _read_csv(path, LOG_FIELDS)
+    if not rows:
+        raise RunDirError(f"{path}: no epoch has finished yet (the log has a header only)")
+    return rows
+
+
+def read_steps(run_dir: str | Path) -> list[dict[str, float]]:
+    """Rows of ``run_dir/steps.csv`` as floats (``STEP_LOG_FIELDS``), or [] where the run has none
+    (fewer than 25 steps so far, or a run from before the per-step log). Raises RunDirError like
+    :func:`read_log` for a malformed file."""
+    path = Path(run_dir) / "steps.csv"
+    return _read_csv(path, STEP_LOG_FIELDS) if path.is_file() else []
+
+
+def _read_csv(path: Path, fields: Sequence[str]) -> list[dict[str, float]]:
     try:
         with path.open(newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
@@ -57,17 +74,14 @@ def read_log(source: str | Path) -> list[dict[str, float]]:
             if missing:
                 raise RunDirError(
                     f"{path}: not a bayesncl log (no column {', '.join(missing)}; "
-                    f"expected {','.join(LOG_FIELDS)})"
+                    f"expected {','.join(fields)})"
                 )
-            rows = [
+            return [
                 {k: _number(v, path, line, k) for k, v in r.items() if k is not None}
                 for line, r in enumerate(reader, start=2)
             ]
     except UnicodeDecodeError:
         raise RunDirError(f"{path}: not a bayesncl log (not UTF-8 text)") from None
-    if not rows:
-        raise RunDirError(f"{path}: no epoch has finished yet (the log has a header only)")
-    return rows
 
 
 def _number(value: str | None, path: Path, line: int, column: str) -> float:
@@ -89,9 +103,15 @@ def _is_gated(rows: Sequence[Mapping[str, float]]) -> bool:
     return any(not math.isnan(r.get("rho", math.nan)) for r in rows)
 
 
-def training_curves_figure(runs: Mapping[str, Sequence[Mapping[str, float]]], title: str = "") -> Any:
+def training_curves_figure(
+    runs: Mapping[str, Sequence[Mapping[str, float]]],
+    title: str = "",
+    steps: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
+) -> Any:
     """A matplotlib figure of ``runs = {label: rows of read_log}``: one panel per entry of ``PANELS``
-    (the gate panels only if some run is gated), one line per run, same colour across panels.
+    (the gate panels only if some run is gated), one line with markers per run, the same colour
+    across panels; ``steps = {label: rows of read_steps}`` adds each run's per-step means as a thin
+    line of its colour.
 
     Raises ValueError if ``runs`` is empty or a run has no rows."""
     import matplotlib
@@ -110,10 +130,13 @@ def training_curves_figure(runs: Mapping[str, Sequence[Mapping[str, float]]], ti
         colour = colours[i % len(colours)]
         epochs = [r["epoch"] for r in rows]
         run_gated = _is_gated(rows)
+        fine = (steps or {}).get(label, [])
         for ax, (key, _) in zip(axes[0], panels, strict=True):
             if key in GATED_PANELS and not run_gated:
                 continue  # an ungated run has no KL and no gate
             ax.plot(epochs, [r[key] for r in rows], marker="o", ms=3, color=colour, label=label)
+            if fine:
+                ax.plot([r["epoch"] for r in fine], [r[key] for r in fine], color=colour, lw=0.7, alpha=0.45)
             if key == "gate_open":
                 ax.axhline(rows[-1]["rho"], color=colour, ls="--", lw=1)
     for ax, (key, text) in zip(axes[0], panels, strict=True):
@@ -144,8 +167,9 @@ def write_training_curves(
     dirs = [Path(s).parent if Path(s).is_file() else Path(s) for s in sources]
     names = list(labels) if labels is not None else run_label(dirs)
     runs = {name: read_log(s) for name, s in zip(names, sources, strict=True)}
+    steps = {name: read_steps(d) for name, d in zip(names, dirs, strict=True)}
     title = "Training curves" if len(runs) > 1 else f"Training curves: {names[0]}"
-    fig = training_curves_figure(runs, title)
+    fig = training_curves_figure(runs, title, steps)
     try:
         return save_figure(fig, out)
     except OSError as exc:
