@@ -10,6 +10,7 @@ Run dir layout::
 
     config.yaml     the fully resolved config
     log.csv         one row per epoch (loss parts, gate health, online probe, lr, time)
+    steps.csv       the same means every 25 steps (checkpoint.STEP_LOG_EVERY)
     last.pt         full state (model, optimiser, scaler, RNGs, epoch, step, log), atomic
     epoch-NNNN.pt   periodic copies (train.checkpoint_every)
     training_curves.png   log.csv drawn (bayesncl.report.curves), end of training
