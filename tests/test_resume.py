@@ -520,3 +520,48 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(
     assert main([*args, "train.epochs=2", "--overwrite"]) == 0  # a new run that succeeds replaces it
     assert load_checkpoint_file(run / "last.pt")["epoch"] == 2
     assert not [p for p in run.iterdir() if p.name.startswith(".")] and (run / "notes.txt").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_overwrite_is_finished_by_the_next_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGKILL during an --overwrite's first epoch (the previous run waits in .replaced-PID/): the
+    next command on the run dir puts the previous run back, whole, before anything else."""
+    run = tmp_path / "run"
+    args = ["pretrain", "--run-dir", str(run), *TINY, "data.train_subset=192", "--no-eval"]
+    assert main([*args, "train.epochs=1"]) == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    proc = start_cli([*args, "train.epochs=2", "--overwrite"], delay=0.2)
+    wait_for(lambda: bool(list(run.glob(".replaced-*"))) and (run / "config.yaml").exists(), proc)
+    time.sleep(0.3)  # inside epoch 1 of the new run, before its first checkpoint
+    proc.kill()
+    proc.communicate()
+    assert not (run / "last.pt").exists() and list(run.glob(".replaced-*/last.pt"))
+    capsys.readouterr()
+    assert main([*args, "train.epochs=1"]) == 2  # the run dir holds the previous run again
+    out, err = capsys.readouterr()
+    assert f"put the previous run back in {run}" in out and "already holds a run" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_a_killed_overwrite_that_had_a_checkpoint_keeps_the_new_run(tmp_path: Path) -> None:
+    """Killed between the new run's first last.pt and the deletion of the previous run: the new run
+    stays, the previous one goes (as the overwrite would have done); a live process's folder stays."""
+    from bayesncl.checkpoint import recover_interrupted_overwrite
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "last.pt").write_bytes(b"the new run")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    aside, live = run / f".replaced-{dead.pid}", run / f".replaced-{os.getpid()}"
+    for folder in (aside, live):
+        folder.mkdir()
+        (folder / "last.pt").write_bytes(b"the previous run")
+    assert recover_interrupted_overwrite(run) == [
+        f"an interrupted --overwrite (process {dead.pid}) had set the previous run aside: its new run "
+        "has a checkpoint, so the previous one was deleted"
+    ]
+    assert not aside.exists() and (live / "last.pt").exists()
+    assert (run / "last.pt").read_bytes() == b"the new run"

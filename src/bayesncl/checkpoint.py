@@ -333,17 +333,53 @@ def set_aside_run_artifacts(run_dir: Path) -> Path | None:
 
 def finish_overwrite(aside: Path | None, *, keep_new: bool) -> None:
     """--overwrite, second half: ``keep_new=True`` deletes the previous run set aside by
-    :func:`set_aside_run_artifacts`; ``False`` moves it back over whatever the new run wrote."""
+    :func:`set_aside_run_artifacts`; ``False`` removes what the new run wrote (its ``RUN_ARTIFACTS``)
+    and moves the previous run back."""
     if aside is None or not aside.is_dir():
         return
     if keep_new:
         shutil.rmtree(aside)
         return
-    for p in aside.iterdir():  # the new run's files of the same names give way
+    for p in _files(aside.parent, RUN_ARTIFACTS):
+        p.unlink()
+    for p in aside.iterdir():  # an archive folder of the same name gives way
         if (aside.parent / p.name).is_dir():
             shutil.rmtree(aside.parent / p.name)
     _move_into(list(aside.iterdir()), aside.parent)
     aside.rmdir()
+
+
+def recover_interrupted_overwrite(run_dir: Path) -> list[str]:
+    """Finish an ``--overwrite`` whose process died without finishing it (SIGKILL, power loss), as
+    it would have finished: its ``run_dir/.replaced-PID/`` goes back in place if the new run never
+    wrote a checkpoint (``last.pt``), and is deleted if it did. Folders of a live process are left
+    alone (that overwrite is still running; the check is on this machine's process ids). Returns one
+    message per folder handled."""
+    done = []
+    for aside in sorted(Path(run_dir).glob(".replaced-*")):
+        pid = aside.name.removeprefix(".replaced-")
+        if not (aside.is_dir() and pid.isdigit()) or _process_alive(int(pid)):
+            continue
+        keep_new = (aside.parent / "last.pt").exists()
+        finish_overwrite(aside, keep_new=keep_new)
+        done.append(
+            f"an interrupted --overwrite (process {pid}) had set the previous run aside: "
+            + ("its new run has a checkpoint, so the previous one was deleted" if keep_new
+               else f"put the previous run back in {aside.parent}")
+        )
+    return done
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def discard_unstarted_run(run_dir: Path, existed: bool) -> None:
@@ -390,6 +426,8 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     """
     run_dir = Path(run_dir)
     _check_writable(run_dir)
+    for message in recover_interrupted_overwrite(run_dir):
+        print(message, flush=True)
     # A run dir with only config.yaml holds a run killed before its first checkpoint: nothing to keep.
     has_run = any((run_dir / name).exists() for name in ("last.pt", "log.csv", "encoder.safetensors"))
     if resume:

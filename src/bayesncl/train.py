@@ -374,6 +374,8 @@ def _pretrain(
         run_dir.mkdir(parents=True, exist_ok=True)
         if ckpt is None and overwrite:  # the previous run waits aside until this one has a checkpoint
             replaced["run"] = set_aside_run_artifacts(run_dir)
+        if ckpt is None:  # a run killed before its first checkpoint may have left its step log
+            (run_dir / "steps.csv").unlink(missing_ok=True)
         if ckpt is not None and ckpt["epoch"] < cfg.train.epochs:
             moved = archive_results(run_dir, ckpt["epoch"])
             if moved is not None:
