@@ -336,9 +336,11 @@ def test_torchrun_two_processes_end_to_end(tmp_path: Path) -> None:
 
 _SIGNAL_HOOK = textwrap.dedent(
     """
-    # Test-only: rank 0 sends itself SIGINT after the BAYESNCL_SIGNAL_AT-th training step.
+    # Test-only: rank BAYESNCL_SIGNAL_RANK sends itself BAYESNCL_SIGNAL (SIGINT) after its
+    # BAYESNCL_SIGNAL_AT-th training step.
     import os
-    if os.environ.get("BAYESNCL_SIGNAL_AT") and os.environ.get("RANK") == "0":
+    _rank = os.environ.get("BAYESNCL_SIGNAL_RANK", "0")
+    if os.environ.get("BAYESNCL_SIGNAL_AT") and os.environ.get("RANK") == _rank:
         import signal
         import bayesncl.train as _t
 
@@ -348,7 +350,7 @@ _SIGNAL_HOOK = textwrap.dedent(
             out = _real(*args, **kwargs)
             _n[0] += 1
             if _n[0] == int(os.environ["BAYESNCL_SIGNAL_AT"]):
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), getattr(signal, os.environ.get("BAYESNCL_SIGNAL", "SIGINT")))
             return out
 
         _t.train_step = _step
@@ -358,9 +360,9 @@ _SIGNAL_HOOK = textwrap.dedent(
 
 @pytest.mark.slow
 def test_torchrun_mid_epoch_stop_and_resume_is_bit_identical_with_random_gates(tmp_path: Path) -> None:
-    """2 gloo processes, Gumbel gates (random noise from every rank's global RNG): a Ctrl-C on rank 0
-    in epoch 2 stops both ranks after the same step; --resume restores each rank's RNG stream, so
-    the weights equal those of an uninterrupted 2-process run."""
+    """2 gloo processes, Gumbel gates (random noise from every rank's global RNG): a SIGTERM to rank 1
+    alone in epoch 2 stops both ranks after the same step, each with status 143 (rank 0 too); --resume
+    restores each rank's RNG stream, so the weights equal those of an uninterrupted 2-process run."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(_SIGNAL_HOOK)
@@ -371,13 +373,16 @@ def test_torchrun_mid_epoch_stop_and_resume_is_bit_identical_with_random_gates(t
     }
     overrides = [*TORCHRUN_TINY, "method.name=bayesncl-gs", "train.progress=false", "--no-eval"]
 
+    signal_env = {"BAYESNCL_SIGNAL_RANK": "1", "BAYESNCL_SIGNAL": "SIGTERM"}
+
     def torchrun(run: Path, *extra: str, signal_at: str = "") -> subprocess.CompletedProcess[str]:
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             "-m", "bayesncl.cli", "pretrain", "--run-dir", str(run), *extra,
         ]  # fmt: skip
         return subprocess.run(
-            cmd, env={**env, "BAYESNCL_SIGNAL_AT": signal_at}, capture_output=True, text=True, timeout=180
+            cmd, env={**env, **signal_env, "BAYESNCL_SIGNAL_AT": signal_at}, capture_output=True, text=True,
+            timeout=180,
         )
 
     straight, run = tmp_path / "straight", tmp_path / "run"
@@ -385,6 +390,8 @@ def test_torchrun_mid_epoch_stop_and_resume_is_bit_identical_with_random_gates(t
     stopped = torchrun(run, *overrides, signal_at="4")  # 3 steps per epoch: step 1 of epoch 2
     assert stopped.returncode != 0
     assert stopped.stderr.count("bayesncl: interrupted: stopped in epoch 2 after 1 of its 3 steps") == 1
+    for rank in (0, 1):  # torchrun's failure summary: rank 0 exits as if it had received the SIGTERM
+        assert re.search(rf"rank\s*: {rank} \(local_rank: {rank}\)\s*exitcode\s*: 143", stopped.stderr)
     ckpt = torch.load(run / "last.pt", weights_only=True)
     assert ckpt["partial"]["n_seen"] == 1 and len(ckpt["rng_ranks"]) == 2
     resumed = torchrun(run, "--resume")

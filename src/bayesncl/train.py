@@ -392,7 +392,7 @@ def _pretrain(
     step_model = wrap_for_training(model, cfg, world)
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
     interrupted = _install_stop_handlers()
-    stop = False
+    stop, stop_signal = False, None
     lr = float(schedule[max(state.step - 1, 0)]) if total_steps else 0.0  # a stop after an epoch's last step
     for epoch in range(state.epoch, cfg.train.epochs):
         partial, state.partial = state.partial, None  # a run stopped inside this epoch goes on from there
@@ -416,7 +416,8 @@ def _pretrain(
             state.step += 1
             if device.type == "cpu" or state.step % STEP_LOG_EVERY == 0 or n_seen == steps_per_epoch:
                 # the only host sync: means over every process, and whether any was interrupted
-                means, stop = _global_means(sums / n_seen, interrupted["signal"] is not None)
+                means, stop_signal = _global_means(sums / n_seen, interrupted["signal"])
+                stop = stop_signal is not None
                 if not math.isfinite(means[0]):
                     raise TrainingError(
                         # CPU checks every step; CUDA every STEP_LOG_EVERY steps (no per-step host sync)
@@ -457,9 +458,9 @@ def _pretrain(
             raise TrainingInterrupted(
                 f"stopped in epoch {epoch + 1} after {n_seen} of its {steps_per_epoch} steps; state saved "
                 f"to {run_dir / 'last.pt'}; --resume continues from that step",
-                signum=interrupted["signal"] or signal.SIGINT,
+                signum=stop_signal or interrupted["signal"] or signal.SIGINT,
             )
-        means, _ = _global_means(sums / max(n_seen, 1), False)
+        means, _ = _global_means(sums / max(n_seen, 1), None)
         row = {
             "epoch": epoch + 1,
             "step": state.step,
@@ -533,12 +534,14 @@ def _step_row(
     }
 
 
-def _global_means(local_means: Tensor, interrupted: bool) -> tuple[list[float], bool]:
+def _global_means(local_means: Tensor, signum: int | None) -> tuple[list[float], int | None]:
     """The loop's host sync point: the running means averaged over processes (every rank gets the
-    same numbers, so a non-finite loss stops every rank) and whether any process was interrupted."""
-    flag = torch.full((1,), float(interrupted), device=local_means.device)
-    values = distributed.all_reduce_mean(torch.cat([local_means, flag])).tolist()
-    return values[:-1], values[-1] > 0
+    same numbers, so a non-finite loss stops every rank) and the stop signal any process received
+    (``signum``: this one's, or None): SIGTERM if any got one (a preemption), else SIGINT, else None."""
+    flags = torch.tensor([float(signum == s) for s in STOP_SIGNALS], device=local_means.device)
+    values = distributed.all_reduce_mean(torch.cat([local_means, flags])).tolist()
+    received = [s for s, v in zip(STOP_SIGNALS, values[-len(flags):], strict=True) if v > 0]
+    return values[: -len(flags)], max(received, default=None)
 
 
 def step_stats(
