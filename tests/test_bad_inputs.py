@@ -111,6 +111,8 @@ ROWS: dict[str, str] = {
     "epoch",
     "K14": E + "<tmp>/run/log.csv line 3: info_nce='nan?' is not a number",
     "K15": E + "figure <tmp>/notes.pt/c.png cannot be written: <tmp>/notes.pt is a file, not a directory",
+    "K16": E + "<tmp>/run.pt is damaged: the checksum of its record … does not match (a partial copy or a "
+    "disk error); use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)",
     "T1": E + "non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=…; no epoch had finished, so nothing "
     "was kept: fix the cause and rerun",
     "T2": "bayesncl: interrupted: stopped in epoch … after … of its … steps; state saved to "
@@ -410,6 +412,22 @@ def test_unwritable_curves_figure(tmp_path: Path, capsys: pytest.CaptureFixture[
     expect("K15", err, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.pt", "run"]
     assert sorted(p.name for p in run.iterdir()) == ["log.csv"]
+
+
+def test_damaged_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One flipped byte inside a weight tensor: torch.load alone would read it as a wrong weight."""
+    import zipfile
+
+    run = tiny_checkpoint(tmp_path / "run.pt", [], 3)
+    with zipfile.ZipFile(run) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    data = bytearray(run.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)  # local header
+    data[start + info.file_size // 2] ^= 0xFF
+    run.write_bytes(bytes(data))
+    assert torch.load(run, weights_only=True)["state_dict"]  # still "loads"
+    expect("K16", cli_error(["evaluate", str(run)], capsys), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.pt"]
 
 
 # ----------------------------------------------------------------------------- the docs table

@@ -184,7 +184,9 @@ def load_checkpoint_file(path: str | Path) -> Any:
     ``.safetensors`` → ``{name: tensor}`` (safetensors); anything else → the object stored by
     ``torch.save`` read with ``torch.load(weights_only=True, map_location="cpu")``.
     Raises CheckpointError (one line) if the file is missing, empty, not a checkpoint, truncated,
-    or a pickle that would import anything beyond tensors and plain values.
+    damaged (a ``torch.save`` zip archive whose CRC-32 checksums do not match: a bad copy or disk
+    error, which ``torch.load`` alone would read as wrong weights), or a pickle that would import
+    anything beyond tensors and plain values.
     """
     path = Path(path)
     if not path.exists():
@@ -215,6 +217,11 @@ def load_checkpoint_file(path: str | Path) -> Any:
         raise CheckpointError(
             f"{path} is a NumPy .npz (a features file?), not a checkpoint: use `bayesncl metrics {path}`"
         )
+    if is_zip and (bad := _damaged_member(path)) is not None:
+        raise CheckpointError(
+            f"{path} is damaged: the checksum of its record {bad} does not match (a partial copy or a "
+            "disk error); use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the error below says it all
         try:
@@ -225,6 +232,19 @@ def load_checkpoint_file(path: str | Path) -> Any:
             raise CheckpointError(
                 f"{path} is not a readable PyTorch checkpoint (truncated or damaged? {_first_line(e)})"
             ) from None
+
+
+def _damaged_member(path: Path) -> str | None:
+    """The first record of a zip archive whose CRC-32 does not match its data (zipfile.testzip), or
+    None. An archive zipfile cannot open is left to torch.load, which names what is wrong."""
+    import zipfile
+    import zlib
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError):
+        return None
 
 
 def _is_npz(path: Path) -> bool:
