@@ -17,6 +17,7 @@ import torch
 import torchvision
 from PIL import Image
 
+from bayesncl.checkpoint import load_checkpoint_file
 from bayesncl.cli import main
 from bayesncl.config import build_config
 from bayesncl.train import pretrain
@@ -83,6 +84,8 @@ ROWS: dict[str, str] = {
     "it, --overwrite to replace it, or choose another --run-dir",
     "R10": E + "--resume: no demo run in <tmp>/demo to continue (no <tmp>/demo/ncl/last.pt or "
     "<tmp>/demo/bayesncl/last.pt)",
+    "R11": E + "run dir <tmp>/run is in use by another bayesncl process (pid …); wait for it to end, or "
+    "choose another --run-dir",
     "K1": E + "<tmp>/notes.pt is not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle "
     "(it starts with b'hello wo')",
     "K2": E + "<tmp>/empty.pt is empty, not a checkpoint",
@@ -428,6 +431,24 @@ def test_damaged_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert torch.load(run, weights_only=True)["state_dict"]  # still "loads"
     expect("K16", cli_error(["evaluate", str(run)], capsys), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.pt"]
+
+
+def test_two_commands_on_one_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A second command on a run dir another process is writing is refused, --overwrite included;
+    the first run goes on and ends whole."""
+    from .test_resume import start_cli, wait_for
+
+    run = tmp_path / "run"
+    args = ["pretrain", "--run-dir", str(run), *TINY, "data.train_subset=192", "train.epochs=2", "--no-eval"]
+    first = start_cli(args, delay=0.5)  # 12 steps: 6 s
+    wait_for(lambda: (run / "config.yaml").exists(), first)
+    for extra in (["--overwrite"], ["--overwrite", "method.name=ncl"]):
+        expect("R11", cli_error([*args, *extra], capsys), tmp_path)
+    assert str(first.pid) in (run / ".bayesncl.lock").read_text()
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert load_checkpoint_file(run / "last.pt")["epoch"] == 2 and not (run / ".bayesncl.lock").exists()
+    assert main([*args, "--overwrite"]) == 0  # free again
 
 
 # ----------------------------------------------------------------------------- the docs table

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from bayesncl.config import Config, config_from_dict, diff_configs
-from bayesncl.fileio import atomic_path, remove_stale_temporaries
+from bayesncl.fileio import atomic_path, default_file_mode, remove_stale_temporaries
 
 LOG_FIELDS = [
     "epoch",
@@ -402,6 +402,59 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+LOCK_NAME = ".bayesncl.lock"
+
+
+@dataclass
+class RunDirLock:
+    """An exclusive claim on a run dir by this process (see :func:`lock_run_dir`)."""
+
+    path: Path
+    fd: int
+
+    def release(self) -> None:
+        self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+
+
+def lock_run_dir(run_dir: Path) -> RunDirLock | None:
+    """Claim ``run_dir`` (which must exist) for this process until ``release()``: an OS file lock
+    (``fcntl.flock``) on ``run_dir/.bayesncl.lock``, which the OS drops if the process dies, so a
+    SIGKILL leaves no stale claim. Returns None where file locks are unavailable (Windows, some
+    network file systems): then nothing is checked.
+
+    Raises RunDirError (one line, naming the holder's pid) if another process holds it: two
+    commands writing one run dir would mix their files."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    path = Path(run_dir) / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, default_file_mode())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirError(
+                f"run dir {run_dir} is in use by another bayesncl process (pid {holder}); wait for it to "
+                "end, or choose another --run-dir"
+            ) from None
+        except OSError:  # no lock support on this file system
+            os.close(fd)
+            return None
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:  # not a file its holder unlinked meanwhile
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return RunDirLock(path, fd)
+
+
 def discard_unstarted_run(run_dir: Path, existed: bool) -> None:
     """After a fresh run failed before writing its first checkpoint (bad data found mid-epoch, a
     non-finite loss in epoch 1, ...): remove what it wrote (``config.yaml``, ``steps.csv``,
@@ -414,7 +467,8 @@ def discard_unstarted_run(run_dir: Path, existed: bool) -> None:
     for name in ("config.yaml", "steps.csv"):
         (run_dir / name).unlink(missing_ok=True)
     remove_stale_temporaries(run_dir)
-    if not existed and not any(run_dir.iterdir()):
+    if not existed and all(p.name == LOCK_NAME for p in run_dir.iterdir()):
+        (run_dir / LOCK_NAME).unlink(missing_ok=True)  # (its holder, this process, is ending)
         run_dir.rmdir()
 
 

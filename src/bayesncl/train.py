@@ -44,6 +44,7 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
     atomic_save,
     discard_unstarted_run,
     finish_overwrite,
+    lock_run_dir,
     prepare_run_dir,
     rng_state,
     save_checkpoint,
@@ -286,24 +287,28 @@ def pretrain(
     world = distributed.setup(cfg.train.device)
     run_dir = Path(run_dir)
     existed = run_dir.exists()
-    replaced: dict[str, Path | None] = {}  # --overwrite: where the previous run waits (see _pretrain)
+    # rank 0's claim on the run dir ("lock") and, with --overwrite, where the previous run waits
+    # ("run"); see _pretrain
+    claim: dict[str, Any] = {}
     try:
         return _pretrain(
-            cfg, run_dir, world, resume=resume, overwrite=overwrite, evaluate=evaluate, replaced=replaced
+            cfg, run_dir, world, resume=resume, overwrite=overwrite, evaluate=evaluate, claim=claim
         )
     except BaseException:  # an error, or a second Ctrl-C that stopped at once
-        if world.is_main and not resume:  # a fresh run that failed before its first checkpoint: no trace
+        if "lock" in claim and not resume:  # a fresh run that failed before its first checkpoint: no trace
             discard_unstarted_run(run_dir, existed)
-            finish_overwrite(replaced.get("run"), keep_new=False)  # the overwritten run comes back
+            finish_overwrite(claim.get("run"), keep_new=False)  # the overwritten run comes back
         raise
     finally:
+        if claim.get("lock") is not None:
+            claim["lock"].release()
         _restore_stop_handlers()
         world.close()
 
 
 def _pretrain(
     cfg: Config, run_dir: Path, world: distributed.World, *, resume: bool, overwrite: bool, evaluate: bool,
-    replaced: dict[str, Path | None],
+    claim: dict[str, Any],
 ) -> dict[str, Any]:
     device = world.device
     amp_dtype = resolve_precision(cfg.train.precision, device)
@@ -372,8 +377,9 @@ def _pretrain(
             seed_everything(mix_seed(distributed.rank_seed(cfg.seed, world.rank), state.step))
     if world.is_main:  # fresh run, or a resume that may have extended train.epochs
         run_dir.mkdir(parents=True, exist_ok=True)
+        claim["lock"] = lock_run_dir(run_dir)  # the first write; None where there are no file locks
         if ckpt is None and overwrite:  # the previous run waits aside until this one has a checkpoint
-            replaced["run"] = set_aside_run_artifacts(run_dir)
+            claim["run"] = set_aside_run_artifacts(run_dir)
         if ckpt is None:  # a run killed before its first checkpoint may have left its step log
             (run_dir / "steps.csv").unlink(missing_ok=True)
         if ckpt is not None and ckpt["epoch"] < cfg.train.epochs:
@@ -454,7 +460,7 @@ def _pretrain(
             state.rng_ranks = _rng_of_every_rank(world)
             if world.is_main:
                 save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
-                finish_overwrite(replaced.pop("run", None), keep_new=True)
+                finish_overwrite(claim.pop("run", None), keep_new=True)
             raise TrainingInterrupted(
                 f"stopped in epoch {epoch + 1} after {n_seen} of its {steps_per_epoch} steps; state saved "
                 f"to {run_dir / 'last.pt'}; --resume continues from that step",
@@ -483,7 +489,7 @@ def _pretrain(
             print(f"warning: gate collapse: {100 * means[4]:.0f}% of rows have every gate closed")
         write_log(run_dir, state.log)
         save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
-        finish_overwrite(replaced.pop("run", None), keep_new=True)
+        finish_overwrite(claim.pop("run", None), keep_new=True)
         every = cfg.train.checkpoint_every
         if every and state.epoch % every == 0:
             save_checkpoint(run_dir / f"epoch-{state.epoch:04d}.pt", model, optimizer, scaler, state, cfg)
