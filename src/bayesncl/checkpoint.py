@@ -493,13 +493,16 @@ def archive_results(run_dir: Path, epoch: int) -> Path | None:
 def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
     """Check the run dir *before* anything is written. Returns the checkpoint to resume from or None.
 
-    Raises RunDirError if it already holds a run (without --resume/--overwrite), if --resume finds
+    Raises RunDirError if another process is using it, if it already holds a run (without
+    --resume/--overwrite), if --resume finds
     no checkpoint, an unreadable one or a config that differs (naming each key with its old and new
     value), or if the run dir cannot be written. On resume, temporary files left by a killed run
     are removed.
     """
     run_dir = Path(run_dir)
     _check_writable(run_dir)
+    if run_dir.is_dir() and (probe := lock_run_dir(run_dir)) is not None:
+        probe.release()  # in use by another process: say so now (and a killed holder's file goes)
     for message in recover_interrupted_overwrite(run_dir):
         print(message, flush=True)
     # A run dir with only config.yaml holds a run killed before its first checkpoint: nothing to keep.
