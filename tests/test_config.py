@@ -181,5 +181,28 @@ def test_gate_settings_on_a_gateless_method_warn_naming_them() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         build_config(overrides=["method.name=bayesncl", "method.lam=0.1", "method.rho=0.3"])
-        build_config(overrides=["method.name=ncl", "method.gate=ste", "method.lam=0.1"])  # a part switched on
+        build_config(overrides=["method.name=bayesncl", "method.gate=soft"])  # an ablation (Table 4)
+        build_config(overrides=["method.name=ncl", "method.nonneg=relu"])  # an ablation (NCL's ReLU)
         build_config(overrides={"method.name": "cl", "method.lam": 0.1})  # programmatic dicts: no warning
+
+
+def test_switches_that_make_another_method_warn() -> None:
+    """A preset whose defining part is switched off (or another method's switched on) would be run,
+    and labelled in every table, under a name it no longer is."""
+    cases = {
+        ("method.name=ncl-topk", "method.topk=false"): "method.topk=false turns method.name=ncl-topk into "
+        "ncl",
+        ("method.name=bayesncl", "method.gate=none"): "method.gate=none turns method.name=bayesncl into ncl",
+        ("method.name=ncl", "method.gate=ste", "method.lam=0.1"): "method.gate=ste turns method.name=ncl "
+        "into bayesncl",
+        ("method.name=ncl", "method.nonneg=identity"): "method.nonneg=identity turns method.name=ncl into cl",
+        ("method.name=cl", "method.nonneg=relu", "method.topk=true"): "method.nonneg=relu, method.topk=true "
+        "turn method.name=cl into ncl-topk",
+    }
+    for overrides, start in cases.items():
+        with pytest.warns(UserWarning) as record:
+            build_config(overrides=list(overrides))
+        assert [str(w.message) for w in record] == [
+            f"{start}; its results are still labelled {overrides[0].split('=')[1]} "
+            f"(use method.name={start.rsplit(' ', 1)[1]} if that is what you want)"
+        ]

@@ -357,7 +357,33 @@ def build_config(
             f"(method.gate={cfg.method.gate}, method.topk={str(cfg.method.topk).lower()})",
             stacklevel=2,
         )
+    became = preset_of(cfg.method)
+    changed = [
+        f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+        for k, v in command_line.items() if k in ("method.nonneg", "method.topk", "method.gate")
+    ]
+    if changed and became != cfg.method.name:
+        warnings.warn(
+            f"{', '.join(changed)} turn{'s' if len(changed) == 1 else ''} "
+            f"method.name={cfg.method.name} into {became}; its results are still labelled "
+            f"{cfg.method.name} (use method.name={became} if that is what you want)",
+            stacklevel=2,
+        )
     return cfg
+
+
+def preset_of(method: MethodConfig) -> str:
+    """The preset whose defining parts ``method`` has: a gate (any kind but none) → a BayesNCL preset
+    (``method.name`` if it is one, else bayesncl-gs for the Gumbel gate and bayesncl otherwise), else
+    TopK → ncl-topk, else a non-negativity map → ncl, else cl. Ablations (a soft gate, another
+    non-negativity map, no detach, ...) keep their preset."""
+    if method.gate != "none":
+        if method.name in ("bayesncl", "bayesncl-gs"):
+            return method.name
+        return "bayesncl-gs" if method.gate == "gumbel" else "bayesncl"
+    if method.topk:
+        return "ncl-topk"
+    return "cl" if method.nonneg == "identity" else "ncl"
 
 
 def inert_method_keys(method: MethodConfig, keys: typing.Iterable[str]) -> list[str]:
