@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +216,34 @@ def test_step_log_rows_and_a_mid_epoch_resume(tmp_path: Path, monkeypatch: pytes
     pretrain(build_config(overrides=args), run, resume=True, evaluate=False)
     assert read_steps(run) == steps
     assert_same_weights(straight / "last.pt", run / "last.pt")
+
+
+def test_resume_that_changes_the_length_of_an_unfinished_run_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real, calls = train_module.contrastive_loss, {"n": 0}
+
+    def ctrl_c_in_step_4(*a: Any, **k: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 4:  # the first step of epoch 2 (3 steps an epoch)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*a, **k)
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(train_module, "contrastive_loss", ctrl_c_in_step_4)
+    with pytest.raises(train_module.TrainingInterrupted):
+        pretrain(build_config(overrides=[*TINY, "train.epochs=3"]), run, evaluate=False)
+    monkeypatch.setattr(train_module, "contrastive_loss", real)
+    with pytest.warns(UserWarning) as record:
+        pretrain(build_config(overrides=[*TINY, "train.epochs=2"]), run, resume=True, evaluate=False)
+    assert [str(w.message) for w in record] == [
+        "--resume with train.epochs=2 stops a 3-epoch run after epoch 1 (inside the next): the learning-rate "
+        "schedule is recomputed for 2 epochs from here, so the result matches neither an uninterrupted 3- "
+        "nor 2-epoch run"
+    ]
+    with warnings.catch_warnings():  # a finished run extended: the documented way, no warning
+        warnings.simplefilter("error")
+        pretrain(build_config(overrides=[*TINY, "train.epochs=3"]), run, resume=True, evaluate=False)
 
 
 def test_resume_inside_an_epoch_needs_that_epoch(tmp_path: Path) -> None:

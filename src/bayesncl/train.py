@@ -24,6 +24,7 @@ import math
 import shutil
 import signal
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext, suppress
 from pathlib import Path
@@ -360,6 +361,15 @@ def _pretrain(
                 f"--resume: the run took {done} steps per epoch, this launch takes {steps_per_epoch} "
                 f"({world.world_size} process(es) x batch {cfg.train.batch_size}); relaunch with as "
                 "many processes as the run had"
+            )
+        planned = ckpt["config"]["train"]["epochs"]
+        if world.is_main and ckpt["epoch"] < planned != cfg.train.epochs:
+            warnings.warn(
+                f"--resume with train.epochs={cfg.train.epochs} stops a {planned}-epoch run after epoch "
+                f"{ckpt['epoch']}{' (inside the next)' if ckpt.get('partial') else ''}: the learning-rate "
+                f"schedule is recomputed for {cfg.train.epochs} epochs from here, so the result matches "
+                f"neither an uninterrupted {planned}- nor {cfg.train.epochs}-epoch run",
+                stacklevel=2,
             )
         model.load_state_dict(ckpt["state_dict"])
         optimizer.load_state_dict(ckpt["optimizer"])
