@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 
 import numpy as np
@@ -514,6 +515,20 @@ def test_retrieval_bad_dims():
         M.compute_all(feats, labels, retrieval_dims=[16])
     with pytest.raises(EvalError, match="at least 11 samples"):
         retrieval_metrics(feats[:10], labels[:10], dims=(4,))
+
+
+def test_retrieval_dims_single_integer_or_sequence():
+    feats, labels = sparse_features(0, n=40, d=8)
+    one = retrieval_metrics(feats, labels, dims=4)
+    assert one == retrieval_metrics(feats, labels, dims=[4]) and list(one) == ["4"]
+    assert retrieval_metrics(feats, labels, dims=np.int64(4)) == one
+    assert M.compute_all(feats, labels, retrieval_dims=4)["retrieval"] == one
+    for dims in ("4", 4.0, True, None):
+        msg = "retrieval dims must be a positive integer K or a sequence of them; got "
+        with pytest.raises(EvalError, match=f"^{msg}{re.escape(repr(dims))}$"):
+            retrieval_metrics(feats, labels, dims=dims)
+    with pytest.raises(EvalError, match=r"^retrieval dim must be an integer; got 4\.0$"):
+        M.compute_all(feats, labels, retrieval_dims=[4.0])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -519,22 +519,24 @@ def sepin_at_k(features: Any, labels: Any, k: int | str | None = None) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def compute_all(features: Any, labels: Any, retrieval_dims: Iterable[int] | None = None) -> dict[str, Any]:
+def compute_all(
+    features: Any, labels: Any, retrieval_dims: int | Iterable[int] | None = None
+) -> dict[str, Any]:
     """Every metric of PAPER-NOTES §3 as a JSON-ready dict.
 
     Keys: the nine :data:`METRIC_KEYS`; ``retrieval`` (``{"<K>": {"P@1", "P@3", "P@5", "P@10",
-    "mAP@10"}}``, percent) when ``retrieval_dims`` is given; ``note`` only for degenerate input:
-    ``"no active dimensions"`` (all-zero features: SC, entropies, effective rank and orthogonality
-    are 0.0) or ``"no dimension qualifies for <keys>; reported as 0.0"`` (e.g. every entry is
-    <= 1e-5, so H_freq has no dimension to average), instead of undefined values.
+    "mAP@10"}}``, percent) when ``retrieval_dims`` (one K or a sequence) is given; ``note`` only
+    for degenerate input: ``"no active dimensions"`` (all-zero features: SC, entropies, effective
+    rank and orthogonality are 0.0) or ``"no dimension qualifies for <keys>; reported as 0.0"``
+    (e.g. every entry is <= 1e-5, so H_freq has no dimension to average), instead of undefined
+    values.
     """
     _needs_labels(labels, "compute_all")
     f, y = validate_features(features, labels)
-    retrieval_dims = None if retrieval_dims is None else [int(k) for k in retrieval_dims]
     if retrieval_dims is not None:
         from .retrieval import check_dims
 
-        check_dims(retrieval_dims, f.shape[1])
+        retrieval_dims = check_dims(retrieval_dims, f.shape[1])
 
     stats = SemanticStats.from_features(f, y)  # type: ignore[arg-type]
     active = _active_mask(f)
