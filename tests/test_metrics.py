@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from bayesncl import metrics as M
 from bayesncl.evaluation import EvalError, EvalWarning, load_features, save_features
+from bayesncl.evaluation import metrics as EM
 from bayesncl.evaluation.retrieval import (
     average_precision_at_k,
     nearest_neighbours,
@@ -359,6 +360,43 @@ def test_other_metrics_match_references(seed):
     assert list(out) == list(M.METRIC_KEYS)
     assert out["orthogonality"] == pytest.approx(M.orthogonality(f32), abs=1e-12)
     assert out["effective_rank"] == pytest.approx(M.effective_rank(f32), rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_wide_features_take_the_n_by_n_path(monkeypatch, dtype):
+    # D > N: the spectrum comes from the N x N Gram FFᵀ and the orthogonality error is summed in
+    # blocks; both equal the D x D Gram path (and the SVD / pairwise references).
+    g = torch.Generator().manual_seed(11)
+    f = torch.rand(12, 40, generator=g, dtype=torch.float64).to(dtype)
+    f[:, 5] = 0  # a dead column: 39 active > 12 rows
+    f[f < 0.3] = 0
+    active = EM._active_mask(f)
+    gram_dd = EM._gram_active(f, active)
+    h_dd = EM._spectral_entropy_from_gram(gram_dd)
+    h_nn = EM._spectral_entropy_from_gram(EM._gram_rows(f))
+    s = torch.linalg.svdvals(f.double())
+    p = s / s.sum()
+    assert h_nn == pytest.approx(h_dd, abs=1e-9)
+    assert h_nn == pytest.approx(float(-(p * p.log()).sum()), abs=1e-9)
+    ortho_dd = EM._orthogonality_from_gram(gram_dd)
+    assert EM._orthogonality_blocked(f, active) == pytest.approx(ortho_dd, abs=1e-12)
+    assert ortho_dd == pytest.approx(ref_orthogonality(f), abs=1e-12)
+    # blocks of 3 columns and 3 rows: diagonal blocks, off-diagonal parts and the row loop
+    monkeypatch.setattr(EM, "_GRAM_CHUNK_BYTES", 8 * 39 * 3)
+    assert EM._orthogonality_blocked(f, active) == pytest.approx(ortho_dd, abs=1e-12)
+    monkeypatch.undo()
+
+    # the public metrics never build the D x D Gram for wide features
+    def no_dxd(*_args):
+        raise AssertionError("D x D Gram built for D > N")
+
+    monkeypatch.setattr(EM, "_gram_active", no_dxd)
+    labels = torch.arange(12) % 3
+    out = M.compute_all(f, labels)
+    assert out["effective_rank"] == pytest.approx(math.exp(h_dd), rel=1e-9)
+    assert out["orthogonality"] == pytest.approx(ortho_dd, abs=1e-12)
+    assert M.effective_rank(f) == out["effective_rank"] and M.orthogonality(f) == out["orthogonality"]
+    assert M.spectral_entropy(f) == pytest.approx(h_dd, abs=1e-9)
 
 
 def test_authors_orthogonality_scale_and_erank_epsilon():
