@@ -55,3 +55,9 @@ def test_dynamics_command_over_checkpoints(tmp_path: Path) -> None:
             assert math.isnan(r[k]) or -1.0 <= r[k] <= 1.0
     saved = json.loads((run / "dynamics.json").read_text())
     assert len(saved["rows"]) == 2 and (run / "dynamics.png").exists() and (run / "dynamics.md").exists()
+    assert saved["samples"] == 64  # two batches of 32
+    # More samples than the 96 train images: the record says what was used, 3 whole batches.
+    assert dynamics_command(run, samples=99999, every=2)["samples"] == 96
+    assert json.loads((run / "dynamics.json").read_text())["samples"] == 96
+    # Whole batches: 40 asked, two batches of 32 used.
+    assert dynamics_command(run, samples=40, every=2)["samples"] == 64

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -149,6 +150,38 @@ def test_info_nce_bad_arguments(kwargs: dict, match: str) -> None:
         BF.info_nce(**kwargs)
 
 
+def test_info_nce_accepts_numpy_and_tensor_scalars() -> None:
+    z = torch.randn(6, 5, generator=_gen(30))
+    ref = BF.info_nce(z, 0.2).item()
+    assert BF.info_nce(z, np.float32(0.2)).item() == pytest.approx(ref, rel=1e-6)
+    assert BF.info_nce(z, torch.tensor(0.2)).item() == pytest.approx(ref, rel=1e-6)
+    keys = torch.cat([torch.randn(6, 5, generator=_gen(31)), z])
+    at6 = BF.info_nce(z, 0.2, keys=keys, offset=6).item()
+    assert BF.info_nce(z, 0.2, keys=keys, offset=np.int64(6)).item() == at6
+
+
+@pytest.mark.parametrize("offset", [2.5, 6.0, True, "6"])
+def test_info_nce_offset_must_be_an_integer(offset: object) -> None:
+    z = torch.randn(4, 3)
+    with pytest.raises(ValueError, match=rf"^info_nce: offset={offset!r}: expected an integer"):
+        BF.info_nce(z, 0.2, keys=torch.randn(12, 3), offset=offset)
+
+
+@pytest.mark.parametrize("temperature", ["0.2", True, torch.tensor([0.2]), None])
+def test_info_nce_temperature_must_be_a_number(temperature: object) -> None:
+    with pytest.raises(ValueError, match="expected a finite number > 0"):
+        BF.info_nce(torch.randn(4, 3), temperature)  # type: ignore[arg-type]
+
+
+def test_info_nce_nan_row_gives_nan_loss() -> None:
+    # The training loop detects divergence by a non-finite loss: a NaN row must not be zeroed.
+    z = torch.randn(6, 5, generator=_gen(32))
+    z[2, 1] = float("nan")
+    assert math.isnan(BF.info_nce(z, 0.2).item())
+    z[2, 1] = float("inf")
+    assert math.isnan(BF.info_nce(z, 0.2).item())
+
+
 # ----------------------------------------------------------------------------- KL
 
 
@@ -197,6 +230,36 @@ def test_bernoulli_kl_fp16_and_gradient() -> None:
 def test_bernoulli_kl_bad_rho(rho: float) -> None:
     with pytest.raises(ValueError, match=f"rho={rho}"):
         BF.bernoulli_kl(torch.rand(2, 2), rho)
+
+
+@pytest.mark.parametrize("rho", ["0.5", True, None, [0.5]])
+def test_bernoulli_kl_rho_must_be_a_number(rho: object) -> None:
+    with pytest.raises(ValueError, match=r"^bernoulli_kl: rho=.*: expected a number with 0 < rho < 1$"):
+        BF.bernoulli_kl(torch.rand(2, 2), rho)  # type: ignore[arg-type]
+
+
+def test_bernoulli_kl_numpy_and_tensor_rho() -> None:
+    alpha = torch.rand(3, 4, generator=_gen(33))
+    ref = BF.bernoulli_kl(alpha, 0.25).item()
+    assert BF.bernoulli_kl(alpha, np.float32(0.25)).item() == ref
+    assert BF.bernoulli_kl(alpha, torch.tensor(0.25)).item() == ref
+
+
+def test_bernoulli_kl_rejects_values_outside_unit_interval() -> None:
+    logits = torch.tensor([[-2.0, 3.0], [0.5, 0.1]])
+    msg = r"^bernoulli_kl: alpha holds values in \[-2, 3\]: expected probabilities in \[0, 1\]"
+    with pytest.raises(ValueError, match=msg):
+        BF.bernoulli_kl(logits, 0.5)
+    with pytest.raises(ValueError, match=r"values in \[0.5, 1.5\]"):
+        BF.bernoulli_kl(torch.tensor([[0.5, 1.5]]), 0.5)
+    # The ends of the interval are valid, and NaN propagates (no error): the loop stops on it.
+    assert math.isfinite(BF.bernoulli_kl(torch.tensor([[0.0, 1.0]]), 0.5).item())
+    assert math.isnan(BF.bernoulli_kl(torch.tensor([[float("nan"), 0.5]]), 0.5).item())
+
+
+def test_bernoulli_kl_rejects_zero_rows() -> None:
+    with pytest.raises(ValueError, match="^bernoulli_kl: alpha has 0 rows: expected at least one row"):
+        BF.bernoulli_kl(torch.zeros(0, 3), 0.5)
 
 
 # ----------------------------------------------------------------------------- gates
@@ -403,6 +466,21 @@ def test_safe_normalize_matches_f_normalize_on_nonzero_rows() -> None:
     (ya * up).sum().backward()
     (yb * up).sum().backward()
     torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_safe_normalize_zero_and_non_finite_rows() -> None:
+    x = torch.tensor([[0.0, 0.0, 0.0], [3.0, 0.0, 4.0], [float("nan"), 1.0, 1.0], [float("inf"), 1.0, 0.0]])
+    x.requires_grad_()
+    y = BF.safe_normalize(x)
+    assert torch.equal(y[0], torch.zeros(3))
+    torch.testing.assert_close(y[1], torch.tensor([0.6, 0.0, 0.8]))
+    assert torch.isnan(y[2]).all()  # NaN propagates: it is not mapped to a zero row
+    assert not torch.isfinite(y[3]).all()
+    y[:2].sum().backward()
+    assert torch.equal(x.grad[0], torch.zeros(3))  # zero row: zero (finite) gradient
+    # d/dx of the unit row (0.6, 0, 0.8) summed: (1 − 1.4·x̂)/‖x‖ = (0.032, 0.2, −0.024)
+    torch.testing.assert_close(x.grad[1], torch.tensor([0.032, 0.2, -0.024]))
+    assert torch.isnan(x.grad[2:]).all()  # non-finite rows pass NaN back
 
 
 def test_eval_features() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 
 from bayesncl import metrics as M
 from bayesncl.evaluation import EvalError, EvalWarning, load_features, save_features
+from bayesncl.evaluation import metrics as EM
 from bayesncl.evaluation.retrieval import (
     average_precision_at_k,
     nearest_neighbours,
@@ -360,6 +362,43 @@ def test_other_metrics_match_references(seed):
     assert out["effective_rank"] == pytest.approx(M.effective_rank(f32), rel=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_wide_features_take_the_n_by_n_path(monkeypatch, dtype):
+    # D > N: the spectrum comes from the N x N Gram FFᵀ and the orthogonality error is summed in
+    # blocks; both equal the D x D Gram path (and the SVD / pairwise references).
+    g = torch.Generator().manual_seed(11)
+    f = torch.rand(12, 40, generator=g, dtype=torch.float64).to(dtype)
+    f[:, 5] = 0  # a dead column: 39 active > 12 rows
+    f[f < 0.3] = 0
+    active = EM._active_mask(f)
+    gram_dd = EM._gram_active(f, active)
+    h_dd = EM._spectral_entropy_from_gram(gram_dd)
+    h_nn = EM._spectral_entropy_from_gram(EM._gram_rows(f))
+    s = torch.linalg.svdvals(f.double())
+    p = s / s.sum()
+    assert h_nn == pytest.approx(h_dd, abs=1e-9)
+    assert h_nn == pytest.approx(float(-(p * p.log()).sum()), abs=1e-9)
+    ortho_dd = EM._orthogonality_from_gram(gram_dd)
+    assert EM._orthogonality_blocked(f, active) == pytest.approx(ortho_dd, abs=1e-12)
+    assert ortho_dd == pytest.approx(ref_orthogonality(f), abs=1e-12)
+    # blocks of 3 columns and 3 rows: diagonal blocks, off-diagonal parts and the row loop
+    monkeypatch.setattr(EM, "_GRAM_CHUNK_BYTES", 8 * 39 * 3)
+    assert EM._orthogonality_blocked(f, active) == pytest.approx(ortho_dd, abs=1e-12)
+    monkeypatch.undo()
+
+    # the public metrics never build the D x D Gram for wide features
+    def no_dxd(*_args):
+        raise AssertionError("D x D Gram built for D > N")
+
+    monkeypatch.setattr(EM, "_gram_active", no_dxd)
+    labels = torch.arange(12) % 3
+    out = M.compute_all(f, labels)
+    assert out["effective_rank"] == pytest.approx(math.exp(h_dd), rel=1e-9)
+    assert out["orthogonality"] == pytest.approx(ortho_dd, abs=1e-12)
+    assert M.effective_rank(f) == out["effective_rank"] and M.orthogonality(f) == out["orthogonality"]
+    assert M.spectral_entropy(f) == pytest.approx(h_dd, abs=1e-9)
+
+
 def test_authors_orthogonality_scale_and_erank_epsilon():
     # The authors' printed orthogonality is Σ|C − I| / (d(d−1)) averaged again over d² entries,
     # i.e. ours / d² (their diagonal is ~0); their erank adds 1e-6 inside the log.
@@ -514,6 +553,20 @@ def test_retrieval_bad_dims():
         M.compute_all(feats, labels, retrieval_dims=[16])
     with pytest.raises(EvalError, match="at least 11 samples"):
         retrieval_metrics(feats[:10], labels[:10], dims=(4,))
+
+
+def test_retrieval_dims_single_integer_or_sequence():
+    feats, labels = sparse_features(0, n=40, d=8)
+    one = retrieval_metrics(feats, labels, dims=4)
+    assert one == retrieval_metrics(feats, labels, dims=[4]) and list(one) == ["4"]
+    assert retrieval_metrics(feats, labels, dims=np.int64(4)) == one
+    assert M.compute_all(feats, labels, retrieval_dims=4)["retrieval"] == one
+    for dims in ("4", 4.0, True, None):
+        msg = "retrieval dims must be a positive integer K or a sequence of them; got "
+        with pytest.raises(EvalError, match=f"^{msg}{re.escape(repr(dims))}$"):
+            retrieval_metrics(feats, labels, dims=dims)
+    with pytest.raises(EvalError, match=r"^retrieval dim must be an integer; got 4\.0$"):
+        M.compute_all(feats, labels, retrieval_dims=[4.0])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -87,9 +90,39 @@ def test_gating_head_bad_arguments(kwargs: dict, match: str) -> None:
         GatingHead(**args)
 
 
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"detach": "no"}, "GatingHead: detach='no': expected a bool (True or False)"),
+        ({"detach": 1}, "GatingHead: detach=1: expected a bool (True or False)"),
+        ({"depth": 2.0}, "GatingHead: depth=2.0: expected the integer 1, 2 or 3"),
+        ({"depth": True}, "GatingHead: depth=True: expected the integer 1, 2 or 3"),
+        ({"hidden": 8.0}, "GatingHead: hidden=8.0: expected an integer >= 1"),
+        ({"out_dim": True}, "GatingHead: out_dim=True: expected an integer >= 1"),
+        ({"tau": "1"}, "GatingHead: tau='1': expected a finite number > 0"),
+    ],
+)
+def test_gating_head_argument_types(kwargs: dict, message: str) -> None:
+    args = {"in_dim": 4, "hidden": 8, "out_dim": 3, **kwargs}
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        GatingHead(**args)
+
+
+def test_numpy_integer_dims_are_accepted() -> None:
+    proj = Projector(np.int64(4), np.int32(8), np.int64(3))
+    assert _linear_shapes(proj) == [(4, 8), (8, 3)]
+    head = GatingHead(np.int64(4), np.int64(8), np.int16(3), depth=np.int64(3), tau=np.float32(2.0))
+    assert _linear_shapes(head) == [(4, 8), (8, 4), (4, 3)]
+    assert (type(head.depth), head.tau, head.detach) == (int, 2.0, True)
+
+
 def test_projector_bad_arguments() -> None:
     with pytest.raises(ValueError, match="out_dim=0"):
         Projector(4, 8, 0)
+    with pytest.raises(ValueError, match=r"^Projector: in_dim=4\.0: expected an integer >= 1$"):
+        Projector(4.0, 8, 3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^Projector: hidden=True: expected an integer >= 1$"):
+        Projector(4, True, 3)
 
 
 @pytest.mark.parametrize("kind", BF.NONNEG_KINDS)

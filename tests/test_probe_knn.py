@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -56,6 +58,21 @@ def test_probe_seeds_and_options():
     assert linear_probe(xtr[keep[0]], ytr[keep[0]], xte[keep[1]], yte[keep[1]])["acc5"] == 100.0
 
 
+@pytest.mark.parametrize(
+    "grid,message",
+    [
+        ([], r"^l2_grid is empty: give at least one non-negative L2 strength, e\.g\. \[1e-3\]$"),
+        ([1e-3, -1.0], r"^l2_grid must hold finite non-negative values; got \[0\.001, -1\.0\]$"),
+        ([float("nan")], r"^l2_grid must hold finite non-negative values; got \[nan\]$"),
+        ([float("inf")], r"^l2_grid must hold finite non-negative values; got \[inf\]$"),
+    ],
+)
+def test_probe_bad_l2_grid(grid, message):
+    xtr, ytr, xte, yte = blobs(n_train=20, n_test=10, d=3)
+    with pytest.raises(EvalError, match=message):
+        linear_probe(xtr, ytr, xte, yte, l2_grid=grid)
+
+
 def test_probe_unknown_test_class_counts_as_error():
     xtr, ytr, xte, yte = blobs()
     yte = yte.clone()
@@ -82,8 +99,11 @@ def test_feature_selection_probe_uses_expected_activation():
     out = feature_selection_probe(xtr, ytr, xte, yte, k=4)
     assert sorted(out["dims"]) == [6, 7, 8, 9] and out["k"] == 4
     assert out["acc1"] > 90.0
-    with pytest.raises(EvalError, match="out of range"):
-        feature_selection_probe(xtr, ytr, xte, yte, k=17)
+    for k in (0, 17, 4.0, True):
+        msg = f"feature_selection_probe: k={k!r}: expected the number of top dims to keep, an integer with "
+        with pytest.raises(EvalError, match="^" + re.escape(msg) + r"1 <= k <= D=16$"):
+            feature_selection_probe(xtr, ytr, xte, yte, k=k)
+    assert feature_selection_probe(xtr, ytr, xte, yte, k=np.int64(4))["dims"] == out["dims"]
 
 
 def test_knn_separates_blobs_and_random_labels_are_chance():

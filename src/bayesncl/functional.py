@@ -9,13 +9,17 @@ Numerics: the loss and the KL are computed in float32 with autocast disabled, wh
 dtype (fp16 NaNs are a known failure in this field). Normalisation is *safe*: a row whose L2 norm
 is at most ``1e-12`` (in practice, an all-zero row such as one whose gates are all closed) maps to
 the zero vector and passes back a zero gradient. ``F.normalize`` would instead divide such a row
-by its ``eps`` and send a gradient scaled by ``1e12`` into the gate and the backbone.
+by its ``eps`` and send a gradient scaled by ``1e12`` into the gate and the backbone. A row
+holding a NaN or an infinity is not masked: it stays non-finite, so the loss becomes NaN and the
+training loop stops on it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import numbers
+import operator
 from collections.abc import Iterator
 
 import torch
@@ -61,8 +65,31 @@ def _fp32(device: torch.device) -> Iterator[None]:
         yield
 
 
+def _real(value: object) -> float | None:
+    """``float(value)`` for a real number (a Python or NumPy scalar, or a 0-d real tensor), None for
+    anything else (a bool, a string, a sequence). A 0-d CUDA tensor costs a host sync."""
+    if isinstance(value, torch.Tensor):
+        ok = value.ndim == 0 and value.dtype != torch.bool and not value.is_complex()
+        return float(value) if ok else None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
+
+
+def _integer(value: object) -> int | None:
+    """``operator.index(value)`` for an integer (Python, NumPy or a 0-d integer tensor; not a bool),
+    None for anything else (a float, a string)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
 def _check_threshold(threshold: float, where: str) -> None:
-    if not (0.0 < float(threshold) < 1.0):
+    t = _real(threshold)
+    if t is None or not (0.0 < t < 1.0):
         raise ValueError(f"{where}: threshold={threshold!r}: expected 0 < threshold < 1")
 
 
@@ -76,13 +103,17 @@ def safe_normalize(x: Tensor, eps: float = _NORM_EPS) -> Tensor:
 
     x: (M, D) any float dtype. Returns (M, D) float32 unit rows (or zero rows). The gradient of a
     zero row is zero (the normalisation is not differentiable there; we take zero, as ReLU does
-    at 0), so no NaN and no ``1/eps`` blow-up can arise. Raises ValueError if ``x`` is not 2-D.
+    at 0), so an all-zero row gives a zero row and a zero gradient, with no ``1/eps`` blow-up.
+    Finite input never gives NaN, forward or backward (a row whose float32 sum of squares
+    overflows, entries beyond ~1e19, comes out as zeros). A row holding a NaN or an infinity
+    comes out holding NaN (forward and backward), so that a diverging model shows up as a
+    non-finite loss. Raises ValueError if ``x`` is not 2-D.
     """
     _check_2d(x, "x", "safe_normalize")
     with _fp32(x.device):
         x = x.float()
         sq = (x * x).sum(dim=1, keepdim=True)
-        ok = sq > eps * eps
+        ok = ~(sq <= eps * eps)  # a NaN row is "ok": it is divided by its NaN norm and stays NaN
         norm = torch.sqrt(torch.where(ok, sq, torch.ones_like(sq)))
         return torch.where(ok, x / norm, torch.zeros_like(x))
 
@@ -101,12 +132,14 @@ def info_nce(z: Tensor, temperature: float = 0.2, *, keys: Tensor | None = None,
         z: (2n, D) local views laid out ``[view1; view2]``: rows ``i`` and ``i+n`` are a positive
             pair. Any float dtype; cast to float32. All-zero rows (all gates closed) are allowed:
             they have similarity 0 to everything, and a finite loss and gradient.
-        temperature: T > 0 (dimensionless); 0.2 in the paper.
+        temperature: T > 0 (dimensionless); 0.2 in the paper. A Python or NumPy scalar or a 0-d
+            tensor (read with ``float()``, a host sync for a CUDA tensor).
         keys: (2N, D) every view of the global batch, e.g. gathered over ranks with an
             autograd-aware all-gather, each rank's block laid out ``[view1; view2]``. Defaults to
             ``z`` (single process). Rows ``keys[offset : offset + 2n]`` must be this process's
             ``z``; this is not checked (it would cost a comparison per step).
-        offset: the row of ``z[0]`` inside ``keys`` (``rank * 2n`` for equal per-rank batches).
+        offset: the row of ``z[0]`` inside ``keys`` (``rank * 2n`` for equal per-rank batches); an
+            integer (a NumPy integer is accepted, a bool or a float is not).
             Local row ``i``'s self-similarity is masked at column ``offset + i``; its positive is
             column ``offset + (i + n) mod 2n``.
 
@@ -116,8 +149,11 @@ def info_nce(z: Tensor, temperature: float = 0.2, *, keys: Tensor | None = None,
 
     Raises:
         ValueError: if ``z`` is not 2-D, has an odd or zero row count, if ``temperature`` is not
-            a finite positive number, if ``keys`` has another width than ``z``, or if ``offset``
-            does not place the 2n local rows inside ``keys`` (or is non-zero without ``keys``).
+            a finite positive number, if ``keys`` has another width than ``z``, if ``offset`` is
+            not an integer, or if it does not place the 2n local rows inside ``keys`` (or is
+            non-zero without ``keys``).
+
+    A NaN or infinite entry in ``z`` or ``keys`` makes the loss NaN (see :func:`safe_normalize`).
     """
     _check_2d(z, "z", "info_nce")
     two_n, d = z.shape
@@ -125,8 +161,13 @@ def info_nce(z: Tensor, temperature: float = 0.2, *, keys: Tensor | None = None,
         raise ValueError(
             f"info_nce: z must have an even number >= 2 of rows laid out [view1; view2], got {two_n}"
         )
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+    t = _real(temperature)
+    if t is None or not (math.isfinite(t) and t > 0):
         raise ValueError(f"info_nce: temperature={temperature!r}: expected a finite number > 0")
+    off = _integer(offset)
+    if off is None:
+        raise ValueError(f"info_nce: offset={offset!r}: expected an integer (the row of z[0] in keys)")
+    offset = off
     if keys is None:
         if offset != 0:
             raise ValueError(f"info_nce: offset={offset!r} needs keys (it is the row of z[0] in keys)")
@@ -143,7 +184,7 @@ def info_nce(z: Tensor, temperature: float = 0.2, *, keys: Tensor | None = None,
     with _fp32(z.device):
         q = safe_normalize(z)
         k = q if keys is None else safe_normalize(keys)
-        logits = (q @ k.T) / float(temperature)
+        logits = (q @ k.T) / t
         rows = torch.arange(two_n, device=z.device)
         self_mask = torch.zeros_like(logits, dtype=torch.bool)
         self_mask[rows, offset + rows] = True
@@ -160,24 +201,39 @@ def bernoulli_kl(alpha: Tensor, rho: float, eps: float = 0.01) -> Tensor:
     the gradient is zero where α lies outside the clamp range).
 
     Args:
-        alpha: (M, D) gate probabilities, noise-free σ(logits), in [0, 1]. Any float dtype.
-        rho: the prior keep probability, 0 < ρ < 1.
-        eps: clamp margin, 0 ≤ eps < 0.5 (0.01 in the authors' code).
+        alpha: (M, D) gate probabilities, noise-free σ(logits), in [0, 1], M ≥ 1. Any float
+            dtype. NaN entries are allowed and make the result NaN.
+        rho: the prior keep probability, a number with 0 < ρ < 1.
+        eps: clamp margin, a number with 0 ≤ eps < 0.5 (0.01 in the authors' code).
 
     Returns:
         A 0-d float32 tensor: mean over the M rows of the per-row sum over D.
 
     Raises:
-        ValueError: if ``alpha`` is not 2-D, if ρ ∉ (0, 1), or if eps ∉ [0, 0.5).
+        ValueError: if ``alpha`` is not 2-D or has no rows, if ρ or eps is not a real number
+            (a bool or a string is not), if ρ ∉ (0, 1), or if eps ∉ [0, 0.5); for a CPU
+            ``alpha`` also if an entry lies outside [0, 1] (e.g. logits were passed). On other
+            devices the range is not checked: reading the min and max back would cost a host
+            sync on every training step.
     """
     _check_2d(alpha, "alpha", "bernoulli_kl")
-    if not (0.0 < float(rho) < 1.0):
-        raise ValueError(f"bernoulli_kl: rho={rho!r}: expected 0 < rho < 1")
-    if not (0.0 <= float(eps) < 0.5):
-        raise ValueError(f"bernoulli_kl: eps={eps!r}: expected 0 <= eps < 0.5")
+    if alpha.shape[0] == 0:
+        raise ValueError("bernoulli_kl: alpha has 0 rows: expected at least one row to average over")
+    r, e = _real(rho), _real(eps)
+    if r is None or not (0.0 < r < 1.0):
+        raise ValueError(f"bernoulli_kl: rho={rho!r}: expected a number with 0 < rho < 1")
+    if e is None or not (0.0 <= e < 0.5):
+        raise ValueError(f"bernoulli_kl: eps={eps!r}: expected a number with 0 <= eps < 0.5")
+    if alpha.device.type == "cpu" and alpha.numel():
+        lo, hi = (float(v) for v in torch.aminmax(alpha.detach()))
+        if lo < 0.0 or hi > 1.0:  # False for NaN: a NaN alpha gives a NaN KL instead
+            raise ValueError(
+                f"bernoulli_kl: alpha holds values in [{lo:.4g}, {hi:.4g}]: expected probabilities "
+                "in [0, 1] (sigmoid of the gate logits, not the logits)"
+            )
     with _fp32(alpha.device):
-        a = alpha.float().clamp(eps, 1.0 - eps)
-        r = min(max(float(rho), eps), 1.0 - eps)
+        a = alpha.float().clamp(e, 1.0 - e)
+        r = min(max(r, e), 1.0 - e)
         kl = a * torch.log(a / r) + (1.0 - a) * torch.log((1.0 - a) / (1.0 - r))
         return kl.sum(dim=1).mean()
 
@@ -246,12 +302,13 @@ def gumbel_sigmoid_gate(
     Raises:
         ValueError: if τ ≤ 0, threshold ∉ (0, 1) or ``noise`` is unknown.
     """
-    if not (math.isfinite(float(tau)) and float(tau) > 0):
+    t = _real(tau)
+    if t is None or not (math.isfinite(t) and t > 0):
         raise ValueError(f"gumbel_sigmoid_gate: tau={tau!r}: expected a finite number > 0")
     _check_threshold(threshold, "gumbel_sigmoid_gate")
     with _fp32(logits.device):
         g = gumbel_noise(logits.shape, noise, device=logits.device, generator=generator)
-        y = torch.sigmoid((logits.float() + g) / float(tau))
+        y = torch.sigmoid((logits.float() + g) / t)
         return ste_gate(y, threshold), y
 
 
@@ -321,7 +378,8 @@ def gated_features(z: Tensor, mask: Tensor) -> Tensor:
     z: (M, D) non-negative projector outputs; mask: (M, D) gate (hard 0/1 with STE, soft α, or
     bool). Returns (M, D) float32 unit rows. A row whose open gates carry nothing (all gates
     closed, or z zero on every open dim) is the zero vector, with a zero gradient (see
-    :func:`safe_normalize`): no NaN forward or backward. Raises ValueError if the shapes differ.
+    :func:`safe_normalize`): no NaN forward or backward for finite input (a NaN or infinite
+    entry in z or mask makes its row NaN). Raises ValueError if the shapes differ.
     """
     _check_2d(z, "z", "gated_features")
     if mask.shape != z.shape:

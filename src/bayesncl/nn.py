@@ -2,7 +2,8 @@
 
 ``Projector`` and ``GatingHead`` hold parameters; ``NonNegative`` and ``Gate`` hold only their
 settings and call the pure functions. Bad arguments raise ``ValueError`` with one line naming the
-value and what was expected.
+value and what was expected. Dimensions (and ``depth``) are integers: a Python or NumPy integer
+(anything ``operator.index`` accepts) but not a bool or a float.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ GATE_KINDS: tuple[str, ...] = ("none", "ste", "gumbel", "soft")
 """The gate kinds accepted by :class:`Gate` (``MethodConfig.gate``)."""
 
 
-def _check_dim(value: int, name: str, where: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _check_dim(value: int, name: str, where: str) -> int:
+    """``value`` as an ``int`` if it is an integer >= 1 (NumPy integers too, bools not)."""
+    v = BF._integer(value)
+    if v is None or v < 1:
         raise ValueError(f"{where}: {name}={value!r}: expected an integer >= 1")
+    return v
 
 
 class Projector(nn.Module):
@@ -35,8 +39,9 @@ class Projector(nn.Module):
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int) -> None:
         super().__init__()
-        for name, v in (("in_dim", in_dim), ("hidden", hidden), ("out_dim", out_dim)):
-            _check_dim(v, name, "Projector")
+        in_dim = _check_dim(in_dim, "in_dim", "Projector")
+        hidden = _check_dim(hidden, "hidden", "Projector")
+        out_dim = _check_dim(out_dim, "out_dim", "Projector")
         self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_dim))
 
     def forward(self, h: Tensor) -> Tensor:
@@ -58,25 +63,32 @@ class GatingHead(nn.Module):
     InfoNCE gradient reach only θ (gradient isolation); ``detach=False`` is the "no detach"
     ablation. ``forward(h)`` returns ``g_θ(h) / τ``; α = σ of that (:meth:`alpha`).
 
-    Raises ValueError if a dimension is not an integer ≥ 1, depth ∉ {1, 2, 3}, depth 3 with
-    hidden < 2, or τ is not a finite number > 0.
+    Raises ValueError if a dimension is not an integer ≥ 1, depth is not an integer in {1, 2, 3}
+    (``2.0`` is not), depth 3 with hidden < 2, ``detach`` is not a bool (``True``/``False``; a
+    string such as ``"no"`` is refused), or τ is not a finite number > 0.
     """
 
     def __init__(
         self, in_dim: int, hidden: int, out_dim: int, depth: int = 2, detach: bool = True, tau: float = 1.0
     ) -> None:
         super().__init__()
-        for name, v in (("in_dim", in_dim), ("hidden", hidden), ("out_dim", out_dim)):
-            _check_dim(v, name, "GatingHead")
-        if depth not in (1, 2, 3) or isinstance(depth, bool):
-            raise ValueError(f"GatingHead: depth={depth!r}: expected 1, 2 or 3")
+        in_dim = _check_dim(in_dim, "in_dim", "GatingHead")
+        hidden = _check_dim(hidden, "hidden", "GatingHead")
+        out_dim = _check_dim(out_dim, "out_dim", "GatingHead")
+        d = BF._integer(depth)
+        if d not in (1, 2, 3):
+            raise ValueError(f"GatingHead: depth={depth!r}: expected the integer 1, 2 or 3")
+        depth = d
         if depth == 3 and hidden < 2:
             raise ValueError(f"GatingHead: hidden={hidden!r}: depth 3 needs hidden >= 2 (uses hidden // 2)")
-        if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
+        if not isinstance(detach, bool):
+            raise ValueError(f"GatingHead: detach={detach!r}: expected a bool (True or False)")
+        t = BF._real(tau)
+        if t is None or not (math.isfinite(t) and t > 0):
             raise ValueError(f"GatingHead: tau={tau!r}: expected a finite number > 0")
         self.depth = depth
-        self.detach = bool(detach)
-        self.tau = float(tau)
+        self.detach = detach
+        self.tau = t
         layers: list[nn.Module]
         if depth == 1:
             layers = [nn.Linear(in_dim, out_dim)]

@@ -9,8 +9,10 @@ Protocol (the paper gives none; this is ours, also in docs/metrics.md):
   features of PAPER-NOTES §3.
 - **GV_k** (gradient variance): variance over samples of ∂L/∂z_k, L the training loss
   (InfoNCE + λ·KL) on two augmented views of the first ``samples`` *train* images (epoch-0
-  augmentation, batches of ``train.batch_size``), z the non-negative projector output. The loss
-  is a mean over the 2B rows, so each row's gradient is rescaled by 2B (per-sample gradients).
+  augmentation, batches of ``train.batch_size``; whole batches, so ``samples`` is rounded up to a
+  multiple of the batch size, and at most one epoch of the train split is used), z the
+  non-negative projector output. The loss is a mean over the 2B rows, so each row's gradient is
+  rescaled by 2B (per-sample gradients).
 - **SC_k**: per-dimension semantic consistency on the test features (``bayesncl.metrics``).
 - Spearman correlations AF–GV, GV–SC and AF–SC over the dims where all three are defined (dims
   that fire on the test split).
@@ -31,6 +33,14 @@ from bayesncl.models import ContrastiveModel, contrastive_loss
 
 def per_dim_gradient_variance(model: ContrastiveModel, loader: Any, cfg: Config, samples: int) -> np.ndarray:
     """GV_k: variance over samples of ∂L/∂z_k. loader yields ``(x1, x2, y)``. returns (D,) float64."""
+    return _gradient_variance(model, loader, cfg, samples)[0]
+
+
+def _gradient_variance(
+    model: ContrastiveModel, loader: Any, cfg: Config, samples: int
+) -> tuple[np.ndarray, int]:
+    """:func:`per_dim_gradient_variance` and the number of train images it used: whole batches
+    until ``samples`` is reached or the loader ends."""
     was_training = model.training
     model.eval()
     grads = []
@@ -49,7 +59,7 @@ def per_dim_gradient_variance(model: ContrastiveModel, loader: Any, cfg: Config,
     model.zero_grad(set_to_none=True)
     model.train(was_training)
     g = torch.cat(grads)
-    return g.var(dim=0, unbiased=False).numpy()
+    return g.var(dim=0, unbiased=False).numpy(), seen
 
 
 def dynamics_correlations(af: np.ndarray, gv: np.ndarray, sc: np.ndarray) -> dict[str, float]:
@@ -81,8 +91,10 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
     """``bayesncl dynamics RUN_DIR``: the Table 3 correlations for every ``every``-th periodic
     checkpoint; writes ``dynamics.json``, ``dynamics.md`` and ``dynamics.png`` into the run dir.
 
-    ``dynamics.json`` records ``samples``, ``every`` and the checkpoints used. Raises EvalError if
-    ``run_dir`` is a file, missing, or has no periodic checkpoints.
+    ``dynamics.json`` records ``samples`` (the train images the gradient variance actually used:
+    ``samples`` rounded up to whole batches, capped at one epoch of the train split, so a
+    ``--samples`` beyond the split records the split's size), ``every`` and the checkpoints
+    used. Raises EvalError if ``run_dir`` is a file, missing, or has no periodic checkpoints.
     """
     from bayesncl.data import build_train_loader
     from bayesncl.evaluation import EvalError
@@ -101,6 +113,7 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
     if not ckpts:
         raise EvalError(f"{run} holds no periodic checkpoints epoch-NNNN.pt (train.checkpoint_every > 0)")
     rows: list[dict[str, Any]] = []
+    used = 0
     for epoch, path in ckpts:
         model, cfg, _ = load_trained(path)
         device = next(model.parameters()).device
@@ -112,7 +125,7 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
             cfg.data, min(cfg.train.batch_size, samples), seed=cfg.seed, device=device
         )
         loader.set_epoch(0)
-        gv = per_dim_gradient_variance(model, loader, cfg, samples)
+        gv, used = _gradient_variance(model, loader, cfg, samples)
         corr = dynamics_correlations(af, gv, np.asarray(sc, dtype=np.float64))
         rows.append({"epoch": epoch, **corr, "mean_AF": float(af.mean()), "mean_GV": float(gv.mean())})
         print(f"epoch {epoch}: " + ", ".join(f"{k}={v:.3f}" for k, v in corr.items() if k != "dims"))
@@ -126,7 +139,7 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
     )
     result = {
         "protocol": __doc__.split("Protocol")[1].strip() if __doc__ else "",
-        "samples": samples,  # train images for the gradient variance (--samples)
+        "samples": used,  # train images the gradient variance used (--samples, capped by the split)
         "every": every,  # every N-th periodic checkpoint (--every)
         "checkpoints": [path.name for _, path in ckpts],
         "rows": rows,

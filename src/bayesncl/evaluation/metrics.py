@@ -343,6 +343,14 @@ def sparsity(features: Any, labels: Any = None) -> float:
 
 # --------------------------------------------------------------------------------------------
 # spectrum and orthogonality (both from the float64 Gram matrix of the active columns)
+#
+# With D_a active columns and N rows, the D_a x D_a Gram FᵀF is built only when D_a <= N. For
+# D_a > N (a wide projector, e.g. model.proj_dim = 100000 on a 10000-image test split) memory
+# stays O(min(N, D_a)^2) plus fixed 64 MiB blocks:
+# * the spectrum comes from the N x N Gram FFᵀ, whose eigenvalues are the nonzero eigenvalues of
+#   FᵀF (the squared singular values of F) plus zeros, which the entropy ignores;
+# * the orthogonality error, a sum of |cosines| over all D_a^2 column pairs, has no N x N form: it
+#   is accumulated over blocks of rows of FᵀF (upper triangle), never holding more than one block.
 # --------------------------------------------------------------------------------------------
 
 
@@ -370,10 +378,82 @@ def _gram_active(f: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     return gram
 
 
+def _float64_exponent(f: torch.Tensor, terms: int) -> int:
+    """The power of two to divide float64 ``f`` by so that sums of ``terms`` squares cannot
+    overflow (0 for other dtypes: their float64 squares cannot)."""
+    if f.dtype != torch.float64:
+        return 0
+    return downscale_exponent(float(f.abs().max()), terms, torch.float64, power=2)
+
+
+def _gram_rows(f: torch.Tensor) -> torch.Tensor:
+    """FFᵀ (N x N, float64), accumulated over blocks of columns. Its eigenvalues are the nonzero
+    eigenvalues of FᵀF plus zeros (all-zero columns add nothing, so it needs no active mask)."""
+    n, d = f.shape
+    gram = torch.zeros(n, n, dtype=torch.float64)
+    e = _float64_exponent(f, d)
+    step = max(1, _GRAM_CHUNK_BYTES // (8 * n))
+    for j in range(0, d, step):
+        block = scaled(f[:, j : j + step].to(torch.float64), e)
+        gram.addmm_(block, block.T)
+    return gram
+
+
+def _spectral_gram(f: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+    """The smaller of FᵀF over the active columns and FFᵀ: the same nonzero spectrum."""
+    return _gram_rows(f) if int(active.sum()) > f.shape[0] else _gram_active(f, active)
+
+
+def _orthogonality_blocked(f: torch.Tensor, active: torch.Tensor) -> float:
+    """:func:`_orthogonality_from_gram` of FᵀF over the active columns, without building FᵀF:
+    blocks of rows of the column-normalised Gram, upper triangle only (it is symmetric)."""
+    idx = torch.nonzero(active).flatten()
+    d = idx.numel()
+    if d < 2:
+        return 0.0
+    n = f.shape[0]
+    e = _float64_exponent(f, n)
+    step = max(1, _GRAM_CHUNK_BYTES // (8 * d))
+    norms = torch.zeros(d, dtype=torch.float64)
+    for i in range(0, n, step):
+        block = scaled(f[i : i + step, idx].to(torch.float64), e)
+        norms += (block * block).sum(dim=0)
+    norms = norms.sqrt()
+    off = torch.zeros((), dtype=torch.float64)
+    for s in range(0, d, step):
+        t = min(d, s + step)
+        cols = idx[s:]
+        part = torch.zeros(t - s, d - s, dtype=torch.float64)  # rows s..t of FᵀF, columns s..d
+        rows = max(1, _GRAM_CHUNK_BYTES // (8 * (d - s)))
+        for i in range(0, n, rows):
+            block = scaled(f[i : i + rows, cols].to(torch.float64), e)
+            part.addmm_(block[:, : t - s].T, block)
+        corr = part / norms[s:t, None] / norms[None, s:]
+        square = corr[:, : t - s].abs()  # both halves of the diagonal block
+        off += square.sum() - square.diagonal().sum() + 2.0 * corr[:, t - s :].abs().sum()
+    return float(off / (d * (d - 1)))
+
+
+def _orthogonality(f: torch.Tensor, active: torch.Tensor) -> float:
+    """Orthogonality error from FᵀF when D_a <= N, else blockwise (no D_a x D_a matrix)."""
+    if int(active.sum()) > f.shape[0]:
+        return _orthogonality_blocked(f, active)
+    return _orthogonality_from_gram(_gram_active(f, active))
+
+
 def _spectral_entropy_from_gram(gram: torch.Tensor) -> float:
+    """Entropy of the normalised singular values, from the eigenvalues of a Gram matrix.
+
+    Eigenvalues at or below the round-off level ``size · ε · λ_max`` count as 0: for the exact
+    zeros of a rank-deficient Gram (FᵀF with D > N) ``eigvalsh`` returns values of order
+    ``1e-16 · λ_max`` of either sign, whose square roots would add ~1e-7 nats each. This also
+    makes FᵀF and FFᵀ, which share their nonzero eigenvalues, give the same entropy.
+    """
     if gram.numel() == 0:
         return 0.0
-    eig = torch.linalg.eigvalsh(gram).clamp_min(0)
+    eig = torch.linalg.eigvalsh(gram)
+    tol = gram.shape[0] * torch.finfo(eig.dtype).eps * eig.max()
+    eig = torch.where(eig > tol, eig, torch.zeros_like(eig))
     s = eig.sqrt()
     total = s.sum()
     if not bool(total > 0):
@@ -395,29 +475,34 @@ def _orthogonality_from_gram(gram: torch.Tensor) -> float:
 def spectral_entropy(features: Any, labels: Any = None) -> float:
     """The authors' logged quantity −Σ s̄ log s̄ (nats), s̄ = singular values of F / their sum.
 
-    ``effective_rank = exp(spectral_entropy)``. 0.0 for all-zero features.
+    ``effective_rank = exp(spectral_entropy)``. 0.0 for all-zero features. Memory is
+    O(min(N, D)²): the eigenvalues come from FᵀF (active columns) or from FFᵀ, whichever is smaller.
     """
     f, _ = validate_features(features, None)
-    return _spectral_entropy_from_gram(_gram_active(f, _active_mask(f)))
+    return _spectral_entropy_from_gram(_spectral_gram(f, _active_mask(f)))
 
 
 def effective_rank(features: Any, labels: Any = None) -> float:
     """Effective rank exp(−Σ s̄ log s̄) (Roy & Vetterli 2007), in [1, rank F]; 0.0 for F = 0.
 
     This is what the ``effective_rank`` key reports; the entropy itself is :func:`spectral_entropy`.
+    Memory is O(min(N, D)²), as for :func:`spectral_entropy`.
     """
     f, _ = validate_features(features, None)
     active = _active_mask(f)
     if not bool(active.any()):
         return 0.0
-    return math.exp(_spectral_entropy_from_gram(_gram_active(f, active)))
+    return math.exp(_spectral_entropy_from_gram(_spectral_gram(f, active)))
 
 
 def orthogonality(features: Any, labels: Any = None) -> float:
     """Orthogonality error: on active dims, normalise each column and return the mean of
-    |F̂ᵀF̂ − I| over the off-diagonal entries (0 = orthogonal dims). 0.0 for fewer than 2 dims."""
+    |F̂ᵀF̂ − I| over the off-diagonal entries (0 = orthogonal dims). 0.0 for fewer than 2 dims.
+
+    With more active dims D_a than rows N, F̂ᵀF̂ is summed block by block (64 MiB blocks) instead
+    of being built: memory O(D_a) plus the blocks, time O(N·D_a²) as before."""
     f, _ = validate_features(features, None)
-    return _orthogonality_from_gram(_gram_active(f, _active_mask(f)))
+    return _orthogonality(f, _active_mask(f))
 
 
 # --------------------------------------------------------------------------------------------
@@ -519,28 +604,34 @@ def sepin_at_k(features: Any, labels: Any, k: int | str | None = None) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def compute_all(features: Any, labels: Any, retrieval_dims: Iterable[int] | None = None) -> dict[str, Any]:
+def compute_all(
+    features: Any, labels: Any, retrieval_dims: int | Iterable[int] | None = None
+) -> dict[str, Any]:
     """Every metric of PAPER-NOTES §3 as a JSON-ready dict.
 
     Keys: the nine :data:`METRIC_KEYS`; ``retrieval`` (``{"<K>": {"P@1", "P@3", "P@5", "P@10",
-    "mAP@10"}}``, percent) when ``retrieval_dims`` is given; ``note`` only for degenerate input:
-    ``"no active dimensions"`` (all-zero features: SC, entropies, effective rank and orthogonality
-    are 0.0) or ``"no dimension qualifies for <keys>; reported as 0.0"`` (e.g. every entry is
-    <= 1e-5, so H_freq has no dimension to average), instead of undefined values.
+    "mAP@10"}}``, percent) when ``retrieval_dims`` (one K or a sequence) is given; ``note`` only
+    for degenerate input: ``"no active dimensions"`` (all-zero features: SC, entropies, effective
+    rank and orthogonality are 0.0) or ``"no dimension qualifies for <keys>; reported as 0.0"``
+    (e.g. every entry is <= 1e-5, so H_freq has no dimension to average), instead of undefined
+    values.
     """
     _needs_labels(labels, "compute_all")
     f, y = validate_features(features, labels)
-    retrieval_dims = None if retrieval_dims is None else [int(k) for k in retrieval_dims]
     if retrieval_dims is not None:
         from .retrieval import check_dims
 
-        check_dims(retrieval_dims, f.shape[1])
+        retrieval_dims = check_dims(retrieval_dims, f.shape[1])
 
     stats = SemanticStats.from_features(f, y)  # type: ignore[arg-type]
     active = _active_mask(f)
     n_active = int(active.sum())
-    gram = _gram_active(f, active)
-    h_spec = _spectral_entropy_from_gram(gram)
+    if n_active > stats.num_samples:  # wide features: no D_a x D_a Gram (see the spectrum section)
+        h_spec = _spectral_entropy_from_gram(_gram_rows(f))
+        ortho = _orthogonality_blocked(f, active)
+    else:
+        gram = _gram_active(f, active)
+        h_spec, ortho = _spectral_entropy_from_gram(gram), _orthogonality_from_gram(gram)
     values, undefined = stats.summary()
     out: dict[str, Any] = dict(values)
     out.update(
@@ -548,7 +639,7 @@ def compute_all(features: Any, labels: Any, retrieval_dims: Iterable[int] | None
         activation_ratio=n_active / stats.dim,
         sparsity=1.0 - stats.firing_entries() / (stats.num_samples * stats.dim),
         effective_rank=math.exp(h_spec) if n_active else 0.0,
-        orthogonality=_orthogonality_from_gram(gram),
+        orthogonality=ortho,
     )
     out = {key: out[key] for key in METRIC_KEYS}
     if retrieval_dims is not None:

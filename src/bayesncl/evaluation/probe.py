@@ -166,8 +166,10 @@ def linear_probe(
     if xtr.shape[1] != xte.shape[1]:
         raise EvalError(f"train features have D={xtr.shape[1]} but test features have D={xte.shape[1]}")
     grid = sorted((float(v) for v in l2_grid), reverse=True)
-    if not grid or min(grid) < 0:
-        raise EvalError(f"l2_grid must hold non-negative values; got {list(l2_grid)}")
+    if not grid:
+        raise EvalError("l2_grid is empty: give at least one non-negative L2 strength, e.g. [1e-3]")
+    if not all(0 <= v < float("inf") for v in grid):
+        raise EvalError(f"l2_grid must hold finite non-negative values; got {list(l2_grid)}")
     if not 0.0 < val_fraction < 1.0:
         raise EvalError(f"val_fraction must be in (0, 1); got {val_fraction}")
     classes, ytr_idx = torch.unique(ytr, return_inverse=True)  # type: ignore[arg-type]
@@ -235,11 +237,18 @@ def feature_selection_probe(
 ) -> dict[str, Any]:
     """Linear probe on the top-``k`` dims ranked by expected activation Σ_n normalize(F)_nk of
     the *train* features (NCL's feature-selection protocol); adds ``k`` and ``dims`` to the
-    :func:`linear_probe` result."""
+    :func:`linear_probe` result. Raises :class:`EvalError` unless ``k`` is an integer with
+    1 <= k <= D (the feature dimension), and for everything :func:`linear_probe` rejects."""
     xtr, _ = validate_features(train_features, None)
     xte, _ = validate_features(test_features, None)
     if xtr.shape[1] != xte.shape[1]:
         raise EvalError(f"train features have D={xtr.shape[1]} but test features have D={xte.shape[1]}")
+    d = xtr.shape[1]
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= d:
+        raise EvalError(
+            f"feature_selection_probe: k={k!r}: expected the number of top dims to keep, an integer "
+            f"with 1 <= k <= D={d}"
+        )
     idx = select_top_dims(xtr, k)
     out = linear_probe(xtr[:, idx], train_labels, xte[:, idx], test_labels, **probe_kwargs)
     out["k"] = int(k)

@@ -47,8 +47,14 @@ def auto_chunk_size(num_keys: int, budget_elements: int = _BLOCK_ELEMENTS) -> in
     return max(1, min(num_keys, budget_elements // max(1, num_keys)))
 
 
-def check_dims(dims: Iterable[int], d: int) -> list[int]:
-    """Validate retrieval dims: integers with 0 < K <= D. Raises :class:`EvalError`."""
+def check_dims(dims: int | Iterable[int], d: int) -> list[int]:
+    """Validate retrieval dims: one integer K (read as ``[K]``) or a sequence of them, each with
+    0 < K <= D (Python or NumPy integers; bools are not). Returns them as a list of ``int``.
+    Raises :class:`EvalError`."""
+    if isinstance(dims, (int, np.integer)) and not isinstance(dims, bool):
+        dims = [int(dims)]
+    elif isinstance(dims, (str, bytes)) or not isinstance(dims, Iterable):
+        raise EvalError(f"retrieval dims must be a positive integer K or a sequence of them; got {dims!r}")
     out = []
     for k in dims:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
@@ -131,16 +137,18 @@ def average_precision_at_k(relevant: torch.Tensor, k: int = 10) -> torch.Tensor:
 def retrieval_metrics(
     features: Any,
     labels: Any,
-    dims: Sequence[int] = (64,),
+    dims: int | Sequence[int] = (64,),
     topk: Sequence[int] = (1, 3, 5, 10),
     chunk_size: int | None = None,
     map_depth: int = 10,
 ) -> dict[str, dict[str, float]]:
     """Retrieval precision with feature selection, in percent.
 
-    Returns ``{"<K>": {"P@1": .., "P@3": .., "P@5": .., "P@10": .., "mAP@10": ..}}`` for every
-    K in ``dims``. Raises :class:`EvalError` for K <= 0, K > D, fewer than ``max(topk,
-    map_depth) + 1`` samples, or bad features/labels.
+    ``dims``: the numbers K of top dims to retrieve with, a sequence of integers or one integer
+    (``dims=64`` is ``dims=[64]``). Returns ``{"<K>": {"P@1": .., "P@3": .., "P@5": .., "P@10":
+    .., "mAP@10": ..}}`` for every K in ``dims``. Raises :class:`EvalError` for K <= 0, K > D, a
+    ``dims`` that is neither, fewer than ``max(topk, map_depth) + 1`` samples, or bad
+    features/labels.
     """
     if labels is None:
         raise EvalError("retrieval_metrics needs labels; got labels=None")
