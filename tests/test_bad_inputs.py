@@ -116,6 +116,8 @@ ROWS: dict[str, str] = {
     "T2": "bayesncl: interrupted: stopped in epoch … after … of its … steps; state saved to "
     "<tmp>/run/last.pt; --resume continues from that step",
     "T3": "warning: gate collapse: 100% of rows have every gate closed",
+    "M1": E + "run dir /proc/x cannot be created: /proc does not accept new folders (a virtual file system: "
+    "proc)",
 }
 
 
@@ -410,6 +412,20 @@ def test_unwritable_curves_figure(tmp_path: Path, capsys: pytest.CaptureFixture[
     expect("K15", err, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.pt", "run"]
     assert sorted(p.name for p in run.iterdir()) == ["log.csv"]
+
+
+# ----------------------------------------------------------------------------- M: command-line messages
+@pytest.mark.skipif(not Path("/proc/self/mounts").is_file(), reason="needs Linux's /proc")
+def test_run_dir_on_a_virtual_file_system(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:  # /proc is read-only to a normal user: simulate root, who passes os.access
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: True if Path(p) == Path("/proc") else real(p, mode))
+    expect("M1", cli_error(["pretrain", "--run-dir", "/proc/x", *TINY], capsys), tmp_path)
+    err = cli_error(["pretrain", "--run-dir", "/proc", *TINY], capsys)
+    assert err == E + "run dir /proc is not writable: it does not accept new files (a virtual file system: " \
+        "proc)\n"
 
 
 # ----------------------------------------------------------------------------- the docs table
