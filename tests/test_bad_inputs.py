@@ -118,6 +118,8 @@ ROWS: dict[str, str] = {
     "T3": "warning: gate collapse: 100% of rows have every gate closed",
     "M1": E + "run dir /proc/x cannot be created: /proc does not accept new folders (a virtual file system: "
     "proc)",
+    "M2": E + "downloading Fashion-MNIST into <tmp>/fm failed (Error downloading train-images-idx3-ubyte.gz: "
+    "<urlopen error [Errno -2] Name or service not known>): copy the files there by hand, or set data.root",
 }
 
 
@@ -426,6 +428,23 @@ def test_run_dir_on_a_virtual_file_system(
     err = cli_error(["pretrain", "--run-dir", "/proc", *TINY], capsys)
     assert err == E + "run dir /proc is not writable: it does not accept new files (a virtual file system: " \
         "proc)\n"
+
+
+def test_offline_download_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchvision's own download, offline: its error's first line ends in ':', the reason follows."""
+    import urllib.error
+
+    import torchvision.datasets.mnist
+
+    def offline(url: str, **kwargs: object) -> None:
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(torchvision.datasets.mnist, "download_and_extract_archive", offline)
+    args = ["data.name=fashion-mnist", f"data.root={tmp_path}/fm", "data.download=true"]
+    expect("M2", cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, *args], capsys), tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------- the docs table
