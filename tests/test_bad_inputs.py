@@ -120,6 +120,8 @@ ROWS: dict[str, str] = {
     "proc)",
     "M2": E + "downloading Fashion-MNIST into <tmp>/fm failed (Error downloading train-images-idx3-ubyte.gz: "
     "<urlopen error [Errno -2] Name or service not known>): copy the files there by hand, or set data.root",
+    "M3": E + "<tmp>/syn.pt: data.name=fashion-mnist has 1-channel images but the model was trained on "
+    "3-channel synthetic images: evaluate with a dataset of 3-channel images",
 }
 
 
@@ -445,6 +447,20 @@ def test_offline_download_says_why(
     args = ["data.name=fashion-mnist", f"data.root={tmp_path}/fm", "data.download=true"]
     expect("M2", cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, *args], capsys), tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_evaluate_names_itself_in_the_channel_advice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from .test_data import write_fmnist
+
+    write_fmnist(tmp_path / "fm")  # 1-channel images
+    syn = tiny_checkpoint(tmp_path / "syn.pt", [], 3)  # trained on 3-channel synthetic images
+    args = ["data.name=fashion-mnist", f"data.root={tmp_path}/fm"]
+    expect("M3", cli_error(["evaluate", str(syn), *args], capsys), tmp_path)
+    err = cli_error(["extract", str(syn), *args], capsys)  # extract: K10's advice
+    assert err.strip().endswith(": extract with a dataset of 3-channel images"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fm", "syn.pt"]
 
 
 # ----------------------------------------------------------------------------- the docs table
