@@ -7,6 +7,7 @@ shows exactly these messages and that every row names a test that exists.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -122,6 +123,10 @@ ROWS: dict[str, str] = {
     "<urlopen error [Errno -2] Name or service not known>): copy the files there by hand, or set data.root",
     "M3": E + "<tmp>/syn.pt: data.name=fashion-mnist has 1-channel images but the model was trained on "
     "3-channel synthetic images: evaluate with a dataset of 3-channel images",
+    "M4": E + "--probe-seeds 3 has no effect with --probe none: it sets the linear probe's seeds "
+    "(--probe fast or paper)",
+    "M5": E + "--probe-epochs 10 has no effect with --probe fast: it sets the paper probe's epochs (--probe "
+    "paper)",
 }
 
 
@@ -461,6 +466,28 @@ def test_evaluate_names_itself_in_the_channel_advice(
     err = cli_error(["extract", str(syn), *args], capsys)  # extract: K10's advice
     assert err.strip().endswith(": extract with a dataset of 3-channel images"), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fm", "syn.pt"]
+
+
+def test_probe_options_the_probe_does_not_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = str(tiny_checkpoint(tmp_path / "run.pt", [], 3))
+    expect("M4", cli_error(["evaluate", run, "--probe", "none", "--probe-seeds", "3"], capsys), tmp_path)
+    expect("M5", cli_error(["evaluate", run, "--probe", "fast", "--probe-epochs", "10"], capsys), tmp_path)
+    # the probe set by eval.probe (an override, or the run's own): named as such
+    err = cli_error(["evaluate", run, "eval.probe=none", "--probe-seeds", "1"], capsys)
+    assert err == E + "--probe-seeds 1 has no effect with eval.probe=none: it sets the linear probe's " \
+        "seeds (--probe fast or paper)\n"
+    err = cli_error(["evaluate", run, "--probe-epochs", "50"], capsys)
+    assert err == E + "--probe-epochs 50 has no effect with the run's eval.probe=fast: it sets the paper " \
+        "probe's epochs (--probe paper)\n"
+    assert cli_error(["evaluate", run, "--probe", "none", "--probe-epochs", "5"], capsys).startswith(
+        E + "--probe-epochs 5 has no effect with --probe none:"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.pt"]
+    # not given, the defaults (1 seed, 50 epochs) stay quiet
+    assert main(["evaluate", run, "--probe", "none", "--no-knn"]) == 0
+    assert main(["evaluate", run, "--probe-seeds", "2", "--no-knn"]) == 0
+    assert json.loads((tmp_path / "evaluation.json").read_text())["linear_probe_seeds"] == [0, 1]
+    assert capsys.readouterr().err == ""
 
 
 # ----------------------------------------------------------------------------- the docs table

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -333,6 +334,25 @@ def save_split_features(
     save_features(path, meta=meta, **arrays)
 
 
+def _refuse_unused_probe_options(
+    probe: str, where: str, given: Collection[str], probe_seeds: int, probe_epochs: int
+) -> None:
+    """ConfigError for a ``given`` option that ``probe`` (set by ``where``, e.g. ``--probe none``)
+    does not use: the seeds without a probe, the epochs without the paper probe."""
+    from bayesncl.config import ConfigError
+
+    if "probe_seeds" in given and probe == "none":
+        raise ConfigError(
+            f"--probe-seeds {probe_seeds} has no effect with {where}: it sets the linear probe's seeds "
+            "(--probe fast or paper)"
+        )
+    if "probe_epochs" in given and probe != "paper":
+        raise ConfigError(
+            f"--probe-epochs {probe_epochs} has no effect with {where}: it sets the paper probe's epochs "
+            "(--probe paper)"
+        )
+
+
 def evaluate_command(
     source: str | Path,
     *,
@@ -342,6 +362,7 @@ def evaluate_command(
     probe_seeds: int = 1,
     probe: str | None = None,
     probe_epochs: int = 50,
+    given: Collection[str] = (),
 ) -> dict[str, Any]:
     """``bayesncl evaluate``: features → metrics, linear probe (mean ± std over ``probe_seeds``),
     kNN, retrieval with feature selection, feature-selection probe, and the figures.
@@ -349,12 +370,14 @@ def evaluate_command(
     ``probe``: ``"fast"``, ``"paper"`` or ``"none"`` (no linear probe and no feature-selection
     probe); ``None`` takes the run's ``eval.probe`` (after ``overrides``). ``retrieval_dims``:
     the K list; ``None`` means K = 32, 64, ..., D, and then retrieval is skipped (with a
-    ``retrieval_note`` in the result) when the test split has 10 samples or fewer.
+    ``retrieval_note`` in the result) when the test split has 10 samples or fewer. ``given``: the
+    options the user gave (``"probe_seeds"``, ``"probe_epochs"``); one that the probe does not use
+    (seeds without a probe, epochs without the paper probe) is a ConfigError, not ignored.
 
     Everything is computed before anything is written: a failure leaves no file behind. Then
     ``features_test.npz``, ``evaluation.json`` / ``evaluation.md`` and the PNGs are written next to
     the checkpoint. Raises EvalError (one line) for unusable input, ConfigError for an ``--probe``
-    that contradicts an ``eval.probe=`` override."""
+    that contradicts an ``eval.probe=`` override or a ``given`` option it does not use."""
     from bayesncl.config import ConfigError, parse_overrides
     from bayesncl.evaluation import EvalError
     from bayesncl.evaluation.knn import knn_accuracy
@@ -367,7 +390,12 @@ def evaluate_command(
         raise ConfigError(f"--probe {probe} contradicts eval.probe={asked}: give one of them")
     if probe is not None and probe not in PROBES:
         raise ConfigError(f"--probe {probe}: expected one of {', '.join(PROBES)}")
+    if probe is not None:  # refused before anything is loaded
+        _refuse_unused_probe_options(probe, f"--probe {probe}", given, probe_seeds, probe_epochs)
     model, cfg, out_dir = load_trained(source, overrides=overrides, command="evaluate")
+    if probe is None:
+        where = f"eval.probe={asked}" if asked is not None else f"the run's eval.probe={cfg.eval.probe}"
+        _refuse_unused_probe_options(cfg.eval.probe, where, given, probe_seeds, probe_epochs)
     probe = probe or cfg.eval.probe
     if probe != "none":
         n_classes = dataset_info(cfg.data).num_classes
