@@ -272,9 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Pretrain NCL and BayesNCL with the same budget on Fashion-MNIST (about 7 min on "
         "2 CPU cores), evaluate both on the test split and print one table (also saved as "
         "table.md and table.json in the run dir). key=value overrides apply to both runs (not "
-        "method.name: the demo runs ncl and bayesncl). An interrupted demo continues with --resume "
-        "(the same --run-dir, options and overrides): a method that finished is reused, one with a "
-        "last.pt continues from it.",
+        "method.name: the demo runs ncl and bayesncl), except method keys that have no effect on ncl "
+        "(method.rho, method.lam, ...: they set the bayesncl run). An interrupted demo continues with "
+        "--resume (the same --run-dir, options and overrides): a method that finished is reused, one "
+        "with a last.pt continues from it.",
         formatter_class=fmt,
     )
     p.add_argument("--run-dir", help="output directory (default runs/demo-<time>)")
