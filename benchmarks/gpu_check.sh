@@ -58,7 +58,7 @@ rc=$?; echo "exit $rc"; tail -8 "$OUT_DIR/pretrain.log"
 echo; echo "== 4. more processes than GPUs must be a one-line error   [t=$(elapsed)s]"
 n=$(python -c "import torch; print(torch.cuda.device_count() + 1)")
 timeout 60 torchrun --standalone --nproc_per_node="$n" -m bayesncl.cli pretrain --run-dir "$RUNS/too-many" \
-  data.name=synthetic train.epochs=1 train.warmup_epochs=1 train.device=cuda > "$OUT_DIR/too_many.log" 2>&1
+  data.name=synthetic train.epochs=1 train.device=cuda > "$OUT_DIR/too_many.log" 2>&1
 rc=$?
 if grep -q "bayesncl: error: .*processes on this node but only" "$OUT_DIR/too_many.log"; then
   echo "ok (torchrun exit $rc): $(grep -m1 'bayesncl: error' "$OUT_DIR/too_many.log")"

@@ -398,14 +398,11 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
 
 
 def config_from_dict(d: dict[str, Any]) -> Config:
-    """Rebuild a resolved Config (e.g. from a run dir's ``config.yaml``) without applying presets.
-
-    A recorded run is read as it was run: the checks of a new training (``validate(training=True)``)
-    are for the command that trains it further."""
+    """Rebuild a resolved Config (e.g. from a run dir's ``config.yaml``) without applying presets."""
     cfg = Config()
     for k, v in _flatten(d).items():
         set_key(cfg, k, v)
-    validate(cfg, training=False)
+    validate(cfg)
     return cfg
 
 
@@ -421,11 +418,8 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
-def validate(cfg: Config, *, training: bool = True) -> None:
-    """Range-check every field. Raises ConfigError naming the first bad value and what was expected.
-
-    ``training``: also check what only matters to a training still to run (a warmup no longer than
-    the run); False where a finished run's config is read (``config_from_dict``, ``evaluate``)."""
+def validate(cfg: Config) -> None:
+    """Range-check every field. Raises ConfigError naming the first bad value and what was expected."""
     for key, choices in CHOICES.items():
         sec, name = key.split(".")
         val = getattr(getattr(cfg, sec), name)
@@ -456,11 +450,6 @@ def validate(cfg: Config, *, training: bool = True) -> None:
     _check(t.base_lr > 0, f"train.base_lr={t.base_lr}: expected > 0")
     _check(t.weight_decay >= 0, f"train.weight_decay={t.weight_decay}: expected >= 0")
     _check(t.warmup_epochs >= 0, f"train.warmup_epochs={t.warmup_epochs}: expected >= 0")
-    _check(
-        not training or t.warmup_epochs <= t.epochs,
-        f"train.warmup_epochs={t.warmup_epochs:g} is more than train.epochs={t.epochs}: the learning rate "
-        "would never reach train.base_lr; expected warmup_epochs <= epochs",
-    )
     _check(0.0 <= t.momentum < 1.0, f"train.momentum={t.momentum}: expected 0 <= momentum < 1")
     _check(t.lars_eta > 0, f"train.lars_eta={t.lars_eta}: expected > 0")
     _check(t.probe_lr > 0, f"train.probe_lr={t.probe_lr}: expected > 0")

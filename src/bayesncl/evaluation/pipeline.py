@@ -225,7 +225,7 @@ def _load_own(
         )
     for k, v in user.items():
         set_key(cfg, k, v)
-    validate(cfg, training=False)  # evaluated, not trained further
+    validate(cfg)
     info = dataset_info(cfg.data)
     model = build_model(cfg, info.channels, info.image_size, info.num_classes)
     try:
