@@ -7,6 +7,7 @@ shows exactly these messages and that every row names a test that exists.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -121,6 +122,16 @@ ROWS: dict[str, str] = {
     "T2": "bayesncl: interrupted: stopped in epoch … after … of its … steps; state saved to "
     "<tmp>/run/last.pt; --resume continues from that step",
     "T3": "warning: gate collapse: 100% of rows have every gate closed",
+    "M1": E + "run dir /proc/x cannot be created: /proc does not accept new folders (a virtual file system: "
+    "proc)",
+    "M2": E + "downloading Fashion-MNIST into <tmp>/fm failed (Error downloading train-images-idx3-ubyte.gz: "
+    "<urlopen error [Errno -2] Name or service not known>): copy the files there by hand, or set data.root",
+    "M3": E + "<tmp>/syn.pt: data.name=fashion-mnist has 1-channel images but the model was trained on "
+    "3-channel synthetic images: evaluate with a dataset of 3-channel images",
+    "M4": E + "--probe-seeds 3 has no effect with --probe none: it sets the linear probe's seeds "
+    "(--probe fast or paper)",
+    "M5": E + "--probe-epochs 10 has no effect with --probe fast: it sets the paper probe's epochs (--probe "
+    "paper)",
 }
 
 
@@ -449,6 +460,73 @@ def test_two_commands_on_one_run_dir(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert first.returncode == 0, err
     assert load_checkpoint_file(run / "last.pt")["epoch"] == 2 and not (run / ".bayesncl.lock").exists()
     assert main([*args, "--overwrite"]) == 0  # free again
+
+
+# ----------------------------------------------------------------------------- M: command-line messages
+@pytest.mark.skipif(not Path("/proc/self/mounts").is_file(), reason="needs Linux's /proc")
+def test_run_dir_on_a_virtual_file_system(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:  # /proc is read-only to a normal user: simulate root, who passes os.access
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: True if Path(p) == Path("/proc") else real(p, mode))
+    expect("M1", cli_error(["pretrain", "--run-dir", "/proc/x", *TINY], capsys), tmp_path)
+    err = cli_error(["pretrain", "--run-dir", "/proc", *TINY], capsys)
+    assert err == E + "run dir /proc is not writable: it does not accept new files (a virtual file system: " \
+        "proc)\n"
+
+
+def test_offline_download_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchvision's own download, offline: its error's first line ends in ':', the reason follows."""
+    import urllib.error
+
+    import torchvision.datasets.mnist
+
+    def offline(url: str, **kwargs: object) -> None:
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(torchvision.datasets.mnist, "download_and_extract_archive", offline)
+    args = ["data.name=fashion-mnist", f"data.root={tmp_path}/fm", "data.download=true"]
+    expect("M2", cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, *args], capsys), tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_evaluate_names_itself_in_the_channel_advice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from .test_data import write_fmnist
+
+    write_fmnist(tmp_path / "fm")  # 1-channel images
+    syn = tiny_checkpoint(tmp_path / "syn.pt", [], 3)  # trained on 3-channel synthetic images
+    args = ["data.name=fashion-mnist", f"data.root={tmp_path}/fm"]
+    expect("M3", cli_error(["evaluate", str(syn), *args], capsys), tmp_path)
+    err = cli_error(["extract", str(syn), *args], capsys)  # extract: K10's advice
+    assert err.strip().endswith(": extract with a dataset of 3-channel images"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fm", "syn.pt"]
+
+
+def test_probe_options_the_probe_does_not_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = str(tiny_checkpoint(tmp_path / "run.pt", [], 3))
+    expect("M4", cli_error(["evaluate", run, "--probe", "none", "--probe-seeds", "3"], capsys), tmp_path)
+    expect("M5", cli_error(["evaluate", run, "--probe", "fast", "--probe-epochs", "10"], capsys), tmp_path)
+    # the probe set by eval.probe (an override, or the run's own): named as such
+    err = cli_error(["evaluate", run, "eval.probe=none", "--probe-seeds", "1"], capsys)
+    assert err == E + "--probe-seeds 1 has no effect with eval.probe=none: it sets the linear probe's " \
+        "seeds (--probe fast or paper)\n"
+    err = cli_error(["evaluate", run, "--probe-epochs", "50"], capsys)
+    assert err == E + "--probe-epochs 50 has no effect with the run's eval.probe=fast: it sets the paper " \
+        "probe's epochs (--probe paper)\n"
+    assert cli_error(["evaluate", run, "--probe", "none", "--probe-epochs", "5"], capsys).startswith(
+        E + "--probe-epochs 5 has no effect with --probe none:"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.pt"]
+    # not given, the defaults (1 seed, 50 epochs) stay quiet
+    assert main(["evaluate", run, "--probe", "none", "--no-knn"]) == 0
+    assert main(["evaluate", run, "--probe-seeds", "2", "--no-knn"]) == 0
+    assert json.loads((tmp_path / "evaluation.json").read_text())["linear_probe_seeds"] == [0, 1]
+    assert capsys.readouterr().err == ""
 
 
 # ----------------------------------------------------------------------------- the docs table

@@ -551,3 +551,31 @@ def test_a_failed_download_leaves_the_disk_as_it_was(tmp_path, monkeypatch):
     with pytest.raises(DataError):
         dataset_info(DataConfig(name="fashion-mnist", root=str(mine), download=True))
     assert sorted(str(p.relative_to(mine)) for p in mine.rglob("*")) == ["FashionMNIST", "notes.txt"]
+
+
+def test_a_download_error_without_its_reason_gets_one(tmp_path, monkeypatch):
+    """torchvision's first line ("Error downloading X:") says no reason: the cause, else the usual one."""
+    import torchvision.datasets
+
+    from bayesncl.data.datasets import _download_failure
+
+    def no_reason(root, train=True, download=False):
+        raise RuntimeError("Error downloading train-images-idx3-ubyte.gz:\n")
+
+    monkeypatch.setattr(torchvision.datasets, "FashionMNIST", no_reason)
+    with pytest.raises(DataError) as e:
+        dataset_info(DataConfig(name="fashion-mnist", root=str(tmp_path / "a"), download=True))
+    assert str(e.value) == (
+        f"downloading Fashion-MNIST into {tmp_path / 'a'} failed (Error downloading "
+        "train-images-idx3-ubyte.gz: no network connection, or the server refused it): copy the files there "
+        "by hand, or set data.root"
+    )
+    err = RuntimeError("Error downloading x.gz:")
+    err.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    assert _download_failure(err) == "Error downloading x.gz: [Errno 111] Connection refused"
+    two_mirrors = RuntimeError(
+        "Error downloading x.gz:\nTried http://a/, got:\n<urlopen error timed out>\n"
+        "Tried http://b/, got:\n<urlopen error timed out>\n"
+    )
+    assert _download_failure(two_mirrors) == "Error downloading x.gz: <urlopen error timed out>"
+    assert _download_failure(OSError()) == "OSError"

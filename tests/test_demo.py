@@ -123,3 +123,54 @@ def test_demo_refusals_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["demo", "--run-dir", "", *TINY]) == 2
     assert _err(capsys) == "bayesncl: error: --run-dir '': expected a directory, not an empty path"
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+
+
+def test_method_keys_for_the_bayesncl_run_leave_the_ncl_run_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """method.rho has no effect on ncl: it is meant for the bayesncl run. No warning names ncl, the ncl
+    run keeps the recipe's value, and a finished ncl run differing only in it is reused on --resume."""
+    import warnings
+
+    import yaml
+
+    from bayesncl.config import build_config
+    from bayesncl.demo import DEMO_CONFIG, demo_configs
+
+    recipe = build_config(DEMO_CONFIG, ["method.name=ncl"]).method
+    recipe_rho = recipe.rho
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning at all
+        configs = demo_configs([*TINY, "method.rho=0.5", "method.lam=0.01"])
+    assert (configs["ncl"].method.rho, configs["ncl"].method.lam) == (recipe.rho, recipe.lam)
+    assert (configs["bayesncl"].method.rho, configs["bayesncl"].method.lam) == (0.5, 0.01)
+    with pytest.warns(UserWarning) as caught:  # no effect on either run: said once, for bayesncl
+        demo_configs([*TINY, "method.gumbel_noise=logistic"])
+    assert [str(w.message) for w in caught] == [
+        "method.gumbel_noise has no effect with method.name=bayesncl (method.gate=ste, method.topk=false)"
+    ]
+
+    run = tmp_path / "demo"
+    with monkeypatch.context() as m:
+        _interrupt_bayesncl_after_one_epoch(m)
+        assert main(["demo", "--run-dir", str(run), *TINY, "method.rho=0.5"]) == 130
+    assert "no effect" not in capsys.readouterr().err
+    assert yaml.safe_load((run / "ncl" / "config.yaml").read_text())["method"]["rho"] == recipe_rho
+    assert main(["demo", "--run-dir", str(run), "--resume", *TINY, "method.rho=0.5"]) == 0
+    out = capsys.readouterr()
+    assert f"== ncl: reusing the finished run {run / 'ncl'} ==" in out.out and "no effect" not in out.err
+    table = json.loads((run / "table.json").read_text())
+
+    # an ncl run that recorded the bayesncl run's rho (as older versions did) is still the same run
+    config = run / "ncl" / "config.yaml"
+    config.write_text(config.read_text().replace(f"rho: {recipe_rho}\n", "rho: 0.5\n"))
+    assert yaml.safe_load(config.read_text())["method"]["rho"] == 0.5
+    assert main(["demo", "--run-dir", str(run), "--resume", *TINY, "method.rho=0.5"]) == 0
+    assert "reusing the finished run" in capsys.readouterr().out
+    assert json.loads((run / "table.json").read_text()) == table
+    # another rho is another bayesncl run: refused, naming that run and not ncl
+    assert main(["demo", "--run-dir", str(run), "--resume", *TINY, "method.rho=0.6"]) == 2
+    assert _err(capsys) == (
+        f"bayesncl: error: --resume: {run / 'bayesncl'} holds a finished run with other settings "
+        "(method.rho); resume with the same options and key=value overrides, or use --overwrite"
+    )

@@ -32,6 +32,7 @@ The files written at the end of training load elsewhere without bayesncl:
 from __future__ import annotations
 
 import csv
+import errno
 import os
 import pickle
 import random
@@ -302,8 +303,42 @@ def _check_writable(run_dir: Path) -> None:
         with tempfile.TemporaryFile(dir=probe, prefix=".bayesncl-write-test"):
             pass
     except OSError as e:
+        virtual = _virtual_file_system(probe) if e.errno == errno.ENOENT else None
+        if virtual is not None:  # "no such file" for a new entry in a folder that exists: /proc
+            if probe == run_dir:
+                raise RunDirError(
+                    f"run dir {run_dir} is not writable: it does not accept new files ({virtual})"
+                ) from None
+            raise RunDirError(
+                f"run dir {run_dir} cannot be created: {probe} does not accept new folders ({virtual})"
+            ) from None
         reason = e.strerror or _first_line(e)
         raise RunDirError(f"run dir {run_dir} is not writable ({reason}: {probe})") from None
+
+
+def _virtual_file_system(folder: Path) -> str | None:
+    """``"a virtual file system: proc"`` when ``folder`` is on a file system with no storage behind
+    it (its type from /proc/self/mounts where there is one), else None."""
+    try:
+        if os.statvfs(folder).f_blocks != 0:
+            return None
+    except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
+        return None
+    fs_type = None
+    try:
+        resolved = str(folder.resolve())
+        best = ""
+        for line in Path("/proc/self/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) < 3:
+                continue
+            mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])  # \040: space
+            inside = resolved == mount or resolved.startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) >= len(best):
+                best, fs_type = mount, fields[2]
+    except OSError:
+        pass
+    return f"a virtual file system: {fs_type}" if fs_type else "a virtual file system"
 
 
 # What is computed from the final weights (export, evaluation, figures, dynamics): stale once a

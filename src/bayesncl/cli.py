@@ -158,18 +158,19 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
     dims = parse_dims(args.retrieval_dims)
-    if args.probe_seeds < 1:
+    if args.probe_seeds is not None and args.probe_seeds < 1:
         raise ConfigError(f"--probe-seeds {args.probe_seeds}: expected >= 1")
-    if args.probe_epochs < 1:
+    if args.probe_epochs is not None and args.probe_epochs < 1:
         raise ConfigError(f"--probe-epochs {args.probe_epochs}: expected >= 1")
     evaluate_command(
         args.source,
         retrieval_dims=dims,
         knn=not args.no_knn,
         overrides=args.overrides,
-        probe_seeds=args.probe_seeds,
+        probe_seeds=1 if args.probe_seeds is None else args.probe_seeds,
         probe=args.probe,
-        probe_epochs=args.probe_epochs,
+        probe_epochs=50 if args.probe_epochs is None else args.probe_epochs,
+        given=[k for k in ("probe_seeds", "probe_epochs") if getattr(args, k) is not None],
     )
     return 0
 
@@ -271,9 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Pretrain NCL and BayesNCL with the same budget on Fashion-MNIST (about 7 min on "
         "2 CPU cores), evaluate both on the test split and print one table (also saved as "
         "table.md and table.json in the run dir). key=value overrides apply to both runs (not "
-        "method.name: the demo runs ncl and bayesncl). An interrupted demo continues with --resume "
-        "(the same --run-dir, options and overrides): a method that finished is reused, one with a "
-        "last.pt continues from it.",
+        "method.name: the demo runs ncl and bayesncl), except method keys that have no effect on ncl "
+        "(method.rho, method.lam, ...: they set the bayesncl run). An interrupted demo continues with "
+        "--resume (the same --run-dir, options and overrides): a method that finished is reused, one "
+        "with a last.pt continues from it.",
         formatter_class=fmt,
     )
     p.add_argument("--run-dir", help="output directory (default runs/demo-<time>)")
@@ -319,7 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
     p.add_argument("--retrieval-dims", help="comma-separated K list (default 32,64,...,D)")
     p.add_argument("--no-knn", action="store_true", help="skip the kNN classifier")
-    p.add_argument("--probe-seeds", type=int, default=1, help="linear probe seeds; mean ± std (default 1)")
+    p.add_argument(
+        "--probe-seeds", type=int, default=None, help="linear probe seeds; mean ± std (default 1)"
+    )
     p.add_argument(
         "--probe",
         choices=("fast", "paper", "none"),
@@ -327,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fast: L-BFGS on precomputed h (CPU-friendly); paper: LARS, crops+flips, --probe-epochs (GPU); "
         "none: no linear or feature-selection probe (default: the run's eval.probe, fast unless set)",
     )
-    p.add_argument("--probe-epochs", type=int, default=50, help="epochs of the paper probe (default 50)")
+    p.add_argument("--probe-epochs", type=int, default=None, help="epochs of the paper probe (default 50)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help=_LOAD_OVERRIDES_HELP)
     p.set_defaults(func=cmd_evaluate)
 

@@ -328,10 +328,14 @@ def check_keys(keys: typing.Iterable[str]) -> None:
 def build_config(
     yaml_path: str | Path | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
+    *,
+    warn_inert: bool = True,
 ) -> Config:
     """Resolve defaults → method preset → YAML → overrides, then :func:`validate`.
 
     Raises ConfigError (one line) for an unknown key, a value of the wrong type or out of range.
+    ``warn_inert``: warn about command-line method keys that have no effect with the method
+    (:func:`warn_inert_keys`); False for a caller that decides itself (the demo's two runs).
     """
     user: dict[str, Any] = {}
     if yaml_path is not None:
@@ -348,15 +352,8 @@ def build_config(
     for k, v in flat.items():
         set_key(cfg, k, v)
     validate(cfg)
-    # command-line keys only: a recipe file may serve several methods
-    inert = inert_method_keys(cfg.method, command_line)
-    if inert:
-        warnings.warn(
-            f"{', '.join(inert)} {'has' if len(inert) == 1 else 'have'} no effect with "
-            f"method.name={cfg.method.name} "
-            f"(method.gate={cfg.method.gate}, method.topk={str(cfg.method.topk).lower()})",
-            stacklevel=2,
-        )
+    if warn_inert:  # command-line keys only: a recipe file may serve several methods
+        warn_inert_keys(cfg.method, inert_method_keys(cfg.method, command_line), stacklevel=3)
     became = preset_of(cfg.method)
     changed = [
         f"{k}={str(v).lower() if isinstance(v, bool) else v}"
@@ -369,7 +366,26 @@ def build_config(
             f"{cfg.method.name} (use method.name={became} if that is what you want)",
             stacklevel=2,
         )
+    t = cfg.train
+    if t.warmup_epochs > t.epochs:
+        warnings.warn(
+            f"train.warmup_epochs={t.warmup_epochs:g} is more than train.epochs={t.epochs}: the learning "
+            f"rate rises to only {t.epochs / t.warmup_epochs:.0%} of train.base_lr before the run ends "
+            "(set train.warmup_epochs <= train.epochs)",
+            stacklevel=2,
+        )
     return cfg
+
+
+def warn_inert_keys(method: MethodConfig, inert: list[str], stacklevel: int = 2) -> None:
+    """Warn that the method keys ``inert`` (from :func:`inert_method_keys`) have no effect with
+    ``method``; nothing when there are none."""
+    if inert:
+        warnings.warn(
+            f"{', '.join(inert)} {'has' if len(inert) == 1 else 'have'} no effect with "
+            f"method.name={method.name} (method.gate={method.gate}, method.topk={str(method.topk).lower()})",
+            stacklevel=stacklevel + 1,
+        )
 
 
 def preset_of(method: MethodConfig) -> str:

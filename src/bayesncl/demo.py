@@ -13,7 +13,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
+from bayesncl.config import (
+    Config,
+    ConfigError,
+    build_config,
+    inert_method_keys,
+    parse_overrides,
+    refuse_fixed_keys,
+    valid_keys,
+    warn_inert_keys,
+)
 from bayesncl.report import format_table, write_results
 
 DEMO_CONFIG = Path(__file__).parent / "configs" / "fashion-mnist-demo.yaml"
@@ -27,12 +36,32 @@ QUICK_OVERRIDES = [
 
 
 def demo_configs(overrides: list[str], quick: bool = False) -> dict[str, Config]:
-    """One resolved config per method, identical except for ``method.name``'s preset.
+    """One resolved config per method, identical except for ``method.name``'s preset and the
+    overrides of method keys that have no effect on that method (:func:`inert_method_keys`): those
+    are meant for the other run (``method.rho`` for bayesncl), so this one keeps the recipe's values
+    and no warning names it. A key that has no effect on either run is warned about once.
 
     Raises ConfigError for a bad override, or one of ``method.name``, which the demo sets itself."""
     refuse_fixed_keys(overrides, ("method.name",), f"the demo's two runs ({', '.join(DEMO_METHODS)})")
     extra = (QUICK_OVERRIDES if quick else []) + list(overrides)
-    return {m: build_config(DEMO_CONFIG, [*extra, f"method.name={m}"]) for m in DEMO_METHODS}
+    keys = list(parse_overrides(list(overrides)))
+    configs, inert = {}, {}
+    for m in DEMO_METHODS:
+        cfg = build_config(DEMO_CONFIG, [*extra, f"method.name={m}"], warn_inert=False)
+        inert[m] = inert_method_keys(cfg.method, keys)
+        if inert[m]:  # method.gate and method.topk decide what is inert, and are never inert themselves
+            kept = [o for o in extra if o.split("=", 1)[0].strip() not in inert[m]]
+            cfg = build_config(DEMO_CONFIG, [*kept, f"method.name={m}"], warn_inert=False)
+        configs[m] = cfg
+    useless = [k for k in keys if all(k in i for i in inert.values())]
+    warn_inert_keys(configs[DEMO_METHODS[-1]].method, useless)
+    return configs
+
+
+def _inert_for(cfg: Config) -> tuple[str, ...]:
+    """The method keys that have no effect on a run of ``cfg``: a finished run that differs from
+    this command's settings only in those is still the same run."""
+    return tuple(inert_method_keys(cfg.method, [k for k in valid_keys() if k.startswith("method.")]))
 
 
 def _plan(run_dir: Path, configs: dict[str, Config], *, resume: bool, overwrite: bool) -> dict[str, str]:
@@ -56,7 +85,8 @@ def _plan(run_dir: Path, configs: dict[str, Config], *, resume: bool, overwrite:
     for name, cfg in configs.items():
         sub = run_dir / name
         if resume and (sub / "metrics.json").exists() and (sub / "config.yaml").exists():
-            changed = diff_configs(load_run_config(sub), cfg, ignore=("train.progress", "eval."))
+            ignore = ("train.progress", "eval.", *_inert_for(cfg))
+            changed = diff_configs(load_run_config(sub), cfg, ignore=ignore)
             if changed:
                 raise RunDirError(
                     f"--resume: {sub} holds a finished run with other settings ({', '.join(changed)}); "

@@ -308,11 +308,32 @@ def _download(what: str, target: Path, fetch: Callable[[str], Any]) -> None:
                         new.rmdir()
                     else:
                         new.unlink()
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(
-            f"downloading {what} into {target} failed ({first}): copy the files there by hand, or set "
-            "data.root"
+            f"downloading {what} into {target} failed ({_download_failure(e)}): copy the files there by "
+            "hand, or set data.root"
         ) from None
+
+
+def _download_failure(e: BaseException) -> str:
+    """Why a download failed, in one line. torchvision's MNIST-style error says it on later lines
+    (``Error downloading X:`` / ``Tried MIRROR, got:`` / ``<urlopen error ...>``): the first line is
+    completed with the distinct reasons; with none there, with the exception's cause, else with the
+    usual one (no network, or the server refused)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    head = lines[0] if lines else ""
+    if head and not head.endswith(":"):
+        return head
+    reasons = list(dict.fromkeys(line for line in lines[1:] if not line.endswith(":")))  # not "Tried X, got:"
+    cause, seen = e.__cause__ or e.__context__, {id(e)}
+    while not reasons and cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        text = str(cause).strip()
+        if text:
+            reasons = [text.splitlines()[0].strip()]
+        cause = cause.__cause__ or cause.__context__
+    if not head:
+        return f"{type(e).__name__}: {reasons[0]}" if reasons else type(e).__name__
+    return f"{head} {'; '.join(reasons) or 'no network connection, or the server refused it'}"
 
 
 def _load_fmnist(root: str | None, download: bool, split: str) -> _Split:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +105,7 @@ def load_trained(
     source: str | Path,
     device: torch.device | None = None,
     overrides: list[str] | None = None,
+    command: str | None = None,
 ) -> tuple[ContrastiveModel, Config, Path]:
     """Load a trained model safely from a run dir or a checkpoint file.
 
@@ -115,6 +117,8 @@ def load_trained(
     overrides: ``key=value`` strings. For a bayesncl checkpoint only ``data.*`` and ``eval.*`` (e.g.
     a new ``data.root``); the model is fixed by its config. For an official checkpoint the data is
     required (``data.name=cifar100 data.root=DIR``) and ``method.name`` etc. may be set.
+    command: the command being run (``"extract"``, ``"evaluate"``), named in the advice of an error
+    about data overrides that do not fit the model ("evaluate with a dataset of 1-channel images").
 
     Files are read with ``torch.load(weights_only=True)`` or safetensors: a pickle that would run
     code is refused. Returns ``(model in eval mode, config, directory to write outputs into)``.
@@ -137,13 +141,13 @@ def load_trained(
     try:
         obj = load_checkpoint_file(ckpt_path)
         if is_bayesncl_checkpoint(obj):
-            model, cfg = _load_own(ckpt_path, obj["config"], obj["state_dict"], overrides)
+            model, cfg = _load_own(ckpt_path, obj["config"], obj["state_dict"], overrides, command)
         elif isinstance(obj, dict) and str(obj.get("format", "")).startswith("bayesncl-checkpoint"):
             raise EvalError(
                 f"{ckpt_path} is a {obj['format']} checkpoint; this bayesncl reads bayesncl-checkpoint-v1"
             )
         elif _is_own_encoder(ckpt_path, obj):
-            model, cfg = _load_own(ckpt_path, _encoder_config(ckpt_path), obj, overrides)
+            model, cfg = _load_own(ckpt_path, _encoder_config(ckpt_path), obj, overrides, command)
         elif looks_official(obj):
             model, cfg = _load_official(ckpt_path, obj, overrides)
         else:
@@ -199,7 +203,11 @@ def _encoder_config(path: Path) -> dict[str, Any]:
 
 
 def _load_own(
-    path: Path, cfg_dict: dict[str, Any], state_dict: dict[str, torch.Tensor], overrides: list[str] | None
+    path: Path,
+    cfg_dict: dict[str, Any],
+    state_dict: dict[str, torch.Tensor],
+    overrides: list[str] | None,
+    command: str | None = None,
 ) -> tuple[ContrastiveModel, Config]:
     from bayesncl.config import check_keys, config_from_dict, parse_overrides, set_key, validate
     from bayesncl.evaluation import EvalError
@@ -223,21 +231,24 @@ def _load_own(
     try:
         load_state_strict(model, state_dict, str(path), "the architecture its config describes")
     except ValueError as e:
-        why = _data_mismatch(path, trained_data, cfg, info.channels, info.image_size)
+        why = _data_mismatch(path, trained_data, cfg, info.channels, info.image_size, command)
         raise EvalError(why or str(e)) from None
     return model, cfg
 
 
-def _data_mismatch(path: Path, trained: Any, cfg: Config, channels: int, size: int) -> str | None:
+def _data_mismatch(
+    path: Path, trained: Any, cfg: Config, channels: int, size: int, command: str | None = None
+) -> str | None:
     """Why the weights do not fit when data.* overrides changed the images the model is built for
-    (channels, or an image size that switches the ResNet stem); ``None`` when they did not."""
+    (channels, or an image size that switches the ResNet stem); ``None`` when they did not.
+    ``command``: the command being run, named in the advice (else "use")."""
     from bayesncl.data import image_geometry
 
     trained_channels, trained_size = image_geometry(trained)
     if channels != trained_channels:
         return (
             f"{path}: data.name={cfg.data.name} has {channels}-channel images but the model was trained on "
-            f"{trained_channels}-channel {trained.name} images: extract with a dataset of "
+            f"{trained_channels}-channel {trained.name} images: {command or 'use'} with a dataset of "
             f"{trained_channels}-channel images"
         )
     if size != trained_size:
@@ -299,7 +310,7 @@ def extract_command(
 
     if out is not None and Path(out).is_dir():
         raise EvalError(f"--out {out} is a directory; give a file name such as {Path(out) / 'features.npz'}")
-    model, cfg, out_dir = load_trained(source, overrides=overrides)
+    model, cfg, out_dir = load_trained(source, overrides=overrides, command="extract")
     device = next(model.parameters()).device
     arrays = extract_split(model, cfg, split, device)
     path = Path(out) if out else out_dir / f"features_{split}.npz"
@@ -323,6 +334,25 @@ def save_split_features(
     save_features(path, meta=meta, **arrays)
 
 
+def _refuse_unused_probe_options(
+    probe: str, where: str, given: Collection[str], probe_seeds: int, probe_epochs: int
+) -> None:
+    """ConfigError for a ``given`` option that ``probe`` (set by ``where``, e.g. ``--probe none``)
+    does not use: the seeds without a probe, the epochs without the paper probe."""
+    from bayesncl.config import ConfigError
+
+    if "probe_seeds" in given and probe == "none":
+        raise ConfigError(
+            f"--probe-seeds {probe_seeds} has no effect with {where}: it sets the linear probe's seeds "
+            "(--probe fast or paper)"
+        )
+    if "probe_epochs" in given and probe != "paper":
+        raise ConfigError(
+            f"--probe-epochs {probe_epochs} has no effect with {where}: it sets the paper probe's epochs "
+            "(--probe paper)"
+        )
+
+
 def evaluate_command(
     source: str | Path,
     *,
@@ -332,6 +362,7 @@ def evaluate_command(
     probe_seeds: int = 1,
     probe: str | None = None,
     probe_epochs: int = 50,
+    given: Collection[str] = (),
 ) -> dict[str, Any]:
     """``bayesncl evaluate``: features → metrics, linear probe (mean ± std over ``probe_seeds``),
     kNN, retrieval with feature selection, feature-selection probe, and the figures.
@@ -339,12 +370,14 @@ def evaluate_command(
     ``probe``: ``"fast"``, ``"paper"`` or ``"none"`` (no linear probe and no feature-selection
     probe); ``None`` takes the run's ``eval.probe`` (after ``overrides``). ``retrieval_dims``:
     the K list; ``None`` means K = 32, 64, ..., D, and then retrieval is skipped (with a
-    ``retrieval_note`` in the result) when the test split has 10 samples or fewer.
+    ``retrieval_note`` in the result) when the test split has 10 samples or fewer. ``given``: the
+    options the user gave (``"probe_seeds"``, ``"probe_epochs"``); one that the probe does not use
+    (seeds without a probe, epochs without the paper probe) is a ConfigError, not ignored.
 
     Everything is computed before anything is written: a failure leaves no file behind. Then
     ``features_test.npz``, ``evaluation.json`` / ``evaluation.md`` and the PNGs are written next to
     the checkpoint. Raises EvalError (one line) for unusable input, ConfigError for an ``--probe``
-    that contradicts an ``eval.probe=`` override."""
+    that contradicts an ``eval.probe=`` override or a ``given`` option it does not use."""
     from bayesncl.config import ConfigError, parse_overrides
     from bayesncl.evaluation import EvalError
     from bayesncl.evaluation.knn import knn_accuracy
@@ -357,7 +390,12 @@ def evaluate_command(
         raise ConfigError(f"--probe {probe} contradicts eval.probe={asked}: give one of them")
     if probe is not None and probe not in PROBES:
         raise ConfigError(f"--probe {probe}: expected one of {', '.join(PROBES)}")
-    model, cfg, out_dir = load_trained(source, overrides=overrides)
+    if probe is not None:  # refused before anything is loaded
+        _refuse_unused_probe_options(probe, f"--probe {probe}", given, probe_seeds, probe_epochs)
+    model, cfg, out_dir = load_trained(source, overrides=overrides, command="evaluate")
+    if probe is None:
+        where = f"eval.probe={asked}" if asked is not None else f"the run's eval.probe={cfg.eval.probe}"
+        _refuse_unused_probe_options(cfg.eval.probe, where, given, probe_seeds, probe_epochs)
     probe = probe or cfg.eval.probe
     if probe != "none":
         n_classes = dataset_info(cfg.data).num_classes
