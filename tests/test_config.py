@@ -206,3 +206,15 @@ def test_switches_that_make_another_method_warn() -> None:
             f"{start}; its results are still labelled {overrides[0].split('=')[1]} "
             f"(use method.name={start.rsplit(' ', 1)[1]} if that is what you want)"
         ]
+
+
+def test_a_warmup_longer_than_the_run_warns() -> None:
+    with pytest.warns(UserWarning) as record:
+        build_config(overrides=["train.epochs=4", "train.warmup_epochs=10"])
+    assert [str(w.message) for w in record] == [
+        "train.warmup_epochs=10 is more than train.epochs=4: the learning rate rises to only 40% of "
+        "train.base_lr before the run ends (set train.warmup_epochs <= train.epochs)"
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_config(overrides=["train.epochs=10", "train.warmup_epochs=10"])
