@@ -468,9 +468,13 @@ def _pretrain(
                 "window": window,
             }
             state.rng_ranks = _rng_of_every_rank(world)
-            if world.is_main:
+
+            def save_mid_epoch() -> None:
                 save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
                 finish_overwrite(claim.pop("run", None), keep_new=True)
+
+            # rank 0 saves while the others wait: torchrun ends the whole group once one process exits
+            distributed.run_on_main(save_mid_epoch)
             raise TrainingInterrupted(
                 f"stopped in epoch {epoch + 1} after {n_seen} of its {steps_per_epoch} steps; state saved "
                 f"to {run_dir / 'last.pt'}; --resume continues from that step",
