@@ -204,7 +204,7 @@ def test_step_log_rows_and_a_mid_epoch_resume(tmp_path: Path, monkeypatch: pytes
     def ctrl_c_in_step_5(*a: Any, **k: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 5:  # between the rows of steps 4 and 6
-            os.kill(os.getpid(), signal.SIGINT)
+            ctrl_c()
         return real(*a, **k)
 
     run = tmp_path / "run"
@@ -226,7 +226,7 @@ def test_resume_that_changes_the_length_of_an_unfinished_run_warns(
     def ctrl_c_in_step_4(*a: Any, **k: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 4:  # the first step of epoch 2 (3 steps an epoch)
-            os.kill(os.getpid(), signal.SIGINT)
+            ctrl_c()
         return real(*a, **k)
 
     run = tmp_path / "run"
@@ -453,6 +453,17 @@ def test_ctrl_c_during_the_final_evaluation_says_training_is_complete(
 
 
 # ----------------------------------------------------------------------------- signals at the edges
+def ctrl_c() -> None:
+    """SIGINT to this process, returning once its handler has run: another thread (torch's, tqdm's)
+    may take the signal and the main thread run the handler later, so that two signals could merge
+    into one, or one land a step late."""
+    before = signal.getsignal(signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
+    deadline = time.time() + 5
+    while signal.getsignal(signal.SIGINT) is before and time.time() < deadline:
+        time.sleep(0.001)
+
+
 def _signal_at(monkeypatch: pytest.MonkeyPatch, target: str, calls: tuple[int, ...]) -> None:
     """Send SIGINT to this process during the listed calls (1-based) of ``bayesncl.train.<target>``."""
     real = getattr(train_module, target)
@@ -462,7 +473,7 @@ def _signal_at(monkeypatch: pytest.MonkeyPatch, target: str, calls: tuple[int, .
         count["n"] += 1
         out = real(*args, **kwargs)
         for _ in range(calls.count(count["n"])):
-            os.kill(os.getpid(), signal.SIGINT)
+            ctrl_c()
         return out
 
     monkeypatch.setattr(train_module, target, wrapped)
