@@ -212,8 +212,8 @@ def test_a_warmup_longer_than_the_run_warns() -> None:
     with pytest.warns(UserWarning) as record:
         build_config(overrides=["train.epochs=4", "train.warmup_epochs=10"])
     assert [str(w.message) for w in record] == [
-        "train.warmup_epochs=10 is more than train.epochs=4: the learning rate rises to only 40% of "
-        "train.base_lr before the run ends (set train.warmup_epochs <= train.epochs)"
+        "train.warmup_epochs=10 is more than train.epochs=4: the warmup is cut to the run's length, so the "
+        "whole run warms up and the cosine decay never starts (set train.warmup_epochs < train.epochs)"
     ]
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -237,9 +237,9 @@ def test_resume_that_changes_the_length_of_an_unfinished_run_warns(
     with pytest.warns(UserWarning) as record:
         pretrain(build_config(overrides=[*TINY, "train.epochs=2"]), run, resume=True, evaluate=False)
     assert [str(w.message) for w in record] == [
-        "--resume with train.epochs=2 stops a 3-epoch run after epoch 1 (inside the next): the learning-rate "
-        "schedule is recomputed for 2 epochs from here, so the result matches neither an uninterrupted 3- "
-        "nor 2-epoch run"
+        "--resume with train.epochs=2 changes a 3-epoch run that stopped after epoch 1 (inside the next): "
+        "the learning-rate schedule is recomputed for 2 epochs from here, so the result matches neither an "
+        "uninterrupted 3- nor 2-epoch run"
     ]
     with warnings.catch_warnings():  # a finished run extended: the documented way, no warning
         warnings.simplefilter("error")
@@ -599,9 +599,44 @@ def test_a_killed_overwrite_that_had_a_checkpoint_keeps_the_new_run(tmp_path: Pa
     for folder in (aside, live):
         folder.mkdir()
         (folder / "last.pt").write_bytes(b"the previous run")
+        (folder / ".complete").touch()  # the set-aside had finished
     assert recover_interrupted_overwrite(run) == [
         f"an interrupted --overwrite (process {dead.pid}) had set the previous run aside: its new run "
         "has a checkpoint, so the previous one was deleted"
     ]
     assert not aside.exists() and (live / "last.pt").exists()
     assert (run / "last.pt").read_bytes() == b"the new run"
+
+
+def test_resume_after_a_killed_overwrite_and_a_cut_short_set_aside(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--resume reads the run's config only after the previous run is back; a set-aside that was
+    itself cut short (no .complete marker) is put back, never taken for a finished overwrite."""
+    from bayesncl.checkpoint import recover_interrupted_overwrite, set_aside_run_artifacts
+
+    run = tmp_path / "run"
+    args = ["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]
+    assert main([*args, "train.epochs=1"]) == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    aside = set_aside_run_artifacts(run)  # an --overwrite with method.name=ncl, killed in its epoch 1
+    assert aside is not None
+    aside.rename(run / ".replaced-999999999")
+    (run / "config.yaml").write_text("method:\n  name: ncl\n")
+    capsys.readouterr()
+    assert main(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=2"]) == 0
+    assert f"put the previous run back in {run}" in capsys.readouterr().out
+    assert load_checkpoint_file(run / "last.pt")["epoch"] == 2
+
+    # cut short: config.yaml and log.csv moved, last.pt not yet, no marker: the old run goes back whole
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    cut = run / ".replaced-999999999"
+    cut.mkdir()
+    for name in ("config.yaml", "log.csv"):
+        (run / name).rename(cut / name)
+    assert recover_interrupted_overwrite(run, owner_gone=True) == [
+        "an interrupted --overwrite (process 999999999) had set the previous run aside: put the previous "
+        f"run back in {run}"
+    ]
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert not list(run.glob(".replaced-*"))

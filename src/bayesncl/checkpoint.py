@@ -244,7 +244,7 @@ def _damaged_member(path: Path) -> str | None:
     try:
         with zipfile.ZipFile(path) as z:
             return z.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError):
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError, UnicodeDecodeError):
         return None
 
 
@@ -254,8 +254,8 @@ def _is_npz(path: Path) -> bool:
     try:
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return False
+    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, UnicodeDecodeError):
+        return False  # a damaged archive: torch.load names what is wrong
     return bool(names) and all(n.endswith(".npy") for n in names)
 
 
@@ -383,7 +383,14 @@ def set_aside_run_artifacts(run_dir: Path) -> Path | None:
     run_dir = Path(run_dir)
     found = _files(run_dir, RUN_ARTIFACTS)
     found += [d for d in run_dir.glob(ARCHIVE_GLOB) if d.is_dir() and all(p.is_file() for p in d.iterdir())]
-    return _move_into(found, run_dir / f".replaced-{os.getpid()}") if found else None
+    if not found:
+        return None
+    aside = _move_into(found, run_dir / f".replaced-{os.getpid()}")
+    (aside / _ASIDE_COMPLETE).touch()  # a folder without it was interrupted while filling
+    return aside
+
+
+_ASIDE_COMPLETE = ".complete"
 
 
 def finish_overwrite(aside: Path | None, *, keep_new: bool) -> None:
@@ -395,8 +402,11 @@ def finish_overwrite(aside: Path | None, *, keep_new: bool) -> None:
     if keep_new:
         shutil.rmtree(aside)
         return
-    for p in _files(aside.parent, RUN_ARTIFACTS):
-        p.unlink()
+    complete = (aside / _ASIDE_COMPLETE).exists()
+    (aside / _ASIDE_COMPLETE).unlink(missing_ok=True)
+    if complete:  # the new run's files give way (cut short, the set-aside left the rest of the old run)
+        for p in _files(aside.parent, RUN_ARTIFACTS):
+            p.unlink()
     for p in aside.iterdir():  # an archive folder of the same name gives way
         if (aside.parent / p.name).is_dir():
             shutil.rmtree(aside.parent / p.name)
@@ -404,18 +414,36 @@ def finish_overwrite(aside: Path | None, *, keep_new: bool) -> None:
     aside.rmdir()
 
 
-def recover_interrupted_overwrite(run_dir: Path) -> list[str]:
+def settle_run_dir(run_dir: Path) -> None:
+    """Before a command reads or checks ``run_dir``: raise RunDirError if another process is using it
+    (:func:`lock_run_dir`), and finish an ``--overwrite`` a killed process left half done
+    (:func:`recover_interrupted_overwrite`, which prints what it did). A killed holder's lock file goes."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    probe = lock_run_dir(run_dir)
+    try:
+        for message in recover_interrupted_overwrite(run_dir, owner_gone=probe is not None):
+            print(message, flush=True)
+    finally:
+        if probe is not None:
+            probe.release()
+
+
+def recover_interrupted_overwrite(run_dir: Path, *, owner_gone: bool = False) -> list[str]:
     """Finish an ``--overwrite`` whose process died without finishing it (SIGKILL, power loss), as
     it would have finished: its ``run_dir/.replaced-PID/`` goes back in place if the new run never
-    wrote a checkpoint (``last.pt``), and is deleted if it did. Folders of a live process are left
-    alone (that overwrite is still running; the check is on this machine's process ids). Returns one
-    message per folder handled."""
+    wrote a checkpoint (``last.pt``) or the set-aside itself was cut short, and is deleted if the
+    new run has a checkpoint. ``owner_gone``: this process holds the run dir's lock, so no other
+    process is overwriting it; without it (no file locks here) folders whose process id is alive on
+    this machine are left alone. Returns one message per folder handled."""
     done = []
     for aside in sorted(Path(run_dir).glob(".replaced-*")):
         pid = aside.name.removeprefix(".replaced-")
-        if not (aside.is_dir() and pid.isdigit()) or _process_alive(int(pid)):
+        if not (aside.is_dir() and pid.isdigit()) or (not owner_gone and _process_alive(int(pid))):
             continue
-        keep_new = (aside.parent / "last.pt").exists()
+        complete = (aside / _ASIDE_COMPLETE).exists()
+        keep_new = complete and (aside.parent / "last.pt").exists()
         finish_overwrite(aside, keep_new=keep_new)
         done.append(
             f"an interrupted --overwrite (process {pid}) had set the previous run aside: "
@@ -466,7 +494,10 @@ def lock_run_dir(run_dir: Path) -> RunDirLock | None:
         return None
     path = Path(run_dir) / LOCK_NAME
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, default_file_mode())
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, default_file_mode())
+        except IsADirectoryError:
+            raise RunDirError(f"{path} is a directory, not bayesncl's lock file: remove it") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -536,10 +567,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     """
     run_dir = Path(run_dir)
     _check_writable(run_dir)
-    if run_dir.is_dir() and (probe := lock_run_dir(run_dir)) is not None:
-        probe.release()  # in use by another process: say so now (and a killed holder's file goes)
-    for message in recover_interrupted_overwrite(run_dir):
-        print(message, flush=True)
+    settle_run_dir(run_dir)
     # A run dir with only config.yaml holds a run killed before its first checkpoint: nothing to keep.
     has_run = any((run_dir / name).exists() for name in ("last.pt", "log.csv", "encoder.safetensors"))
     if resume:

@@ -106,6 +106,9 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         from bayesncl.config import parse_overrides, set_key, validate
 
         assert run_dir_arg is not None
+        from bayesncl.checkpoint import settle_run_dir
+
+        settle_run_dir(run_dir_arg)  # a killed --overwrite's previous run is back before its config is read
         if not (run_dir_arg / "config.yaml").exists():
             raise RunDirError(f"--resume: no checkpoint {run_dir_arg / 'last.pt'} to resume from")
         cfg = load_run_config(run_dir_arg)
@@ -419,6 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     show_warning = warnings.formatwarning
     warnings.formatwarning = _one_line_warning
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone warns (as it alone prints)
+        warnings.simplefilter("ignore")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as e:

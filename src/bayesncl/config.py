@@ -369,9 +369,9 @@ def build_config(
     t = cfg.train
     if t.warmup_epochs > t.epochs:
         warnings.warn(
-            f"train.warmup_epochs={t.warmup_epochs:g} is more than train.epochs={t.epochs}: the learning "
-            f"rate rises to only {t.epochs / t.warmup_epochs:.0%} of train.base_lr before the run ends "
-            "(set train.warmup_epochs <= train.epochs)",
+            f"train.warmup_epochs={t.warmup_epochs:g} is more than train.epochs={t.epochs}: the warmup is "
+            "cut to the run's length, so the whole run warms up and the cosine decay never starts "
+            "(set train.warmup_epochs < train.epochs)",
             stacklevel=2,
         )
     return cfg

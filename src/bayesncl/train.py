@@ -298,7 +298,9 @@ def pretrain(
     except BaseException:  # an error, or a second Ctrl-C that stopped at once
         if "lock" in claim and not resume:  # a fresh run that failed before its first checkpoint: no trace
             discard_unstarted_run(run_dir, existed)
-            finish_overwrite(claim.get("run"), keep_new=False)  # the overwritten run comes back
+            if claim.get("run") is not None:  # the overwritten run comes back
+                finish_overwrite(claim["run"], keep_new=False)
+                print(f"put the previous run back in {run_dir} (the new one had no checkpoint)", flush=True)
         raise
     finally:
         if claim.get("lock") is not None:
@@ -365,10 +367,10 @@ def _pretrain(
         planned = ckpt["config"]["train"]["epochs"]
         if world.is_main and ckpt["epoch"] < planned != cfg.train.epochs:
             warnings.warn(
-                f"--resume with train.epochs={cfg.train.epochs} stops a {planned}-epoch run after epoch "
-                f"{ckpt['epoch']}{' (inside the next)' if ckpt.get('partial') else ''}: the learning-rate "
-                f"schedule is recomputed for {cfg.train.epochs} epochs from here, so the result matches "
-                f"neither an uninterrupted {planned}- nor {cfg.train.epochs}-epoch run",
+                f"--resume with train.epochs={cfg.train.epochs} changes a {planned}-epoch run that stopped "
+                f"after epoch {ckpt['epoch']}{' (inside the next)' if ckpt.get('partial') else ''}: the "
+                f"learning-rate schedule is recomputed for {cfg.train.epochs} epochs from here, so the "
+                f"result matches neither an uninterrupted {planned}- nor {cfg.train.epochs}-epoch run",
                 stacklevel=2,
             )
         model.load_state_dict(ckpt["state_dict"])
@@ -518,7 +520,10 @@ def _pretrain(
     if not world.is_main:
         return {}
     if state.log:
-        write_training_curves([run_dir], run_dir / "training_curves.png", labels=[cfg.method.name])
+        try:
+            write_training_curves([run_dir], run_dir / "training_curves.png", labels=[cfg.method.name])
+        except RunDirError as e:  # a figure is not worth the export and the evaluation
+            warnings.warn(f"no training curves: {e}", stacklevel=2)
     export_encoder(model, run_dir, cfg)
     if not evaluate:
         return {}

@@ -48,6 +48,8 @@ def read_log(source: str | Path) -> list[dict[str, float]]:
     path = Path(source)
     if path.is_dir():
         path = path / "log.csv"
+    if path.name == "steps.csv":
+        raise RunDirError(f"{path} is the per-step log: pass its run dir or its log.csv")
     if not path.is_file():
         where = f"{path.parent} has no log.csv" if path.name == "log.csv" else f"{path} is not a file"
         raise RunDirError(f"{where}: expected a run dir (or its log.csv) with at least one finished epoch")
@@ -67,7 +69,7 @@ def read_steps(run_dir: str | Path) -> list[dict[str, float]]:
 
 def _read_csv(path: Path, fields: Sequence[str]) -> list[dict[str, float]]:
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # (a byte-order mark from an editor)
             reader = csv.DictReader(f)
             header = reader.fieldnames or []
             missing = [k for k in ("epoch", *(k for k, _ in PANELS)) if k not in header]
@@ -76,10 +78,12 @@ def _read_csv(path: Path, fields: Sequence[str]) -> list[dict[str, float]]:
                     f"{path}: not a bayesncl log (no column {', '.join(missing)}; "
                     f"expected {','.join(fields)})"
                 )
-            return [
-                {k: _number(v, path, line, k) for k, v in r.items() if k is not None}
-                for line, r in enumerate(reader, start=2)
-            ]
+            rows = []
+            for line, r in enumerate(reader, start=2):
+                if None in r or None in r.values():
+                    raise RunDirError(f"{path} line {line}: expected {len(header)} fields, as in its header")
+                rows.append({k: _number(v, path, line, k) for k, v in r.items()})
+            return rows
     except UnicodeDecodeError:
         raise RunDirError(f"{path}: not a bayesncl log (not UTF-8 text)") from None
 
@@ -139,9 +143,11 @@ def training_curves_figure(
                 ax.plot([r["epoch"] for r in fine], [r[key] for r in fine], color=colour, lw=0.7, alpha=0.45)
             if key == "gate_open":
                 ax.axhline(rows[-1]["rho"], color=colour, ls="--", lw=1)
+    last = max(r["epoch"] for rows in runs.values() for r in rows)
     for ax, (key, text) in zip(axes[0], panels, strict=True):
         ax.set_title(text, fontsize=9)
         ax.set_xlabel("epoch")
+        ax.set_xlim(0, last * 1.05)  # from the start of training (a 1-epoch run is a dot at x = 1)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if key == "gate_open":
