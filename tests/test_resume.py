@@ -513,10 +513,16 @@ def test_a_signal_during_the_last_epochs_saves_stops_before_export(
 
 
 def test_a_hard_stop_in_epoch_1_leaves_a_dir_the_same_command_can_reuse(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    request: pytest.FixtureRequest,
 ) -> None:
     run = tmp_path / "run"
     args = ["pretrain", "--run-dir", str(run), *TINY, "train.epochs=1", "--no-eval"]
+    # Python's own Ctrl-C handler, as in a terminal (a shell's background job starts with SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     with monkeypatch.context() as m:
         _signal_at(m, "train_step", (2, 2))  # a second Ctrl-C stops at once: no checkpoint
         assert main(args) == 130

@@ -420,7 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 0
-    show_warning = warnings.formatwarning
+    show_warning, filters = warnings.formatwarning, list(warnings.filters)
     warnings.formatwarning = _one_line_warning
     if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone warns (as it alone prints)
         warnings.simplefilter("ignore")
@@ -437,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         warnings.formatwarning = show_warning
+        warnings.filters[:] = filters
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
