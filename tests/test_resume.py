@@ -646,3 +646,11 @@ def test_resume_after_a_killed_overwrite_and_a_cut_short_set_aside(
     ]
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     assert not list(run.glob(".replaced-*"))
+
+
+def test_resume_without_config_yaml_reads_the_checkpoints_config(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    pretrain(build_config(overrides=[*TINY, "train.epochs=1"]), run, evaluate=False)
+    (run / "config.yaml").unlink()  # deleted by hand; last.pt holds the config too
+    assert main(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=2", "--no-eval"]) == 0
+    assert load_checkpoint_file(run / "last.pt")["epoch"] == 2 and (run / "config.yaml").exists()

@@ -109,7 +109,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         from bayesncl.checkpoint import settle_run_dir
 
         settle_run_dir(run_dir_arg)  # a killed --overwrite's previous run is back before its config is read
-        if not (run_dir_arg / "config.yaml").exists():
+        if not (run_dir_arg / "config.yaml").exists() and not (run_dir_arg / "last.pt").exists():
             raise RunDirError(f"--resume: no checkpoint {run_dir_arg / 'last.pt'} to resume from")
         cfg = load_run_config(run_dir_arg)
         for key, value in parse_overrides(overrides).items():

@@ -613,7 +613,12 @@ def export_encoder(model: ContrastiveModel, run_dir: Path, cfg: Config | None = 
 
 
 def load_run_config(run_dir: Path) -> Config:
-    """The resolved config of an existing run dir."""
+    """The resolved config of an existing run dir: its ``config.yaml``, or the one inside its
+    ``last.pt`` where the YAML is missing (e.g. deleted by hand)."""
+    if not (run_dir / "config.yaml").exists() and (run_dir / "last.pt").exists():
+        from bayesncl.checkpoint import load_checkpoint_file
+
+        return config_from_dict(load_checkpoint_file(run_dir / "last.pt")["config"])
     return config_from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
 
 
