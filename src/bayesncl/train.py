@@ -456,8 +456,6 @@ def _pretrain(
                 if state.step % STEP_LOG_EVERY == 0:
                     state.step_log.append(_step_row(state, means, n_seen, window, lr))
                     window = (means, n_seen)
-                    if world.is_main:
-                        write_log(run_dir, state.step_log, "steps.csv")
             # several processes stop together, at a sync point; one process at once
             stop = stop or (interrupted["signal"] is not None and not world.distributed)
             if stop:
@@ -472,6 +470,8 @@ def _pretrain(
             state.rng_ranks = _rng_of_every_rank(world)
 
             def save_mid_epoch() -> None:
+                if state.step_log:
+                    write_log(run_dir, state.step_log, "steps.csv")
                 save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
                 finish_overwrite(claim.pop("run", None), keep_new=True)
 
@@ -504,6 +504,8 @@ def _pretrain(
         if model.gate is not None and means[4] > 0.5:
             print(f"warning: gate collapse: {100 * means[4]:.0f}% of rows have every gate closed")
         write_log(run_dir, state.log)
+        if state.step_log:  # with the epoch rows, not rewritten every 25 steps
+            write_log(run_dir, state.step_log, "steps.csv")
         save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
         finish_overwrite(claim.pop("run", None), keep_new=True)
         every = cfg.train.checkpoint_every
