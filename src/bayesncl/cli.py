@@ -108,7 +108,10 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         assert run_dir_arg is not None
         from bayesncl.checkpoint import settle_run_dir
 
-        settle_run_dir(run_dir_arg)  # a killed --overwrite's previous run is back before its config is read
+        # a killed --overwrite's previous run goes back before its config is read; rank 0 alone, as
+        # under torchrun rank 0 holds the run dir's lock
+        if os.environ.get("RANK", "0") == "0":
+            settle_run_dir(run_dir_arg)
         if not (run_dir_arg / "config.yaml").exists() and not (run_dir_arg / "last.pt").exists():
             raise RunDirError(f"--resume: no checkpoint {run_dir_arg / 'last.pt'} to resume from")
         cfg = load_run_config(run_dir_arg)
