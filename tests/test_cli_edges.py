@@ -295,3 +295,32 @@ def test_run_dir_is_announced_only_once_it_is_accepted(
     assert main(["pretrain", "--run-dir", str(run), "data.name=cifar10", missing]) == 2
     out = capsys.readouterr()
     assert "run dir:" not in out.out and out.err.startswith("bayesncl: error: ") and not run.exists()
+
+
+def test_reproduce_2_extracts_each_split_once_per_variant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bayesncl.evaluation import pipeline
+
+    calls: list[str] = []
+    real = pipeline.extract_split
+
+    def counted(model, cfg, split, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(split)
+        return real(model, cfg, split, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "extract_split", counted)
+    run = tmp_path / "t2"
+    args = ["reproduce", "2", "--dataset", "cifar10", "--run-dir", str(run), *TINY, "data.root=none"]
+    args.append("eval.retrieval_dims=8")
+    assert main(args) == 0
+    assert sorted(calls) == ["test"] * 3 + ["train"] * 3  # CL, NCL, BayesNCL: one evaluation each
+    table = json.loads((run / "table2.json").read_text())
+    for name in ("CL", "NCL", "BayesNCL"):
+        m = table[name]
+        assert m["linear_probe_seeds"] == [0, 1, 2] and 0 <= m["knn_acc1"] <= 100
+        assert m["pretrain_minutes"] > 0
+    calls.clear()
+    assert main(args) == 0  # finished variants are reused, not evaluated again
+    assert calls == []
+    assert "== CL: reusing" in capsys.readouterr().out
