@@ -132,6 +132,11 @@ ROWS: dict[str, str] = {
     "(--probe fast or paper)",
     "M5": E + "--probe-epochs 10 has no effect with --probe fast: it sets the paper probe's epochs (--probe "
     "paper)",
+    "B2": E + "non-finite weights after epoch 1 (step 3), although the loss stayed finite: "
+    "backbone.1.1.running_var holds NaN or inf (the training diverged: lower train.base_lr=1e+12); nothing "
+    "was kept: fix the cause and rerun",
+    "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
+    "seed takes)",
 }
 
 
@@ -233,7 +238,8 @@ def test_nan_features(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 @pytest.mark.parametrize(
     ("row", "args"),
     [("C1", ["method.bogus=1"]), ("C2", ["method.rho=1.5"]), ("C3", ["train.epochs=0"]),
-     ("C4", ["train.epochs=abc"]), ("C9", ["data.image_size=1"]), ("C10", ["method.temperature=1e-30"])],
+     ("C4", ["train.epochs=abc"]), ("C9", ["data.image_size=1"]), ("C10", ["method.temperature=1e-30"]),
+     ("B1", ["seed=100000000000000000000"])],
 )
 def test_bad_config_values(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], row: str, args: list[str]
@@ -527,6 +533,15 @@ def test_probe_options_the_probe_does_not_use(tmp_path: Path, capsys: pytest.Cap
     assert main(["evaluate", run, "--probe-seeds", "2", "--no-knn"]) == 0
     assert json.loads((tmp_path / "evaluation.json").read_text())["linear_probe_seeds"] == [0, 1]
     assert capsys.readouterr().err == ""
+
+
+def test_diverged_weights_with_a_finite_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """lr 1e12: the loss stays finite (training BatchNorm uses the batch's statistics) but the running
+    variance becomes inf, which made every evaluation feature constant: a run of garbage, exit 0."""
+    run = tmp_path / "run"
+    expect("B2", cli_error(["pretrain", "--run-dir", str(run), *TINY, "train.epochs=2",
+                            "train.base_lr=1e12"], capsys), tmp_path)
+    assert not run.exists()
 
 
 # ----------------------------------------------------------------------------- the docs table

@@ -348,6 +348,37 @@ def test_non_finite_loss_stops_naming_step_and_parts_and_keeps_last_good_checkpo
     assert [r["epoch"] for r in log_rows(run)] == ["1"]
 
 
+def test_non_finite_weights_with_a_finite_loss_stop_and_keep_the_last_good_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    real, calls = train_module.train_step, {"n": 0}
+
+    def train_step(step_model: Any, *args: Any, **kwargs: Any) -> Any:
+        stats = real(step_model, *args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 5:  # epoch 2 (3 steps per epoch): a BatchNorm running variance overflows
+            bn = next(m for m in step_model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+            bn.running_var.fill_(float("inf"))
+        return stats
+
+    monkeypatch.setattr(train_module, "train_step", train_step)
+    with pytest.raises(TrainingError) as info:
+        pretrain(build_config(overrides=[*TINY, "train.epochs=3"]), run, evaluate=False)
+    msg = str(info.value)
+    assert re.fullmatch(
+        r"non-finite weights after epoch 2 \(step 6\), although the loss stayed finite: "
+        r"backbone\.[\w.]+\.running_var holds NaN or inf \(the training diverged: lower "
+        rf"train\.base_lr=[\d.e+-]+\); the last good checkpoint {re.escape(str(run / 'last.pt'))} is kept",
+        msg,
+    ), msg
+    ckpt = load_checkpoint_file(run / "last.pt")
+    assert ckpt["epoch"] == 1
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+    assert not (run / "epoch-0002.pt").exists()
+    assert [r["epoch"] for r in log_rows(run)] == ["1"]
+
+
 def test_non_finite_loss_from_the_cli_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

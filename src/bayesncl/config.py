@@ -506,6 +506,10 @@ def validate(cfg: Config) -> None:
     )
     for k in cfg.eval.retrieval_dims:
         _check(1 <= k <= mo.proj_dim, f"eval.retrieval_dims: K={k}: expected 1 <= K <= D={mo.proj_dim}")
+    _check(
+        -(2**63) <= cfg.seed < 2**64,
+        f"seed={cfg.seed}: expected an integer from -2**63 to 2**64 - 1 (the range torch's seed takes)",
+    )
     check_device(t.device, "train.device")
 
 

@@ -441,12 +441,7 @@ def _pretrain(
                         # CPU checks every step; CUDA every STEP_LOG_EVERY steps (no per-step host sync)
                         f"non-finite loss {'at' if device.type == 'cpu' else 'detected by'} step "
                         f"{state.step} (epoch {epoch + 1}): "
-                        f"InfoNCE={float(stats[1]):.4g}, KL={float(stats[2]):.4g}; "
-                        + (
-                            f"the last good checkpoint {run_dir / 'last.pt'} is kept"
-                            if (run_dir / "last.pt").exists()
-                            else "no epoch had finished, so nothing was kept: fix the cause and rerun"
-                        )
+                        f"InfoNCE={float(stats[1]):.4g}, KL={float(stats[2]):.4g}; " + _what_was_kept(run_dir)
                     )
                 if hasattr(bar, "set_postfix"):
                     post = {"loss": f"{means[0]:.3f}", "kl": f"{means[2]:.2f}"}
@@ -483,6 +478,14 @@ def _pretrain(
                 signum=stop_signal or interrupted["signal"] or signal.SIGINT,
             )
         means, _ = _global_means(sums / max(n_seen, 1), None)
+        bad = _first_non_finite(model, world)
+        if bad is not None:  # weights or BatchNorm statistics diverged while the loss stayed finite
+            raise TrainingError(
+                f"non-finite weights after epoch {epoch + 1} (step {state.step}), although the loss stayed "
+                f"finite: {bad} holds NaN or inf (the training diverged: lower train.base_lr="
+                f"{cfg.train.base_lr:g}); "
+                + _what_was_kept(run_dir, "nothing was kept: fix the cause and rerun")
+            )
         row = {
             "epoch": epoch + 1,
             "step": state.step,
@@ -538,6 +541,31 @@ def _pretrain(
             f"stopped during the end-of-training evaluation; training is complete ({run_dir / 'last.pt'}): "
             f"`bayesncl evaluate {run_dir}` evaluates it"
         ) from None
+
+
+def _what_was_kept(
+    run_dir: Path, nothing: str = "no epoch had finished, so nothing was kept: fix the cause and rerun"
+) -> str:
+    """The end of a non-finite-loss or non-finite-weights message: what the run dir still holds."""
+    if (run_dir / "last.pt").exists():
+        return f"the last good checkpoint {run_dir / 'last.pt'} is kept"
+    return nothing
+
+
+def _first_non_finite(model: nn.Module, world: distributed.World) -> str | None:
+    """The name of a floating-point parameter or buffer of ``model`` holding NaN or inf (on any
+    rank: a collective under DDP), or None. Checked at each epoch end, before the checkpoint: a
+    diverged BatchNorm running variance leaves the training loss finite (training mode uses the
+    batch's statistics) but makes every evaluation feature constant. One host sync per epoch."""
+    tensors = {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
+    if not tensors:
+        return None
+    finite = torch.stack([torch.isfinite(v).all() for v in tensors.values()]).all()
+    bad_here = (~finite).float().reshape(1)
+    if float(distributed.all_reduce_mean(bad_here)[0]) == 0:
+        return None
+    names = [k for k, v in tensors.items() if not bool(torch.isfinite(v).all())]
+    return names[0] if names else f"a tensor of another process than rank {world.rank}"
 
 
 def _rng_of_every_rank(world: distributed.World) -> list[dict[str, Any]] | None:
