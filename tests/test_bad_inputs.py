@@ -33,6 +33,7 @@ TINY = [*TINY_BASE, "train.epochs=1"]
 FOLDER = ["data.name=imagefolder", "data.train_subset=0", "data.test_subset=0"]
 
 LAYOUT = "expected <split>/<class>/<image files> (ImageFolder layout)"
+DAMAGED = "(damaged or edited): use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
 REFUSED = "was refused by the safe loader (torch.load weights_only=True)"
 ROWS: dict[str, str] = {
     "D1": E + "Fashion-MNIST not found in <tmp>/nowhere (also looked in fashion-mnist/ and FashionMNIST/raw/ "
@@ -135,6 +136,13 @@ ROWS: dict[str, str] = {
     "B2": E + "non-finite weights after epoch 1 (step 3), although the loss stayed finite: "
     "backbone.1.1.running_var holds NaN or inf (the training diverged: lower train.base_lr=1e+12); nothing "
     "was kept: fix the cause and rerun",
+    "B3": E + "<tmp>/no-config.pt is a bayesncl-checkpoint-v1 checkpoint without its 'config' entry "
+    "(damaged or edited): use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)",
+    "B4": E + "the config in <tmp>/newer.pt: unknown config key 'method.new_key'; did you mean method.name, "
+    "method.nonneg, method.gate_depth?",
+    "B5": E + "<tmp>/enc.safetensors: the config in its metadata is not valid JSON (Expecting value at "
+    "character 0): damaged or edited; put the run's config.yaml beside a copy without it, or export again",
+    "B6": E + "config file '<tmp>/run/config.yaml' is empty, expected the run's resolved config",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
 }
@@ -343,6 +351,59 @@ def test_not_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     expect("K2", cli_error(["evaluate", str(tmp_path / "empty.pt")], capsys), tmp_path)
     expect("K8", cli_error(["extract", str(tmp_path)], capsys), tmp_path)
     expect("K9", cli_error(["evaluate", str(tmp_path / "nowhere")], capsys), tmp_path)
+
+
+def test_malformed_bayesncl_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Files with bayesncl's format marker whose content is missing or edited: each used to end in a
+    KeyError, TypeError or JSONDecodeError traceback."""
+    from safetensors.torch import save_file
+
+    good = torch.load(tiny_checkpoint(tmp_path / "good.pt", []), weights_only=True)
+    torch.save({k: v for k, v in good.items() if k != "config"}, tmp_path / "no-config.pt")
+    expect("B3", cli_error(["evaluate", str(tmp_path / "no-config.pt")], capsys), tmp_path)
+    newer = {**good, "config": {**good["config"], "method": {**good["config"]["method"], "new_key": 1}}}
+    torch.save(newer, tmp_path / "newer.pt")  # e.g. from a later bayesncl with a new setting
+    expect("B4", cli_error(["extract", str(tmp_path / "newer.pt")], capsys), tmp_path)
+    for name, entry, kind in (("sd.pt", "state_dict", None), ("cfg.pt", "config", "hello")):
+        torch.save({**good, entry: kind}, tmp_path / name)
+        err = cli_error(["evaluate", str(tmp_path / name)], capsys).strip()
+        assert err == E + (
+            f"{tmp_path / name}: its '{entry}' entry is a {type(kind).__name__}, expected a mapping {DAMAGED}"
+        )
+    torch.save({**good, "state_dict": {**good["state_dict"], "x": 3}}, tmp_path / "int.pt")
+    err = cli_error(["evaluate", str(tmp_path / "int.pt")], capsys).strip()
+    want = f"{tmp_path / 'int.pt'}: its 'state_dict' entry 'x' is an int, expected a tensor {DAMAGED}"
+    assert err == E + want
+    tensors = {k: v.contiguous() for k, v in good["state_dict"].items()}
+    save_file(tensors, tmp_path / "enc.safetensors", metadata={"format": "bayesncl-encoder-v1", "config": ""})
+    expect("B5", cli_error(["evaluate", str(tmp_path / "enc.safetensors")], capsys), tmp_path)
+    save_file(tensors, tmp_path / "list.safetensors", metadata={"config": "[1]"})
+    err = cli_error(["evaluate", str(tmp_path / "list.safetensors")], capsys).strip()
+    assert err == E + (
+        f"{tmp_path / 'list.safetensors'}: the config in its metadata is a JSON list, expected an object of "
+        "config sections: damaged or edited; export again"
+    )
+
+
+def test_resume_of_a_damaged_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 0
+    last = (run / "last.pt").read_bytes()
+    (run / "config.yaml").write_text("")  # e.g. a disk that was full
+    resume = ["pretrain", "--run-dir", str(run), "--resume", "train.epochs=2"]
+    expect("B6", cli_error(resume, capsys), tmp_path)
+    (run / "config.yaml").unlink()  # then last.pt's config is used; it lacks the optimiser state
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    torch.save({k: v for k, v in ckpt.items() if k != "optimizer"}, run / "last.pt")
+    err = cli_error(resume, capsys).strip()
+    assert err == E + (
+        f"--resume: {run / 'last.pt'} is a bayesncl-checkpoint-v1 checkpoint without its 'optimizer' entry "
+        f"{DAMAGED}"
+    )
+    (run / "last.pt").write_bytes(last)  # nothing was changed by the refused commands
+    assert sorted(p.name for p in run.iterdir()) == [
+        "encoder.safetensors", "epoch-0001.pt", "last.pt", "log.csv", "training_curves.png"
+    ]
 
 
 def test_dynamics_of_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -263,6 +263,43 @@ def is_bayesncl_checkpoint(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT
 
 
+# What a bayesncl checkpoint holds: for its model (extract, evaluate), and also to resume from it.
+_MODEL_ENTRIES: dict[str, type | tuple[type, ...]] = {"config": dict, "state_dict": dict}
+_RESUME_ENTRIES: dict[str, type | tuple[type, ...]] = {
+    "optimizer": dict, "scaler": dict, "epoch": int, "step": int, "log": list, "rng": dict,
+}
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
+def check_checkpoint_entries(obj: dict[str, Any], path: Path, *, resume: bool = False) -> None:
+    """Raise CheckpointError (one line) unless the bayesncl checkpoint ``obj`` read from ``path`` has
+    the entries its model (and, ``resume``, a resume) needs, of the right kinds. A file with the
+    format marker but a missing or edited entry used to end in a KeyError or TypeError traceback."""
+    entries = {**_MODEL_ENTRIES, **(_RESUME_ENTRIES if resume else {})}
+    for key, kind in entries.items():
+        if key not in obj:
+            raise CheckpointError(
+                f"{path} is a {CHECKPOINT_FORMAT} checkpoint without its '{key}' entry (damaged or edited): "
+                "use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
+            )
+        if not isinstance(obj[key], kind) or (kind is int and isinstance(obj[key], bool)):
+            expected = "a mapping" if kind is dict else f"a {kind.__name__}"  # type: ignore[union-attr]
+            raise CheckpointError(
+                f"{path}: its '{key}' entry is {_a(type(obj[key]).__name__)}, expected {expected} "
+                "(damaged or edited): use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
+            )
+    odd = [k for k, v in obj["state_dict"].items() if not isinstance(v, torch.Tensor)]
+    if odd:
+        raise CheckpointError(
+            f"{path}: its 'state_dict' entry {odd[0]!r} is {_a(type(obj['state_dict'][odd[0]]).__name__)}, "
+            "expected a tensor (damaged or edited): use another copy, or an earlier checkpoint of the run "
+            "(epoch-NNNN.pt)"
+        )
+
+
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
@@ -585,6 +622,10 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
             raise RunDirError(f"--resume: {e}") from None
         if not is_bayesncl_checkpoint(ckpt):
             raise RunDirError(f"--resume: {ckpt_path} is not a bayesncl checkpoint ({CHECKPOINT_FORMAT})")
+        try:
+            check_checkpoint_entries(ckpt, ckpt_path, resume=True)
+        except CheckpointError as e:
+            raise RunDirError(f"--resume: {e}") from None
         started = ckpt["epoch"] + (1 if ckpt.get("partial") else 0)  # epochs begun
         if cfg.train.epochs < started:
             done = (
@@ -595,7 +636,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
                 f"--resume: train.epochs={cfg.train.epochs} is fewer than {started}: {done}; give "
                 f"train.epochs >= {started} to continue it"
             )
-        old = config_from_dict(ckpt["config"])
+        old = config_from_dict(ckpt["config"], ckpt_path)
         diff = describe_config_diff(old, cfg)
         if diff:
             raise RunDirError(

@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 import torchvision
-import yaml
 from torch import Tensor, nn
 
 from bayesncl import distributed
@@ -54,7 +53,7 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
     set_rng_state,
     write_log,
 )
-from bayesncl.config import Config, MethodConfig, config_from_dict, dump_yaml
+from bayesncl.config import Config, MethodConfig, config_from_dict, dump_yaml, load_run_yaml
 from bayesncl.data import DataError, build_train_loader, dataset_info, mix_seed
 from bayesncl.distributed import resolve_device  # noqa: F401 - re-exported: train.resolve_device
 from bayesncl.fileio import atomic_path
@@ -405,7 +404,8 @@ def _pretrain(
             # killed between last.pt and the periodic copy of the same epoch: write the copy now
             with atomic_path(periodic) as tmp:
                 shutil.copyfile(run_dir / "last.pt", tmp)
-        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+        with atomic_path(run_dir / "config.yaml") as tmp:  # a kill mid-write must not leave it empty
+            tmp.write_text(dump_yaml(cfg))
 
     step_model = wrap_for_training(model, cfg, world)
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
@@ -646,10 +646,15 @@ def load_run_config(run_dir: Path) -> Config:
     """The resolved config of an existing run dir: its ``config.yaml``, or the one inside its
     ``last.pt`` where the YAML is missing (e.g. deleted by hand)."""
     if not (run_dir / "config.yaml").exists() and (run_dir / "last.pt").exists():
-        from bayesncl.checkpoint import load_checkpoint_file
+        from bayesncl.checkpoint import check_checkpoint_entries, load_checkpoint_file
 
-        return config_from_dict(load_checkpoint_file(run_dir / "last.pt")["config"])
-    return config_from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+        ckpt = load_checkpoint_file(run_dir / "last.pt")
+        if not isinstance(ckpt, dict):
+            what = type(ckpt).__name__
+            raise RunDirError(f"{run_dir / 'last.pt'} holds a {what}, not a bayesncl checkpoint")
+        check_checkpoint_entries(ckpt, run_dir / "last.pt")
+        return config_from_dict(ckpt["config"], run_dir / "last.pt")
+    return config_from_dict(load_run_yaml(run_dir / "config.yaml"), run_dir / "config.yaml")
 
 
 def _progress(loader: Any, epoch: int, cfg: Config, world: distributed.World, initial: int = 0) -> Any:
