@@ -143,6 +143,9 @@ ROWS: dict[str, str] = {
     "B5": E + "<tmp>/enc.safetensors: the config in its metadata is not valid JSON (Expecting value at "
     "character 0): damaged or edited; put the run's config.yaml beside a copy without it, or export again",
     "B6": E + "config file '<tmp>/run/config.yaml' is empty, expected the run's resolved config",
+    "B7": E + "out of memory in main memory (tried to allocate … GiB): lower train.batch_size, "
+    "data.image_size or the model's size (model.backbone, model.proj_hidden)",
+    "B8": E + "benchmark --threads=100000: expected 0 (leave as is) to … (the CPUs here)",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
 }
@@ -275,6 +278,9 @@ def test_benchmark_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     expect("C11", cli_error(["benchmark", "method.name=cl"], capsys), tmp_path)
     expect("C12", cli_error(["benchmark", "--device", "tpu"], capsys), tmp_path)
     expect("C13", cli_error(["benchmark", "--threads", "-3"], capsys), tmp_path)
+    err = cli_error(["benchmark", "--threads", "100000"], capsys)  # torch crashed with SIGSEGV on it
+    expect("B8", err, tmp_path)
+    assert f" to {os.cpu_count()} (the CPUs here)" in err
 
 
 def test_demo_method_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -603,6 +609,36 @@ def test_diverged_weights_with_a_finite_loss(tmp_path: Path, capsys: pytest.Capt
     expect("B2", cli_error(["pretrain", "--run-dir", str(run), *TINY, "train.epochs=2",
                             "train.base_lr=1e12"], capsys), tmp_path)
     assert not run.exists()
+
+
+def test_out_of_memory_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch or image too large for the device: a setting, not a bug (it was a traceback)."""
+    run = tmp_path / "run"
+    expect("B7", cli_error(["pretrain", "--run-dir", str(run), *TINY, "data.image_size=100000"], capsys),
+           tmp_path)
+    assert not run.exists()
+    import bayesncl.train as train_module
+
+    def cuda_oom(*args: object, **kwargs: object) -> None:
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
+            "which 3.06 GiB is free. Including non-PyTorch memory, this process has 76.12 GiB memory in use."
+        )
+
+    monkeypatch.setattr(train_module, "train_step", cuda_oom)
+    err = cli_error(["pretrain", "--run-dir", str(run), *TINY], capsys)
+    assert err == E + (
+        "out of memory on the GPU (tried to allocate 20.00 GiB): lower train.batch_size, data.image_size or "
+        "the model's size (model.backbone, model.proj_hidden)\n"
+    )
+    assert not run.exists()
+    err = cli_error(["benchmark", "--image-size", "100000", "--backbone", "small_cnn"], capsys)
+    assert re.fullmatch(
+        E + r"out of memory in main memory \(tried to allocate [\d,.]+ GiB\): lower --batch-size, "
+        r"--image-size or --backbone", err.splitlines()[-1]
+    ), err
 
 
 # ----------------------------------------------------------------------------- the docs table

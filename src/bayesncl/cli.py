@@ -181,6 +181,41 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+# What sets the memory a command needs, by command (an out-of-memory error names these).
+_MEMORY_SETTINGS = {
+    "benchmark": "--batch-size, --image-size or --backbone",
+    "extract": "eval.batch_size (or data.image_size)",
+    "evaluate": "eval.batch_size (or data.image_size)",
+    "metrics": "the number of features (or --retrieval-dims)",
+}
+
+
+def out_of_memory(e: BaseException, command: str | None) -> str | None:
+    """A one-line message for an allocation that failed (CUDA or CPU), or None for other errors.
+
+    A batch, image size or model too large for the device is a setting, not a bug: the message
+    names how much was asked for and the settings of ``command`` that decide it."""
+    import re
+
+    import torch
+
+    text = str(e)
+    if not (
+        isinstance(e, (MemoryError, torch.OutOfMemoryError))
+        or (isinstance(e, RuntimeError) and "can't allocate memory" in text)
+    ):
+        return None
+    asked = ""
+    if (found := re.search(r"allocate (\d+) bytes", text)) is not None:
+        asked = f" (tried to allocate {int(found.group(1)) / 2**30:,.1f} GiB)"
+    elif (found := re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]i?B)", text)) is not None:
+        asked = f" (tried to allocate {found.group(1)})"
+    where = "on the GPU" if isinstance(e, torch.OutOfMemoryError) else "in main memory"
+    default = "train.batch_size, data.image_size or the model's size (model.backbone, model.proj_hidden)"
+    settings = _MEMORY_SETTINGS.get(command or "", default)
+    return f"out of memory {where}{asked}: lower {settings}"
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input, printed as one line; anything else is a bug and raises."""
     from bayesncl.checkpoint import CheckpointError, RunDirError
@@ -434,9 +469,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bayesncl: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         return int(getattr(e, "exit_code", 130))
     except Exception as e:
-        if not isinstance(e, user_errors()):
+        oom = out_of_memory(e, args.command)
+        if oom is None and not isinstance(e, user_errors()):
             raise
-        print(f"bayesncl: error: {e}", file=sys.stderr)
+        print(f"bayesncl: error: {oom or e}", file=sys.stderr)
         return 2
     finally:
         warnings.formatwarning = show_warning
