@@ -216,6 +216,18 @@ def out_of_memory(e: BaseException, command: str | None) -> str | None:
     return f"out of memory {where}{asked}: lower {settings}"
 
 
+def errors_every_rank_meets() -> tuple[type[BaseException], ...]:
+    """User errors that every torchrun process of a node meets alike (same arguments, same files, or
+    decided by rank 0 for all: run-dir checks, a non-finite loss): printed once per node, by its
+    local rank 0. Other errors (an out-of-memory on one GPU, ...) are printed by the rank meeting
+    them, prefixed with "(rank N)"."""
+    from bayesncl.checkpoint import CheckpointError, RunDirError
+    from bayesncl.data import DataError
+    from bayesncl.train import TrainingError
+
+    return (ConfigError, DataError, RunDirError, CheckpointError, TrainingError)
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input, printed as one line; anything else is a bug and raises."""
     from bayesncl.checkpoint import CheckpointError, RunDirError
@@ -472,7 +484,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         oom = out_of_memory(e, args.command)
         if oom is None and not isinstance(e, user_errors()):
             raise
-        print(f"bayesncl: error: {oom or e}", file=sys.stderr)
+        rank, local_rank = os.environ.get("RANK", "0"), os.environ.get("LOCAL_RANK", "0")
+        if local_rank != "0" and oom is None and isinstance(e, errors_every_rank_meets()):
+            # under torchrun: the node's first process prints this very line; give it time to,
+            # before torchrun ends the group on this exit
+            time.sleep(2)
+            return 2
+        where = f"(rank {rank}) " if rank != "0" else ""
+        sys.stderr.write(f"bayesncl: error: {where}{oom or e}\n")  # one write: lines of ranks never mix
         return 2
     finally:
         warnings.formatwarning = show_warning
