@@ -11,6 +11,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -533,6 +534,31 @@ def test_two_commands_on_one_run_dir(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert first.returncode == 0, err
     assert load_checkpoint_file(run / "last.pt")["epoch"] == 2 and not (run / ".bayesncl.lock").exists()
     assert main([*args, "--overwrite"]) == 0  # free again
+
+
+def test_a_run_written_while_this_one_set_up_is_not_overwritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run dir is checked before the data is loaded and the model built, and locked only after:
+    another command that wrote a whole run in between (and ended, dropping its lock) used to be
+    trained over without --overwrite. Now the check is repeated under the lock (R4)."""
+    import bayesncl.train as train_module
+
+    run = tmp_path / "run"
+    other = tmp_path / "other"
+    assert main(["pretrain", "--run-dir", str(other), *TINY, "--no-eval"]) == 0
+    real_lock = train_module.lock_run_dir
+
+    def the_other_command_finishes_first(run_dir: Path) -> Any:
+        for p in other.iterdir():
+            if p.is_file() and not p.name.startswith("."):
+                (run_dir / p.name).write_bytes(p.read_bytes())
+        return real_lock(run_dir)
+
+    monkeypatch.setattr(train_module, "lock_run_dir", the_other_command_finishes_first)
+    before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file() and not p.name.startswith(".")}
+    expect("R4", cli_error(["pretrain", "--run-dir", str(run), *TINY, "seed=7"], capsys), tmp_path)
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # no lock file left either
 
 
 # ----------------------------------------------------------------------------- M: command-line messages

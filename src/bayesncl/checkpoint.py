@@ -606,7 +606,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     _check_writable(run_dir)
     settle_run_dir(run_dir)
     # A run dir with only config.yaml holds a run killed before its first checkpoint: nothing to keep.
-    has_run = any((run_dir / name).exists() for name in ("last.pt", "log.csv", "encoder.safetensors"))
+    has_run = holds_run(run_dir)
     if resume:
         ckpt_path = run_dir / "last.pt"
         if not ckpt_path.exists():
@@ -647,11 +647,21 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
         remove_stale_temporaries(run_dir)
         return ckpt
     if has_run and not overwrite:
-        raise RunDirError(
-            f"run dir {run_dir} already holds a run; pass --resume to continue it, "
-            "--overwrite to replace it, or choose another --run-dir"
-        )
+        raise occupied_run_dir(run_dir)
     return None
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run (a checkpoint, a log or an export); a run dir with only
+    ``config.yaml`` holds a run killed before its first checkpoint: nothing to keep."""
+    return any((Path(run_dir) / name).exists() for name in ("last.pt", "log.csv", "encoder.safetensors"))
+
+
+def occupied_run_dir(run_dir: Path) -> RunDirError:
+    return RunDirError(
+        f"run dir {run_dir} already holds a run; pass --resume to continue it, "
+        "--overwrite to replace it, or choose another --run-dir"
+    )
 
 
 def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") -> None:

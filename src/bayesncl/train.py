@@ -44,7 +44,9 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
     atomic_save,
     discard_unstarted_run,
     finish_overwrite,
+    holds_run,
     lock_run_dir,
+    occupied_run_dir,
     prepare_run_dir,
     rng_state,
     save_checkpoint,
@@ -388,7 +390,14 @@ def _pretrain(
             seed_everything(mix_seed(distributed.rank_seed(cfg.seed, world.rank), state.step))
     if world.is_main:  # fresh run, or a resume that may have extended train.epochs
         run_dir.mkdir(parents=True, exist_ok=True)
-        claim["lock"] = lock_run_dir(run_dir)  # the first write; None where there are no file locks
+        lock = lock_run_dir(run_dir)  # the first write; None where there are no file locks
+        if ckpt is None and not overwrite and holds_run(run_dir):
+            # another command wrote a run here after prepare_run_dir's check (while this one loaded
+            # its data and built its model) and ended: refuse as that check would have, touching nothing
+            if lock is not None:
+                lock.release()
+            raise occupied_run_dir(run_dir)
+        claim["lock"] = lock
         if ckpt is None and overwrite:  # the previous run waits aside until this one has a checkpoint
             claim["run"] = set_aside_run_artifacts(run_dir)
         if ckpt is None:  # a run killed before its first checkpoint may have left its step log
