@@ -622,6 +622,41 @@ def test_a_killed_overwrite_is_finished_by_the_next_command(
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
 
 
+def test_reading_commands_point_to_the_run_a_killed_overwrite_set_aside(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """evaluate, extract, curves and dynamics only read: on a run dir whose previous run waits in a
+    killed --overwrite's .replaced-PID/ they said 'not a run dir', as if it were lost."""
+    run = tmp_path / "run"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for pid in (os.getpid(), dead.pid):  # an --overwrite under way (this process): no hint
+        aside = run / f".replaced-{pid}"
+        aside.mkdir(parents=True)
+        for name in ("last.pt", "log.csv", "epoch-0001.pt", ".complete"):
+            (aside / name).write_bytes(b"the previous run")
+        hint = (
+            f" (an --overwrite that was killed left the previous run in {aside}/: `bayesncl pretrain "
+            f"--run-dir {run} --resume` puts it back)"
+        ) if pid == dead.pid else ""
+        for cmd, message in (
+            ("evaluate", f"{run} holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)"),
+            ("extract", f"{run} holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)"),
+            ("curves", f"{run} has no log.csv: expected a run dir (or its log.csv) with at least one "
+                       "finished epoch"),
+            ("dynamics", f"{run} holds no periodic checkpoints epoch-NNNN.pt (train.checkpoint_every > 0)"),
+        ):
+            capsys.readouterr()
+            assert main([cmd, str(run)]) == 2
+            assert capsys.readouterr().err == f"bayesncl: error: {message}{hint}\n"
+        if pid == os.getpid():
+            (aside / ".complete").unlink()
+            for p in aside.iterdir():
+                p.unlink()
+            aside.rmdir()
+    assert sorted(p.name for p in run.iterdir()) == [f".replaced-{dead.pid}"]  # nothing was moved
+
+
 def test_a_killed_overwrite_that_had_a_checkpoint_keeps_the_new_run(tmp_path: Path) -> None:
     """Killed between the new run's first last.pt and the deletion of the previous run: the new run
     stays, the previous one goes (as the overwrite would have done); a live process's folder stays."""

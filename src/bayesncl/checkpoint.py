@@ -490,6 +490,24 @@ def recover_interrupted_overwrite(run_dir: Path, *, owner_gone: bool = False) ->
     return done
 
 
+def set_aside_hint(run_dir: Path) -> str:
+    """For commands that only read a run dir (evaluate, extract, curves, dynamics) and find it empty:
+    ``"; ..."`` naming the previous run an interrupted ``--overwrite`` left set aside in it (the files
+    they look for are there), else ``""``."""
+    run_dir = Path(run_dir)
+    asides = [
+        p for p in sorted(run_dir.glob(".replaced-*")) if p.is_dir()
+        and p.name.removeprefix(".replaced-").isdigit()
+        and not _process_alive(int(p.name.removeprefix(".replaced-")))  # not an --overwrite under way
+    ] if run_dir.is_dir() else []
+    if not asides:
+        return ""
+    return (
+        f" (an --overwrite that was killed left the previous run in {asides[-1]}/: `bayesncl pretrain "
+        f"--run-dir {run_dir} --resume` puts it back)"
+    )
+
+
 def _process_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True

@@ -129,6 +129,7 @@ def load_trained(
         check_checkpoint_entries,
         is_bayesncl_checkpoint,
         load_checkpoint_file,
+        set_aside_hint,
     )
     from bayesncl.evaluation import EvalError
     from bayesncl.official import looks_official
@@ -137,7 +138,10 @@ def load_trained(
     if src.is_dir():
         ckpt_path = src / "last.pt"
         if not ckpt_path.exists():
-            raise EvalError(f"{src} holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)")
+            raise EvalError(
+                f"{src} holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)"
+                + set_aside_hint(src)
+            )
         out_dir = src
     elif src.is_file():
         ckpt_path, out_dir = src, src.parent
