@@ -147,6 +147,8 @@ ROWS: dict[str, str] = {
     "B7": E + "out of memory in main memory (tried to allocate … GiB): lower train.batch_size, "
     "data.image_size or the model's size (model.backbone, model.proj_hidden)",
     "B8": E + "benchmark --threads=100000: expected 0 (leave as is) to … (the CPUs here)",
+    "B9": E + "<tmp>/run/last.pt cannot be written: no space left on the file system of <tmp>/run; free some "
+    "space, then run the command again (pretrain: --resume continues from last.pt, if the run has one)",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
 }
@@ -665,6 +667,37 @@ def test_out_of_memory_is_one_line(
         E + r"out of memory in main memory \(tried to allocate [\d,.]+ GiB\): lower --batch-size, "
         r"--image-size or --backbone", err.splitlines()[-1]
     ), err
+
+
+def test_a_full_disk_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.save on a full file system fails with 'RuntimeError: ... unexpected pos N vs M' (a
+    traceback before); the epoch-1 run is removed whole, log.csv included (it named an epoch whose
+    checkpoint was never written, and made the run dir refuse a plain rerun)."""
+    from types import SimpleNamespace
+
+    import bayesncl.fileio as fileio
+
+    run = tmp_path / "run"
+    real_save = torch.save
+
+    def save_on_a_full_disk(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if not str(f).endswith(".pt") and "last.pt" in str(f):  # the temporary of last.pt
+            Path(f).write_bytes(b"PK\x03\x04 partial")
+            monkeypatch.setattr(fileio.os, "statvfs", lambda p: SimpleNamespace(
+                f_blocks=1000, f_bavail=0, f_frsize=4096))
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2030336 vs 20302")
+        real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_on_a_full_disk)
+    expect("B9", cli_error(["pretrain", "--run-dir", str(run), *TINY], capsys), tmp_path)
+    assert not run.exists()
+    # OSError ENOSPC (a plain write) is the same error, whatever the free space
+    full = pytest.raises(fileio.DiskFullError, match=r"x\.txt cannot be written: no space left")
+    with full, fileio.atomic_path(tmp_path / "x.txt"):
+        raise OSError(28, "No space left on device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------- the docs table

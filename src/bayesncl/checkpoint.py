@@ -578,14 +578,14 @@ def lock_run_dir(run_dir: Path) -> RunDirLock | None:
 
 def discard_unstarted_run(run_dir: Path, existed: bool) -> None:
     """After a fresh run failed before writing its first checkpoint (bad data found mid-epoch, a
-    non-finite loss in epoch 1, ...): remove what it wrote (``config.yaml``, ``steps.csv``,
-    temporaries), and the run dir itself if this run created it and it is now empty, so the same
+    non-finite loss in epoch 1, a full disk, ...): remove what it wrote (``config.yaml``, ``steps.csv``,
+    ``log.csv``, temporaries), and the run dir itself if this run created it and it is now empty, so the same
     command can simply be rerun.
     A run dir that holds a ``last.pt`` is left alone."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir() or (run_dir / "last.pt").exists():
         return
-    for name in ("config.yaml", "steps.csv"):
+    for name in ("config.yaml", "steps.csv", "log.csv"):  # log.csv: its epoch's checkpoint failed (disk full)
         (run_dir / name).unlink(missing_ok=True)
     remove_stale_temporaries(run_dir)
     if not existed and all(p.name == LOCK_NAME for p in run_dir.iterdir()):

@@ -233,9 +233,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from bayesncl.checkpoint import CheckpointError, RunDirError
     from bayesncl.data import DataError
     from bayesncl.evaluation import EvalError
+    from bayesncl.fileio import DiskFullError
     from bayesncl.train import TrainingError
 
     return (
+        DiskFullError,
         ConfigError,
         DataError,
         EvalError,
