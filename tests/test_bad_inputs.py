@@ -149,6 +149,7 @@ ROWS: dict[str, str] = {
     "B8": E + "benchmark --threads=100000: expected 0 (leave as is) to … (the CPUs here)",
     "B9": E + "<tmp>/run/last.pt cannot be written: no space left on the file system of <tmp>/run; free some "
     "space, then run the command again (pretrain: --resume continues from last.pt, if the run has one)",
+    "B10": E + "--out <tmp>/run/last.pt: expected a .npz file path (a features file)",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
 }
@@ -698,6 +699,22 @@ def test_a_full_disk_is_one_line(
     with full, fileio.atomic_path(tmp_path / "x.txt"):
         raise OSError(28, "No space left on device")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_extract_out_must_be_a_features_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`extract RUN --out RUN/last.pt` replaced the run's checkpoint with a features .npz (exit 0)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    tiny_checkpoint(run / "last.pt", [])
+    (run / "config.yaml").write_text("kept")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    expect("B10", cli_error(["extract", str(run), "--out", str(run / "last.pt")], capsys), tmp_path)
+    assert cli_error(["extract", str(run), "--out", str(run / "config.yaml")], capsys) == E + (
+        f"--out {run / 'config.yaml'}: expected a .npz file path (a features file)\n"
+    )
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert main(["extract", str(run), "--out", str(tmp_path / "f.NPZ")]) == 0
+    assert np.load(tmp_path / "f.NPZ")["features"].shape[0] == 60
 
 
 # ----------------------------------------------------------------------------- the docs table

@@ -141,7 +141,10 @@ def cmd_extract(args: argparse.Namespace) -> int:
     from bayesncl.evaluation.pipeline import extract_command
 
     path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
-    path_arg(args.out, "--out", "a .npz file path")
+    out_arg = path_arg(args.out, "--out", "a .npz file path")
+    if out_arg is not None and not out_arg.is_dir() and out_arg.suffix.lower() != ".npz":
+        # e.g. --out RUN/last.pt replaced the run's checkpoint with a features file
+        raise ConfigError(f"--out {out_arg}: expected a .npz file path (a features file)")
     out = extract_command(args.source, split=args.split, out=args.out, overrides=args.overrides)
     print(f"wrote {out}")
     return 0
