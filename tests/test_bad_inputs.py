@@ -150,6 +150,9 @@ ROWS: dict[str, str] = {
     "B9": E + "<tmp>/run/last.pt cannot be written: no space left on the file system of <tmp>/run; free some "
     "space, then run the command again (pretrain: --resume continues from last.pt, if the run has one)",
     "B10": E + "--out <tmp>/run/last.pt: expected a .npz file path (a features file)",
+    "B11": E + "run dir <tmp>/proj holds files that are not a bayesncl run's but that a run writes "
+    "(config.yaml, metrics.json): training would replace them; choose another --run-dir, or pass --overwrite "
+    "to replace them",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
 }
@@ -715,6 +718,32 @@ def test_extract_out_must_be_a_features_file(tmp_path: Path, capsys: pytest.Capt
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
     assert main(["extract", str(run), "--out", str(tmp_path / "f.NPZ")]) == 0
     assert np.load(tmp_path / "f.NPZ")["features"].shape[0] == 60
+
+
+def test_a_users_files_in_the_run_dir_are_not_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder without a run but with a user's config.yaml: a run replaced it silently; and
+    --overwrite deleted every *.png in the folder, the user's own pictures included."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "config.yaml").write_text("my: settings\n")
+    (proj / "metrics.json").write_text("{}")
+    (proj / "photo.png").write_bytes(b"mine")
+    args = ["pretrain", "--run-dir", str(proj), *TINY, "--no-eval"]
+    expect("B11", cli_error(args, capsys), tmp_path)
+    assert (proj / "config.yaml").read_text() == "my: settings\n"
+    assert sorted(p.name for p in proj.iterdir()) == ["config.yaml", "metrics.json", "photo.png"]
+    (proj / "config.yaml").unlink()
+    (proj / "metrics.json").unlink()
+    assert main(args) == 0  # the run's own figure names are not photo.png
+    assert main([*args, "--overwrite"]) == 0
+    assert (proj / "photo.png").read_bytes() == b"mine" and (proj / "last.pt").exists()
+    # what a run killed before its first checkpoint leaves (its own config.yaml) a rerun may replace
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "config.yaml").write_text((proj / "config.yaml").read_text())
+    assert main(["pretrain", "--run-dir", str(killed), *TINY, "--no-eval"]) == 0
 
 
 # ----------------------------------------------------------------------------- the docs table

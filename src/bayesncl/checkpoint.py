@@ -387,8 +387,13 @@ RESULT_ARTIFACTS = (
     "metrics.md",
     "evaluation.json",
     "evaluation.md",
-    "features_*.npz",
-    "*.png",
+    "features_test.npz",
+    "features_train.npz",
+    # the figures by name: a user's own *.png in the folder is not the run's (--overwrite deleted it)
+    "training_curves.png",
+    "top_activations.png",
+    "suppressed_features.png",
+    "dynamics.png",
     "dynamics.json",
     "dynamics.md",
 )
@@ -666,7 +671,36 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
         return ckpt
     if has_run and not overwrite:
         raise occupied_run_dir(run_dir)
+    if not overwrite and (foreign := _files_a_run_would_replace(run_dir)):
+        more = f" and {len(foreign) - 4} more" if len(foreign) > 4 else ""
+        names = ", ".join(p.name for p in foreign[:4]) + more
+        raise RunDirError(
+            f"run dir {run_dir} holds files that are not a bayesncl run's but that a run writes ({names}): "
+            "training would replace them; choose another --run-dir, or pass --overwrite to replace them"
+        )
     return None
+
+
+def _files_a_run_would_replace(run_dir: Path) -> list[Path]:
+    """Files in a run dir without a run (no checkpoint, log or export) that a run would write over,
+    leaving out what a run killed before its first checkpoint leaves (its config.yaml, steps.csv),
+    which a rerun may replace. A config.yaml that is not a bayesncl run config is a user's file."""
+    found = []
+    for p in _files(run_dir, RUN_ARTIFACTS):
+        if p.name == "steps.csv" or (p.name == "config.yaml" and _is_run_config(p)):
+            continue
+        found.append(p)
+    return found
+
+
+def _is_run_config(path: Path) -> bool:
+    from bayesncl.config import ConfigError, load_run_yaml
+
+    try:
+        config_from_dict(load_run_yaml(path))
+    except (ConfigError, OSError):
+        return False
+    return True
 
 
 def holds_run(run_dir: Path) -> bool:
