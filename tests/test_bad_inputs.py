@@ -11,6 +11,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,6 +34,7 @@ TINY = [*TINY_BASE, "train.epochs=1"]
 FOLDER = ["data.name=imagefolder", "data.train_subset=0", "data.test_subset=0"]
 
 LAYOUT = "expected <split>/<class>/<image files> (ImageFolder layout)"
+DAMAGED = "(damaged or edited): use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
 REFUSED = "was refused by the safe loader (torch.load weights_only=True)"
 ROWS: dict[str, str] = {
     "D1": E + "Fashion-MNIST not found in <tmp>/nowhere (also looked in fashion-mnist/ and FashionMNIST/raw/ "
@@ -132,6 +134,27 @@ ROWS: dict[str, str] = {
     "(--probe fast or paper)",
     "M5": E + "--probe-epochs 10 has no effect with --probe fast: it sets the paper probe's epochs (--probe "
     "paper)",
+    "B2": E + "non-finite weights after epoch 1 (step 3), although the loss stayed finite: "
+    "backbone.1.1.running_var holds NaN or inf (the training diverged: lower train.base_lr=1e+12); nothing "
+    "was kept: fix the cause and rerun",
+    "B3": E + "<tmp>/no-config.pt is a bayesncl-checkpoint-v1 checkpoint without its 'config' entry "
+    "(damaged or edited): use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)",
+    "B4": E + "the config in <tmp>/newer.pt: unknown config key 'method.new_key'; did you mean method.name, "
+    "method.nonneg, method.gate_depth?",
+    "B5": E + "<tmp>/enc.safetensors: the config in its metadata is not valid JSON (Expecting value at "
+    "character 0): damaged or edited; put the run's config.yaml beside a copy without it, or export again",
+    "B6": E + "config file '<tmp>/run/config.yaml' is empty, expected the run's resolved config",
+    "B7": E + "out of memory in main memory (tried to allocate … GiB): lower train.batch_size, "
+    "data.image_size or the model's size (model.backbone, model.proj_hidden)",
+    "B8": E + "benchmark --threads=100000: expected 0 (leave as is) to … (the CPUs here)",
+    "B9": E + "<tmp>/run/last.pt cannot be written: no space left on the file system of <tmp>/run; free some "
+    "space, then run the command again (pretrain: --resume continues from last.pt, if the run has one)",
+    "B10": E + "--out <tmp>/run/last.pt: expected a .npz file path (a features file)",
+    "B11": E + "run dir <tmp>/proj holds files that are not a bayesncl run's but that a run writes "
+    "(config.yaml, metrics.json): training would replace them; choose another --run-dir, or pass --overwrite "
+    "to replace them",
+    "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
+    "seed takes)",
 }
 
 
@@ -233,7 +256,8 @@ def test_nan_features(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 @pytest.mark.parametrize(
     ("row", "args"),
     [("C1", ["method.bogus=1"]), ("C2", ["method.rho=1.5"]), ("C3", ["train.epochs=0"]),
-     ("C4", ["train.epochs=abc"]), ("C9", ["data.image_size=1"]), ("C10", ["method.temperature=1e-30"])],
+     ("C4", ["train.epochs=abc"]), ("C9", ["data.image_size=1"]), ("C10", ["method.temperature=1e-30"]),
+     ("B1", ["seed=100000000000000000000"])],
 )
 def test_bad_config_values(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], row: str, args: list[str]
@@ -261,6 +285,9 @@ def test_benchmark_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     expect("C11", cli_error(["benchmark", "method.name=cl"], capsys), tmp_path)
     expect("C12", cli_error(["benchmark", "--device", "tpu"], capsys), tmp_path)
     expect("C13", cli_error(["benchmark", "--threads", "-3"], capsys), tmp_path)
+    err = cli_error(["benchmark", "--threads", "100000"], capsys)  # torch crashed with SIGSEGV on it
+    expect("B8", err, tmp_path)
+    assert f" to {os.cpu_count()} (the CPUs here)" in err
 
 
 def test_demo_method_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -337,6 +364,59 @@ def test_not_a_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     expect("K2", cli_error(["evaluate", str(tmp_path / "empty.pt")], capsys), tmp_path)
     expect("K8", cli_error(["extract", str(tmp_path)], capsys), tmp_path)
     expect("K9", cli_error(["evaluate", str(tmp_path / "nowhere")], capsys), tmp_path)
+
+
+def test_malformed_bayesncl_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Files with bayesncl's format marker whose content is missing or edited: each used to end in a
+    KeyError, TypeError or JSONDecodeError traceback."""
+    from safetensors.torch import save_file
+
+    good = torch.load(tiny_checkpoint(tmp_path / "good.pt", []), weights_only=True)
+    torch.save({k: v for k, v in good.items() if k != "config"}, tmp_path / "no-config.pt")
+    expect("B3", cli_error(["evaluate", str(tmp_path / "no-config.pt")], capsys), tmp_path)
+    newer = {**good, "config": {**good["config"], "method": {**good["config"]["method"], "new_key": 1}}}
+    torch.save(newer, tmp_path / "newer.pt")  # e.g. from a later bayesncl with a new setting
+    expect("B4", cli_error(["extract", str(tmp_path / "newer.pt")], capsys), tmp_path)
+    for name, entry, kind in (("sd.pt", "state_dict", None), ("cfg.pt", "config", "hello")):
+        torch.save({**good, entry: kind}, tmp_path / name)
+        err = cli_error(["evaluate", str(tmp_path / name)], capsys).strip()
+        assert err == E + (
+            f"{tmp_path / name}: its '{entry}' entry is a {type(kind).__name__}, expected a mapping {DAMAGED}"
+        )
+    torch.save({**good, "state_dict": {**good["state_dict"], "x": 3}}, tmp_path / "int.pt")
+    err = cli_error(["evaluate", str(tmp_path / "int.pt")], capsys).strip()
+    want = f"{tmp_path / 'int.pt'}: its 'state_dict' entry 'x' is an int, expected a tensor {DAMAGED}"
+    assert err == E + want
+    tensors = {k: v.contiguous() for k, v in good["state_dict"].items()}
+    save_file(tensors, tmp_path / "enc.safetensors", metadata={"format": "bayesncl-encoder-v1", "config": ""})
+    expect("B5", cli_error(["evaluate", str(tmp_path / "enc.safetensors")], capsys), tmp_path)
+    save_file(tensors, tmp_path / "list.safetensors", metadata={"config": "[1]"})
+    err = cli_error(["evaluate", str(tmp_path / "list.safetensors")], capsys).strip()
+    assert err == E + (
+        f"{tmp_path / 'list.safetensors'}: the config in its metadata is a JSON list, expected an object of "
+        "config sections: damaged or edited; export again"
+    )
+
+
+def test_resume_of_a_damaged_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 0
+    last = (run / "last.pt").read_bytes()
+    (run / "config.yaml").write_text("")  # e.g. a disk that was full
+    resume = ["pretrain", "--run-dir", str(run), "--resume", "train.epochs=2"]
+    expect("B6", cli_error(resume, capsys), tmp_path)
+    (run / "config.yaml").unlink()  # then last.pt's config is used; it lacks the optimiser state
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    torch.save({k: v for k, v in ckpt.items() if k != "optimizer"}, run / "last.pt")
+    err = cli_error(resume, capsys).strip()
+    assert err == E + (
+        f"--resume: {run / 'last.pt'} is a bayesncl-checkpoint-v1 checkpoint without its 'optimizer' entry "
+        f"{DAMAGED}"
+    )
+    (run / "last.pt").write_bytes(last)  # nothing was changed by the refused commands
+    assert sorted(p.name for p in run.iterdir()) == [
+        "encoder.safetensors", "epoch-0001.pt", "last.pt", "log.csv", "training_curves.png"
+    ]
 
 
 def test_dynamics_of_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -462,6 +542,31 @@ def test_two_commands_on_one_run_dir(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main([*args, "--overwrite"]) == 0  # free again
 
 
+def test_a_run_written_while_this_one_set_up_is_not_overwritten(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run dir is checked before the data is loaded and the model built, and locked only after:
+    another command that wrote a whole run in between (and ended, dropping its lock) used to be
+    trained over without --overwrite. Now the check is repeated under the lock (R4)."""
+    import bayesncl.train as train_module
+
+    run = tmp_path / "run"
+    other = tmp_path / "other"
+    assert main(["pretrain", "--run-dir", str(other), *TINY, "--no-eval"]) == 0
+    real_lock = train_module.lock_run_dir
+
+    def the_other_command_finishes_first(run_dir: Path) -> Any:
+        for p in other.iterdir():
+            if p.is_file() and not p.name.startswith("."):
+                (run_dir / p.name).write_bytes(p.read_bytes())
+        return real_lock(run_dir)
+
+    monkeypatch.setattr(train_module, "lock_run_dir", the_other_command_finishes_first)
+    before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file() and not p.name.startswith(".")}
+    expect("R4", cli_error(["pretrain", "--run-dir", str(run), *TINY, "seed=7"], capsys), tmp_path)
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # no lock file left either
+
+
 # ----------------------------------------------------------------------------- M: command-line messages
 @pytest.mark.skipif(not Path("/proc/self/mounts").is_file(), reason="needs Linux's /proc")
 def test_run_dir_on_a_virtual_file_system(
@@ -527,6 +632,118 @@ def test_probe_options_the_probe_does_not_use(tmp_path: Path, capsys: pytest.Cap
     assert main(["evaluate", run, "--probe-seeds", "2", "--no-knn"]) == 0
     assert json.loads((tmp_path / "evaluation.json").read_text())["linear_probe_seeds"] == [0, 1]
     assert capsys.readouterr().err == ""
+
+
+def test_diverged_weights_with_a_finite_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """lr 1e12: the loss stays finite (training BatchNorm uses the batch's statistics) but the running
+    variance becomes inf, which made every evaluation feature constant: a run of garbage, exit 0."""
+    run = tmp_path / "run"
+    expect("B2", cli_error(["pretrain", "--run-dir", str(run), *TINY, "train.epochs=2",
+                            "train.base_lr=1e12"], capsys), tmp_path)
+    assert not run.exists()
+
+
+def test_out_of_memory_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch or image too large for the device: a setting, not a bug (it was a traceback)."""
+    run = tmp_path / "run"
+    expect("B7", cli_error(["pretrain", "--run-dir", str(run), *TINY, "data.image_size=100000"], capsys),
+           tmp_path)
+    assert not run.exists()
+    import bayesncl.train as train_module
+
+    def cuda_oom(*args: object, **kwargs: object) -> None:
+        raise torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
+            "which 3.06 GiB is free. Including non-PyTorch memory, this process has 76.12 GiB memory in use."
+        )
+
+    monkeypatch.setattr(train_module, "train_step", cuda_oom)
+    err = cli_error(["pretrain", "--run-dir", str(run), *TINY], capsys)
+    assert err == E + (
+        "out of memory on the GPU (tried to allocate 20.00 GiB): lower train.batch_size, data.image_size or "
+        "the model's size (model.backbone, model.proj_hidden)\n"
+    )
+    assert not run.exists()
+    err = cli_error(["benchmark", "--image-size", "100000", "--backbone", "small_cnn"], capsys)
+    assert re.fullmatch(
+        E + r"out of memory in main memory \(tried to allocate [\d,.]+ GiB\): lower --batch-size, "
+        r"--image-size or --backbone", err.splitlines()[-1]
+    ), err
+
+
+def test_a_full_disk_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.save on a full file system fails with 'RuntimeError: ... unexpected pos N vs M' (a
+    traceback before); the epoch-1 run is removed whole, log.csv included (it named an epoch whose
+    checkpoint was never written, and made the run dir refuse a plain rerun)."""
+    from types import SimpleNamespace
+
+    import bayesncl.fileio as fileio
+
+    run = tmp_path / "run"
+    real_save = torch.save
+
+    def save_on_a_full_disk(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if not str(f).endswith(".pt") and "last.pt" in str(f):  # the temporary of last.pt
+            Path(f).write_bytes(b"PK\x03\x04 partial")
+            monkeypatch.setattr(fileio.os, "statvfs", lambda p: SimpleNamespace(
+                f_blocks=1000, f_bavail=0, f_frsize=4096))
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2030336 vs 20302")
+        real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_on_a_full_disk)
+    expect("B9", cli_error(["pretrain", "--run-dir", str(run), *TINY], capsys), tmp_path)
+    assert not run.exists()
+    # OSError ENOSPC (a plain write) is the same error, whatever the free space
+    full = pytest.raises(fileio.DiskFullError, match=r"x\.txt cannot be written: no space left")
+    with full, fileio.atomic_path(tmp_path / "x.txt"):
+        raise OSError(28, "No space left on device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_extract_out_must_be_a_features_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`extract RUN --out RUN/last.pt` replaced the run's checkpoint with a features .npz (exit 0)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    tiny_checkpoint(run / "last.pt", [])
+    (run / "config.yaml").write_text("kept")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    expect("B10", cli_error(["extract", str(run), "--out", str(run / "last.pt")], capsys), tmp_path)
+    assert cli_error(["extract", str(run), "--out", str(run / "config.yaml")], capsys) == E + (
+        f"--out {run / 'config.yaml'}: expected a .npz file path (a features file)\n"
+    )
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert main(["extract", str(run), "--out", str(tmp_path / "f.NPZ")]) == 0
+    assert np.load(tmp_path / "f.NPZ")["features"].shape[0] == 60
+
+
+def test_a_users_files_in_the_run_dir_are_not_replaced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A folder without a run but with a user's config.yaml: a run replaced it silently; and
+    --overwrite deleted every *.png in the folder, the user's own pictures included."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "config.yaml").write_text("my: settings\n")
+    (proj / "metrics.json").write_text("{}")
+    (proj / "photo.png").write_bytes(b"mine")
+    args = ["pretrain", "--run-dir", str(proj), *TINY, "--no-eval"]
+    expect("B11", cli_error(args, capsys), tmp_path)
+    assert (proj / "config.yaml").read_text() == "my: settings\n"
+    assert sorted(p.name for p in proj.iterdir()) == ["config.yaml", "metrics.json", "photo.png"]
+    (proj / "config.yaml").unlink()
+    (proj / "metrics.json").unlink()
+    assert main(args) == 0  # the run's own figure names are not photo.png
+    assert main([*args, "--overwrite"]) == 0
+    assert (proj / "photo.png").read_bytes() == b"mine" and (proj / "last.pt").exists()
+    # what a run killed before its first checkpoint leaves (its own config.yaml) a rerun may replace
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "config.yaml").write_text((proj / "config.yaml").read_text())
+    assert main(["pretrain", "--run-dir", str(killed), *TINY, "--no-eval"]) == 0
 
 
 # ----------------------------------------------------------------------------- the docs table

@@ -334,6 +334,54 @@ def test_torchrun_two_processes_end_to_end(tmp_path: Path) -> None:
     assert not any(re.search(r"epoch \d/2", ln) for ln in lines(proc.stderr, 1))
 
 
+def test_torchrun_bad_input_is_one_line_from_rank0(tmp_path: Path) -> None:
+    """Every process meets a bad value or an occupied run dir alike: the message is printed once,
+    whole (it was printed by both ranks, the two lines sometimes run together on one line)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.csv").write_text("epoch\n1\n")  # a run dir that holds a run
+    for extra, message in (
+        (["method.rho=2"], "method.rho=2.0: expected 0 < rho < 1"),
+        ([], f"run dir {run} already holds a run; pass --resume to continue it, --overwrite to replace it, "
+             "or choose another --run-dir"),
+    ):
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "-m", "bayesncl.cli", "pretrain", "--run-dir", str(run), *TORCHRUN_TINY, *extra,
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                              timeout=180)
+        assert proc.returncode != 0
+        errors = [ln for ln in proc.stderr.splitlines() if "bayesncl: error" in ln]
+        assert errors == [f"bayesncl: error: {message}"], proc.stderr[-3000:]
+    assert sorted(p.name for p in run.iterdir()) == ["log.csv"]
+
+
+def test_an_error_of_one_rank_names_the_rank(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under torchrun, rank 1 of a node stays quiet about an error every rank meets (its node's rank
+    0 prints it), and names itself for one that is its own (here an out-of-memory on its GPU)."""
+    import bayesncl.cli as cli_module
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    slept: list[float] = []
+    monkeypatch.setattr(cli_module.time, "sleep", slept.append)
+    assert main(["pretrain", "method.rho=2"]) == 2
+    assert capsys.readouterr().err == "" and slept == [2]
+
+    def oom(args: Any) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has ...")
+
+    monkeypatch.setattr(cli_module, "cmd_pretrain", oom)
+    assert main(["pretrain"]) == 2
+    assert capsys.readouterr().err == (
+        "bayesncl: error: (rank 1) out of memory on the GPU (tried to allocate 2.00 GiB): lower "
+        "train.batch_size, data.image_size or the model's size (model.backbone, model.proj_hidden)\n"
+    )
+
+
 _SIGNAL_HOOK = textwrap.dedent(
     """
     # Test-only: rank BAYESNCL_SIGNAL_RANK sends itself BAYESNCL_SIGNAL (SIGINT) after its

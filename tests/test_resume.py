@@ -348,6 +348,37 @@ def test_non_finite_loss_stops_naming_step_and_parts_and_keeps_last_good_checkpo
     assert [r["epoch"] for r in log_rows(run)] == ["1"]
 
 
+def test_non_finite_weights_with_a_finite_loss_stop_and_keep_the_last_good_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    real, calls = train_module.train_step, {"n": 0}
+
+    def train_step(step_model: Any, *args: Any, **kwargs: Any) -> Any:
+        stats = real(step_model, *args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 5:  # epoch 2 (3 steps per epoch): a BatchNorm running variance overflows
+            bn = next(m for m in step_model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+            bn.running_var.fill_(float("inf"))
+        return stats
+
+    monkeypatch.setattr(train_module, "train_step", train_step)
+    with pytest.raises(TrainingError) as info:
+        pretrain(build_config(overrides=[*TINY, "train.epochs=3"]), run, evaluate=False)
+    msg = str(info.value)
+    assert re.fullmatch(
+        r"non-finite weights after epoch 2 \(step 6\), although the loss stayed finite: "
+        r"backbone\.[\w.]+\.running_var holds NaN or inf \(the training diverged: lower "
+        rf"train\.base_lr=[\d.e+-]+\); the last good checkpoint {re.escape(str(run / 'last.pt'))} is kept",
+        msg,
+    ), msg
+    ckpt = load_checkpoint_file(run / "last.pt")
+    assert ckpt["epoch"] == 1
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+    assert not (run / "epoch-0002.pt").exists()
+    assert [r["epoch"] for r in log_rows(run)] == ["1"]
+
+
 def test_non_finite_loss_from_the_cli_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -589,6 +620,41 @@ def test_a_killed_overwrite_is_finished_by_the_next_command(
     out, err = capsys.readouterr()
     assert f"put the previous run back in {run}" in out and "already holds a run" in err
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_reading_commands_point_to_the_run_a_killed_overwrite_set_aside(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """evaluate, extract, curves and dynamics only read: on a run dir whose previous run waits in a
+    killed --overwrite's .replaced-PID/ they said 'not a run dir', as if it were lost."""
+    run = tmp_path / "run"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for pid in (os.getpid(), dead.pid):  # an --overwrite under way (this process): no hint
+        aside = run / f".replaced-{pid}"
+        aside.mkdir(parents=True)
+        for name in ("last.pt", "log.csv", "epoch-0001.pt", ".complete"):
+            (aside / name).write_bytes(b"the previous run")
+        hint = (
+            f" (an --overwrite that was killed left the previous run in {aside}/: `bayesncl pretrain "
+            f"--run-dir {run} --resume` puts it back)"
+        ) if pid == dead.pid else ""
+        for cmd, message in (
+            ("evaluate", f"{run} holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)"),
+            ("extract", f"{run} holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)"),
+            ("curves", f"{run} has no log.csv: expected a run dir (or its log.csv) with at least one "
+                       "finished epoch"),
+            ("dynamics", f"{run} holds no periodic checkpoints epoch-NNNN.pt (train.checkpoint_every > 0)"),
+        ):
+            capsys.readouterr()
+            assert main([cmd, str(run)]) == 2
+            assert capsys.readouterr().err == f"bayesncl: error: {message}{hint}\n"
+        if pid == os.getpid():
+            (aside / ".complete").unlink()
+            for p in aside.iterdir():
+                p.unlink()
+            aside.rmdir()
+    assert sorted(p.name for p in run.iterdir()) == [f".replaced-{dead.pid}"]  # nothing was moved
 
 
 def test_a_killed_overwrite_that_had_a_checkpoint_keeps_the_new_run(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import statistics
@@ -117,6 +118,11 @@ def default_settings(settings: BenchmarkSettings) -> tuple[BenchmarkSettings, to
     for name, value, low in (("--threads", settings.threads, 0), ("--workers", settings.workers, 0)):
         if value < low:
             raise ConfigError(f"benchmark {name}={value}: expected >= {low}")
+    cpus = os.cpu_count() or 1
+    if settings.threads > cpus:  # torch.set_num_threads(100000) crashed the process (SIGSEGV)
+        raise ConfigError(
+            f"benchmark --threads={settings.threads}: expected 0 (leave as is) to {cpus} (the CPUs here)"
+        )
     device = resolve_device(settings.device, what="benchmark --device")
     cuda = device.type == "cuda"
     s = BenchmarkSettings(**asdict(settings))

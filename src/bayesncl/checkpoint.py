@@ -263,6 +263,43 @@ def is_bayesncl_checkpoint(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT
 
 
+# What a bayesncl checkpoint holds: for its model (extract, evaluate), and also to resume from it.
+_MODEL_ENTRIES: dict[str, type | tuple[type, ...]] = {"config": dict, "state_dict": dict}
+_RESUME_ENTRIES: dict[str, type | tuple[type, ...]] = {
+    "optimizer": dict, "scaler": dict, "epoch": int, "step": int, "log": list, "rng": dict,
+}
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
+def check_checkpoint_entries(obj: dict[str, Any], path: Path, *, resume: bool = False) -> None:
+    """Raise CheckpointError (one line) unless the bayesncl checkpoint ``obj`` read from ``path`` has
+    the entries its model (and, ``resume``, a resume) needs, of the right kinds. A file with the
+    format marker but a missing or edited entry used to end in a KeyError or TypeError traceback."""
+    entries = {**_MODEL_ENTRIES, **(_RESUME_ENTRIES if resume else {})}
+    for key, kind in entries.items():
+        if key not in obj:
+            raise CheckpointError(
+                f"{path} is a {CHECKPOINT_FORMAT} checkpoint without its '{key}' entry (damaged or edited): "
+                "use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
+            )
+        if not isinstance(obj[key], kind) or (kind is int and isinstance(obj[key], bool)):
+            expected = "a mapping" if kind is dict else f"a {kind.__name__}"  # type: ignore[union-attr]
+            raise CheckpointError(
+                f"{path}: its '{key}' entry is {_a(type(obj[key]).__name__)}, expected {expected} "
+                "(damaged or edited): use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
+            )
+    odd = [k for k, v in obj["state_dict"].items() if not isinstance(v, torch.Tensor)]
+    if odd:
+        raise CheckpointError(
+            f"{path}: its 'state_dict' entry {odd[0]!r} is {_a(type(obj['state_dict'][odd[0]]).__name__)}, "
+            "expected a tensor (damaged or edited): use another copy, or an earlier checkpoint of the run "
+            "(epoch-NNNN.pt)"
+        )
+
+
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
@@ -350,8 +387,13 @@ RESULT_ARTIFACTS = (
     "metrics.md",
     "evaluation.json",
     "evaluation.md",
-    "features_*.npz",
-    "*.png",
+    "features_test.npz",
+    "features_train.npz",
+    # the figures by name: a user's own *.png in the folder is not the run's (--overwrite deleted it)
+    "training_curves.png",
+    "top_activations.png",
+    "suppressed_features.png",
+    "dynamics.png",
     "dynamics.json",
     "dynamics.md",
 )
@@ -453,6 +495,24 @@ def recover_interrupted_overwrite(run_dir: Path, *, owner_gone: bool = False) ->
     return done
 
 
+def set_aside_hint(run_dir: Path) -> str:
+    """For commands that only read a run dir (evaluate, extract, curves, dynamics) and find it empty:
+    ``"; ..."`` naming the previous run an interrupted ``--overwrite`` left set aside in it (the files
+    they look for are there), else ``""``."""
+    run_dir = Path(run_dir)
+    asides = [
+        p for p in sorted(run_dir.glob(".replaced-*")) if p.is_dir()
+        and p.name.removeprefix(".replaced-").isdigit()
+        and not _process_alive(int(p.name.removeprefix(".replaced-")))  # not an --overwrite under way
+    ] if run_dir.is_dir() else []
+    if not asides:
+        return ""
+    return (
+        f" (an --overwrite that was killed left the previous run in {asides[-1]}/: `bayesncl pretrain "
+        f"--run-dir {run_dir} --resume` puts it back)"
+    )
+
+
 def _process_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -523,14 +583,14 @@ def lock_run_dir(run_dir: Path) -> RunDirLock | None:
 
 def discard_unstarted_run(run_dir: Path, existed: bool) -> None:
     """After a fresh run failed before writing its first checkpoint (bad data found mid-epoch, a
-    non-finite loss in epoch 1, ...): remove what it wrote (``config.yaml``, ``steps.csv``,
-    temporaries), and the run dir itself if this run created it and it is now empty, so the same
+    non-finite loss in epoch 1, a full disk, ...): remove what it wrote (``config.yaml``, ``steps.csv``,
+    ``log.csv``, temporaries), and the run dir itself if this run created it and it is now empty, so the same
     command can simply be rerun.
     A run dir that holds a ``last.pt`` is left alone."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir() or (run_dir / "last.pt").exists():
         return
-    for name in ("config.yaml", "steps.csv"):
+    for name in ("config.yaml", "steps.csv", "log.csv"):  # log.csv: its epoch's checkpoint failed (disk full)
         (run_dir / name).unlink(missing_ok=True)
     remove_stale_temporaries(run_dir)
     if not existed and all(p.name == LOCK_NAME for p in run_dir.iterdir()):
@@ -569,7 +629,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     _check_writable(run_dir)
     settle_run_dir(run_dir)
     # A run dir with only config.yaml holds a run killed before its first checkpoint: nothing to keep.
-    has_run = any((run_dir / name).exists() for name in ("last.pt", "log.csv", "encoder.safetensors"))
+    has_run = holds_run(run_dir)
     if resume:
         ckpt_path = run_dir / "last.pt"
         if not ckpt_path.exists():
@@ -585,6 +645,10 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
             raise RunDirError(f"--resume: {e}") from None
         if not is_bayesncl_checkpoint(ckpt):
             raise RunDirError(f"--resume: {ckpt_path} is not a bayesncl checkpoint ({CHECKPOINT_FORMAT})")
+        try:
+            check_checkpoint_entries(ckpt, ckpt_path, resume=True)
+        except CheckpointError as e:
+            raise RunDirError(f"--resume: {e}") from None
         started = ckpt["epoch"] + (1 if ckpt.get("partial") else 0)  # epochs begun
         if cfg.train.epochs < started:
             done = (
@@ -595,7 +659,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
                 f"--resume: train.epochs={cfg.train.epochs} is fewer than {started}: {done}; give "
                 f"train.epochs >= {started} to continue it"
             )
-        old = config_from_dict(ckpt["config"])
+        old = config_from_dict(ckpt["config"], ckpt_path)
         diff = describe_config_diff(old, cfg)
         if diff:
             raise RunDirError(
@@ -606,11 +670,50 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
         remove_stale_temporaries(run_dir)
         return ckpt
     if has_run and not overwrite:
+        raise occupied_run_dir(run_dir)
+    if not overwrite and (foreign := _files_a_run_would_replace(run_dir)):
+        more = f" and {len(foreign) - 4} more" if len(foreign) > 4 else ""
+        names = ", ".join(p.name for p in foreign[:4]) + more
         raise RunDirError(
-            f"run dir {run_dir} already holds a run; pass --resume to continue it, "
-            "--overwrite to replace it, or choose another --run-dir"
+            f"run dir {run_dir} holds files that are not a bayesncl run's but that a run writes ({names}): "
+            "training would replace them; choose another --run-dir, or pass --overwrite to replace them"
         )
     return None
+
+
+def _files_a_run_would_replace(run_dir: Path) -> list[Path]:
+    """Files in a run dir without a run (no checkpoint, log or export) that a run would write over,
+    leaving out what a run killed before its first checkpoint leaves (its config.yaml, steps.csv),
+    which a rerun may replace. A config.yaml that is not a bayesncl run config is a user's file."""
+    found = []
+    for p in _files(run_dir, RUN_ARTIFACTS):
+        if p.name == "steps.csv" or (p.name == "config.yaml" and _is_run_config(p)):
+            continue
+        found.append(p)
+    return found
+
+
+def _is_run_config(path: Path) -> bool:
+    from bayesncl.config import ConfigError, load_run_yaml
+
+    try:
+        config_from_dict(load_run_yaml(path))
+    except (ConfigError, OSError):
+        return False
+    return True
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run (a checkpoint, a log or an export); a run dir with only
+    ``config.yaml`` holds a run killed before its first checkpoint: nothing to keep."""
+    return any((Path(run_dir) / name).exists() for name in ("last.pt", "log.csv", "encoder.safetensors"))
+
+
+def occupied_run_dir(run_dir: Path) -> RunDirError:
+    return RunDirError(
+        f"run dir {run_dir} already holds a run; pass --resume to continue it, "
+        "--overwrite to replace it, or choose another --run-dir"
+    )
 
 
 def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") -> None:

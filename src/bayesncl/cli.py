@@ -141,7 +141,10 @@ def cmd_extract(args: argparse.Namespace) -> int:
     from bayesncl.evaluation.pipeline import extract_command
 
     path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
-    path_arg(args.out, "--out", "a .npz file path")
+    out_arg = path_arg(args.out, "--out", "a .npz file path")
+    if out_arg is not None and not out_arg.is_dir() and out_arg.suffix.lower() != ".npz":
+        # e.g. --out RUN/last.pt replaced the run's checkpoint with a features file
+        raise ConfigError(f"--out {out_arg}: expected a .npz file path (a features file)")
     out = extract_command(args.source, split=args.split, out=args.out, overrides=args.overrides)
     print(f"wrote {out}")
     return 0
@@ -181,14 +184,63 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+# What sets the memory a command needs, by command (an out-of-memory error names these).
+_MEMORY_SETTINGS = {
+    "benchmark": "--batch-size, --image-size or --backbone",
+    "extract": "eval.batch_size (or data.image_size)",
+    "evaluate": "eval.batch_size (or data.image_size)",
+    "metrics": "the number of features (or --retrieval-dims)",
+}
+
+
+def out_of_memory(e: BaseException, command: str | None) -> str | None:
+    """A one-line message for an allocation that failed (CUDA or CPU), or None for other errors.
+
+    A batch, image size or model too large for the device is a setting, not a bug: the message
+    names how much was asked for and the settings of ``command`` that decide it."""
+    import re
+
+    import torch
+
+    text = str(e)
+    if not (
+        isinstance(e, (MemoryError, torch.OutOfMemoryError))
+        or (isinstance(e, RuntimeError) and "can't allocate memory" in text)
+    ):
+        return None
+    asked = ""
+    if (found := re.search(r"allocate (\d+) bytes", text)) is not None:
+        asked = f" (tried to allocate {int(found.group(1)) / 2**30:,.1f} GiB)"
+    elif (found := re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]i?B)", text)) is not None:
+        asked = f" (tried to allocate {found.group(1)})"
+    where = "on the GPU" if isinstance(e, torch.OutOfMemoryError) else "in main memory"
+    default = "train.batch_size, data.image_size or the model's size (model.backbone, model.proj_hidden)"
+    settings = _MEMORY_SETTINGS.get(command or "", default)
+    return f"out of memory {where}{asked}: lower {settings}"
+
+
+def errors_every_rank_meets() -> tuple[type[BaseException], ...]:
+    """User errors that every torchrun process of a node meets alike (same arguments, same files, or
+    decided by rank 0 for all: run-dir checks, a non-finite loss): printed once per node, by its
+    local rank 0. Other errors (an out-of-memory on one GPU, ...) are printed by the rank meeting
+    them, prefixed with "(rank N)"."""
+    from bayesncl.checkpoint import CheckpointError, RunDirError
+    from bayesncl.data import DataError
+    from bayesncl.train import TrainingError
+
+    return (ConfigError, DataError, RunDirError, CheckpointError, TrainingError)
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input, printed as one line; anything else is a bug and raises."""
     from bayesncl.checkpoint import CheckpointError, RunDirError
     from bayesncl.data import DataError
     from bayesncl.evaluation import EvalError
+    from bayesncl.fileio import DiskFullError
     from bayesncl.train import TrainingError
 
     return (
+        DiskFullError,
         ConfigError,
         DataError,
         EvalError,
@@ -434,9 +486,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bayesncl: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         return int(getattr(e, "exit_code", 130))
     except Exception as e:
-        if not isinstance(e, user_errors()):
+        oom = out_of_memory(e, args.command)
+        if oom is None and not isinstance(e, user_errors()):
             raise
-        print(f"bayesncl: error: {e}", file=sys.stderr)
+        rank, local_rank = os.environ.get("RANK", "0"), os.environ.get("LOCAL_RANK", "0")
+        if local_rank != "0" and oom is None and isinstance(e, errors_every_rank_meets()):
+            # under torchrun: the node's first process prints this very line; give it time to,
+            # before torchrun ends the group on this exit
+            time.sleep(2)
+            return 2
+        where = f"(rank {rank}) " if rank != "0" else ""
+        sys.stderr.write(f"bayesncl: error: {where}{oom or e}\n")  # one write: lines of ranks never mix
         return 2
     finally:
         warnings.formatwarning = show_warning

@@ -317,6 +317,16 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return _flatten(raw)
 
 
+def load_run_yaml(path: str | Path) -> dict[str, Any]:
+    """A run's ``config.yaml`` (its whole resolved config) as flat dotted keys, for
+    :func:`config_from_dict`. Raises ConfigError naming the file where :func:`load_yaml` does, and
+    when the file is empty (no key at all: every setting would silently be a default)."""
+    flat = load_yaml(path)
+    if not flat:
+        raise ConfigError(f"config file '{path}' is empty, expected the run's resolved config")
+    return flat
+
+
 def check_keys(keys: typing.Iterable[str]) -> None:
     """Raise ConfigError for the first dotted key that is not a config key, naming the closest ones."""
     valid = set(valid_keys())
@@ -431,12 +441,23 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
     setattr(obj, parts[-1], _coerce(key, value, hints[parts[-1]]))
 
 
-def config_from_dict(d: dict[str, Any]) -> Config:
-    """Rebuild a resolved Config (e.g. from a run dir's ``config.yaml``) without applying presets."""
-    cfg = Config()
-    for k, v in _flatten(d).items():
-        set_key(cfg, k, v)
-    validate(cfg)
+def config_from_dict(d: dict[str, Any], source: str | Path | None = None) -> Config:
+    """Rebuild a resolved Config (e.g. from a run dir's ``config.yaml``) without applying presets.
+
+    ``source``: the file ``d`` was read from (a run's ``config.yaml``, a checkpoint); a ConfigError
+    then names it ("the config in FILE: ..."), since the bad key or value is in that file, not on
+    the command line."""
+    try:
+        if not isinstance(d, dict):
+            raise ConfigError(f"expected a mapping of config sections, got {type(d).__name__}")
+        cfg = Config()
+        for k, v in _flatten(d).items():
+            set_key(cfg, k, v)
+        validate(cfg)
+    except ConfigError as e:
+        if source is None:
+            raise
+        raise ConfigError(f"the config in {source}: {e}") from None
     return cfg
 
 
@@ -506,6 +527,10 @@ def validate(cfg: Config) -> None:
     )
     for k in cfg.eval.retrieval_dims:
         _check(1 <= k <= mo.proj_dim, f"eval.retrieval_dims: K={k}: expected 1 <= K <= D={mo.proj_dim}")
+    _check(
+        -(2**63) <= cfg.seed < 2**64,
+        f"seed={cfg.seed}: expected an integer from -2**63 to 2**64 - 1 (the range torch's seed takes)",
+    )
     check_device(t.device, "train.device")
 
 

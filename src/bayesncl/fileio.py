@@ -13,11 +13,13 @@ user sharing a run directory.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
+    "DiskFullError",
     "atomic_path",
     "default_file_mode",
     "remove_stale_temporaries",
@@ -53,9 +55,43 @@ def atomic_path(path: Path | str) -> Iterator[Path]:
         yield tmp
         os.chmod(tmp, default_file_mode())
         os.replace(tmp, path)
+    except Exception as e:
+        if _file_system_full(e, path.parent):  # before the partial temporary goes and frees its space
+            raise DiskFullError(
+                f"{path} cannot be written: no space left on the file system of {path.parent}; free some "
+                "space, then run the command again (pretrain: --resume continues from last.pt, if the run "
+                "has one)"
+            ) from None
+        raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+class DiskFullError(OSError):
+    """A file could not be written because its file system is full (one line, naming the file).
+
+    torch.save reports a full disk as ``RuntimeError: ... unexpected pos N vs M`` (its zip writer
+    sees a short write), so :func:`atomic_path` also looks at the free space when a write fails."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+_FULL_BELOW = 1 << 20  # bytes free: a write that failed with less than this left failed for want of space
+
+
+def _file_system_full(e: BaseException, folder: Path) -> bool:
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return True
+    try:
+        st = os.statvfs(folder)
+    except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
+        return False
+    return st.f_blocks > 0 and st.f_bavail * st.f_frsize < _FULL_BELOW  # f_blocks 0: /proc and the like
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:

@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 import torchvision
-import yaml
 from torch import Tensor, nn
 
 from bayesncl import distributed
@@ -45,7 +44,9 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
     atomic_save,
     discard_unstarted_run,
     finish_overwrite,
+    holds_run,
     lock_run_dir,
+    occupied_run_dir,
     prepare_run_dir,
     rng_state,
     save_checkpoint,
@@ -54,7 +55,7 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
     set_rng_state,
     write_log,
 )
-from bayesncl.config import Config, MethodConfig, config_from_dict, dump_yaml
+from bayesncl.config import Config, MethodConfig, config_from_dict, dump_yaml, load_run_yaml
 from bayesncl.data import DataError, build_train_loader, dataset_info, mix_seed
 from bayesncl.distributed import resolve_device  # noqa: F401 - re-exported: train.resolve_device
 from bayesncl.fileio import atomic_path
@@ -389,7 +390,14 @@ def _pretrain(
             seed_everything(mix_seed(distributed.rank_seed(cfg.seed, world.rank), state.step))
     if world.is_main:  # fresh run, or a resume that may have extended train.epochs
         run_dir.mkdir(parents=True, exist_ok=True)
-        claim["lock"] = lock_run_dir(run_dir)  # the first write; None where there are no file locks
+        lock = lock_run_dir(run_dir)  # the first write; None where there are no file locks
+        if ckpt is None and not overwrite and holds_run(run_dir):
+            # another command wrote a run here after prepare_run_dir's check (while this one loaded
+            # its data and built its model) and ended: refuse as that check would have, touching nothing
+            if lock is not None:
+                lock.release()
+            raise occupied_run_dir(run_dir)
+        claim["lock"] = lock
         if ckpt is None and overwrite:  # the previous run waits aside until this one has a checkpoint
             claim["run"] = set_aside_run_artifacts(run_dir)
         if ckpt is None:  # a run killed before its first checkpoint may have left its step log
@@ -405,7 +413,8 @@ def _pretrain(
             # killed between last.pt and the periodic copy of the same epoch: write the copy now
             with atomic_path(periodic) as tmp:
                 shutil.copyfile(run_dir / "last.pt", tmp)
-        (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+        with atomic_path(run_dir / "config.yaml") as tmp:  # a kill mid-write must not leave it empty
+            tmp.write_text(dump_yaml(cfg))
 
     step_model = wrap_for_training(model, cfg, world)
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
@@ -441,12 +450,7 @@ def _pretrain(
                         # CPU checks every step; CUDA every STEP_LOG_EVERY steps (no per-step host sync)
                         f"non-finite loss {'at' if device.type == 'cpu' else 'detected by'} step "
                         f"{state.step} (epoch {epoch + 1}): "
-                        f"InfoNCE={float(stats[1]):.4g}, KL={float(stats[2]):.4g}; "
-                        + (
-                            f"the last good checkpoint {run_dir / 'last.pt'} is kept"
-                            if (run_dir / "last.pt").exists()
-                            else "no epoch had finished, so nothing was kept: fix the cause and rerun"
-                        )
+                        f"InfoNCE={float(stats[1]):.4g}, KL={float(stats[2]):.4g}; " + _what_was_kept(run_dir)
                     )
                 if hasattr(bar, "set_postfix"):
                     post = {"loss": f"{means[0]:.3f}", "kl": f"{means[2]:.2f}"}
@@ -483,6 +487,14 @@ def _pretrain(
                 signum=stop_signal or interrupted["signal"] or signal.SIGINT,
             )
         means, _ = _global_means(sums / max(n_seen, 1), None)
+        bad = _first_non_finite(model, world)
+        if bad is not None:  # weights or BatchNorm statistics diverged while the loss stayed finite
+            raise TrainingError(
+                f"non-finite weights after epoch {epoch + 1} (step {state.step}), although the loss stayed "
+                f"finite: {bad} holds NaN or inf (the training diverged: lower train.base_lr="
+                f"{cfg.train.base_lr:g}); "
+                + _what_was_kept(run_dir, "nothing was kept: fix the cause and rerun")
+            )
         row = {
             "epoch": epoch + 1,
             "step": state.step,
@@ -538,6 +550,31 @@ def _pretrain(
             f"stopped during the end-of-training evaluation; training is complete ({run_dir / 'last.pt'}): "
             f"`bayesncl evaluate {run_dir}` evaluates it"
         ) from None
+
+
+def _what_was_kept(
+    run_dir: Path, nothing: str = "no epoch had finished, so nothing was kept: fix the cause and rerun"
+) -> str:
+    """The end of a non-finite-loss or non-finite-weights message: what the run dir still holds."""
+    if (run_dir / "last.pt").exists():
+        return f"the last good checkpoint {run_dir / 'last.pt'} is kept"
+    return nothing
+
+
+def _first_non_finite(model: nn.Module, world: distributed.World) -> str | None:
+    """The name of a floating-point parameter or buffer of ``model`` holding NaN or inf (on any
+    rank: a collective under DDP), or None. Checked at each epoch end, before the checkpoint: a
+    diverged BatchNorm running variance leaves the training loss finite (training mode uses the
+    batch's statistics) but makes every evaluation feature constant. One host sync per epoch."""
+    tensors = {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
+    if not tensors:
+        return None
+    finite = torch.stack([torch.isfinite(v).all() for v in tensors.values()]).all()
+    bad_here = (~finite).float().reshape(1)
+    if float(distributed.all_reduce_mean(bad_here)[0]) == 0:
+        return None
+    names = [k for k, v in tensors.items() if not bool(torch.isfinite(v).all())]
+    return names[0] if names else f"a tensor of another process than rank {world.rank}"
 
 
 def _rng_of_every_rank(world: distributed.World) -> list[dict[str, Any]] | None:
@@ -618,10 +655,15 @@ def load_run_config(run_dir: Path) -> Config:
     """The resolved config of an existing run dir: its ``config.yaml``, or the one inside its
     ``last.pt`` where the YAML is missing (e.g. deleted by hand)."""
     if not (run_dir / "config.yaml").exists() and (run_dir / "last.pt").exists():
-        from bayesncl.checkpoint import load_checkpoint_file
+        from bayesncl.checkpoint import check_checkpoint_entries, load_checkpoint_file
 
-        return config_from_dict(load_checkpoint_file(run_dir / "last.pt")["config"])
-    return config_from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+        ckpt = load_checkpoint_file(run_dir / "last.pt")
+        if not isinstance(ckpt, dict):
+            what = type(ckpt).__name__
+            raise RunDirError(f"{run_dir / 'last.pt'} holds a {what}, not a bayesncl checkpoint")
+        check_checkpoint_entries(ckpt, run_dir / "last.pt")
+        return config_from_dict(ckpt["config"], run_dir / "last.pt")
+    return config_from_dict(load_run_yaml(run_dir / "config.yaml"), run_dir / "config.yaml")
 
 
 def _progress(loader: Any, epoch: int, cfg: Config, world: distributed.World, initial: int = 0) -> Any:

@@ -111,7 +111,12 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
         raise EvalError(f"{run}: no such run dir")
     ckpts = checkpoint_epochs(run)[:: max(every, 1)]
     if not ckpts:
-        raise EvalError(f"{run} holds no periodic checkpoints epoch-NNNN.pt (train.checkpoint_every > 0)")
+        from bayesncl.checkpoint import set_aside_hint
+
+        raise EvalError(
+            f"{run} holds no periodic checkpoints epoch-NNNN.pt (train.checkpoint_every > 0)"
+            + set_aside_hint(run)
+        )
     rows: list[dict[str, Any]] = []
     used = 0
     for epoch, path in ckpts:

@@ -124,7 +124,13 @@ def load_trained(
     code is refused. Returns ``(model in eval mode, config, directory to write outputs into)``.
     Raises EvalError (one line) for anything unusable, ConfigError for bad overrides.
     """
-    from bayesncl.checkpoint import CheckpointError, is_bayesncl_checkpoint, load_checkpoint_file
+    from bayesncl.checkpoint import (
+        CheckpointError,
+        check_checkpoint_entries,
+        is_bayesncl_checkpoint,
+        load_checkpoint_file,
+        set_aside_hint,
+    )
     from bayesncl.evaluation import EvalError
     from bayesncl.official import looks_official
 
@@ -132,7 +138,10 @@ def load_trained(
     if src.is_dir():
         ckpt_path = src / "last.pt"
         if not ckpt_path.exists():
-            raise EvalError(f"{src} holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)")
+            raise EvalError(
+                f"{src} holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)"
+                + set_aside_hint(src)
+            )
         out_dir = src
     elif src.is_file():
         ckpt_path, out_dir = src, src.parent
@@ -141,13 +150,15 @@ def load_trained(
     try:
         obj = load_checkpoint_file(ckpt_path)
         if is_bayesncl_checkpoint(obj):
+            check_checkpoint_entries(obj, ckpt_path)
             model, cfg = _load_own(ckpt_path, obj["config"], obj["state_dict"], overrides, command)
         elif isinstance(obj, dict) and str(obj.get("format", "")).startswith("bayesncl-checkpoint"):
             raise EvalError(
                 f"{ckpt_path} is a {obj['format']} checkpoint; this bayesncl reads bayesncl-checkpoint-v1"
             )
         elif _is_own_encoder(ckpt_path, obj):
-            model, cfg = _load_own(ckpt_path, _encoder_config(ckpt_path), obj, overrides, command)
+            cfg_dict, cfg_source = _encoder_config(ckpt_path)
+            model, cfg = _load_own(ckpt_path, cfg_dict, obj, overrides, command, cfg_source=cfg_source)
         elif looks_official(obj):
             model, cfg = _load_official(ckpt_path, obj, overrides)
         else:
@@ -178,24 +189,36 @@ def _is_own_encoder(path: Path, obj: Any) -> bool:
     )
 
 
-def _encoder_config(path: Path) -> dict[str, Any]:
-    """The config of an exported ``encoder.safetensors``: from its metadata (key ``config``, written
-    by :func:`bayesncl.train.export_encoder`), else from the run's ``config.yaml`` beside it (files
-    exported before the metadata held it). Raises EvalError if neither exists."""
+def _encoder_config(path: Path) -> tuple[dict[str, Any], Path]:
+    """The config of an exported ``encoder.safetensors``, and the file it came from: its metadata (key
+    ``config``, written by :func:`bayesncl.train.export_encoder`), else the run's ``config.yaml``
+    beside it (files exported before the metadata held it). Raises EvalError if neither exists."""
     import json
 
-    import yaml
     from safetensors import safe_open
 
+    from bayesncl.config import load_run_yaml
     from bayesncl.evaluation import EvalError
 
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
     if "config" in meta:
-        return dict(json.loads(meta["config"]))
+        try:
+            cfg = json.loads(meta["config"])
+        except json.JSONDecodeError as e:
+            raise EvalError(
+                f"{path}: the config in its metadata is not valid JSON ({e.msg} at character {e.pos}): "
+                "damaged or edited; put the run's config.yaml beside a copy without it, or export again"
+            ) from None
+        if not isinstance(cfg, dict):
+            raise EvalError(
+                f"{path}: the config in its metadata is a JSON {type(cfg).__name__}, expected an object of "
+                "config sections: damaged or edited; export again"
+            )
+        return cfg, path
     beside = path.parent / "config.yaml"
     if beside.is_file():
-        return dict(yaml.safe_load(beside.read_text()))
+        return load_run_yaml(beside), beside
     raise EvalError(
         f"{path} records no config (an export from an older bayesncl) and no config.yaml is beside it: "
         "copy the run's config.yaml next to it"
@@ -208,12 +231,14 @@ def _load_own(
     state_dict: dict[str, torch.Tensor],
     overrides: list[str] | None,
     command: str | None = None,
+    cfg_source: Path | None = None,
 ) -> tuple[ContrastiveModel, Config]:
+    """``cfg_source``: the file ``cfg_dict`` was read from, named by a config error (default ``path``)."""
     from bayesncl.config import check_keys, config_from_dict, parse_overrides, set_key, validate
     from bayesncl.evaluation import EvalError
     from bayesncl.official import load_state_strict
 
-    cfg = config_from_dict(cfg_dict)
+    cfg = config_from_dict(cfg_dict, cfg_source or path)
     trained_data = copy.deepcopy(cfg.data)
     user = parse_overrides(list(overrides or []))
     check_keys(user)  # an unknown key: the usual error, with the closest keys

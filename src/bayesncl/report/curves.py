@@ -52,7 +52,12 @@ def read_log(source: str | Path) -> list[dict[str, float]]:
         raise RunDirError(f"{path} is the per-step log: pass its run dir or its log.csv")
     if not path.is_file():
         where = f"{path.parent} has no log.csv" if path.name == "log.csv" else f"{path} is not a file"
-        raise RunDirError(f"{where}: expected a run dir (or its log.csv) with at least one finished epoch")
+        from bayesncl.checkpoint import set_aside_hint
+
+        raise RunDirError(
+            f"{where}: expected a run dir (or its log.csv) with at least one finished epoch"
+            + set_aside_hint(path.parent)
+        )
     rows = _read_csv(path, LOG_FIELDS)
     if not rows:
         raise RunDirError(f"{path}: no epoch has finished yet (the log has a header only)")
