@@ -52,6 +52,11 @@ ROWS: dict[str, str] = {
     "D8": E + "imagefolder has 1 class: the end-of-training linear probe needs >= 2; "
     "pass --no-eval or eval.probe=none",
     "D9": E + "features contain NaN or inf in 1 of 50 rows (first: row 3)",
+    "A1": E + "<tmp>/crc.npz: array 'features' cannot be read, the archive is damaged: Bad CRC-32 for file "
+    "'features.npy'",
+    "A2": E + "<tmp>/short.npz: array 'features' cannot be read: EOF: reading array data, expected 32 bytes "
+    "got 24",
+    "A3": E + "<tmp>/raw.npz: member 'features' is not a NumPy .npy array",
     "C1": E + "unknown config key 'method.bogus'; did you mean method.rho, method.nonneg, method.topk?",
     "C2": E + "method.rho=1.5: expected 0 < rho < 1",
     "C3": E + "train.epochs=0: expected >= 1",
@@ -227,6 +232,43 @@ def test_nan_features(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     f[3, 2] = np.nan
     np.savez(tmp_path / "nan.npz", features=f, labels=np.arange(50) % 3)
     expect("D9", cli_error(["metrics", str(tmp_path / "nan.npz")], capsys), tmp_path)
+
+
+def test_damaged_features_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A features file damaged inside its zip (bad CRC, cut-short .npy, a member that is no .npy)
+    is one line naming the array and the reason: not a traceback, not "holds Python objects"."""
+    import io
+    import zipfile
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "crc.npz", features=rng.random((50, 8)).astype(np.float32), labels=np.arange(50) % 3)
+    data = bytearray((tmp_path / "crc.npz").read_bytes())
+    data[data.find(b"NUMPY") + 200] ^= 0xFF  # one byte inside the features array: its CRC-32 no longer fits
+    (tmp_path / "crc.npz").write_bytes(bytes(data))
+    expect("A1", cli_error(["metrics", str(tmp_path / "crc.npz")], capsys), tmp_path)
+
+    def npy(a: np.ndarray) -> bytes:
+        buf = io.BytesIO()
+        np.save(buf, a)
+        return buf.getvalue()
+
+    with zipfile.ZipFile(tmp_path / "short.npz", "w") as z:
+        z.writestr("features.npy", npy(np.zeros((4, 2), np.float32))[:-8])
+        z.writestr("labels.npy", npy(np.zeros(4, np.int64)))
+    expect("A2", cli_error(["metrics", str(tmp_path / "short.npz")], capsys), tmp_path)
+    with zipfile.ZipFile(tmp_path / "raw.npz", "w") as z:
+        z.writestr("features.npy", b"notnpy")
+        z.writestr("labels.npy", npy(np.zeros(4, np.int64)))
+    expect("A3", cli_error(["metrics", str(tmp_path / "raw.npz")], capsys), tmp_path)
+    np.savez_compressed(tmp_path / "zlib.npz", features=rng.random((50, 8)), labels=np.arange(50) % 3)
+    data = bytearray((tmp_path / "zlib.npz").read_bytes())
+    for i in range(60, 120):  # inside the first member's deflate stream
+        data[i] ^= 0x55
+    (tmp_path / "zlib.npz").write_bytes(bytes(data))
+    err = cli_error(["metrics", str(tmp_path / "zlib.npz")], capsys)
+    damaged = "array 'features' cannot be read, the archive is damaged: "
+    assert err.startswith(E + f"{tmp_path}/zlib.npz: {damaged}")
+    assert err.count("\n") == 1
 
 
 # ----------------------------------------------------------------------------- config
