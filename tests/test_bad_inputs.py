@@ -57,6 +57,7 @@ ROWS: dict[str, str] = {
     "A2": E + "<tmp>/short.npz: array 'features' cannot be read: EOF: reading array data, expected 32 bytes "
     "got 24",
     "A3": E + "<tmp>/raw.npz: member 'features' is not a NumPy .npy array",
+    "A4": E + "--out <tmp>/run/last.pt: expected a .npz file path",
     "C1": E + "unknown config key 'method.bogus'; did you mean method.rho, method.nonneg, method.topk?",
     "C2": E + "method.rho=1.5: expected 0 < rho < 1",
     "C3": E + "train.epochs=0: expected >= 1",
@@ -269,6 +270,21 @@ def test_damaged_features_files(tmp_path: Path, capsys: pytest.CaptureFixture[st
     damaged = "array 'features' cannot be read, the archive is damaged: "
     assert err.startswith(E + f"{tmp_path}/zlib.npz: {damaged}")
     assert err.count("\n") == 1
+
+
+def test_extract_out_is_a_npz_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``extract --out`` naming a run's own checkpoint (or any non-.npz file) is refused before
+    anything is written: it used to replace last.pt with a features file, killing --resume."""
+    (tmp_path / "run").mkdir()
+    run = tiny_checkpoint(tmp_path / "run" / "last.pt", [])
+    before = run.read_bytes()
+    expect("A4", cli_error(["extract", str(tmp_path / "run"), "--out", str(run)], capsys), tmp_path)
+    assert run.read_bytes() == before
+    (tmp_path / "run" / "config.yaml").write_text("seed: 0\n")
+    err = cli_error(["extract", str(run), "--out", str(tmp_path / "run" / "config.yaml")], capsys)
+    assert err == E + f"--out {tmp_path}/run/config.yaml: expected a .npz file path\n"
+    assert (tmp_path / "run" / "config.yaml").read_text() == "seed: 0\n"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml", "last.pt"]
 
 
 # ----------------------------------------------------------------------------- config

@@ -310,6 +310,8 @@ def extract_command(
 
     if out is not None and Path(out).is_dir():
         raise EvalError(f"--out {out} is a directory; give a file name such as {Path(out) / 'features.npz'}")
+    if out is not None and Path(out).suffix.lower() != ".npz":  # never last.pt, config.yaml, ... of a run
+        raise EvalError(f"--out {out}: expected a .npz file path")
     model, cfg, out_dir = load_trained(source, overrides=overrides, command="extract")
     device = next(model.parameters()).device
     arrays = extract_split(model, cfg, split, device)
