@@ -299,7 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
     p.add_argument("--split", choices=("test", "train"), default="test", help="which split (default test)")
-    p.add_argument("--out", help="output .npz (default RUN_DIR/features_<split>.npz)")
+    p.add_argument(
+        "--out",
+        help="output .npz (default RUN_DIR/features_<split>.npz; for RUN/epoch-NNNN.pt "
+        "RUN/eval-epoch-NNNN/features_<split>.npz)",
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help=_LOAD_OVERRIDES_HELP)
     p.set_defaults(func=cmd_extract)
 
@@ -322,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluate",
         help="extract + metrics + linear probe + kNN + retrieval + top-activation figure",
         description="Full evaluation of a run dir or checkpoint; writes evaluation.json, "
-        "evaluation.md and top_activations.png into the run dir.",
+        "evaluation.md and top_activations.png into the run dir (for an earlier checkpoint "
+        "RUN/epoch-NNNN.pt: into RUN/eval-epoch-NNNN/).",
     )
     p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
     p.add_argument("--retrieval-dims", help="comma-separated K list (default 32,64,...,D)")
