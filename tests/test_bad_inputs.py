@@ -58,6 +58,10 @@ ROWS: dict[str, str] = {
     "got 24",
     "A3": E + "<tmp>/raw.npz: member 'features' is not a NumPy .npy array",
     "A4": E + "--out <tmp>/run/last.pt: expected a .npz file path",
+    "A5": E + "out of memory (tried to allocate 119209.3 GiB): the model or data sizes do not fit; lower "
+    "model.proj_dim, model.proj_hidden, method.gate_hidden, data.image_size, train.batch_size or "
+    "eval.batch_size",
+    "A6": E + "train.epochs=1000000: expected <= 100000",
     "C1": E + "unknown config key 'method.bogus'; did you mean method.rho, method.nonneg, method.topk?",
     "C2": E + "method.rho=1.5: expected 0 < rho < 1",
     "C3": E + "train.epochs=0: expected >= 1",
@@ -287,11 +291,34 @@ def test_extract_out_is_a_npz_path(tmp_path: Path, capsys: pytest.CaptureFixture
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml", "last.pt"]
 
 
+def test_sizes_that_do_not_fit_in_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A projector of 10^12 dims cannot be allocated: one line naming the size and the keys to
+    lower (it was a DefaultCPUAllocator traceback), and no run dir is left behind."""
+    args = ["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, "model.proj_dim=1000000000000"]
+    err = cli_error(args, capsys)
+    expect("A5", err, tmp_path)
+    assert not (tmp_path / "r").exists()
+
+
+def test_out_of_memory_errors_are_recognised() -> None:
+    from bayesncl.cli import out_of_memory
+
+    with pytest.raises(MemoryError) as numpy_error:
+        np.empty((10**7, 10**7))
+    assert out_of_memory(numpy_error.value).startswith("out of memory (Unable to allocate 728. TiB for an")
+    oom_type = type("OutOfMemoryError", (RuntimeError,), {})  # torch.OutOfMemoryError's name (CUDA)
+    cuda = oom_type("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+    assert out_of_memory(cuda).startswith("out of memory (CUDA out of memory. Tried to allocate 2.00 GiB): ")
+    assert out_of_memory(RuntimeError("shape mismatch")) is None
+    assert out_of_memory(ValueError("can't allocate memory")) is None
+
+
 # ----------------------------------------------------------------------------- config
 @pytest.mark.parametrize(
     ("row", "args"),
     [("C1", ["method.bogus=1"]), ("C2", ["method.rho=1.5"]), ("C3", ["train.epochs=0"]),
-     ("C4", ["train.epochs=abc"]), ("C9", ["data.image_size=1"]), ("C10", ["method.temperature=1e-30"])],
+     ("C4", ["train.epochs=abc"]), ("C9", ["data.image_size=1"]), ("C10", ["method.temperature=1e-30"]),
+     ("A6", ["train.epochs=1000000"])],
 )
 def test_bad_config_values(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], row: str, args: list[str]

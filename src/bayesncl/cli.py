@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -198,6 +199,30 @@ def user_errors() -> tuple[type[BaseException], ...]:
         FileNotFoundError,
         PermissionError,
     )
+
+
+_SIZE_KEYS = (
+    "model.proj_dim, model.proj_hidden, method.gate_hidden, data.image_size, train.batch_size or "
+    "eval.batch_size"
+)
+
+
+def out_of_memory(exc: BaseException) -> str | None:
+    """One line for an allocation that failed (sizes in the config too large for this machine:
+    ``model.proj_dim=1000000000``), or None when ``exc`` is not one. Covers Python/NumPy's
+    MemoryError, torch's CPU allocator error and ``torch.OutOfMemoryError`` (CUDA)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if isinstance(exc, MemoryError):
+        reason = first
+    elif isinstance(exc, RuntimeError) and (
+        "can't allocate memory" in text or type(exc).__name__ == "OutOfMemoryError"
+    ):
+        match = re.search(r"tried to allocate (\d+) bytes", text)
+        reason = f"tried to allocate {int(match.group(1)) / 2**30:.1f} GiB" if match else first
+    else:
+        return None
+    return f"out of memory ({reason}): the model or data sizes do not fit; lower {_SIZE_KEYS}"
 
 
 _LOAD_OVERRIDES_HELP = (
@@ -439,6 +464,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"bayesncl: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         return int(getattr(e, "exit_code", 130))
     except Exception as e:
+        oom = out_of_memory(e)
+        if oom is not None:
+            print(f"bayesncl: error: {oom}", file=sys.stderr)
+            return 2
         if not isinstance(e, user_errors()):
             raise
         print(f"bayesncl: error: {e}", file=sys.stderr)
