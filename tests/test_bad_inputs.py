@@ -54,6 +54,12 @@ ROWS: dict[str, str] = {
     "D8": E + "imagefolder has 1 class: the end-of-training linear probe needs >= 2; "
     "pass --no-eval or eval.probe=none",
     "D9": E + "features contain NaN or inf in 1 of 50 rows (first: row 3)",
+    "A1": E + "<tmp>/crc.npz: array 'features' cannot be read, the archive is damaged: Bad CRC-32 for file "
+    "'features.npy'",
+    "A2": E + "<tmp>/short.npz: array 'features' cannot be read: EOF: reading array data, expected 32 bytes "
+    "got 24",
+    "A3": E + "<tmp>/raw.npz: member 'features' is not a NumPy .npy array",
+    "A6": E + "train.epochs=1000000: expected <= 100000",
     "C1": E + "unknown config key 'method.bogus'; did you mean method.rho, method.nonneg, method.topk?",
     "C2": E + "method.rho=1.5: expected 0 < rho < 1",
     "C3": E + "train.epochs=0: expected >= 1",
@@ -145,7 +151,8 @@ ROWS: dict[str, str] = {
     "character 0): damaged or edited; put the run's config.yaml beside a copy without it, or export again",
     "B6": E + "config file '<tmp>/run/config.yaml' is empty, expected the run's resolved config",
     "B7": E + "out of memory in main memory (tried to allocate … GiB): lower train.batch_size, "
-    "data.image_size or the model's size (model.backbone, model.proj_hidden)",
+    "data.image_size or the model's size (model.backbone, model.proj_dim, model.proj_hidden, "
+    "method.gate_hidden)",
     "B8": E + "benchmark --threads=100000: expected 0 (leave as is) to … (the CPUs here)",
     "B9": E + "<tmp>/run/last.pt cannot be written: no space left on the file system of <tmp>/run; free some "
     "space, then run the command again (pretrain: --resume continues from last.pt, if the run has one)",
@@ -252,12 +259,91 @@ def test_nan_features(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     expect("D9", cli_error(["metrics", str(tmp_path / "nan.npz")], capsys), tmp_path)
 
 
+def test_damaged_features_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A features file damaged inside its zip (bad CRC, cut-short .npy, a member that is no .npy)
+    is one line naming the array and the reason: not a traceback, not "holds Python objects"."""
+    import io
+    import zipfile
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "crc.npz", features=rng.random((50, 8)).astype(np.float32), labels=np.arange(50) % 3)
+    data = bytearray((tmp_path / "crc.npz").read_bytes())
+    data[data.find(b"NUMPY") + 200] ^= 0xFF  # one byte inside the features array: its CRC-32 no longer fits
+    (tmp_path / "crc.npz").write_bytes(bytes(data))
+    expect("A1", cli_error(["metrics", str(tmp_path / "crc.npz")], capsys), tmp_path)
+
+    def npy(a: np.ndarray) -> bytes:
+        buf = io.BytesIO()
+        np.save(buf, a)
+        return buf.getvalue()
+
+    with zipfile.ZipFile(tmp_path / "short.npz", "w") as z:
+        z.writestr("features.npy", npy(np.zeros((4, 2), np.float32))[:-8])
+        z.writestr("labels.npy", npy(np.zeros(4, np.int64)))
+    expect("A2", cli_error(["metrics", str(tmp_path / "short.npz")], capsys), tmp_path)
+    with zipfile.ZipFile(tmp_path / "raw.npz", "w") as z:
+        z.writestr("features.npy", b"notnpy")
+        z.writestr("labels.npy", npy(np.zeros(4, np.int64)))
+    expect("A3", cli_error(["metrics", str(tmp_path / "raw.npz")], capsys), tmp_path)
+    np.savez_compressed(tmp_path / "zlib.npz", features=rng.random((50, 8)), labels=np.arange(50) % 3)
+    data = bytearray((tmp_path / "zlib.npz").read_bytes())
+    for i in range(60, 120):  # inside the first member's deflate stream
+        data[i] ^= 0x55
+    (tmp_path / "zlib.npz").write_bytes(bytes(data))
+    err = cli_error(["metrics", str(tmp_path / "zlib.npz")], capsys)
+    damaged = "array 'features' cannot be read, the archive is damaged: "
+    assert err.startswith(E + f"{tmp_path}/zlib.npz: {damaged}")
+    assert err.count("\n") == 1
+
+
+def test_extract_out_is_a_npz_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``extract --out`` naming a run's own checkpoint (or any non-.npz file) is refused before
+    anything is written: it used to replace last.pt with a features file, killing --resume."""
+    (tmp_path / "run").mkdir()
+    run = tiny_checkpoint(tmp_path / "run" / "last.pt", [])
+    before = run.read_bytes()
+    expect("B10", cli_error(["extract", str(tmp_path / "run"), "--out", str(run)], capsys), tmp_path)
+    assert run.read_bytes() == before
+    (tmp_path / "run" / "config.yaml").write_text("seed: 0\n")
+    err = cli_error(["extract", str(run), "--out", str(tmp_path / "run" / "config.yaml")], capsys)
+    assert err == E + f"--out {tmp_path}/run/config.yaml: expected a .npz file path (a features file)\n"
+    assert (tmp_path / "run" / "config.yaml").read_text() == "seed: 0\n"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.yaml", "last.pt"]
+
+
+def test_sizes_that_do_not_fit_in_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A projector of 10^12 dims cannot be allocated: one line naming the size and the keys to
+    lower (it was a DefaultCPUAllocator traceback), and no run dir is left behind."""
+    args = ["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, "model.proj_dim=1000000000000"]
+    err = cli_error(args, capsys)
+    expect("B7", err, tmp_path)
+    assert "(tried to allocate 119,209.3 GiB)" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_out_of_memory_errors_are_recognised() -> None:
+    from bayesncl.cli import out_of_memory
+
+    with pytest.raises(MemoryError) as numpy_error:
+        np.empty((10**7, 10**7))
+    assert out_of_memory(numpy_error.value, "metrics") == (
+        "out of memory in main memory (tried to allocate 728. TiB): lower the number of features "
+        "(or --retrieval-dims)"
+    )
+    cuda = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+    assert out_of_memory(cuda, "evaluate") == (
+        "out of memory on the GPU (tried to allocate 2.00 GiB): lower eval.batch_size (or data.image_size)"
+    )
+    assert out_of_memory(RuntimeError("shape mismatch"), None) is None
+    assert out_of_memory(ValueError("can't allocate memory"), None) is None
+
+
 # ----------------------------------------------------------------------------- config
 @pytest.mark.parametrize(
     ("row", "args"),
     [("C1", ["method.bogus=1"]), ("C2", ["method.rho=1.5"]), ("C3", ["train.epochs=0"]),
      ("C4", ["train.epochs=abc"]), ("C9", ["data.image_size=1"]), ("C10", ["method.temperature=1e-30"]),
-     ("B1", ["seed=100000000000000000000"])],
+     ("B1", ["seed=100000000000000000000"]), ("A6", ["train.epochs=1000000"])],
 )
 def test_bad_config_values(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], row: str, args: list[str]
@@ -663,7 +749,7 @@ def test_out_of_memory_is_one_line(
     err = cli_error(["pretrain", "--run-dir", str(run), *TINY], capsys)
     assert err == E + (
         "out of memory on the GPU (tried to allocate 20.00 GiB): lower train.batch_size, data.image_size or "
-        "the model's size (model.backbone, model.proj_hidden)\n"
+        "the model's size (model.backbone, model.proj_dim, model.proj_hidden, method.gate_hidden)\n"
     )
     assert not run.exists()
     err = cli_error(["benchmark", "--image-size", "100000", "--backbone", "small_cnn"], capsys)

@@ -324,3 +324,38 @@ def test_reproduce_2_extracts_each_split_once_per_variant(
     assert main(args) == 0  # finished variants are reused, not evaluated again
     assert calls == []
     assert "== CL: reusing" in capsys.readouterr().out
+
+
+def test_an_earlier_checkpoint_of_a_run_is_evaluated_into_its_own_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``evaluate RUN/epoch-0001.pt`` (or ``extract``) wrote features_test.npz, evaluation.json/.md and
+    the figures over the run's final ones, with nothing saying they were epoch 1's."""
+    import torch
+
+    from bayesncl.evaluation import load_features
+
+    from .tiny import tiny_checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    tiny_checkpoint(run / "last.pt", [])
+    torch.manual_seed(1)  # other weights than last.pt
+    tiny_checkpoint(run / "epoch-0001.pt", [])
+    final = {"evaluation.json": "{}\n", "evaluation.md": "final\n", "features_test.npz": "final"}
+    for name, text in final.items():
+        (run / name).write_text(text)
+    assert main(["evaluate", str(run / "epoch-0001.pt"), "--probe", "none", "--no-knn"]) == 0
+    assert main(["extract", str(run / "epoch-0001.pt"), "--split", "train"]) == 0
+    capsys.readouterr()
+    for name, text in final.items():
+        assert (run / name).read_text() == text, name
+    own = run / "eval-epoch-0001"
+    assert {"evaluation.json", "evaluation.md", "features_test.npz", "features_train.npz"} <= {
+        p.name for p in own.iterdir()
+    }
+    assert json.loads((own / "evaluation.json").read_text())["method"] == "bayesncl"
+    assert load_features(own / "features_train.npz").meta["source"] == str(run / "epoch-0001.pt")
+    # the run's own last.pt (and the run dir) still write into the run dir
+    assert main(["extract", str(run / "last.pt")]) == 0
+    assert load_features(run / "features_test.npz").meta["source"] == str(run / "last.pt")

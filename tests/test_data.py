@@ -169,6 +169,19 @@ def test_fmnist_torchvision_raw_layout_ungzipped(tmp_path):
     np.testing.assert_array_equal(images[:, 0].numpy(), arrays["test"][0])
 
 
+def test_fmnist_images_and_labels_of_different_lengths_are_named(tmp_path):
+    """A labels file of the other split (10,000 labels for 60,000 images) says what it found."""
+    d = tmp_path / "fm"
+    write_fmnist(d, n_train=60, n_test=20)
+    (d / "train-labels-idx1-ubyte.gz").write_bytes((d / "t10k-labels-idx1-ubyte.gz").read_bytes())
+    with pytest.raises(DataError) as e:
+        load_split_images(DataConfig(name="fashion-mnist", root=str(d)), "train")
+    assert str(e.value) == (
+        f"{d}/train-images-idx3-ubyte.gz / {d}/train-labels-idx1-ubyte.gz: expected (N, H, W) images and "
+        "(N,) labels; found images of shape (60, 28, 28) and labels of shape (20,)"
+    )
+
+
 @pytest.mark.parametrize("name", ["cifar10", "cifar100"])
 def test_cifar_pickles(tmp_path, name):
     arrays = write_cifar(tmp_path, name)

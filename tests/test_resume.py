@@ -588,15 +588,23 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(
     args = ["pretrain", "--run-dir", str(run), *TINY, "train.epochs=1"]
     assert main(args) == 0
     (run / "notes.txt").write_text("mine")
-    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    (run / "eval-epoch-0001").mkdir()  # what `evaluate RUN/epoch-0001.pt` writes: the old run's too
+    (run / "eval-epoch-0001" / "evaluation.json").write_text("{}")
+
+    def files() -> dict[str, bytes]:
+        return {str(p.relative_to(run)): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+
+    before = files()
     monkeypatch.setattr(train_module, "contrastive_loss", _nan_at(2))  # the new run fails in epoch 1
     assert main([*args, "--overwrite"]) == 2
     assert "non-finite loss at step 2 (epoch 1)" in capsys.readouterr().err
-    assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # the old run is back, whole
+    assert files() == before  # the old run is back, whole
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == ["eval-epoch-0001"]
     monkeypatch.undo()
     assert main([*args, "train.epochs=2", "--overwrite"]) == 0  # a new run that succeeds replaces it
     assert load_checkpoint_file(run / "last.pt")["epoch"] == 2
     assert not [p for p in run.iterdir() if p.name.startswith(".")] and (run / "notes.txt").exists()
+    assert not (run / "eval-epoch-0001").exists()  # the old run's evaluation went with it
 
 
 @pytest.mark.slow

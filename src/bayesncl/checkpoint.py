@@ -402,7 +402,9 @@ RESULT_ARTIFACTS = (
 RUN_ARTIFACTS = (
     "config.yaml", "log.csv", "steps.csv", "last.pt", "interrupted.pt", "epoch-*.pt", *RESULT_ARTIFACTS
 )
-ARCHIVE_GLOB = "results-epoch-*"
+# Folders of results a run dir holds: archived by a longer --resume, and those of `evaluate`/`extract`
+# on an earlier checkpoint (RUN/epoch-NNNN.pt -> RUN/eval-epoch-NNNN/); --overwrite sets them aside too.
+RESULT_FOLDERS = ("results-epoch-*", "eval-epoch-*")
 
 
 def _files(run_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
@@ -424,7 +426,12 @@ def set_aside_run_artifacts(run_dir: Path) -> Path | None:
     when there was nothing to move."""
     run_dir = Path(run_dir)
     found = _files(run_dir, RUN_ARTIFACTS)
-    found += [d for d in run_dir.glob(ARCHIVE_GLOB) if d.is_dir() and all(p.is_file() for p in d.iterdir())]
+    found += [
+        d
+        for pattern in RESULT_FOLDERS
+        for d in sorted(run_dir.glob(pattern))
+        if d.is_dir() and all(p.is_file() for p in d.iterdir())
+    ]
     if not found:
         return None
     aside = _move_into(found, run_dir / f".replaced-{os.getpid()}")

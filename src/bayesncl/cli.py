@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -198,7 +199,6 @@ def out_of_memory(e: BaseException, command: str | None) -> str | None:
 
     A batch, image size or model too large for the device is a setting, not a bug: the message
     names how much was asked for and the settings of ``command`` that decide it."""
-    import re
 
     import torch
 
@@ -211,10 +211,13 @@ def out_of_memory(e: BaseException, command: str | None) -> str | None:
     asked = ""
     if (found := re.search(r"allocate (\d+) bytes", text)) is not None:
         asked = f" (tried to allocate {int(found.group(1)) / 2**30:,.1f} GiB)"
-    elif (found := re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]i?B)", text)) is not None:
-        asked = f" (tried to allocate {found.group(1)})"
+    elif (found := re.search(r"allocate ([\d.]+ ?[KMGTP]i?B)", text, re.IGNORECASE)) is not None:
+        asked = f" (tried to allocate {found.group(1)})"  # CUDA's "Tried to", NumPy's "Unable to"
     where = "on the GPU" if isinstance(e, torch.OutOfMemoryError) else "in main memory"
-    default = "train.batch_size, data.image_size or the model's size (model.backbone, model.proj_hidden)"
+    default = (
+        "train.batch_size, data.image_size or the model's size (model.backbone, model.proj_dim, "
+        "model.proj_hidden, method.gate_hidden)"
+    )
     settings = _MEMORY_SETTINGS.get(command or "", default)
     return f"out of memory {where}{asked}: lower {settings}"
 
@@ -351,7 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
     p.add_argument("--split", choices=("test", "train"), default="test", help="which split (default test)")
-    p.add_argument("--out", help="output .npz (default RUN_DIR/features_<split>.npz)")
+    p.add_argument(
+        "--out",
+        help="output .npz (default RUN_DIR/features_<split>.npz; for RUN/epoch-NNNN.pt "
+        "RUN/eval-epoch-NNNN/features_<split>.npz)",
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help=_LOAD_OVERRIDES_HELP)
     p.set_defaults(func=cmd_extract)
 
@@ -374,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluate",
         help="extract + metrics + linear probe + kNN + retrieval + top-activation figure",
         description="Full evaluation of a run dir or checkpoint; writes evaluation.json, "
-        "evaluation.md and top_activations.png into the run dir.",
+        "evaluation.md and top_activations.png into the run dir (for an earlier checkpoint "
+        "RUN/epoch-NNNN.pt: into RUN/eval-epoch-NNNN/).",
     )
     p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
     p.add_argument("--retrieval-dims", help="comma-separated K list (default 32,64,...,D)")

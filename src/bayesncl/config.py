@@ -466,6 +466,8 @@ def config_from_dict(d: dict[str, Any], source: str | Path | None = None) -> Con
 MIN_IMAGE_SIZE = 8
 # method.temperature: a much smaller one overflows the logits, a much larger one flattens them.
 TEMPERATURE_RANGE = (0.01, 10.0)
+# train.epochs: the per-iteration lr schedule is one array of epochs x steps; the papers use <= 1000.
+MAX_EPOCHS = 100_000
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -501,6 +503,7 @@ def validate(cfg: Config) -> None:
             f"TopK k=round(rho*D)={k} with rho={m.rho}, D={mo.proj_dim}: expected 1 <= k <= D",
         )
     _check(t.epochs >= 1, f"train.epochs={t.epochs}: expected >= 1")
+    _check(t.epochs <= MAX_EPOCHS, f"train.epochs={t.epochs}: expected <= {MAX_EPOCHS}")
     _check(t.batch_size >= 2, f"train.batch_size={t.batch_size}: expected >= 2 (InfoNCE needs negatives)")
     _check(t.base_lr > 0, f"train.base_lr={t.base_lr}: expected > 0")
     _check(t.weight_decay >= 0, f"train.weight_decay={t.weight_decay}: expected >= 0")

@@ -356,7 +356,10 @@ def _load_fmnist(root: str | None, download: bool, split: str) -> _Split:
     assert img_path is not None and lbl_path is not None
     images, labels = _read_idx(img_path), _read_idx(lbl_path)
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-        raise DataError(f"{img_path} / {lbl_path}: expected (N, H, W) images and (N,) labels")
+        raise DataError(
+            f"{img_path} / {lbl_path}: expected (N, H, W) images and (N,) labels; "
+            f"found images of shape {tuple(images.shape)} and labels of shape {tuple(labels.shape)}"
+        )
     if len(labels) == 0:
         raise DataError(
             f"{img_path} holds no images: re-install with `apt-get install --reinstall dataset-fashion-mnist`"

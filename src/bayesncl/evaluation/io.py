@@ -28,6 +28,7 @@ import json
 import os
 import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,12 @@ def _parse_meta(raw: np.ndarray, path: Path) -> dict[str, Any]:
     return meta
 
 
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type name when the message is empty."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def load_features(path: str | os.PathLike[str]) -> FeatureSet:
     """Load and validate a features file (or a plain ``.npz`` with ``features`` and ``labels``).
 
@@ -205,8 +212,8 @@ def load_features(path: str | os.PathLike[str]) -> FeatureSet:
     try:
         data = np.load(path, allow_pickle=False)
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise EvalError(f"{path} is not a features file: cannot read it as .npz ({first})") from exc
+        reason = _first_line(exc)
+        raise EvalError(f"{path} is not a features file: cannot read it as .npz ({reason})") from exc
     if not isinstance(data, np.lib.npyio.NpzFile):  # pragma: no cover - guarded by the magic test
         raise EvalError(f"{path} is not a features file: expected an .npz archive")
     with data:
@@ -227,12 +234,21 @@ def load_features(path: str | os.PathLike[str]) -> FeatureSet:
         for key in ("features", "labels", *OPTIONAL_ARRAYS, "meta"):
             if key in keys:
                 try:
-                    arrays[key] = data[key]
+                    value = data[key]
                 except ValueError as exc:
+                    if "allow_pickle" in str(exc):
+                        raise EvalError(
+                            f"{path}: array {key!r} holds Python objects (pickled); "
+                            "features files must be plain numeric arrays"
+                        ) from exc
+                    raise EvalError(f"{path}: array {key!r} cannot be read: {_first_line(exc)}") from exc
+                except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
                     raise EvalError(
-                        f"{path}: array {key!r} holds Python objects (pickled); "
-                        "features files must be plain numeric arrays"
+                        f"{path}: array {key!r} cannot be read, the archive is damaged: {_first_line(exc)}"
                     ) from exc
+                if not isinstance(value, np.ndarray):  # a member that is not a .npy: NumPy gives its bytes
+                    raise EvalError(f"{path}: member {key!r} is not a NumPy .npy array")
+                arrays[key] = value
     feats = arrays["features"]
     f, y = validate_features(feats, arrays["labels"])
     n = f.shape[0]

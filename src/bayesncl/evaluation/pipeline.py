@@ -121,7 +121,9 @@ def load_trained(
     about data overrides that do not fit the model ("evaluate with a dataset of 1-channel images").
 
     Files are read with ``torch.load(weights_only=True)`` or safetensors: a pickle that would run
-    code is refused. Returns ``(model in eval mode, config, directory to write outputs into)``.
+    code is refused. Returns ``(model in eval mode, config, directory to write outputs into)``: the
+    run dir for a run dir, its ``last.pt`` or ``encoder.safetensors``; ``RUN/eval-epoch-NNNN/`` for
+    another checkpoint inside a run dir (``RUN/epoch-NNNN.pt``); else the checkpoint's folder.
     Raises EvalError (one line) for anything unusable, ConfigError for bad overrides.
     """
     from bayesncl.checkpoint import (
@@ -145,6 +147,11 @@ def load_trained(
         out_dir = src
     elif src.is_file():
         ckpt_path, out_dir = src, src.parent
+        run_last = src.parent / "last.pt"
+        if run_last.is_file() and src.name != "encoder.safetensors" and src.resolve() != run_last.resolve():
+            # an earlier checkpoint of a run (epoch-NNNN.pt): its results go to a folder of their
+            # own, never over the run's final features/evaluation/figures
+            out_dir = src.parent / f"eval-{src.stem}"
     else:
         raise EvalError(f"{src}: no such run dir or checkpoint file")
     try:
@@ -335,6 +342,8 @@ def extract_command(
 
     if out is not None and Path(out).is_dir():
         raise EvalError(f"--out {out} is a directory; give a file name such as {Path(out) / 'features.npz'}")
+    if out is not None and Path(out).suffix.lower() != ".npz":  # never last.pt, config.yaml, ... of a run
+        raise EvalError(f"--out {out}: expected a .npz file path (a features file)")
     model, cfg, out_dir = load_trained(source, overrides=overrides, command="extract")
     device = next(model.parameters()).device
     arrays = extract_split(model, cfg, split, device)
