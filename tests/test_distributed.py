@@ -378,7 +378,8 @@ def test_an_error_of_one_rank_names_the_rank(
     assert main(["pretrain"]) == 2
     assert capsys.readouterr().err == (
         "bayesncl: error: (rank 1) out of memory on the GPU (tried to allocate 2.00 GiB): lower "
-        "train.batch_size, data.image_size or the model's size (model.backbone, model.proj_hidden)\n"
+        "train.batch_size, data.image_size or the model's size (model.backbone, model.proj_dim, "
+        "model.proj_hidden, method.gate_hidden)\n"
     )
 
 
