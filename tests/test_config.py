@@ -14,6 +14,7 @@ from bayesncl.config import (
     config_from_dict,
     diff_configs,
     dump_yaml,
+    set_key,
     valid_keys,
 )
 from bayesncl.train import warmup_cosine
@@ -218,3 +219,16 @@ def test_a_warmup_longer_than_the_run_warns() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         build_config(overrides=["train.epochs=10", "train.warmup_epochs=10"])
+
+
+@pytest.mark.parametrize("value", ["18446744073709551615", "9007199254740993", "-9223372036854775808"])
+def test_large_integers_are_kept_exactly(value: str) -> None:
+    """An integer is not passed through a float: seed=2**64-1 (the top of the range the seed check
+    names) was refused as 'seed=18446744073709551616', and seed=2**53+1 silently became 2**53."""
+    assert build_config(overrides=[f"seed={value}"]).seed == int(value)
+    cfg = build_config()
+    set_key(cfg, "seed", value)  # a string, as a quoted YAML value
+    assert cfg.seed == int(value)
+    assert build_config(overrides=["seed=1e3"]).seed == 1000  # a float that is an integer still works
+    with pytest.raises(ConfigError, match=r"^seed=18446744073709551616: expected an integer from"):
+        build_config(overrides=["seed=18446744073709551616"])

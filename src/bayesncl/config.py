@@ -13,6 +13,7 @@ field's type and range-checked by :func:`validate` before any training starts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import math
@@ -210,6 +211,11 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         if tp is int:
             if isinstance(value, bool):
                 raise ValueError
+            if isinstance(value, int):  # exact: through a float, seed=2**64-1 became 2**64
+                return value
+            if isinstance(value, str):
+                with contextlib.suppress(ValueError):
+                    return int(value.strip())  # "12", "18446744073709551615"; "1e3" goes on below
             f = float(value)
             if f != int(f):
                 raise ValueError
