@@ -7,6 +7,7 @@ shows exactly these messages and that every row names a test that exists.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,6 +23,7 @@ from PIL import Image
 from bayesncl.checkpoint import load_checkpoint_file
 from bayesncl.cli import main
 from bayesncl.config import build_config
+from bayesncl.data import build_train_loader
 from bayesncl.train import pretrain
 
 from .tiny import TINY_BASE, tiny_checkpoint
@@ -160,6 +162,9 @@ ROWS: dict[str, str] = {
     "B11": E + "run dir <tmp>/proj holds files that are not a bayesncl run's but that a run writes "
     "(config.yaml, metrics.json): training would replace them; choose another --run-dir, or pass --overwrite "
     "to replace them",
+    "E1": E + "corrupt image <tmp>/folder/train/cat/broken.png (UnidentifiedImageError: cannot identify "
+    "image file '<tmp>/folder/train/cat/broken.png'): fix or remove it, or set data.skip_corrupt=true to "
+    "skip unreadable images",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
 }
@@ -214,6 +219,49 @@ def test_corrupt_image_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[st
     args = [*FOLDER, f"data.root={tmp_path}/folder"]
     expect("D4", cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, *args], capsys), tmp_path)
     assert not (tmp_path / "r").exists()
+
+
+def test_corrupt_image_found_when_read_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder above VERIFY_MAX_FILES images is checked as it is read: with data.num_workers > 0 the
+    error came back from the DataLoader worker as 'Caught DataError in DataLoader worker process 0.'
+    and the worker's whole traceback. Under torchrun only the process whose shard holds the image
+    meets it: that process prints it, naming its rank (a rank > 0 kept quiet, and nothing was said)."""
+    import bayesncl.cli as cli_module
+    import bayesncl.data.datasets as ds
+
+    monkeypatch.setattr(ds, "VERIFY_MAX_FILES", 0)
+    image_folder(tmp_path / "folder")
+    (tmp_path / "folder/train/cat/broken.png").write_bytes(b"not an image at all")
+    args = [*FOLDER, f"data.root={tmp_path}/folder", "data.resident=false", "data.num_workers=1"]
+    expect("E1", cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, *args], capsys), tmp_path)
+    assert not (tmp_path / "r").exists()
+
+    # the error is the shard's own (ShardDataError), read by a worker or not
+    cfg = build_config(overrides=[*TINY, *args])
+    for workers in (0, 1):
+        loader = build_train_loader(
+            dataclasses.replace(cfg.data, num_workers=workers), 8, seed=0, device=torch.device("cpu")
+        )
+        with pytest.raises(ds.ShardDataError) as info:
+            for _ in loader:
+                pass
+        assert str(info.value).startswith(f"corrupt image {tmp_path}/folder/train/cat/broken.png (")
+
+    # rank 1 of a node prints it, naming itself, at once
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    slept: list[float] = []
+    monkeypatch.setattr(cli_module.time, "sleep", slept.append)
+
+    def shard_error(args: Any) -> None:
+        raise ds.ShardDataError(str(info.value))
+
+    monkeypatch.setattr(cli_module, "cmd_pretrain", shard_error)
+    assert main(["pretrain"]) == 2
+    assert capsys.readouterr().err == E + "(rank 1) " + str(info.value) + "\n"
+    assert slept == []
 
 
 def test_skip_corrupt_skips_and_counts(

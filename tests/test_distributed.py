@@ -8,6 +8,7 @@ and a gradient off by 1/world_size from a reduction without autograd (lightly #1
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import socket
@@ -381,6 +382,62 @@ def test_an_error_of_one_rank_names_the_rank(
         "train.batch_size, data.image_size or the model's size (model.backbone, model.proj_dim, "
         "model.proj_hidden, method.gate_hidden)\n"
     )
+
+
+_CORRUPT_ON_RANK1_HOOK = textwrap.dedent(
+    """
+    # Test-only: every image folder is checked as it is read (as above VERIFY_MAX_FILES images), and
+    # on rank 1 no image can be decoded: a corrupt image in rank 1's shard only.
+    import os
+    if os.environ.get("RANK") is not None:
+        import bayesncl.data.datasets as _ds
+
+        _ds.VERIFY_MAX_FILES = 0
+        if os.environ["RANK"] == "1":
+            def _open_rgb(path):
+                raise OSError("cannot identify image file")
+
+            _ds._open_rgb = _open_rgb
+    """
+)
+
+
+@pytest.mark.slow
+def test_torchrun_a_corrupt_image_in_one_ranks_shard_is_named(tmp_path: Path) -> None:
+    """The DataError of an image found corrupt when read is rank 1's alone: rank 1 prints it (it kept
+    quiet, leaving that to its node's rank 0, which never met it: no line said what was wrong)."""
+    from PIL import Image
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_CORRUPT_ON_RANK1_HOOK)
+    rng = torch.Generator().manual_seed(0)
+    for split, c in itertools.product(("train", "val"), ("cat", "dog")):
+        (tmp_path / "folder" / split / c).mkdir(parents=True)
+        for i in range(16 if split == "train" else 2):
+            pixels = torch.randint(0, 255, (20, 20, 3), generator=rng, dtype=torch.uint8).numpy()
+            Image.fromarray(pixels).save(tmp_path / "folder" / split / c / f"{i}.png")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "-m", "bayesncl.cli", "pretrain", "--run-dir", str(tmp_path / "run"), *TORCHRUN_TINY,
+        "data.name=imagefolder", f"data.root={tmp_path / 'folder'}", "data.resident=false",
+        "data.train_subset=0", "train.batch_size=8", "train.progress=false", "--no-eval",
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if "bayesncl: error" in ln]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert re.fullmatch(
+        rf"bayesncl: error: \(rank 1\) corrupt image {re.escape(str(tmp_path))}/folder/train/\w+/\d+\.png "
+        r"\(OSError: cannot identify image file\): fix or remove it, or set data.skip_corrupt=true to skip "
+        r"unreadable images",
+        errors[0],
+    ), errors
 
 
 _SIGNAL_HOOK = textwrap.dedent(

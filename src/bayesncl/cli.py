@@ -226,12 +226,21 @@ def errors_every_rank_meets() -> tuple[type[BaseException], ...]:
     """User errors that every torchrun process of a node meets alike (same arguments, same files, or
     decided by rank 0 for all: run-dir checks, a non-finite loss): printed once per node, by its
     local rank 0. Other errors (an out-of-memory on one GPU, ...) are printed by the rank meeting
-    them, prefixed with "(rank N)"."""
+    them, prefixed with "(rank N)", as is a corrupt image found in one rank's shard
+    (met_by_every_rank)."""
     from bayesncl.checkpoint import CheckpointError, RunDirError
     from bayesncl.data import DataError
     from bayesncl.train import TrainingError
 
     return (ConfigError, DataError, RunDirError, CheckpointError, TrainingError)
+
+
+def met_by_every_rank(e: BaseException) -> bool:
+    """Whether every torchrun process of a node meets ``e`` alike (see errors_every_rank_meets); an
+    image that cannot be decoded is met only by the process whose shard holds it."""
+    from bayesncl.data.datasets import ShardDataError
+
+    return isinstance(e, errors_every_rank_meets()) and not isinstance(e, ShardDataError)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
@@ -498,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if oom is None and not isinstance(e, user_errors()):
             raise
         rank, local_rank = os.environ.get("RANK", "0"), os.environ.get("LOCAL_RANK", "0")
-        if local_rank != "0" and oom is None and isinstance(e, errors_every_rank_meets()):
+        if local_rank != "0" and oom is None and met_by_every_rank(e):
             # under torchrun: the node's first process prints this very line; give it time to,
             # before torchrun ends the group on this exit
             time.sleep(2)

@@ -65,6 +65,7 @@ import gzip
 import logging
 import os
 import pickle
+import re
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -149,7 +150,26 @@ IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 
 
 class DataError(ValueError):
-    """A data problem (missing files, corrupt image, impossible batch size), reported as one line."""
+    """A data problem (missing files, corrupt image, impossible batch size), reported as one line.
+
+    Raised in a DataLoader worker (``data.num_workers`` > 0), it comes back as ``DataError("Caught
+    DataError in DataLoader worker process N.\nOriginal Traceback ...")``: the message is then the
+    original one, the traceback's last line, not the whole traceback."""
+
+    def __init__(self, *args: Any) -> None:
+        if len(args) == 1 and isinstance(args[0], str) and _WORKER_TRACEBACK.match(args[0]):
+            last = args[0].rstrip().splitlines()[-1]
+            args = (re.sub(r"^[\w.]+: ", "", last, count=1),)  # "bayesncl.data.datasets.DataError: ..."
+        super().__init__(*args)
+
+
+_WORKER_TRACEBACK = re.compile(r"Caught \w+ in DataLoader worker process \d+\.\nOriginal Traceback")
+
+
+class ShardDataError(DataError):
+    """A data problem met while training on one process's shard (an image folder's image that cannot
+    be decoded, found only when read): under ``torchrun`` only the process reading it meets it, so
+    that process prints it, not its node's first process (which never sees it)."""
 
 
 @dataclass(frozen=True)
@@ -973,7 +993,10 @@ class _TwoViewDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, int]:
         i, s = key
-        img, j = self.get(i)
+        try:
+            img, j = self.get(i)
+        except DataError as e:  # this rank's shard: the other processes do not meet it
+            raise ShardDataError(str(e)) from None
         with seeded(s):
             v1 = self.transform(img).as_subclass(torch.Tensor)
             v2 = self.transform(img).as_subclass(torch.Tensor)
