@@ -165,6 +165,9 @@ ROWS: dict[str, str] = {
     "E1": E + "corrupt image <tmp>/folder/train/cat/broken.png (UnidentifiedImageError: cannot identify "
     "image file '<tmp>/folder/train/cat/broken.png'): fix or remove it, or set data.skip_corrupt=true to "
     "skip unreadable images",
+    "E2": E + "--resume: no checkpoint <tmp>/run/last.pt to resume from (<tmp>/run holds log.csv but no "
+    "last.pt, killed while saving it or deleted: copy <tmp>/run/epoch-0001.pt to <tmp>/run/last.pt to "
+    "resume from there, or pass --overwrite instead of --resume to start the run again)",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
 }
@@ -262,6 +265,27 @@ def test_corrupt_image_found_when_read_is_one_line(
     assert main(["pretrain"]) == 2
     assert capsys.readouterr().err == E + "(rank 1) " + str(info.value) + "\n"
     assert slept == []
+
+
+def test_resume_of_a_run_dir_with_a_log_but_no_last_pt(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run killed while writing its last.pt in epoch 1 (log.csv is written just before it), or
+    whose last.pt was deleted: without --resume the run dir "already holds a run; pass --resume",
+    and --resume said "the run stopped before its first checkpoint: run the same command without
+    --resume", each sending the user to the other."""
+    run = tmp_path / "run"
+    args = ["pretrain", "--run-dir", str(run), *TINY, "train.checkpoint_every=1", "--no-eval"]
+    assert main(args) == 0
+    (run / "last.pt").unlink()
+    assert "already holds a run; pass --resume" in cli_error(args, capsys)
+    expect("E2", cli_error([*args, "--resume"], capsys), tmp_path)
+    (run / "epoch-0001.pt").unlink()
+    assert cli_error([*args, "--resume"], capsys) == (
+        f"{E}--resume: no checkpoint {run}/last.pt to resume from ({run} holds log.csv but no last.pt, "
+        "killed while saving it or deleted: pass --overwrite instead of --resume to start the run again)\n"
+    )
+    assert main([*args, "--overwrite"]) == 0 and (run / "last.pt").exists()
 
 
 def test_skip_corrupt_skips_and_counts(

@@ -640,11 +640,23 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     if resume:
         ckpt_path = run_dir / "last.pt"
         if not ckpt_path.exists():
-            unstarted = (
-                " (the run stopped before its first checkpoint: run the same command without --resume)"
-                if (run_dir / "config.yaml").exists()
-                else ""
-            )
+            if has_run:  # a log or export, no last.pt: killed while writing it, or deleted (not unstarted)
+                found = next(n for n in ("log.csv", "encoder.safetensors") if (run_dir / n).exists())
+                periodic = sorted(run_dir.glob("epoch-[0-9]*.pt"))
+                how = (
+                    f"copy {periodic[-1]} to {ckpt_path} to resume from there, or pass --overwrite "
+                    "instead of --resume to start the run again"
+                    if periodic
+                    else "pass --overwrite instead of --resume to start the run again"
+                )
+                why = f"{run_dir} holds {found} but no last.pt, killed while saving it or deleted"
+                unstarted = f" ({why}: {how})"  # (without --resume: "already holds a run; pass --resume")
+            elif (run_dir / "config.yaml").exists():
+                unstarted = (
+                    " (the run stopped before its first checkpoint: run the same command without --resume)"
+                )
+            else:
+                unstarted = ""
             raise RunDirError(f"--resume: no checkpoint {ckpt_path} to resume from{unstarted}")
         try:
             ckpt = load_checkpoint_file(ckpt_path)
