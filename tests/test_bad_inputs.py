@@ -926,3 +926,24 @@ def test_the_docs_table_matches() -> None:
         source = (TESTS / file).read_text()
         assert re.search(rf"^def {re.escape(name)}\(", source, re.M), f"{row}: no test {test}"
         assert ROWS[row] and (f'"{row}"' in source or file != "test_bad_inputs.py"), f"{row}: untested"
+
+
+def test_out_of_memory_in_the_end_of_training_evaluation_keeps_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OOM after training, in the evaluation: it names eval.batch_size (not train.batch_size, which
+    does not decide it) and says the trained run is kept and how to evaluate it."""
+    import bayesncl.evaluation.pipeline as pipeline_module
+
+    def oom(*args: object, **kwargs: object) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 has ...")
+
+    monkeypatch.setattr(pipeline_module, "evaluate_model", oom)
+    run = tmp_path / "run"
+    err = cli_error(["pretrain", "--run-dir", str(run), *TINY], capsys)
+    assert err == E + (
+        "out of memory on the GPU (tried to allocate 3.00 GiB): lower eval.batch_size (or data.image_size), "
+        f"in the end-of-training evaluation; training is complete ({run}/last.pt): `bayesncl evaluate "
+        f"{run} eval.batch_size=N` evaluates it\n"
+    )
+    assert (run / "last.pt").is_file() and (run / "encoder.safetensors").is_file()

@@ -550,6 +550,16 @@ def _pretrain(
             f"stopped during the end-of-training evaluation; training is complete ({run_dir / 'last.pt'}): "
             f"`bayesncl evaluate {run_dir}` evaluates it"
         ) from None
+    except Exception as e:
+        from bayesncl.cli import out_of_memory
+
+        oom = out_of_memory(e, "evaluate")  # eval.batch_size, not the training settings, decides it
+        if oom is None:
+            raise
+        raise TrainingError(
+            f"{oom}, in the end-of-training evaluation; training is complete ({run_dir / 'last.pt'}): "
+            f"`bayesncl evaluate {run_dir} eval.batch_size=N` evaluates it"
+        ) from None
 
 
 def _what_was_kept(
