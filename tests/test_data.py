@@ -592,3 +592,13 @@ def test_a_download_error_without_its_reason_gets_one(tmp_path, monkeypatch):
     )
     assert _download_failure(two_mirrors) == "Error downloading x.gz: <urlopen error timed out>"
     assert _download_failure(OSError()) == "OSError"
+
+
+def test_a_subset_larger_than_the_split_warns_and_uses_the_whole_split() -> None:
+    from bayesncl.data import load_split_images
+
+    cfg = DataConfig(name="synthetic", train_subset=0, test_subset=1001)  # the synthetic test split: 1000
+    with pytest.warns(UserWarning, match=r"^data.test_subset=1001 is more than the 1000 images of the test "
+                      r"split: the whole split is used$"):
+        images, labels = load_split_images(cfg, "test")
+    assert len(labels) == 1000

@@ -67,6 +67,7 @@ import os
 import pickle
 import re
 import shutil
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -718,6 +719,12 @@ def _load(cfg: Any, split: str) -> _Split:
     """The (subset) split."""
     full = _load_full(cfg, split)
     k = int(_cfg_get(cfg, f"{split}_subset", 0) or 0)
+    if k > len(full):
+        warnings.warn(
+            f"data.{split}_subset={k} is more than the {len(full)} images of the {split} split: the whole "
+            "split is used",
+            stacklevel=2,
+        )
     if k <= 0 or k >= len(full):
         return full
     idx = stratified_subset(full.labels, k)
