@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import time
 import warnings
@@ -19,6 +18,7 @@ from typing import Any, NoReturn
 
 from bayesncl import __version__
 from bayesncl.config import Config, ConfigError, build_config, valid_keys
+from bayesncl.fileio import out_of_memory  # noqa: F401 - re-exported: cli.out_of_memory
 
 RECIPES_DIR = Path(__file__).parent / "configs"
 
@@ -142,10 +142,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     from bayesncl.evaluation.pipeline import extract_command
 
     path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
-    out_arg = path_arg(args.out, "--out", "a .npz file path")
-    if out_arg is not None and not out_arg.is_dir() and out_arg.suffix.lower() != ".npz":
-        # e.g. --out RUN/last.pt replaced the run's checkpoint with a features file
-        raise ConfigError(f"--out {out_arg}: expected a .npz file path (a features file)")
+    path_arg(args.out, "--out", "a .npz file path")  # its suffix: extract_command, before any loading
     out = extract_command(args.source, split=args.split, out=args.out, overrides=args.overrides)
     print(f"wrote {out}")
     return 0
@@ -185,62 +182,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-# What sets the memory a command needs, by command (an out-of-memory error names these).
-_MEMORY_SETTINGS = {
-    "benchmark": "--batch-size, --image-size or --backbone",
-    "extract": "eval.batch_size (or data.image_size)",
-    "evaluate": "eval.batch_size (or data.image_size)",
-    "metrics": "the number of features (or --retrieval-dims)",
-}
-
-
-def out_of_memory(e: BaseException, command: str | None) -> str | None:
-    """A one-line message for an allocation that failed (CUDA or CPU), or None for other errors.
-
-    A batch, image size or model too large for the device is a setting, not a bug: the message
-    names how much was asked for and the settings of ``command`` that decide it."""
-
-    import torch
-
-    text = str(e)
-    if not (
-        isinstance(e, (MemoryError, torch.OutOfMemoryError))
-        or (isinstance(e, RuntimeError) and "can't allocate memory" in text)
-    ):
-        return None
-    asked = ""
-    if (found := re.search(r"allocate (\d+) bytes", text)) is not None:
-        asked = f" (tried to allocate {int(found.group(1)) / 2**30:,.1f} GiB)"
-    elif (found := re.search(r"allocate ([\d.]+ ?[KMGTP]i?B)", text, re.IGNORECASE)) is not None:
-        asked = f" (tried to allocate {found.group(1)})"  # CUDA's "Tried to", NumPy's "Unable to"
-    where = "on the GPU" if isinstance(e, torch.OutOfMemoryError) else "in main memory"
-    default = (
-        "train.batch_size, data.image_size or the model's size (model.backbone, model.proj_dim, "
-        "model.proj_hidden, method.gate_hidden)"
-    )
-    settings = _MEMORY_SETTINGS.get(command or "", default)
-    return f"out of memory {where}{asked}: lower {settings}"
-
-
-def errors_every_rank_meets() -> tuple[type[BaseException], ...]:
-    """User errors that every torchrun process of a node meets alike (same arguments, same files, or
-    decided by rank 0 for all: run-dir checks, a non-finite loss): printed once per node, by its
-    local rank 0. Other errors (an out-of-memory on one GPU, ...) are printed by the rank meeting
-    them, prefixed with "(rank N)", as is a corrupt image found in one rank's shard
-    (met_by_every_rank)."""
+def met_by_every_rank(e: BaseException) -> bool:
+    """Whether every torchrun process of a node meets the user error ``e`` alike (same arguments, same
+    files, or decided by rank 0 for all: run-dir checks, a non-finite loss): printed once per node, by
+    its local rank 0. Other errors (an out-of-memory on one GPU, an image that cannot be decoded in
+    one rank's shard) are printed by the rank meeting them, prefixed with "(rank N)"."""
     from bayesncl.checkpoint import CheckpointError, RunDirError
     from bayesncl.data import DataError
+    from bayesncl.data.datasets import ShardDataError
     from bayesncl.train import TrainingError
 
-    return (ConfigError, DataError, RunDirError, CheckpointError, TrainingError)
-
-
-def met_by_every_rank(e: BaseException) -> bool:
-    """Whether every torchrun process of a node meets ``e`` alike (see errors_every_rank_meets); an
-    image that cannot be decoded is met only by the process whose shard holds it."""
-    from bayesncl.data.datasets import ShardDataError
-
-    return isinstance(e, errors_every_rank_meets()) and not isinstance(e, ShardDataError)
+    alike = (ConfigError, DataError, RunDirError, CheckpointError, TrainingError)
+    return isinstance(e, alike) and not isinstance(e, ShardDataError)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

@@ -58,7 +58,7 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
 from bayesncl.config import Config, MethodConfig, config_from_dict, dump_yaml, load_run_yaml
 from bayesncl.data import DataError, build_train_loader, dataset_info, mix_seed
 from bayesncl.distributed import resolve_device  # noqa: F401 - re-exported: train.resolve_device
-from bayesncl.fileio import atomic_path
+from bayesncl.fileio import atomic_path, out_of_memory
 from bayesncl.models import ContrastiveModel, ModelOutput, build_model, contrastive_loss
 from bayesncl.report.curves import write_training_curves
 
@@ -551,8 +551,6 @@ def _pretrain(
             f"`bayesncl evaluate {run_dir}` evaluates it"
         ) from None
     except Exception as e:
-        from bayesncl.cli import out_of_memory
-
         oom = out_of_memory(e, "evaluate")  # eval.batch_size, not the training settings, decides it
         if oom is None:
             raise
