@@ -28,6 +28,7 @@ from torch import nn
 from bayesncl import distributed
 from bayesncl.cli import main
 from bayesncl.config import ConfigError, build_config
+from bayesncl.fileio import DiskFullError
 from bayesncl.models import ContrastiveModel, build_model, contrastive_loss
 from bayesncl.train import TrainForward, forward_loss, wrap_for_training
 
@@ -358,6 +359,55 @@ def test_torchrun_bad_input_is_one_line_from_rank0(tmp_path: Path) -> None:
     assert sorted(p.name for p in run.iterdir()) == ["log.csv"]
 
 
+_RACE_HOOK = textwrap.dedent(
+    """
+    # Test-only: on rank 0, another command writes a run into the run dir (its log.csv) after
+    # pretrain's first run-dir check and just before this one takes the run dir's lock.
+    import os
+    if os.environ.get("RANK") == "0":
+        import bayesncl.train as _t
+
+        _real = _t.lock_run_dir
+
+        def _lock(run_dir):
+            (run_dir / "log.csv").write_text("epoch\\n1\\n")
+            return _real(run_dir)
+
+        _t.lock_run_dir = _lock
+    """
+)
+
+
+def test_torchrun_a_run_written_meanwhile_is_one_line_from_rank0(tmp_path: Path) -> None:
+    """A run written into the run dir after the first check (while the data loaded): rank 0's re-check
+    under the lock finds it, and every rank stops on that decision. Rank 1 went on alone and ended in a
+    gloo traceback (connection closed by rank 0) after rank 0's line."""
+    run = tmp_path / "run"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_RACE_HOOK)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "-m", "bayesncl.cli", "pretrain", "--run-dir", str(run), *TORCHRUN_TINY, "train.progress=false",
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if "bayesncl: error" in ln]
+    assert errors == [
+        f"bayesncl: error: run dir {run} already holds a run; pass --resume to continue it, --overwrite to "
+        "replace it, or choose another --run-dir"
+    ], proc.stderr[-3000:]
+    # torchrun's own report of the failed processes follows; no rank adds a traceback of its own
+    assert not [ln for ln in proc.stderr.splitlines() if ln.startswith("[rank")], proc.stderr[-3000:]
+    assert sorted(p.name for p in run.iterdir()) == ["log.csv"]  # the other command's run, untouched
+    assert (run / "log.csv").read_text() == "epoch\n1\n"
+
+
 def test_an_error_of_one_rank_names_the_rank(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -374,6 +424,13 @@ def test_an_error_of_one_rank_names_the_rank(
 
     def oom(args: Any) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has ...")
+
+    def disk_full(args: Any) -> None:  # rank 0 alone writes the run dir: it hands this one to all
+        raise DiskFullError("<run>/config.yaml cannot be written: no space left on the file system of <run>")
+
+    monkeypatch.setattr(cli_module, "cmd_pretrain", disk_full)
+    assert main(["pretrain"]) == 2
+    assert capsys.readouterr().err == "" and slept == [2, 2]
 
     monkeypatch.setattr(cli_module, "cmd_pretrain", oom)
     assert main(["pretrain"]) == 2

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import pickle
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 from bayesncl.evaluation.io import save_features
-from bayesncl.fileio import atomic_path, remove_stale_temporaries, temporary_name
+from bayesncl.fileio import DiskFullError, atomic_path, remove_stale_temporaries, temporary_name
 
 
 @pytest.fixture
@@ -69,3 +71,11 @@ def test_features_and_exports_get_ordinary_modes(tmp_path: Path, umask_027: None
         save_file({"w": torch.zeros(2)}, str(tmp))
     assert _mode(tmp_path / "e.safetensors") == 0o640
     assert np.load(path)["features"].shape == (4, 3)
+
+
+def test_disk_full_error_survives_pickling() -> None:
+    """Under torchrun rank 0 hands an error to the other ranks pickled (distributed.run_on_main): a
+    DiskFullError writing config.yaml failed to unpickle there (TypeError: OSError passes 2 args)."""
+    e = pickle.loads(pickle.dumps(DiskFullError("x cannot be written: no space left")))
+    assert type(e) is DiskFullError
+    assert (str(e), e.errno) == ("x cannot be written: no space left", errno.ENOSPC)

@@ -184,15 +184,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def met_by_every_rank(e: BaseException) -> bool:
     """Whether every torchrun process of a node meets the user error ``e`` alike (same arguments, same
-    files, or decided by rank 0 for all: run-dir checks, a non-finite loss): printed once per node, by
-    its local rank 0. Other errors (an out-of-memory on one GPU, an image that cannot be decoded in
-    one rank's shard) are printed by the rank meeting them, prefixed with "(rank N)"."""
+    files, or decided by rank 0 for all: run-dir checks, a non-finite loss, a full disk, as rank 0 alone
+    writes the run dir): printed once per node, by its local rank 0. Other errors (an out-of-memory on
+    one GPU, an image that cannot be decoded in one rank's shard) are printed by the rank meeting them,
+    prefixed with "(rank N)"."""
     from bayesncl.checkpoint import CheckpointError, RunDirError
     from bayesncl.data import DataError
     from bayesncl.data.datasets import ShardDataError
+    from bayesncl.fileio import DiskFullError
     from bayesncl.train import TrainingError
 
-    alike = (ConfigError, DataError, RunDirError, CheckpointError, TrainingError)
+    alike = (ConfigError, DataError, RunDirError, CheckpointError, TrainingError, DiskFullError)
     return isinstance(e, alike) and not isinstance(e, ShardDataError)
 
 

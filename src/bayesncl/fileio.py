@@ -85,6 +85,11 @@ class DiskFullError(OSError):
     def __str__(self) -> str:
         return str(self.strerror)
 
+    def __reduce__(self) -> tuple[type[DiskFullError], tuple[str]]:
+        # pickled as its message: under torchrun rank 0 hands its errors to the other ranks
+        # (distributed.run_on_main); OSError's own pickling passes (errno, message), which __init__ refuses
+        return type(self), (str(self.strerror),)
+
 
 _FULL_BELOW = 1 << 20  # bytes free: a write that failed with less than this left failed for want of space
 

@@ -388,7 +388,11 @@ def _pretrain(
             set_rng_state(ckpt["rng"])
         else:  # a checkpoint without the other ranks' RNG states: they restart their own stream
             seed_everything(mix_seed(distributed.rank_seed(cfg.seed, world.rank), state.step))
-    if world.is_main:  # fresh run, or a resume that may have extended train.epochs
+
+    def claim_run_dir() -> None:
+        """Rank 0 takes the run dir (lock, re-check, set-aside, config.yaml); run through
+        :func:`distributed.run_on_main`, so that an error here (e.g. the re-check below) stops
+        every rank with the same message, not rank 0 alone with the others left in a collective."""
         run_dir.mkdir(parents=True, exist_ok=True)
         lock = lock_run_dir(run_dir)  # the first write; None where there are no file locks
         if ckpt is None and not overwrite and holds_run(run_dir):
@@ -415,6 +419,8 @@ def _pretrain(
                 shutil.copyfile(run_dir / "last.pt", tmp)
         with atomic_path(run_dir / "config.yaml") as tmp:  # a kill mid-write must not leave it empty
             tmp.write_text(dump_yaml(cfg))
+
+    distributed.run_on_main(claim_run_dir)  # fresh run, or a resume that may have extended train.epochs
 
     step_model = wrap_for_training(model, cfg, world)
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
