@@ -862,6 +862,53 @@ def test_a_full_disk_is_one_line(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_a_full_disk_in_a_later_epoch_leaves_log_csv_as_the_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """last.pt of epoch 2 cannot be written: log.csv keeps epoch 1's row only, as last.pt does (it
+    listed epoch 2, which has no checkpoint, until a --resume rewrote it). A full disk that stops the
+    log itself, after last.pt of epoch 3, leaves it behind last.pt; the --resume after it, with nothing
+    left to train, rewrites it from last.pt (it stayed short: only a trained epoch wrote it)."""
+    import bayesncl.train as train_module
+    from bayesncl.fileio import DiskFullError
+
+    run = tmp_path / "run"
+    real_save, real_log = train_module.save_checkpoint, train_module.write_log
+
+    def full(path: Path) -> DiskFullError:
+        return DiskFullError(f"{path} cannot be written: no space left on the file system of {run}; …")
+
+    def save(path: Path, *args: Any) -> None:
+        if path.name == "last.pt" and args[3].epoch == 2:
+            raise full(path)
+        real_save(path, *args)
+
+    def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") -> None:
+        if len(rows) == 3:
+            raise full(run_dir / name)
+        real_log(run_dir, rows, name)
+
+    def epochs_logged() -> list[str]:
+        return [r.split(",")[0] for r in (run / "log.csv").read_text().splitlines()]
+
+    monkeypatch.setattr(train_module, "save_checkpoint", save)
+    args = ["pretrain", "--run-dir", str(run), *TINY_BASE, "train.epochs=3", "--no-eval"]
+    assert cli_error(args, capsys).startswith(E + f"{run / 'last.pt'} cannot be written: no space left")
+    assert torch.load(run / "last.pt", weights_only=True)["epoch"] == 1
+    assert epochs_logged() == ["epoch", "1"]
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "epoch-0001.pt", "last.pt", "log.csv"]
+
+    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
+    monkeypatch.setattr(train_module, "write_log", write_log)
+    assert cli_error([*args, "--resume"], capsys).startswith(E + f"{run / 'log.csv'} cannot be written")
+    assert torch.load(run / "last.pt", weights_only=True)["epoch"] == 3
+    assert epochs_logged() == ["epoch", "1", "2"]
+
+    monkeypatch.setattr(train_module, "write_log", real_log)
+    assert main([*args, "--resume"]) == 0
+    assert epochs_logged() == ["epoch", "1", "2", "3"]
+
+
 def test_extract_out_must_be_a_features_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`extract RUN --out RUN/last.pt` replaced the run's checkpoint with a features .npz (exit 0)."""
     run = tmp_path / "run"

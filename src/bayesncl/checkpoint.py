@@ -597,7 +597,7 @@ def discard_unstarted_run(run_dir: Path, existed: bool) -> None:
     run_dir = Path(run_dir)
     if not run_dir.is_dir() or (run_dir / "last.pt").exists():
         return
-    for name in ("config.yaml", "steps.csv", "log.csv"):  # log.csv: its epoch's checkpoint failed (disk full)
+    for name in ("config.yaml", "steps.csv", "log.csv"):  # (the logs follow their checkpoint: none, here)
         (run_dir / name).unlink(missing_ok=True)
     remove_stale_temporaries(run_dir)
     if not existed and all(p.name == LOCK_NAME for p in run_dir.iterdir()):

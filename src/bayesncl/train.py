@@ -9,7 +9,8 @@ docs/scaling.md); rank 0 alone writes the run dir and prints.
 Run dir layout::
 
     config.yaml     the fully resolved config
-    log.csv         one row per epoch (loss parts, gate health, online probe, lr, time)
+    log.csv         one row per epoch (loss parts, gate health, online probe, lr, time), written
+                    after the epoch's last.pt: no row without its checkpoint
     steps.csv       the same means every 25 steps (checkpoint.STEP_LOG_EVERY)
     last.pt         full state (model, optimiser, scaler, RNGs, epoch, step, log), atomic
     epoch-NNNN.pt   periodic copies (train.checkpoint_every)
@@ -419,6 +420,11 @@ def _pretrain(
                 shutil.copyfile(run_dir / "last.pt", tmp)
         with atomic_path(run_dir / "config.yaml") as tmp:  # a kill mid-write must not leave it empty
             tmp.write_text(dump_yaml(cfg))
+        if ckpt is not None:  # the logs as last.pt holds them: a save cut short after it left them short
+            if state.log:
+                write_log(run_dir, state.log)
+            if state.step_log:
+                write_log(run_dir, state.step_log, "steps.csv")
 
     distributed.run_on_main(claim_run_dir)  # fresh run, or a resume that may have extended train.epochs
 
@@ -480,10 +486,10 @@ def _pretrain(
             state.rng_ranks = _rng_of_every_rank(world)
 
             def save_mid_epoch() -> None:
-                if state.step_log:
-                    write_log(run_dir, state.step_log, "steps.csv")
                 save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
                 finish_overwrite(claim.pop("run", None), keep_new=True)
+                if state.step_log:  # after its checkpoint, as at an epoch's end
+                    write_log(run_dir, state.step_log, "steps.csv")
 
             # rank 0 saves while the others wait: torchrun ends the whole group once one process exits
             distributed.run_on_main(save_mid_epoch)
@@ -521,11 +527,12 @@ def _pretrain(
             continue
         if model.gate is not None and means[4] > 0.5:
             print(f"warning: gate collapse: {100 * means[4]:.0f}% of rows have every gate closed")
+        save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
+        finish_overwrite(claim.pop("run", None), keep_new=True)
+        # the logs after their checkpoint: a save that fails (a full disk) leaves no row without one
         write_log(run_dir, state.log)
         if state.step_log:  # with the epoch rows, not rewritten every 25 steps
             write_log(run_dir, state.step_log, "steps.csv")
-        save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
-        finish_overwrite(claim.pop("run", None), keep_new=True)
         every = cfg.train.checkpoint_every
         if every and state.epoch % every == 0:
             save_checkpoint(run_dir / f"epoch-{state.epoch:04d}.pt", model, optimizer, scaler, state, cfg)
