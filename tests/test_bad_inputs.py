@@ -168,6 +168,7 @@ ROWS: dict[str, str] = {
     "E2": E + "--resume: no checkpoint <tmp>/run/last.pt to resume from (<tmp>/run holds log.csv but no "
     "last.pt, killed while saving it or deleted: copy <tmp>/run/epoch-0001.pt to <tmp>/run/last.pt to "
     "resume from there, or pass --overwrite instead of --resume to start the run again)",
+    "G1": E + "run dir <tmp>/a-file is a file, not a directory; choose another --run-dir",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
 }
@@ -468,6 +469,28 @@ def test_unwritable_run_dir_under_a_file(tmp_path: Path, capsys: pytest.CaptureF
     expect("R1", cli_error(["pretrain", "--run-dir", str(tmp_path / "a-file/run"), *TINY], capsys), tmp_path)
     expect("R2", cli_error(["pretrain", "--run-dir", str(tmp_path / "a-file"), *TINY], capsys), tmp_path)
     assert (tmp_path / "a-file").read_text() == "x"
+
+
+def test_reproduce_run_dir_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`reproduce --run-dir FILE` printed its first variant's "== CL: pretraining into FILE/cl" line
+    before the error; every table now checks the run dir, and each variant's folder, before any output."""
+
+    def refused(run_dir: Path, table: str) -> str:
+        capsys.readouterr()
+        assert main(["reproduce", table, "--dataset", "fashion-mnist", "--run-dir", str(run_dir)]) == 2
+        out, err = capsys.readouterr()
+        assert out == ""
+        return err
+
+    (tmp_path / "a-file").write_text("x")
+    for table in ("1", "2", "4", "7"):
+        expect("G1", refused(tmp_path / "a-file", table), tmp_path)
+    (tmp_path / "t7").mkdir()
+    (tmp_path / "t7" / "ncl").write_text("x")
+    expected = ROWS["G1"].replace("<tmp>/a-file", str(tmp_path / "t7" / "ncl"))  # a variant's folder
+    assert refused(tmp_path / "t7", "7") == expected + "\n"
+    assert (tmp_path / "a-file").read_text() == "x"
+    assert sorted(p.name for p in (tmp_path / "t7").iterdir()) == ["ncl"]
 
 
 def test_read_only_run_dir(

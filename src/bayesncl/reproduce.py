@@ -156,7 +156,11 @@ def _slug(name: str) -> str:
 
 
 def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[str]) -> dict[str, Any]:
-    """Run (or reuse) every variant of ``table`` on ``dataset`` and write the table. returns results."""
+    """Run (or reuse) every variant of ``table`` on ``dataset`` and write the table. returns results.
+
+    Raises ConfigError for a bad table, dataset or override and RunDirError for a run dir (or a
+    variant's sub-folder to train into) that is a file or cannot be written, before any output."""
+    from bayesncl.checkpoint import _check_writable
     from bayesncl.evaluation.pipeline import evaluate_command
     from bayesncl.report.curves import write_training_curves
     from bayesncl.train import pretrain
@@ -164,6 +168,10 @@ def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[st
     configs = table_configs(table, dataset, overrides)
     spec = TABLES[table]
     run_dir = run_dir or Path("runs") / f"table{table}-{dataset}"
+    _check_writable(run_dir)  # e.g. a file: refused before the first variant's "== ..." line
+    for name in configs:
+        if not (run_dir / _slug(name) / "metrics.json").exists():  # a variant to train
+            _check_writable(run_dir / _slug(name))
     results: dict[str, dict[str, Any]] = {}
     for name, cfg in configs.items():
         sub = run_dir / _slug(name)
