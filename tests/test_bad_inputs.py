@@ -169,6 +169,8 @@ ROWS: dict[str, str] = {
     "last.pt, killed while saving it or deleted: copy <tmp>/run/epoch-0001.pt to <tmp>/run/last.pt to "
     "resume from there, or pass --overwrite instead of --resume to start the run again)",
     "G1": E + "run dir <tmp>/a-file is a file, not a directory; choose another --run-dir",
+    "G2": E + "config file '<tmp>/dims.yaml': eval.retrieval_dims=64: expected a list, e.g. "
+    "retrieval_dims: [32, 64]",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
 }
@@ -437,6 +439,22 @@ def test_unreadable_config_files(tmp_path: Path, capsys: pytest.CaptureFixture[s
     expect("C6", cli_error(["pretrain", *run, "--config", str(tmp_path / "bin.yaml")], capsys), tmp_path)
     expect("C7", cli_error(["pretrain", *run, "--config", str(tmp_path)], capsys), tmp_path)
     expect("C8", cli_error(["pretrain", *run, "--config", str(tmp_path / "bad.yaml")], capsys), tmp_path)
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_single_value_for_a_list_key_in_a_config_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`retrieval_dims: 64` (or `32,64`, a string) in a YAML file was taken as [64] without a word; a
+    file writes a list as one. The command line keeps its short form (tests/test_config.py)."""
+    (tmp_path / "dims.yaml").write_text("eval:\n  retrieval_dims: 64\n")
+    (tmp_path / "text.yaml").write_text("eval:\n  retrieval_dims: 32,64\n")
+    run = ["--run-dir", str(tmp_path / "r"), *TINY, "--no-eval"]
+    expect("G2", cli_error(["pretrain", *run, "--config", str(tmp_path / "dims.yaml")], capsys), tmp_path)
+    assert cli_error(["pretrain", *run, "--config", str(tmp_path / "text.yaml")], capsys) == E + (
+        f"config file '{tmp_path / 'text.yaml'}': eval.retrieval_dims='32,64': expected a list, e.g. "
+        "retrieval_dims: [32, 64]\n"
+    )
     assert not (tmp_path / "r").exists()
 
 

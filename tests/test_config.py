@@ -14,6 +14,7 @@ from bayesncl.config import (
     config_from_dict,
     diff_configs,
     dump_yaml,
+    list_keys,
     set_key,
     valid_keys,
 )
@@ -41,6 +42,20 @@ def test_overrides_win_over_preset_and_yaml(tmp_path: Path) -> None:
     assert cfg.train.epochs == 3 and cfg.seed == 5
     assert cfg.eval.retrieval_dims == [32, 64]
     assert isinstance(cfg.train.epochs, int) and isinstance(cfg.method.rho, float)
+
+
+def test_a_list_key_takes_a_single_value_on_the_command_line_only(tmp_path: Path) -> None:
+    """key=value: 64 and 32,64 are the short forms of [64] and [32, 64] (a bracket needs quoting in a
+    shell); a YAML file writes the list (tests/test_bad_inputs.py: a single value there is refused)."""
+    assert build_config(overrides=["eval.retrieval_dims=64"]).eval.retrieval_dims == [64]
+    assert build_config(overrides=["eval.retrieval_dims=[32, 64]"]).eval.retrieval_dims == [32, 64]
+    y = tmp_path / "c.yaml"
+    y.write_text("eval:\n  retrieval_dims: [64]\n")
+    assert build_config(y).eval.retrieval_dims == [64]
+    y.write_text("eval:\n  retrieval_dims:\n    - 32\n    - 64\n")
+    assert build_config(y).eval.retrieval_dims == [32, 64]
+    assert build_config(y, ["eval.retrieval_dims=16"]).eval.retrieval_dims == [16]  # CLI beats YAML
+    assert list_keys() == ["eval.retrieval_dims"]
 
 
 def test_required_keys_exist() -> None:

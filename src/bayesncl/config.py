@@ -190,9 +190,9 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(key, value, inner[0])
-    if origin is list:
+    if origin is list:  # a single value is a one-element list for key=value only (load_yaml refuses it)
         if isinstance(value, str):
-            value = [v for v in value.replace(" ", "").split(",") if v]
+            value = [v for v in value.replace(" ", "").split(",") if v]  # key=32,64 means [32, 64]
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             value = [value]  # key=64 means [64]
         if not isinstance(value, (list, tuple)):
@@ -283,12 +283,24 @@ def refuse_fixed_keys(overrides: typing.Iterable[str], fixed: typing.Iterable[st
         )
 
 
+def list_keys() -> list[str]:
+    """The dotted keys whose value is a list, e.g. ``eval.retrieval_dims``."""
+    hints = typing.get_type_hints(Config)
+    return [
+        f"{sec}.{name}"
+        for sec, tp in hints.items() if dataclasses.is_dataclass(tp)
+        for name, ftp in typing.get_type_hints(tp).items() if typing.get_origin(ftp) is list
+    ]
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file into flat dotted keys.
 
     Raises ConfigError (one line, naming the file) if it is missing, a directory, not UTF-8 text,
-    not valid YAML, not a mapping of sections, or has a section (``method:``, ...) that is not a
-    mapping of keys."""
+    not valid YAML, not a mapping of sections, has a section (``method:``, ...) that is not a
+    mapping of keys, or gives a single value for a list key (``retrieval_dims: 64``: a YAML file
+    writes a list as one, ``[64]``; the command line's ``eval.retrieval_dims=64`` or ``=32,64`` is
+    the short form for ``key=value``, where brackets would need quoting)."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"config file '{p}' is a directory, not a YAML file")
@@ -320,7 +332,12 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
                 f"config file '{p}': section '{section}' must be a mapping of keys "
                 f"(e.g. {_SECTION_EXAMPLES[section]}), got {value!r}"
             )
-    return _flatten(raw)
+    flat = _flatten(raw)
+    for key in list_keys():
+        if key in flat and not isinstance(flat[key], list):
+            example = f"{key.split('.')[-1]}: [32, 64]"
+            raise ConfigError(f"config file '{p}': {key}={flat[key]!r}: expected a list, e.g. {example}")
+    return flat
 
 
 def load_run_yaml(path: str | Path) -> dict[str, Any]:
