@@ -408,6 +408,55 @@ def test_torchrun_a_run_written_meanwhile_is_one_line_from_rank0(tmp_path: Path)
     assert (run / "log.csv").read_text() == "epoch\n1\n"
 
 
+_DISK_FULL_HOOK = textwrap.dedent(
+    """
+    # Test-only: on rank 0, the disk fills up while epoch 2's last.pt is saved.
+    import os
+    if os.environ.get("RANK") == "0":
+        import bayesncl.train as _t
+        from bayesncl.fileio import DiskFullError
+
+        _real = _t.save_checkpoint
+
+        def _save(path, model, optimizer, scaler, state, cfg):
+            if path.name == "last.pt" and state.epoch == 2:
+                raise DiskFullError(f"{path} cannot be written: no space left on the file system")
+            return _real(path, model, optimizer, scaler, state, cfg)
+
+        _t.save_checkpoint = _save
+    """
+)
+
+
+def test_torchrun_a_full_disk_at_an_epoch_end_is_one_line_from_rank0(tmp_path: Path) -> None:
+    """Rank 0 alone saves at an epoch's end; a full disk there stops every rank with its one line. Rank 1
+    had gone on into the next epoch and ended in a gloo traceback (connection closed by rank 0)."""
+    run = tmp_path / "run"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_DISK_FULL_HOOK)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "-m", "bayesncl.cli", "pretrain", "--run-dir", str(run), *TORCHRUN_TINY, "train.epochs=3",
+        "train.progress=false",
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if "bayesncl: error" in ln]
+    assert errors == [
+        f"bayesncl: error: {run / 'last.pt'} cannot be written: no space left on the file system"
+    ], proc.stderr[-3000:]
+    assert not [ln for ln in proc.stderr.splitlines() if ln.startswith("[rank")], proc.stderr[-3000:]
+    # epoch 1's checkpoint and its log row are kept; no row for the epoch that could not be saved
+    assert torch.load(run / "last.pt", map_location="cpu", weights_only=False)["epoch"] == 1
+    assert len((run / "log.csv").read_text().strip().splitlines()) == 2  # header + epoch 1
+
+
 def test_an_error_of_one_rank_names_the_rank(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -523,19 +523,22 @@ def _pretrain(
         state.log.append(row)
         state.epoch = epoch + 1
         state.rng_ranks = _rng_of_every_rank(world)  # collective: before rank 0 alone saves
-        if not world.is_main:
-            continue
-        if model.gate is not None and means[4] > 0.5:
+        if world.is_main and model.gate is not None and means[4] > 0.5:
             print(f"warning: gate collapse: {100 * means[4]:.0f}% of rows have every gate closed")
-        save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
-        finish_overwrite(claim.pop("run", None), keep_new=True)
-        # the logs after their checkpoint: a save that fails (a full disk) leaves no row without one
-        write_log(run_dir, state.log)
-        if state.step_log:  # with the epoch rows, not rewritten every 25 steps
-            write_log(run_dir, state.step_log, "steps.csv")
-        every = cfg.train.checkpoint_every
-        if every and state.epoch % every == 0:
-            save_checkpoint(run_dir / f"epoch-{state.epoch:04d}.pt", model, optimizer, scaler, state, cfg)
+
+        def save_epoch() -> None:
+            save_checkpoint(run_dir / "last.pt", model, optimizer, scaler, state, cfg)
+            finish_overwrite(claim.pop("run", None), keep_new=True)
+            # the logs after their checkpoint: a save that fails (a full disk) leaves no row without one
+            write_log(run_dir, state.log)
+            if state.step_log:  # with the epoch rows, not rewritten every 25 steps
+                write_log(run_dir, state.step_log, "steps.csv")
+            every = cfg.train.checkpoint_every
+            if every and state.epoch % every == 0:
+                save_checkpoint(run_dir / f"epoch-{state.epoch:04d}.pt", model, optimizer, scaler, state, cfg)
+
+        # rank 0 saves while the others wait, so that its error (a full disk) stops every rank alike
+        distributed.run_on_main(save_epoch)
 
     _restore_stop_handlers()
     if interrupted["signal"] is not None and world.is_main:  # it came during the last epoch's saves
