@@ -237,6 +237,7 @@ def clear_cache() -> None:
     """Forget the in-process cache of loaded splits (e.g. after files changed on disk)."""
     _load_split_cached.cache_clear()
     _synthetic.cache_clear()
+    _SUBSET_WARNED.clear()
 
 
 def uses_resident(cfg: Any) -> bool:
@@ -715,11 +716,16 @@ def subset_indices(cfg: Any, split: str) -> np.ndarray:
     return stratified_subset(full.labels, k)
 
 
+# (split, subset size, source) of the subsets already warned about as larger than their split
+_SUBSET_WARNED: set[tuple[str, int, str]] = set()
+
+
 def _load(cfg: Any, split: str) -> _Split:
     """The (subset) split."""
     full = _load_full(cfg, split)
     k = int(_cfg_get(cfg, f"{split}_subset", 0) or 0)
-    if k > len(full):
+    if k > len(full) and (split, k, full.source) not in _SUBSET_WARNED:
+        _SUBSET_WARNED.add((split, k, full.source))  # once: every loader of a run loads the split again
         warnings.warn(
             f"data.{split}_subset={k} is more than the {len(full)} images of the {split} split: the whole "
             "split is used",
