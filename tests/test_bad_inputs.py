@@ -170,6 +170,9 @@ ROWS: dict[str, str] = {
     "resume from there, or pass --overwrite instead of --resume to start the run again)",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
+    "F1": E + "data.train_subset=2 leaves 2 training images of synthetic, at most one per class: the "
+    "end-of-training linear probe needs a class with >= 2 (it holds some out to choose its L2 strength); "
+    "raise data.train_subset, or pass --no-eval or eval.probe=none",
 }
 
 
@@ -304,6 +307,23 @@ def test_skip_corrupt_skips_and_counts(
 def test_batch_larger_than_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, "train.batch_size=500"], capsys)
     expect("D6", err, tmp_path)
+
+
+def test_a_subset_of_one_image_per_class(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It trained, then the end-of-training probe failed with "too few train samples per class to hold
+    out a validation split", naming no setting; now refused before anything is written."""
+    run = tmp_path / "r"
+    args = ["pretrain", "--run-dir", str(run), *TINY, "data.train_subset=2", "train.batch_size=2"]
+    expect("F1", cli_error(args, capsys), tmp_path)
+    assert not run.exists()
+    # --no-eval trains it; evaluate's probe then says why it cannot choose its L2 strength
+    assert main([*args, "--no-eval"]) == 0
+    err = cli_error(["evaluate", str(run), "--no-knn"], capsys)
+    assert err == E + (
+        "too few train samples per class to hold out a validation split: 2 samples in 2 classes, at most "
+        "one per class; the L2 strength is chosen on held-out samples of classes with >= 2\n"
+    )
+    assert not (run / "evaluation.json").exists()
 
 
 def test_single_class_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -325,6 +325,16 @@ def _pretrain(
             f"{cfg.data.name} has {info.num_classes} class: the end-of-training linear probe needs >= 2; "
             "pass --no-eval or eval.probe=none"
         )
+    if evaluate and cfg.eval.probe == "fast" and max(info.train_class_counts, default=2) < 2:
+        # the probe holds out one image of a class to choose its L2 strength: refused before training
+        k = cfg.data.train_subset
+        subset = f"data.train_subset={k} leaves" if k else "there are"
+        raise DataError(
+            f"{subset} {info.num_train} training images of {cfg.data.name}, at most one per class: the "
+            "end-of-training linear probe needs a class with >= 2 (it holds some out to choose its L2 "
+            f"strength); {'raise data.train_subset' if k else 'add images'}, or pass --no-eval or "
+            "eval.probe=none"
+        )
     ckpt = distributed.run_on_main(lambda: prepare_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite))
     if world.is_main:
         print(f"run dir: {run_dir}", flush=True)

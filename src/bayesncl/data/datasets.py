@@ -178,7 +178,8 @@ class DatasetInfo:
     """What the model and the reports need to know about a dataset (cheap: no augmentation).
 
     ``image_size`` is the effective side S the loaders yield; ``num_train``/``num_test`` count the
-    (subset) splits; ``mean``/``std`` are the normalisation statistics.
+    (subset) splits; ``mean``/``std`` are the normalisation statistics; ``train_class_counts``: the
+    (subset) train split's images per class, in class order.
     """
 
     num_classes: int
@@ -190,6 +191,7 @@ class DatasetInfo:
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
     name: str = ""
+    train_class_counts: tuple[int, ...] = ()
 
 
 @dataclass
@@ -764,8 +766,9 @@ def dataset_info(cfg: Any) -> DatasetInfo:
     train, test = _load(cfg, "train"), _load(cfg, "test")
     channels, image_size = image_geometry(cfg)
     mean, std = _stats(name)
+    num_classes = len(train.class_names)
     return DatasetInfo(
-        num_classes=len(train.class_names),
+        num_classes=num_classes,
         channels=channels,
         image_size=image_size,
         class_names=tuple(train.class_names),
@@ -774,6 +777,9 @@ def dataset_info(cfg: Any) -> DatasetInfo:
         mean=mean,
         std=std,
         name=name,
+        train_class_counts=tuple(
+            int(c) for c in np.bincount(np.asarray(train.labels, dtype=np.int64), minlength=num_classes)
+        ),
     )
 
 
