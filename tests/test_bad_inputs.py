@@ -22,7 +22,7 @@ from PIL import Image
 
 from bayesncl.checkpoint import load_checkpoint_file
 from bayesncl.cli import main
-from bayesncl.config import build_config
+from bayesncl.config import build_config, load_yaml
 from bayesncl.data import build_train_loader
 from bayesncl.train import pretrain
 
@@ -170,6 +170,8 @@ ROWS: dict[str, str] = {
     "resume from there, or pass --overwrite instead of --resume to start the run again)",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
+    "F2": E + "config file '<tmp>/dup.yaml' is not valid YAML at line 3, column 1: duplicate key 'method' "
+    "(first at line 1)",
     "F1": E + "data.train_subset=2 leaves 2 training images of synthetic, at most one per class: the "
     "end-of-training linear probe needs a class with >= 2 (it holds some out to choose its L2 strength); "
     "raise data.train_subset, or pass --no-eval or eval.probe=none",
@@ -457,6 +459,26 @@ def test_unreadable_config_files(tmp_path: Path, capsys: pytest.CaptureFixture[s
     expect("C7", cli_error(["pretrain", *run, "--config", str(tmp_path)], capsys), tmp_path)
     expect("C8", cli_error(["pretrain", *run, "--config", str(tmp_path / "bad.yaml")], capsys), tmp_path)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_key_given_twice_in_a_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """PyYAML keeps the last of two equal keys: the second ``method:`` section silently dropped the
+    first one's rho (the run trained with rho=0.8, the default)."""
+    (tmp_path / "dup.yaml").write_text("method:\n  rho: 0.5\nmethod:\n  lam: 0.01\n")
+    args = ["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, "--config", str(tmp_path / "dup.yaml")]
+    expect("F2", cli_error(args, capsys), tmp_path)
+    assert not (tmp_path / "r").exists()
+    (tmp_path / "dup.yaml").write_text("method: {rho: 0.5, lam: 0.01, rho: 0.6}\n")
+    assert cli_error(args, capsys) == E + (
+        f"config file '{tmp_path}/dup.yaml' is not valid YAML at line 1, column 31: duplicate key 'rho' "
+        "(first at line 1)\n"
+    )
+    assert not (tmp_path / "r").exists()
+    # one key per mapping, and a merged anchor's key overridden: as before
+    (tmp_path / "ok.yaml").write_text("_m: &m {rho: 0.5, lam: 0.1}\nmethod: {<<: *m, rho: 0.6}\n")
+    assert load_yaml(tmp_path / "ok.yaml") == {
+        "_m.rho": 0.5, "_m.lam": 0.1, "method.rho": 0.6, "method.lam": 0.1
+    }
 
 
 def test_benchmark_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
