@@ -172,6 +172,8 @@ ROWS: dict[str, str] = {
     "seed takes)",
     "F2": E + "config file '<tmp>/dup.yaml' is not valid YAML at line 3, column 1: duplicate key 'method' "
     "(first at line 1)",
+    "F3": E + "train.min_lr=0.1: expected <= the peak learning rate 0.05 (train.base_lr=0.4 x global batch "
+    "32 / 256), or the schedule would rise to it",
     "F1": E + "data.train_subset=2 leaves 2 training images of synthetic, at most one per class: the "
     "end-of-training linear probe needs a class with >= 2 (it holds some out to choose its L2 strength); "
     "raise data.train_subset, or pass --no-eval or eval.probe=none",
@@ -459,6 +461,15 @@ def test_unreadable_config_files(tmp_path: Path, capsys: pytest.CaptureFixture[s
     expect("C7", cli_error(["pretrain", *run, "--config", str(tmp_path)], capsys), tmp_path)
     expect("C8", cli_error(["pretrain", *run, "--config", str(tmp_path / "bad.yaml")], capsys), tmp_path)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_final_learning_rate_above_the_peak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """train.min_lr above base_lr x batch / 256 trained with a rate that rose over the run (the
+    cosine from the peak to min_lr), logged as lr=7.5 after epoch 1 of a run peaking at 0.05."""
+    run = tmp_path / "r"
+    expect("F3", cli_error(["pretrain", "--run-dir", str(run), *TINY, "train.min_lr=0.1"], capsys), tmp_path)
+    assert not run.exists()
+    assert main(["pretrain", "--run-dir", str(run), *TINY, "train.min_lr=0.05", "--no-eval"]) == 0  # = peak
 
 
 def test_a_key_given_twice_in_a_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
