@@ -174,6 +174,8 @@ ROWS: dict[str, str] = {
     "(first at line 1)",
     "F3": E + "train.min_lr=0.1: expected <= the peak learning rate 0.05 (train.base_lr=0.4 x global batch "
     "32 / 256), or the schedule would rise to it",
+    "F4": E + "the paper probe trains with batch 256 (the paper's), more than the 96 training images of "
+    "synthetic: use more (data.train_subset), or --probe fast",
     "F1": E + "data.train_subset=2 leaves 2 training images of synthetic, at most one per class: the "
     "end-of-training linear probe needs a class with >= 2 (it holds some out to choose its L2 strength); "
     "raise data.train_subset, or pass --no-eval or eval.probe=none",
@@ -470,6 +472,15 @@ def test_a_final_learning_rate_above_the_peak(tmp_path: Path, capsys: pytest.Cap
     expect("F3", cli_error(["pretrain", "--run-dir", str(run), *TINY, "train.min_lr=0.1"], capsys), tmp_path)
     assert not run.exists()
     assert main(["pretrain", "--run-dir", str(run), *TINY, "train.min_lr=0.05", "--no-eval"]) == 0  # = peak
+
+
+def test_paper_probe_on_fewer_images_than_a_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It said "batch_size=256 is larger than the 96 training samples of synthetic: lower
+    train.batch_size", a setting that evaluate cannot change and the paper probe does not use."""
+    ckpt = tiny_checkpoint(tmp_path / "run.pt", [])
+    err = cli_error(["evaluate", str(ckpt), "--probe", "paper", "--probe-epochs", "1", "--no-knn"], capsys)
+    expect("F4", err, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.pt"]
 
 
 def test_a_key_given_twice_in_a_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
