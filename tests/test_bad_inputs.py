@@ -22,7 +22,7 @@ from PIL import Image
 
 from bayesncl.checkpoint import load_checkpoint_file
 from bayesncl.cli import main
-from bayesncl.config import build_config
+from bayesncl.config import build_config, load_yaml
 from bayesncl.data import build_train_loader
 from bayesncl.train import pretrain
 
@@ -173,6 +173,15 @@ ROWS: dict[str, str] = {
     "retrieval_dims: [32, 64]",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
+    "F2": E + "config file '<tmp>/dup.yaml' is not valid YAML at line 3, column 1: duplicate key 'method' "
+    "(first at line 1)",
+    "F3": E + "train.min_lr=0.1: expected <= the peak learning rate 0.05 (train.base_lr=0.4 x global batch "
+    "32 / 256), or the schedule would rise to it",
+    "F4": E + "the paper probe trains with batch 256 (the paper's), more than the 96 training images of "
+    "synthetic: use more (data.train_subset), or --probe fast",
+    "F1": E + "data.train_subset=2 leaves 2 training images of synthetic, at most one per class: the "
+    "end-of-training linear probe needs a class with >= 2 (it holds some out to choose its L2 strength); "
+    "raise data.train_subset, or pass --no-eval or eval.probe=none",
 }
 
 
@@ -309,6 +318,23 @@ def test_batch_larger_than_dataset(tmp_path: Path, capsys: pytest.CaptureFixture
     expect("D6", err, tmp_path)
 
 
+def test_a_subset_of_one_image_per_class(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It trained, then the end-of-training probe failed with "too few train samples per class to hold
+    out a validation split", naming no setting; now refused before anything is written."""
+    run = tmp_path / "r"
+    args = ["pretrain", "--run-dir", str(run), *TINY, "data.train_subset=2", "train.batch_size=2"]
+    expect("F1", cli_error(args, capsys), tmp_path)
+    assert not run.exists()
+    # --no-eval trains it; evaluate's probe then says why it cannot choose its L2 strength
+    assert main([*args, "--no-eval"]) == 0
+    err = cli_error(["evaluate", str(run), "--no-knn"], capsys)
+    assert err == E + (
+        "too few train samples per class to hold out a validation split: 2 samples in 2 classes, at most "
+        "one per class; the L2 strength is chosen on held-out samples of classes with >= 2\n"
+    )
+    assert not (run / "evaluation.json").exists()
+
+
 def test_single_class_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "one.npz", features=np.abs(rng.normal(size=(50, 8))).astype(np.float32),
@@ -440,6 +466,44 @@ def test_unreadable_config_files(tmp_path: Path, capsys: pytest.CaptureFixture[s
     expect("C7", cli_error(["pretrain", *run, "--config", str(tmp_path)], capsys), tmp_path)
     expect("C8", cli_error(["pretrain", *run, "--config", str(tmp_path / "bad.yaml")], capsys), tmp_path)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_final_learning_rate_above_the_peak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """train.min_lr above base_lr x batch / 256 trained with a rate that rose over the run (the
+    cosine from the peak to min_lr), logged as lr=7.5 after epoch 1 of a run peaking at 0.05."""
+    run = tmp_path / "r"
+    expect("F3", cli_error(["pretrain", "--run-dir", str(run), *TINY, "train.min_lr=0.1"], capsys), tmp_path)
+    assert not run.exists()
+    assert main(["pretrain", "--run-dir", str(run), *TINY, "train.min_lr=0.05", "--no-eval"]) == 0  # = peak
+
+
+def test_paper_probe_on_fewer_images_than_a_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It said "batch_size=256 is larger than the 96 training samples of synthetic: lower
+    train.batch_size", a setting that evaluate cannot change and the paper probe does not use."""
+    ckpt = tiny_checkpoint(tmp_path / "run.pt", [])
+    err = cli_error(["evaluate", str(ckpt), "--probe", "paper", "--probe-epochs", "1", "--no-knn"], capsys)
+    expect("F4", err, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.pt"]
+
+
+def test_a_key_given_twice_in_a_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """PyYAML keeps the last of two equal keys: the second ``method:`` section silently dropped the
+    first one's rho (the run trained with rho=0.8, the default)."""
+    (tmp_path / "dup.yaml").write_text("method:\n  rho: 0.5\nmethod:\n  lam: 0.01\n")
+    args = ["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, "--config", str(tmp_path / "dup.yaml")]
+    expect("F2", cli_error(args, capsys), tmp_path)
+    assert not (tmp_path / "r").exists()
+    (tmp_path / "dup.yaml").write_text("method: {rho: 0.5, lam: 0.01, rho: 0.6}\n")
+    assert cli_error(args, capsys) == E + (
+        f"config file '{tmp_path}/dup.yaml' is not valid YAML at line 1, column 31: duplicate key 'rho' "
+        "(first at line 1)\n"
+    )
+    assert not (tmp_path / "r").exists()
+    # one key per mapping, and a merged anchor's key overridden: as before
+    (tmp_path / "ok.yaml").write_text("_m: &m {rho: 0.5, lam: 0.1}\nmethod: {<<: *m, rho: 0.6}\n")
+    assert load_yaml(tmp_path / "ok.yaml") == {
+        "_m.rho": 0.5, "_m.lam": 0.1, "method.rho": 0.6, "method.lam": 0.1
+    }
 
 
 def test_a_single_value_for_a_list_key_in_a_config_file(

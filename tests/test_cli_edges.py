@@ -359,3 +359,28 @@ def test_an_earlier_checkpoint_of_a_run_is_evaluated_into_its_own_folder(
     # the run's own last.pt (and the run dir) still write into the run dir
     assert main(["extract", str(run / "last.pt")]) == 0
     assert load_features(run / "features_test.npz").meta["source"] == str(run / "last.pt")
+
+
+def test_evaluate_on_a_dataset_with_other_classes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run trained on 10 classes, extracted and evaluated on a 2-class image folder (same channels
+    and size): only the online probe's head has another shape, and it is not used. It was refused as
+    "does not fit the architecture its config describes: shape mismatch: classifier.weight ..."."""
+    from bayesncl.evaluation import load_features
+
+    from .test_bad_inputs import image_folder
+    from .tiny import tiny_checkpoint
+
+    ckpt = tiny_checkpoint(tmp_path / "syn.pt", [], 3)
+    folder = image_folder(tmp_path / "folder", n=8)
+    data = ["data.name=imagefolder", f"data.root={folder}", "data.train_subset=0", "data.test_subset=0"]
+    out = tmp_path / "f.npz"
+    with pytest.warns(UserWarning, match="classifier has 10 classes but data.name=imagefolder has 2;"):
+        assert main(["extract", str(ckpt), "--out", str(out), *data]) == 0
+    fs = load_features(out)
+    assert fs.features.shape == (12, 16)  # 2 classes x 6 val images, D=16
+    assert sorted(set(fs.labels.tolist())) == [0, 1]
+    with pytest.warns(UserWarning, match="online classifier has 10 classes"):
+        assert main(["evaluate", str(ckpt), "--no-knn", *data]) == 0
+    result = json.loads((tmp_path / "evaluation.json").read_text())
+    assert 0.0 <= result["linear_probe_acc1"] <= 100.0
+    assert result["semantic_consistency"] >= 50.0  # 2 classes: a majority of at least half

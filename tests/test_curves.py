@@ -131,3 +131,13 @@ def test_cli_default_outputs(
     assert main(["curves", str(a), "--out", str(tmp_path / "c.jpg")]) == 2
     err = capsys.readouterr().err
     assert err == f"bayesncl: error: --out {tmp_path / 'c.jpg'}: expected a .png file path\n"
+
+
+def test_curves_of_a_path_that_does_not_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped run dir was "<path> is not a file", as if it were a folder or a device."""
+    assert main(["curves", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err == (
+        f"bayesncl: error: {tmp_path}/nowhere does not exist: expected a run dir (or its log.csv) with at "
+        "least one finished epoch\n"
+    )
+    assert list(tmp_path.iterdir()) == []

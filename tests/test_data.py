@@ -28,6 +28,7 @@ from bayesncl.data import (
     blur_kernel_size,
     build_eval_loader,
     build_train_loader,
+    clear_cache,
     dataset_info,
     load_split_images,
     mix_seed,
@@ -598,7 +599,26 @@ def test_a_subset_larger_than_the_split_warns_and_uses_the_whole_split() -> None
     from bayesncl.data import load_split_images
 
     cfg = DataConfig(name="synthetic", train_subset=0, test_subset=1001)  # the synthetic test split: 1000
+    clear_cache()  # the warning is given once per process
     with pytest.warns(UserWarning, match=r"^data.test_subset=1001 is more than the 1000 images of the test "
                       r"split: the whole split is used$"):
         images, labels = load_split_images(cfg, "test")
     assert len(labels) == 1000
+
+
+def test_a_subset_larger_than_the_split_warns_once() -> None:
+    """Every loader of a run (dataset_info, the train loader, the eval loaders) loads the split again:
+    ``pretrain`` printed the same warning 6 times, ``evaluate`` 8 times."""
+    import warnings
+
+    cfg = DataConfig(name="synthetic", train_subset=0, test_subset=1002)
+    clear_cache()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # Python's own once-per-location filter must not hide repeats
+        assert dataset_info(cfg).num_test == 1000
+        assert len(load_split_images(cfg, "test")[1]) == 1000
+        build_eval_loader(cfg, "test", 500, device=torch.device("cpu"))
+    messages = [str(w.message) for w in caught if "test_subset=1002" in str(w.message)]
+    assert messages == [
+        "data.test_subset=1002 is more than the 1000 images of the test split: the whole split is used"
+    ]

@@ -61,3 +61,19 @@ def test_dynamics_command_over_checkpoints(tmp_path: Path) -> None:
     assert json.loads((run / "dynamics.json").read_text())["samples"] == 96
     # Whole batches: 40 asked, two batches of 32 used.
     assert dynamics_command(run, samples=40, every=2)["samples"] == 64
+
+
+def test_undefined_correlations_are_null_in_the_json(tmp_path: Path) -> None:
+    """dynamics.json held the token NaN for an undefined correlation (< 3 dims, or a constant input),
+    which strict JSON readers (jq, JavaScript, json.loads(..., parse_constant=...)) refuse."""
+    from bayesncl.report import write_results
+
+    rows = [{"epoch": 1, "dims": 2, "AF-GV": float("nan"), "GV-SC": np.float64("inf"), "AF-SC": 0.5}]
+    write_results(tmp_path, "dynamics", {"rows": rows, "samples": np.int64(64)}, "| table |")
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"not strict JSON: {token}")
+
+    saved = json.loads((tmp_path / "dynamics.json").read_text(), parse_constant=refuse)
+    assert saved["rows"] == [{"epoch": 1, "dims": 2, "AF-GV": None, "GV-SC": None, "AF-SC": 0.5}]
+    assert saved["samples"] == 64

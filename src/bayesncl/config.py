@@ -293,14 +293,41 @@ def list_keys() -> list[str]:
     ]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last one
+    silently: a second ``method:`` section dropped every key of the first)."""
+
+
+def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    first: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *anchor``: merged keys may be overridden
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            seen = first.get(key)
+        except TypeError:  # an unhashable key: SafeLoader's own error follows
+            continue
+        if seen is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {seen + 1})", key_node.start_mark
+            )
+        first[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML config file into flat dotted keys.
 
     Raises ConfigError (one line, naming the file) if it is missing, a directory, not UTF-8 text,
-    not valid YAML, not a mapping of sections, has a section (``method:``, ...) that is not a
-    mapping of keys, or gives a single value for a list key (``retrieval_dims: 64``: a YAML file
-    writes a list as one, ``[64]``; the command line's ``eval.retrieval_dims=64`` or ``=32,64`` is
-    the short form for ``key=value``, where brackets would need quoting)."""
+    not valid YAML (a key given twice in one mapping too), not a mapping of sections, has a section
+    (``method:``, ...) that is not a mapping of keys, or gives a single value for a list key
+    (``retrieval_dims: 64``: a YAML file writes a list as one, ``[64]``; the command line's
+    ``eval.retrieval_dims=64`` or ``=32,64`` is the short form for ``key=value``, where brackets
+    would need quoting)."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"config file '{p}' is a directory, not a YAML file")
@@ -316,7 +343,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     except OSError as e:
         raise ConfigError(f"config file '{p}' cannot be read: {e.strerror or e}") from None
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = yaml.load(text, Loader=_UniqueKeyLoader) or {}  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -56,7 +56,7 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
     set_rng_state,
     write_log,
 )
-from bayesncl.config import Config, MethodConfig, config_from_dict, dump_yaml, load_run_yaml
+from bayesncl.config import Config, ConfigError, MethodConfig, config_from_dict, dump_yaml, load_run_yaml
 from bayesncl.data import DataError, build_train_loader, dataset_info, mix_seed
 from bayesncl.distributed import resolve_device  # noqa: F401 - re-exported: train.resolve_device
 from bayesncl.fileio import atomic_path, out_of_memory
@@ -318,6 +318,13 @@ def _pretrain(
     device = world.device
     amp_dtype = resolve_precision(cfg.train.precision, device)
     distributed.check_sync_bn(cfg.train.sync_bn, world)
+    global_batch = cfg.train.batch_size * world.world_size
+    peak = distributed.scaled_lr(cfg.train.base_lr, global_batch)
+    if cfg.train.min_lr > peak:  # the cosine "decay" would raise the rate to min_lr
+        raise ConfigError(
+            f"train.min_lr={cfg.train.min_lr:g}: expected <= the peak learning rate {peak:g} (train.base_lr="
+            f"{cfg.train.base_lr:g} x global batch {global_batch} / 256), or the schedule would rise to it"
+        )
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest kernels
     info = distributed.local_main_first(world, lambda: dataset_info(cfg.data))  # one download per node
@@ -325,6 +332,16 @@ def _pretrain(
         raise DataError(
             f"{cfg.data.name} has {info.num_classes} class: the end-of-training linear probe needs >= 2; "
             "pass --no-eval or eval.probe=none"
+        )
+    if evaluate and cfg.eval.probe == "fast" and max(info.train_class_counts, default=2) < 2:
+        # the probe holds out one image of a class to choose its L2 strength: refused before training
+        k = cfg.data.train_subset
+        subset = f"data.train_subset={k} leaves" if k else "there are"
+        raise DataError(
+            f"{subset} {info.num_train} training images of {cfg.data.name}, at most one per class: the "
+            "end-of-training linear probe needs a class with >= 2 (it holds some out to choose its L2 "
+            f"strength); {'raise data.train_subset' if k else 'add images'}, or pass --no-eval or "
+            "eval.probe=none"
         )
     ckpt = distributed.run_on_main(lambda: prepare_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite))
     if world.is_main:

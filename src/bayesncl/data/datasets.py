@@ -178,7 +178,8 @@ class DatasetInfo:
     """What the model and the reports need to know about a dataset (cheap: no augmentation).
 
     ``image_size`` is the effective side S the loaders yield; ``num_train``/``num_test`` count the
-    (subset) splits; ``mean``/``std`` are the normalisation statistics.
+    (subset) splits; ``mean``/``std`` are the normalisation statistics; ``train_class_counts``: the
+    (subset) train split's images per class, in class order.
     """
 
     num_classes: int
@@ -190,6 +191,7 @@ class DatasetInfo:
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
     name: str = ""
+    train_class_counts: tuple[int, ...] = ()
 
 
 @dataclass
@@ -237,6 +239,7 @@ def clear_cache() -> None:
     """Forget the in-process cache of loaded splits (e.g. after files changed on disk)."""
     _load_split_cached.cache_clear()
     _synthetic.cache_clear()
+    _SUBSET_WARNED.clear()
 
 
 def uses_resident(cfg: Any) -> bool:
@@ -715,11 +718,16 @@ def subset_indices(cfg: Any, split: str) -> np.ndarray:
     return stratified_subset(full.labels, k)
 
 
+# (split, subset size, source) of the subsets already warned about as larger than their split
+_SUBSET_WARNED: set[tuple[str, int, str]] = set()
+
+
 def _load(cfg: Any, split: str) -> _Split:
     """The (subset) split."""
     full = _load_full(cfg, split)
     k = int(_cfg_get(cfg, f"{split}_subset", 0) or 0)
-    if k > len(full):
+    if k > len(full) and (split, k, full.source) not in _SUBSET_WARNED:
+        _SUBSET_WARNED.add((split, k, full.source))  # once: every loader of a run loads the split again
         warnings.warn(
             f"data.{split}_subset={k} is more than the {len(full)} images of the {split} split: the whole "
             "split is used",
@@ -758,8 +766,9 @@ def dataset_info(cfg: Any) -> DatasetInfo:
     train, test = _load(cfg, "train"), _load(cfg, "test")
     channels, image_size = image_geometry(cfg)
     mean, std = _stats(name)
+    num_classes = len(train.class_names)
     return DatasetInfo(
-        num_classes=len(train.class_names),
+        num_classes=num_classes,
         channels=channels,
         image_size=image_size,
         class_names=tuple(train.class_names),
@@ -768,6 +777,9 @@ def dataset_info(cfg: Any) -> DatasetInfo:
         mean=mean,
         std=std,
         name=name,
+        train_class_counts=tuple(
+            int(c) for c in np.bincount(np.asarray(train.labels, dtype=np.int64), minlength=num_classes)
+        ),
     )
 
 

@@ -52,18 +52,25 @@ def paper_linear_probe(
     """Train and test a linear probe on frozen h with the paper protocol.
 
     returns: ``{"acc1", "acc5", "acc1_std", "acc5_std", "per_seed", "protocol"}`` (percent).
-    Raises RuntimeError if the backbone changed during probing (it must not).
+    Raises EvalError if the train split holds fewer than ``batch_size`` images, RuntimeError if the
+    backbone changed during probing (it must not).
     """
     from timm.optim import Lars
 
     from bayesncl.data import build_eval_loader, build_train_loader, dataset_info
+    from bayesncl.evaluation import EvalError
     from bayesncl.train import warmup_cosine
 
     seeds = seeds or [cfg.seed]
     device = next(model.parameters()).device
+    info = dataset_info(cfg.data)
+    if info.num_train < batch_size:  # the loader's own error advised train.batch_size, which is not used
+        raise EvalError(
+            f"the paper probe trains with batch {batch_size} (the paper's), more than the {info.num_train} "
+            f"training images of {info.name}: use more (data.train_subset), or --probe fast"
+        )
     backbone = model.backbone.eval()
     before = _snapshot(backbone)
-    info = dataset_info(cfg.data)
     test_loader = build_eval_loader(cfg.data, "test", cfg.eval.batch_size, device=device)
     per_seed = []
     for seed in seeds:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -259,7 +260,17 @@ def _load_own(
         set_key(cfg, k, v)
     validate(cfg)
     info = dataset_info(cfg.data)
-    model = build_model(cfg, info.channels, info.image_size, info.num_classes)
+    # the online probe's head keeps the trained class count: evaluation does not use it, so a
+    # data.* override with other classes (a transfer evaluation) is no architecture mismatch
+    head = state_dict.get("classifier.weight")
+    num_classes = int(head.shape[0]) if head is not None and head.ndim == 2 else info.num_classes
+    if num_classes != info.num_classes:
+        warnings.warn(
+            f"{path}: its online classifier has {num_classes} classes but data.name={cfg.data.name} has "
+            f"{info.num_classes}; features are extracted anyway (the classifier is not used)",
+            stacklevel=2,
+        )
+    model = build_model(cfg, info.channels, info.image_size, num_classes)
     try:
         load_state_strict(model, state_dict, str(path), "the architecture its config describes")
     except ValueError as e:

@@ -192,7 +192,11 @@ def linear_probe(
         if len(grid) > 1:
             fit_idx, val_idx = stratified_split(ytr_idx, val_fraction, seed)
             if val_idx.numel() == 0:
-                raise EvalError("too few train samples per class to hold out a validation split")
+                raise EvalError(
+                    f"too few train samples per class to hold out a validation split: {ytr.numel()} "
+                    f"samples in {num_classes} classes, at most one per class; the L2 strength is chosen "
+                    "on held-out samples of classes with >= 2"
+                )
             mean, std = _standardise(xtr[fit_idx])
             xf = (xtr[fit_idx] - mean) / std
             xv = (xtr[val_idx] - mean) / std

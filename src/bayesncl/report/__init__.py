@@ -45,9 +45,23 @@ def write_text_atomic(path: Path, text: str) -> None:
         tmp.write_text(text)
 
 
+def _json_ready(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None: strict JSON has no NaN token."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    return value
+
+
 def write_results(out_dir: Path, stem: str, results: dict[str, Any], markdown: str, header: str = "") -> None:
-    """Write ``stem.json`` and ``stem.md`` into ``out_dir`` (atomically)."""
-    write_text_atomic(out_dir / f"{stem}.json", json.dumps(results, indent=2, default=float) + "\n")
+    """Write ``stem.json`` and ``stem.md`` into ``out_dir`` (atomically). The JSON is strict: an
+    undefined value (NaN, e.g. a correlation of ``dynamics``) is ``null`` there, ``nan`` in the
+    Markdown."""
+    ready = _json_ready(json.loads(json.dumps(results, default=float)))  # NumPy scalars -> floats first
+    write_text_atomic(out_dir / f"{stem}.json", json.dumps(ready, indent=2, allow_nan=False) + "\n")
     write_text_atomic(out_dir / f"{stem}.md", (header + "\n\n" if header else "") + markdown + "\n")
 
 

@@ -51,7 +51,10 @@ def read_log(source: str | Path) -> list[dict[str, float]]:
     if path.name == "steps.csv":
         raise RunDirError(f"{path} is the per-step log: pass its run dir or its log.csv")
     if not path.is_file():
-        where = f"{path.parent} has no log.csv" if path.name == "log.csv" else f"{path} is not a file"
+        if path.name == "log.csv":
+            where = f"{path.parent} has no log.csv"
+        else:  # a mistyped run dir is no file either, but "not a file" suggests it is a folder
+            where = f"{path} {'is not a file' if path.exists() else 'does not exist'}"
         from bayesncl.checkpoint import set_aside_hint
 
         raise RunDirError(
