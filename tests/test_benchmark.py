@@ -98,23 +98,29 @@ def test_text_report(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("argv", "message"),
+    ("argv", "message", "found_by_the_data"),
     [
-        (["--device", "cuda"], "no CUDA device is available"),
-        (["--batch-size", "6000"], "batch_size=6000 is larger than the 5000 training samples"),
-        (["--steps", "0"], "--steps=0: expected >= 1"),
-        (["model.bogus=1"], "unknown config key 'model.bogus'"),
+        (["--device", "cuda"], "no CUDA device is available", False),
+        (["--batch-size", "6000"], "batch_size=6000 is larger than the 5000 training samples", True),
+        (["--steps", "0"], "--steps=0: expected >= 1", False),
+        (["model.bogus=1"], "unknown config key 'model.bogus'", False),
+        (["model.proj_dim=0"], "model.proj_dim=0: expected >= 1", False),
     ],
 )
-def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+def test_bad_input_is_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str, found_by_the_data: bool
+) -> None:
+    """One line on stderr; a bad setting is refused before the first progress line, a batch too large
+    for the data once the data is built (after "... building 3 models")."""
     import torch
 
     if argv[:2] == ["--device", "cuda"] and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     base = [a for a in TINY if a not in ("--device", "cpu")] if argv[0] == "--device" else TINY
     assert main([*base, *argv]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("bayesncl: error:") and "\n" not in err and message in err
+    out, err = capsys.readouterr()
+    assert err.strip().startswith("bayesncl: error:") and "\n" not in err.strip() and message in err
+    assert (out == "") != found_by_the_data, out
 
 
 @pytest.mark.parametrize(

@@ -319,8 +319,9 @@ def run_benchmark(
         torch.backends.cudnn.benchmark = True
     b, steps, rounds = int(s.batch_size or 0), int(s.steps or 0), int(s.rounds or 0)
 
+    configs = {m: _config(s, m, resident=True) for m in METHODS}  # a bad override: its line comes first
     say(f"building {len(METHODS)} models ({s.backbone}, {s.image_size} px, batch {b}) on {device}")
-    trainers = {m: _Trainer(_config(s, m, resident=True), device) for m in METHODS}
+    trainers = {m: _Trainer(configs[m], device) for m in METHODS}
     fixed = next(trainers["bayesncl"].batches)
     flops = {m: flops_per_image(trainers[m].cfg) for m in ("ncl", "bayesncl")}
     train_flops = {m: flops_per_image(trainers[m].cfg, train=True) for m in ("ncl", "bayesncl")}
