@@ -171,6 +171,8 @@ ROWS: dict[str, str] = {
     "G1": E + "run dir <tmp>/a-file is a file, not a directory; choose another --run-dir",
     "G2": E + "config file '<tmp>/dims.yaml': eval.retrieval_dims=64: expected a list, e.g. "
     "retrieval_dims: [32, 64]",
+    "G3": E + "run dir <tmp>/demo holds runs in its folders (bayesncl/, ncl/; a demo or reproduce table?): a "
+    "run here would be mixed in with them; choose another --run-dir",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
     "F2": E + "config file '<tmp>/dup.yaml' is not valid YAML at line 3, column 1: duplicate key 'method' "
@@ -1099,3 +1101,24 @@ def test_out_of_memory_in_the_end_of_training_evaluation_keeps_the_run(
         f"{run} eval.batch_size=N` evaluates it\n"
     )
     assert (run / "last.pt").is_file() and (run / "encoder.safetensors").is_file()
+
+
+def test_pretrain_into_a_demo_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`pretrain --run-dir <a demo's run dir>` trained beside the demo's ncl/ and bayesncl/ runs and
+    its table (nothing replaced, the two mixed), while `demo` into a pretrain run dir is refused."""
+    demo = tmp_path / "demo"
+    for name in ("ncl", "bayesncl"):
+        (demo / name).mkdir(parents=True)
+        (demo / name / "log.csv").write_text("epoch\n1\n")
+    (demo / "table.md").write_text("| method |\n")
+    before = sorted(p.relative_to(demo) for p in demo.rglob("*"))
+    for extra in ([], ["--overwrite"]):
+        args = ["pretrain", "--run-dir", str(demo), *TINY, "--no-eval", *extra]
+        expect("G3", cli_error(args, capsys), tmp_path)
+        assert sorted(p.relative_to(demo) for p in demo.rglob("*")) == before
+    # a run's own folders hold no checkpoint or log: a finished run with an eval folder resumes as before
+    run = tmp_path / "run"
+    assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 0
+    (run / "eval-epoch-0001").mkdir()
+    (run / "eval-epoch-0001" / "metrics.json").write_text("{}")
+    assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval", "--overwrite"]) == 0

@@ -690,6 +690,13 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
         return ckpt
     if has_run and not overwrite:
         raise occupied_run_dir(run_dir)
+    if not has_run and (subruns := _runs_below(run_dir)):
+        more = f" and {len(subruns) - 4} more" if len(subruns) > 4 else ""
+        names = ", ".join(f"{p.name}/" for p in subruns[:4]) + more
+        raise RunDirError(
+            f"run dir {run_dir} holds runs in its folders ({names}; a demo or reproduce table?): a run "
+            "here would be mixed in with them; choose another --run-dir"
+        )
     if not overwrite and (foreign := _files_a_run_would_replace(run_dir)):
         more = f" and {len(foreign) - 4} more" if len(foreign) > 4 else ""
         names = ", ".join(p.name for p in foreign[:4]) + more
@@ -710,6 +717,17 @@ def _files_a_run_would_replace(run_dir: Path) -> list[Path]:
             continue
         found.append(p)
     return found
+
+
+def _runs_below(run_dir: Path) -> list[Path]:
+    """The folders directly in ``run_dir`` that hold a run (a checkpoint or a log), as the runs of
+    ``demo`` and ``reproduce`` do; a run's own results-epoch-*/eval-epoch-* folders hold neither."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(
+        p for p in run_dir.iterdir()
+        if p.is_dir() and not p.is_symlink() and ((p / "last.pt").exists() or (p / "log.csv").exists())
+    )
 
 
 def _is_run_config(path: Path) -> bool:
