@@ -144,6 +144,13 @@ def test_reproduce_refuses_to_reuse_runs_of_other_settings(
     ]
     assert main(args) == 0
     assert (tmp_path / "t7" / "bayesncl" / "metrics.json").exists()
+    # minutes: the logged epoch times (training alone), not the wall time around pretrain + evaluation
+    for variant in ("ncl", "bayesncl"):
+        rows = (tmp_path / "t7" / variant / "log.csv").read_text().splitlines()
+        col = rows[0].split(",").index("epoch_time_s")
+        logged = sum(float(r.split(",")[col]) for r in rows[1:]) / 60
+        m = json.loads((tmp_path / "t7" / variant / "metrics.json").read_text())
+        assert m["pretrain_minutes"] == pytest.approx(logged, abs=1e-6) and m["pretrain_minutes"] > 0
     assert (tmp_path / "t7" / "curves.png").read_bytes().startswith(b"\x89PNG")  # every variant's log
     capsys.readouterr()
     assert main([*args, "train.epochs=2"]) == 2
@@ -384,3 +391,14 @@ def test_evaluate_on_a_dataset_with_other_classes(tmp_path: Path, capsys: pytest
     result = json.loads((tmp_path / "evaluation.json").read_text())
     assert 0.0 <= result["linear_probe_acc1"] <= 100.0
     assert result["semantic_consistency"] >= 50.0  # 2 classes: a majority of at least half
+
+
+def test_pretrain_minutes_sum_the_logged_epochs(tmp_path: Path) -> None:
+    """Table 7's minutes: 30 s + 90 s of epochs = 2 min, whatever happened around them (a resume
+    rewrites log.csv with every epoch of the run, so a resumed variant counts all of them)."""
+    from bayesncl.checkpoint import LOG_FIELDS, write_log
+    from bayesncl.reproduce import pretrain_minutes
+
+    rows = [{k: 0 for k in LOG_FIELDS} | {"epoch": e, "epoch_time_s": t} for e, t in ((1, 30.0), (2, 90.0))]
+    write_log(tmp_path, rows)
+    assert pretrain_minutes(tmp_path) == pytest.approx(2.0)
