@@ -359,6 +359,36 @@ def test_torchrun_bad_input_is_one_line_from_rank0(tmp_path: Path) -> None:
     assert sorted(p.name for p in run.iterdir()) == ["log.csv"]
 
 
+def _torchrun_pretrain_with_hook(
+    tmp_path: Path, hook: str, *overrides: str, one_rank_only: bool = False
+) -> tuple[Path, list[str]]:
+    """``torchrun --nproc_per_node=2 ... pretrain`` of a tiny run with ``hook`` as every rank's
+    sitecustomize; checks that it failed and, unless the error is ``one_rank_only`` (the other rank is
+    then left in a collective and torch prints its gloo traceback), that no rank printed a traceback
+    of its own (torchrun's own report of the failed processes follows). returns: (run dir, the
+    ``bayesncl: error`` lines)."""
+    run = tmp_path / "run"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(hook)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "-m", "bayesncl.cli", "pretrain", "--run-dir", str(run), *TORCHRUN_TINY, *overrides,
+        "train.progress=false",
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if "bayesncl: error" in ln]
+    if not one_rank_only:
+        assert not [ln for ln in proc.stderr.splitlines() if ln.startswith("[rank")], proc.stderr[-3000:]
+    return run, errors
+
+
 _RACE_HOOK = textwrap.dedent(
     """
     # Test-only: on rank 0, another command writes a run into the run dir (its log.csv) after
@@ -382,28 +412,11 @@ def test_torchrun_a_run_written_meanwhile_is_one_line_from_rank0(tmp_path: Path)
     """A run written into the run dir after the first check (while the data loaded): rank 0's re-check
     under the lock finds it, and every rank stops on that decision. Rank 1 went on alone and ended in a
     gloo traceback (connection closed by rank 0) after rank 0's line."""
-    run = tmp_path / "run"
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(_RACE_HOOK)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "-m", "bayesncl.cli", "pretrain", "--run-dir", str(run), *TORCHRUN_TINY, "train.progress=false",
-    ]  # fmt: skip
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OMP_NUM_THREADS": "1",
-    }
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode != 0
-    errors = [ln for ln in proc.stderr.splitlines() if "bayesncl: error" in ln]
+    run, errors = _torchrun_pretrain_with_hook(tmp_path, _RACE_HOOK)
     assert errors == [
         f"bayesncl: error: run dir {run} already holds a run; pass --resume to continue it, --overwrite to "
         "replace it, or choose another --run-dir"
-    ], proc.stderr[-3000:]
-    # torchrun's own report of the failed processes follows; no rank adds a traceback of its own
-    assert not [ln for ln in proc.stderr.splitlines() if ln.startswith("[rank")], proc.stderr[-3000:]
+    ]
     assert sorted(p.name for p in run.iterdir()) == ["log.csv"]  # the other command's run, untouched
     assert (run / "log.csv").read_text() == "epoch\n1\n"
 
@@ -431,27 +444,9 @@ _DISK_FULL_HOOK = textwrap.dedent(
 def test_torchrun_a_full_disk_at_an_epoch_end_is_one_line_from_rank0(tmp_path: Path) -> None:
     """Rank 0 alone saves at an epoch's end; a full disk there stops every rank with its one line. Rank 1
     had gone on into the next epoch and ended in a gloo traceback (connection closed by rank 0)."""
-    run = tmp_path / "run"
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(_DISK_FULL_HOOK)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "-m", "bayesncl.cli", "pretrain", "--run-dir", str(run), *TORCHRUN_TINY, "train.epochs=3",
-        "train.progress=false",
-    ]  # fmt: skip
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OMP_NUM_THREADS": "1",
-    }
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode != 0
-    errors = [ln for ln in proc.stderr.splitlines() if "bayesncl: error" in ln]
-    assert errors == [
-        f"bayesncl: error: {run / 'last.pt'} cannot be written: no space left on the file system"
-    ], proc.stderr[-3000:]
-    assert not [ln for ln in proc.stderr.splitlines() if ln.startswith("[rank")], proc.stderr[-3000:]
+    run, errors = _torchrun_pretrain_with_hook(tmp_path, _DISK_FULL_HOOK, "train.epochs=3")
+    full = f"bayesncl: error: {run / 'last.pt'} cannot be written: no space left on the file system"
+    assert errors == [full]
     # epoch 1's checkpoint and its log row are kept; no row for the epoch that could not be saved
     assert torch.load(run / "last.pt", map_location="cpu", weights_only=False)["epoch"] == 1
     assert len((run / "log.csv").read_text().strip().splitlines()) == 2  # header + epoch 1
@@ -514,30 +509,17 @@ def test_torchrun_a_corrupt_image_in_one_ranks_shard_is_named(tmp_path: Path) ->
     quiet, leaving that to its node's rank 0, which never met it: no line said what was wrong)."""
     from PIL import Image
 
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(_CORRUPT_ON_RANK1_HOOK)
     rng = torch.Generator().manual_seed(0)
     for split, c in itertools.product(("train", "val"), ("cat", "dog")):
         (tmp_path / "folder" / split / c).mkdir(parents=True)
         for i in range(16 if split == "train" else 2):
             pixels = torch.randint(0, 255, (20, 20, 3), generator=rng, dtype=torch.uint8).numpy()
             Image.fromarray(pixels).save(tmp_path / "folder" / split / c / f"{i}.png")
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "-m", "bayesncl.cli", "pretrain", "--run-dir", str(tmp_path / "run"), *TORCHRUN_TINY,
-        "data.name=imagefolder", f"data.root={tmp_path / 'folder'}", "data.resident=false",
-        "data.train_subset=0", "train.batch_size=8", "train.progress=false", "--no-eval",
-    ]  # fmt: skip
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OMP_NUM_THREADS": "1",
-    }
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode != 0
-    errors = [ln for ln in proc.stderr.splitlines() if "bayesncl: error" in ln]
-    assert len(errors) == 1, proc.stderr[-3000:]
+    _, errors = _torchrun_pretrain_with_hook(
+        tmp_path, _CORRUPT_ON_RANK1_HOOK, "data.name=imagefolder", f"data.root={tmp_path / 'folder'}",
+        "data.resident=false", "data.train_subset=0", "train.batch_size=8", "--no-eval", one_rank_only=True,
+    )  # fmt: skip
+    assert len(errors) == 1, errors
     assert re.fullmatch(
         rf"bayesncl: error: \(rank 1\) corrupt image {re.escape(str(tmp_path))}/folder/train/\w+/\d+\.png "
         r"\(OSError: cannot identify image file\): fix or remove it, or set data.skip_corrupt=true to skip "
