@@ -402,3 +402,23 @@ def test_pretrain_minutes_sum_the_logged_epochs(tmp_path: Path) -> None:
     rows = [{k: 0 for k in LOG_FIELDS} | {"epoch": e, "epoch_time_s": t} for e, t in ((1, 30.0), (2, 90.0))]
     write_log(tmp_path, rows)
     assert pretrain_minutes(tmp_path) == pytest.approx(2.0)
+
+
+def test_pretrain_into_a_folder_with_an_unreadable_subfolder_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check for runs in the run dir's folders (G3) looks inside each one: a folder it may not
+    look into (another user's, a disk's lost+found) raised PermissionError, a traceback. Such a folder
+    is not a run of this user's; the run trains (as root here, the denial is simulated)."""
+    run = tmp_path / "shared"
+    (run / "lost+found").mkdir(parents=True)
+    real_exists = Path.exists
+
+    def exists(self: Path, *args: object, **kwargs: object) -> bool:
+        if self.parent.name == "lost+found":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_exists(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "exists", exists)
+    assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 0
+    assert (run / "last.pt").is_file()

@@ -724,10 +724,14 @@ def _runs_below(run_dir: Path) -> list[Path]:
     ``demo`` and ``reproduce`` do; a run's own results-epoch-*/eval-epoch-* folders hold neither."""
     if not run_dir.is_dir():
         return []
-    return sorted(
-        p for p in run_dir.iterdir()
-        if p.is_dir() and not p.is_symlink() and ((p / "last.pt").exists() or (p / "log.csv").exists())
-    )
+
+    def holds(p: Path) -> bool:
+        try:
+            return p.is_dir() and not p.is_symlink() and any((p / n).exists() for n in ("last.pt", "log.csv"))
+        except OSError:  # a folder this user may not look into (another's, lost+found): not their run
+            return False
+
+    return sorted(p for p in run_dir.iterdir() if holds(p))
 
 
 def _is_run_config(path: Path) -> bool:
