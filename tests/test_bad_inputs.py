@@ -173,6 +173,10 @@ ROWS: dict[str, str] = {
     "retrieval_dims: [32, 64]",
     "G3": E + "run dir <tmp>/demo holds runs in its folders (bayesncl/, ncl/; a demo or reproduce table?): a "
     "run here would be mixed in with them; choose another --run-dir",
+    "H1": E + "run dir <tmp>/run holds a pretrain run (last.pt, log.csv): the demo's runs in its folders "
+    "would be mixed in with it; choose another --run-dir",
+    "H2": E + "run dir <tmp>/run holds a pretrain run (last.pt, log.csv): table 7's runs in its folders "
+    "would be mixed in with it; choose another --run-dir",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
     "F2": E + "config file '<tmp>/dup.yaml' is not valid YAML at line 3, column 1: duplicate key 'method' "
@@ -1122,3 +1126,21 @@ def test_pretrain_into_a_demo_folder_is_refused(tmp_path: Path, capsys: pytest.C
     (run / "eval-epoch-0001").mkdir()
     (run / "eval-epoch-0001" / "metrics.json").write_text("{}")
     assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval", "--overwrite"]) == 0
+
+
+def test_a_demo_or_table_into_a_pretrain_run_dir_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The mirror of G3: `demo --overwrite` (told "--overwrite to replace it" for a folder with files)
+    and `reproduce` into a pretrain run dir trained their runs in its folders, beside the run (nothing
+    replaced, the two mixed)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "last.pt").write_bytes(b"x")
+    (run / "log.csv").write_text("epoch\n1\n")
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    expect("H1", cli_error(["demo", "--run-dir", str(run), "--overwrite", *TINY], capsys), tmp_path)
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    args = ["reproduce", "7", "--dataset", "fashion-mnist", "--run-dir", str(run), *TINY]
+    expect("H2", cli_error(args, capsys), tmp_path)
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before

@@ -750,6 +750,18 @@ def holds_run(run_dir: Path) -> bool:
     return any((Path(run_dir) / name).exists() for name in ("last.pt", "log.csv", "encoder.safetensors"))
 
 
+def refuse_a_run_in(run_dir: Path, command: str) -> None:
+    """``demo``/``reproduce`` train in ``run_dir``'s folders: raise RunDirError if ``run_dir`` itself
+    holds a (pretrain) run, which they would be mixed in with (the mirror of prepare_run_dir's check
+    for runs in a pretrain run dir's folders)."""
+    found = [n for n in ("last.pt", "log.csv", "encoder.safetensors") if (Path(run_dir) / n).exists()]
+    if found:
+        raise RunDirError(
+            f"run dir {run_dir} holds a pretrain run ({', '.join(found)}): {command}'s runs in its folders "
+            "would be mixed in with it; choose another --run-dir"
+        )
+
+
 def occupied_run_dir(run_dir: Path) -> RunDirError:
     return RunDirError(
         f"run dir {run_dir} already holds a run; pass --resume to continue it, "
