@@ -173,6 +173,12 @@ ROWS: dict[str, str] = {
     "retrieval_dims: [32, 64]",
     "G3": E + "run dir <tmp>/demo holds runs in its folders (bayesncl/, ncl/; a demo or reproduce table?): a "
     "run here would be mixed in with them; choose another --run-dir",
+    "H1": E + "run dir <tmp>/run holds a pretrain run (last.pt, log.csv): the demo's runs in its folders "
+    "would be mixed in with it; choose another --run-dir",
+    "H2": E + "run dir <tmp>/run holds a pretrain run (last.pt, log.csv): table 7's runs in its folders "
+    "would be mixed in with it; choose another --run-dir",
+    "H3": E + "config file '<tmp>/dup.yaml': method.rho is given twice (in its section and as a dotted key); "
+    "give it once",
     "B1": E + "seed=100000000000000000000: expected an integer from -2**63 to 2**64 - 1 (the range torch's "
     "seed takes)",
     "F2": E + "config file '<tmp>/dup.yaml' is not valid YAML at line 3, column 1: duplicate key 'method' "
@@ -1122,3 +1128,34 @@ def test_pretrain_into_a_demo_folder_is_refused(tmp_path: Path, capsys: pytest.C
     (run / "eval-epoch-0001").mkdir()
     (run / "eval-epoch-0001" / "metrics.json").write_text("{}")
     assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval", "--overwrite"]) == 0
+
+
+def test_a_demo_or_table_into_a_pretrain_run_dir_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The mirror of G3: `demo --overwrite` (told "--overwrite to replace it" for a folder with files)
+    and `reproduce` into a pretrain run dir trained their runs in its folders, beside the run (nothing
+    replaced, the two mixed)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "last.pt").write_bytes(b"x")
+    (run / "log.csv").write_text("epoch\n1\n")
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    expect("H1", cli_error(["demo", "--run-dir", str(run), "--overwrite", *TINY], capsys), tmp_path)
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    args = ["reproduce", "7", "--dataset", "fashion-mnist", "--run-dir", str(run), *TINY]
+    expect("H2", cli_error(args, capsys), tmp_path)
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
+def test_a_key_given_as_a_sections_key_and_a_dotted_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A YAML key ``method.rho`` names the same setting as ``rho`` of a ``method:`` section: given both,
+    the last one was kept silently (the F2 defect, across two spellings)."""
+    (tmp_path / "dup.yaml").write_text("method:\n  rho: 0.5\nmethod.rho: 0.6\n")
+    args = ["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, "--config", str(tmp_path / "dup.yaml")]
+    expect("H3", cli_error(args, capsys), tmp_path)
+    assert not (tmp_path / "r").exists()
+    (tmp_path / "ok.yaml").write_text("method:\n  rho: 0.5\ntrain.epochs: 3\n")  # each once: as before
+    assert load_yaml(tmp_path / "ok.yaml") == {"method.rho": 0.5, "train.epochs": 3}

@@ -724,10 +724,14 @@ def _runs_below(run_dir: Path) -> list[Path]:
     ``demo`` and ``reproduce`` do; a run's own results-epoch-*/eval-epoch-* folders hold neither."""
     if not run_dir.is_dir():
         return []
-    return sorted(
-        p for p in run_dir.iterdir()
-        if p.is_dir() and not p.is_symlink() and ((p / "last.pt").exists() or (p / "log.csv").exists())
-    )
+
+    def holds(p: Path) -> bool:
+        try:
+            return p.is_dir() and not p.is_symlink() and any((p / n).exists() for n in ("last.pt", "log.csv"))
+        except OSError:  # a folder this user may not look into (another's, lost+found): not their run
+            return False
+
+    return sorted(p for p in run_dir.iterdir() if holds(p))
 
 
 def _is_run_config(path: Path) -> bool:
@@ -744,6 +748,18 @@ def holds_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a run (a checkpoint, a log or an export); a run dir with only
     ``config.yaml`` holds a run killed before its first checkpoint: nothing to keep."""
     return any((Path(run_dir) / name).exists() for name in ("last.pt", "log.csv", "encoder.safetensors"))
+
+
+def refuse_a_run_in(run_dir: Path, command: str) -> None:
+    """``demo``/``reproduce`` train in ``run_dir``'s folders: raise RunDirError if ``run_dir`` itself
+    holds a (pretrain) run, which they would be mixed in with (the mirror of prepare_run_dir's check
+    for runs in a pretrain run dir's folders)."""
+    found = [n for n in ("last.pt", "log.csv", "encoder.safetensors") if (Path(run_dir) / n).exists()]
+    if found:
+        raise RunDirError(
+            f"run dir {run_dir} holds a pretrain run ({', '.join(found)}): {command}'s runs in its folders "
+            "would be mixed in with it; choose another --run-dir"
+        )
 
 
 def occupied_run_dir(run_dir: Path) -> RunDirError:

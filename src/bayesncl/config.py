@@ -238,14 +238,19 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     raise ConfigError(f"{key}: unsupported type {tp}")
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten(d: dict[str, Any], prefix: str = "", source: Path | None = None) -> dict[str, Any]:
+    """``{"train": {"epochs": 2}}`` -> ``{"train.epochs": 2}``. ``source``: the config file ``d`` was
+    read from, where a key given twice (``train: {epochs: 2}`` and ``train.epochs: 3``) is an error."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
+        items = _flatten(v, key + ".", source) if isinstance(v, dict) else {key: v}
+        if source is not None and (twice := sorted(items.keys() & out.keys())):
+            raise ConfigError(
+                f"config file '{source}': {twice[0]} is given twice (in its section and as a dotted key); "
+                "give it once"
+            )
+        out.update(items)
     return out
 
 
@@ -359,7 +364,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
                 f"config file '{p}': section '{section}' must be a mapping of keys "
                 f"(e.g. {_SECTION_EXAMPLES[section]}), got {value!r}"
             )
-    flat = _flatten(raw)
+    flat = _flatten(raw, source=p)
     for key in list_keys():
         if key in flat and not isinstance(flat[key], list):
             example = f"{key.split('.')[-1]}: [32, 64]"

@@ -71,11 +71,13 @@ def _plan(run_dir: Path, configs: dict[str, Config], *, resume: bool, overwrite:
     Checks everything a sub-run will check, and writes nothing. Raises RunDirError if the run dir
     is occupied without --resume/--overwrite, holds no demo to resume, a sub-run's settings differ
     from this command's, or it cannot be written."""
-    from bayesncl.checkpoint import RunDirError, _check_writable, prepare_run_dir
+    from bayesncl.checkpoint import RunDirError, _check_writable, prepare_run_dir, refuse_a_run_in
     from bayesncl.config import diff_configs
     from bayesncl.train import load_run_config
 
     _check_writable(run_dir)
+    if overwrite:  # (without --resume or --overwrite a folder with files is refused below)
+        refuse_a_run_in(run_dir, "the demo")  # --overwrite replaces a demo, not a pretrain run
     if not (resume or overwrite) and run_dir.exists() and any(run_dir.iterdir()):
         raise RunDirError(
             f"run dir {run_dir} already exists and is not empty; pass --resume to continue the demo in "

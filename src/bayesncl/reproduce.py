@@ -169,7 +169,7 @@ def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[st
 
     Raises ConfigError for a bad table, dataset or override and RunDirError for a run dir (or a
     variant's sub-folder to train into) that is a file or cannot be written, before any output."""
-    from bayesncl.checkpoint import _check_writable
+    from bayesncl.checkpoint import _check_writable, refuse_a_run_in
     from bayesncl.evaluation.pipeline import evaluate_command
     from bayesncl.report.curves import write_training_curves
     from bayesncl.train import pretrain
@@ -178,6 +178,8 @@ def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[st
     spec = TABLES[table]
     run_dir = run_dir or Path("runs") / f"table{table}-{dataset}"
     _check_writable(run_dir)  # e.g. a file: refused before the first variant's "== ..." line
+    if not any((run_dir / _slug(name)).exists() for name in configs):  # (a table begun goes on)
+        refuse_a_run_in(run_dir, f"table {table}")
     for name in configs:
         if not (run_dir / _slug(name) / "metrics.json").exists():  # a variant to train
             _check_writable(run_dir / _slug(name))

@@ -321,10 +321,15 @@ def _pretrain(
     global_batch = cfg.train.batch_size * world.world_size
     peak = distributed.scaled_lr(cfg.train.base_lr, global_batch)
     if cfg.train.min_lr > peak:  # the cosine "decay" would raise the rate to min_lr
-        raise ConfigError(
+        why = (
             f"train.min_lr={cfg.train.min_lr:g}: expected <= the peak learning rate {peak:g} (train.base_lr="
             f"{cfg.train.base_lr:g} x global batch {global_batch} / 256), or the schedule would rise to it"
         )
+        if not resume:
+            raise ConfigError(why)
+        # a run begun before this check: --resume cannot change train.min_lr, so it continues as it began
+        if world.is_main:
+            warnings.warn(f"{why}; the run continues with the schedule it began with", stacklevel=2)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest kernels
     info = distributed.local_main_first(world, lambda: dataset_info(cfg.data))  # one download per node
