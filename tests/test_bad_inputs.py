@@ -1128,6 +1128,10 @@ def test_pretrain_into_a_demo_folder_is_refused(tmp_path: Path, capsys: pytest.C
     (run / "eval-epoch-0001").mkdir()
     (run / "eval-epoch-0001" / "metrics.json").write_text("{}")
     assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval", "--overwrite"]) == 0
+    # a hidden folder is not a demo's run: e.g. a previous run an --overwrite set aside (.replaced-PID)
+    (tmp_path / "new" / ".aside").mkdir(parents=True)
+    (tmp_path / "new" / ".aside" / "log.csv").write_text("epoch\n1\n")
+    assert main(["pretrain", "--run-dir", str(tmp_path / "new"), *TINY, "--no-eval"]) == 0
 
 
 def test_a_demo_or_table_into_a_pretrain_run_dir_is_refused(

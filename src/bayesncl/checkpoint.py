@@ -721,7 +721,8 @@ def _files_a_run_would_replace(run_dir: Path) -> list[Path]:
 
 def _runs_below(run_dir: Path) -> list[Path]:
     """The folders directly in ``run_dir`` that hold a run (a checkpoint or a log), as the runs of
-    ``demo`` and ``reproduce`` do; a run's own results-epoch-*/eval-epoch-* folders hold neither."""
+    ``demo`` and ``reproduce`` do; a run's own results-epoch-*/eval-epoch-* folders hold neither, and
+    hidden ones (``.replaced-PID/``: a previous run set aside by ``--overwrite``) are the run's own."""
     if not run_dir.is_dir():
         return []
 
@@ -731,7 +732,7 @@ def _runs_below(run_dir: Path) -> list[Path]:
         except OSError:  # a folder this user may not look into (another's, lost+found): not their run
             return False
 
-    return sorted(p for p in run_dir.iterdir() if holds(p))
+    return sorted(p for p in run_dir.iterdir() if not p.name.startswith(".") and holds(p))
 
 
 def _is_run_config(path: Path) -> bool:
