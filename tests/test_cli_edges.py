@@ -151,6 +151,12 @@ def test_reproduce_refuses_to_reuse_runs_of_other_settings(
         logged = sum(float(r.split(",")[col]) for r in rows[1:]) / 60
         m = json.loads((tmp_path / "t7" / variant / "metrics.json").read_text())
         assert m["pretrain_minutes"] == pytest.approx(logged, abs=1e-6) and m["pretrain_minutes"] > 0
+    # a finished variant timed by an older version (the wall time around pretrain) is re-timed from its log
+    done = tmp_path / "t7" / "ncl" / "metrics.json"
+    done.write_text(json.dumps(json.loads(done.read_text()) | {"pretrain_minutes": 99.0}))
+    assert main(args) == 0
+    assert json.loads((tmp_path / "t7" / "table7.json").read_text())["NCL"]["pretrain_minutes"] < 99
+    assert json.loads(done.read_text())["pretrain_minutes"] < 99
     assert (tmp_path / "t7" / "curves.png").read_bytes().startswith(b"\x89PNG")  # every variant's log
     capsys.readouterr()
     assert main([*args, "train.epochs=2"]) == 2
