@@ -641,7 +641,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
         ckpt_path = run_dir / "last.pt"
         if not ckpt_path.exists():
             if has_run:  # a log or export, no last.pt: killed while writing it, or deleted (not unstarted)
-                found = next(n for n in ("log.csv", "encoder.safetensors") if (run_dir / n).exists())
+                found = run_markers(run_dir)[0]  # (no last.pt here)
                 periodic = sorted(run_dir.glob("epoch-[0-9]*.pt"))
                 how = (
                     f"copy {periodic[-1]} to {ckpt_path} to resume from there, or pass --overwrite "
@@ -691,20 +691,24 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     if has_run and not overwrite:
         raise occupied_run_dir(run_dir)
     if not has_run and (subruns := _runs_below(run_dir)):
-        more = f" and {len(subruns) - 4} more" if len(subruns) > 4 else ""
-        names = ", ".join(f"{p.name}/" for p in subruns[:4]) + more
+        names = _some_names([f"{p.name}/" for p in subruns])
         raise RunDirError(
             f"run dir {run_dir} holds runs in its folders ({names}; a demo or reproduce table?): a run "
             "here would be mixed in with them; choose another --run-dir"
         )
     if not overwrite and (foreign := _files_a_run_would_replace(run_dir)):
-        more = f" and {len(foreign) - 4} more" if len(foreign) > 4 else ""
-        names = ", ".join(p.name for p in foreign[:4]) + more
+        names = _some_names([p.name for p in foreign])
         raise RunDirError(
             f"run dir {run_dir} holds files that are not a bayesncl run's but that a run writes ({names}): "
             "training would replace them; choose another --run-dir, or pass --overwrite to replace them"
         )
     return None
+
+
+def _some_names(names: list[str], shown: int = 4) -> str:
+    """``"a, b, c, d and 3 more"``: the first ``shown`` names of a list for a one-line message."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _files_a_run_would_replace(run_dir: Path) -> list[Path]:
@@ -745,18 +749,26 @@ def _is_run_config(path: Path) -> bool:
     return True
 
 
+# The files that mark a folder as holding a run: a checkpoint, a log or an export.
+RUN_MARKERS = ("last.pt", "log.csv", "encoder.safetensors")
+
+
+def run_markers(run_dir: Path) -> list[str]:
+    """The :data:`RUN_MARKERS` that ``run_dir`` holds, in that order."""
+    return [name for name in RUN_MARKERS if (Path(run_dir) / name).exists()]
+
+
 def holds_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds a run (a checkpoint, a log or an export); a run dir with only
     ``config.yaml`` holds a run killed before its first checkpoint: nothing to keep."""
-    return any((Path(run_dir) / name).exists() for name in ("last.pt", "log.csv", "encoder.safetensors"))
+    return bool(run_markers(run_dir))
 
 
 def refuse_a_run_in(run_dir: Path, command: str) -> None:
     """``demo``/``reproduce`` train in ``run_dir``'s folders: raise RunDirError if ``run_dir`` itself
     holds a (pretrain) run, which they would be mixed in with (the mirror of prepare_run_dir's check
     for runs in a pretrain run dir's folders)."""
-    found = [n for n in ("last.pt", "log.csv", "encoder.safetensors") if (Path(run_dir) / n).exists()]
-    if found:
+    if found := run_markers(run_dir):
         raise RunDirError(
             f"run dir {run_dir} holds a pretrain run ({', '.join(found)}): {command}'s runs in its folders "
             "would be mixed in with it; choose another --run-dir"

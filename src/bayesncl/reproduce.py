@@ -150,7 +150,7 @@ def table_configs(table: str, dataset: str, overrides: list[str]) -> dict[str, C
 
 
 def pretrain_minutes(run_dir: Path) -> float:
-    """Pretraining wall time of a finished run, in minutes: the sum of its ``log.csv`` epoch times
+    """Pretraining time of a finished run, in minutes: the sum of its ``log.csv`` epoch times
     (``epoch_time_s``: the training loop alone, each epoch whole however often the run was resumed;
     not the data loading before it, the export or the evaluation after it). Table 7's "minutes".
     Raises RunDirError if the run has no readable log."""
@@ -226,7 +226,8 @@ def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[st
             from bayesncl.benchmark import flops_per_image
 
             before = dict(m)
-            m.setdefault("gflops_per_image", flops_per_image(cfg) / 1e9)
+            if "gflops_per_image" not in m:  # (builds the model: only where it is missing)
+                m["gflops_per_image"] = flops_per_image(cfg) / 1e9
             if (sub / "log.csv").exists():  # (a variant copied in by hand may have no log)
                 m["pretrain_minutes"] = pretrain_minutes(sub)
             if m != before:
