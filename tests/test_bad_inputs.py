@@ -876,7 +876,9 @@ def test_evaluate_names_itself_in_the_channel_advice(
 
     write_fmnist(tmp_path / "fm")  # 1-channel images
     syn = tiny_checkpoint(tmp_path / "syn.pt", [], 3)  # trained on 3-channel synthetic images
+    # the whole (tiny) split: the checkpoint's subsets are larger, which warns once per process
     args = ["data.name=fashion-mnist", f"data.root={tmp_path}/fm"]
+    args += ["data.train_subset=0", "data.test_subset=0"]
     expect("M3", cli_error(["evaluate", str(syn), *args], capsys), tmp_path)
     err = cli_error(["extract", str(syn), *args], capsys)  # extract: K10's advice
     assert err.strip().endswith(": extract with a dataset of 3-channel images"), err
