@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bayesncl.evaluation.metrics import SemanticStats, semantic_metrics
+from bayesncl.metrics.interpretability import SemanticStats, semantic_metrics
 
 EPS = 1e-5
 
@@ -120,7 +120,7 @@ def loop_all(features, labels, dims) -> dict[str, list[float]]:
 
 
 def retrieval_child(n: int, d: int, classes: int, dims: list[int], chunk: int | None) -> None:
-    from bayesncl.evaluation.retrieval import retrieval_metrics
+    from bayesncl.metrics.retrieval import retrieval_metrics
 
     feats, labels = make_features(n, d, classes, seed=1)
     rss_data = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

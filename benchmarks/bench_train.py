@@ -1,4 +1,4 @@
-"""Throughput of the real training loop (``bayesncl.train.pretrain``), single process or torchrun.
+"""Throughput of the real training loop (``bayesncl.app.train.pretrain``), single process or torchrun.
 
 Where ``bayesncl benchmark`` times train steps in isolation, this runs ``pretrain`` itself on the
 built-in synthetic 32×32 RGB set (5000 images, nothing downloaded) for a few epochs, without the
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from bayesncl.config import build_config
-from bayesncl.distributed import is_main_process
+from bayesncl.core.distributed import is_main_process
 
 DEFAULTS = [
     "data.name=synthetic",
@@ -57,7 +57,7 @@ def main() -> None:
         ap.error("--epochs must be >= 2 (the first epoch is not timed)")
     cfg = build_config(overrides=[*DEFAULTS, f"train.epochs={args.epochs}", *args.overrides])
 
-    from bayesncl.train import pretrain
+    from bayesncl.app.train import pretrain
 
     t0 = time.time()
     pretrain(cfg, Path(args.run_dir), overwrite=True, evaluate=False)

@@ -31,9 +31,9 @@ else:
 EOF
 [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
 
-if bayesncl benchmark --help >/dev/null 2>&1; then BENCH=(bayesncl benchmark); else BENCH=(python -m bayesncl.benchmark); fi
+if bayesncl benchmark --help >/dev/null 2>&1; then BENCH=(bayesncl benchmark); else BENCH=(python -m bayesncl.app.benchmark); fi
 show() {  # print a benchmark JSON file as the human-readable table
-  python -c "import json,sys; from bayesncl.benchmark import format_report; print(format_report(json.load(open(sys.argv[1]))))" "$1"
+  python -c "import json,sys; from bayesncl.app.benchmark import format_report; print(format_report(json.load(open(sys.argv[1]))))" "$1"
 }
 
 echo; echo "== 1. ${BENCH[*]} --json (GPU defaults)   [t=$(elapsed)s]"
@@ -57,7 +57,7 @@ rc=$?; echo "exit $rc"; tail -8 "$OUT_DIR/pretrain.log"
 
 echo; echo "== 4. more processes than GPUs must be a one-line error   [t=$(elapsed)s]"
 n=$(python -c "import torch; print(torch.cuda.device_count() + 1)")
-timeout 60 torchrun --standalone --nproc_per_node="$n" -m bayesncl.cli pretrain --run-dir "$RUNS/too-many" \
+timeout 60 torchrun --standalone --nproc_per_node="$n" -m bayesncl pretrain --run-dir "$RUNS/too-many" \
   data.name=synthetic train.epochs=1 train.device=cuda > "$OUT_DIR/too_many.log" 2>&1
 rc=$?
 if grep -q "bayesncl: error: .*processes on this node but only" "$OUT_DIR/too_many.log"; then
@@ -70,7 +70,7 @@ echo; echo "== 5. host synchronisations per training step (torch.cuda.set_sync_d
 timeout 60 python - <<'EOF' 2>&1 | tee "$OUT_DIR/syncs.txt"
 import collections, warnings
 import torch
-from bayesncl.benchmark import BenchmarkSettings, _config, _Trainer, default_settings
+from bayesncl.app.benchmark import BenchmarkSettings, _config, _Trainer, default_settings
 
 s, device = default_settings(BenchmarkSettings(device="cuda"))
 t = _Trainer(_config(s, "bayesncl", resident=True), device)

@@ -20,11 +20,11 @@ import torch
 import torchvision
 from PIL import Image
 
-from bayesncl.checkpoint import load_checkpoint_file
-from bayesncl.cli import main
+from bayesncl.app.cli import main
+from bayesncl.app.train import pretrain
 from bayesncl.config import build_config, load_yaml
 from bayesncl.data import build_train_loader
-from bayesncl.train import pretrain
+from bayesncl.runs.rundir import load_checkpoint_file
 
 from .tiny import TINY_BASE, tiny_checkpoint
 
@@ -251,7 +251,7 @@ def test_corrupt_image_found_when_read_is_one_line(
     error came back from the DataLoader worker as 'Caught DataError in DataLoader worker process 0.'
     and the worker's whole traceback. Under torchrun only the process whose shard holds the image
     meets it: that process prints it, naming its rank (a rank > 0 kept quiet, and nothing was said)."""
-    import bayesncl.cli as cli_module
+    import bayesncl.app.cli as cli_module
     import bayesncl.data.datasets as ds
 
     monkeypatch.setattr(ds, "VERIFY_MAX_FILES", 0)
@@ -431,7 +431,7 @@ def test_sizes_that_do_not_fit_in_memory(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_out_of_memory_errors_are_recognised() -> None:
-    from bayesncl.cli import out_of_memory
+    from bayesncl.runs.fileio import out_of_memory
 
     with pytest.raises(MemoryError) as numpy_error:
         np.empty((10**7, 10**7))
@@ -819,7 +819,7 @@ def test_a_run_written_while_this_one_set_up_is_not_overwritten(
     """The run dir is checked before the data is loaded and the model built, and locked only after:
     another command that wrote a whole run in between (and ended, dropping its lock) used to be
     trained over without --overwrite. Now the check is repeated under the lock (R4)."""
-    import bayesncl.train as train_module
+    import bayesncl.app.train as train_module
 
     run = tmp_path / "run"
     other = tmp_path / "other"
@@ -924,7 +924,7 @@ def test_out_of_memory_is_one_line(
     expect("B7", cli_error(["pretrain", "--run-dir", str(run), *TINY, "data.image_size=100000"], capsys),
            tmp_path)
     assert not run.exists()
-    import bayesncl.train as train_module
+    import bayesncl.app.train as train_module
 
     def cuda_oom(*args: object, **kwargs: object) -> None:
         raise torch.OutOfMemoryError(
@@ -954,7 +954,7 @@ def test_a_full_disk_is_one_line(
     checkpoint was never written, and made the run dir refuse a plain rerun)."""
     from types import SimpleNamespace
 
-    import bayesncl.fileio as fileio
+    import bayesncl.runs.fileio as fileio
 
     run = tmp_path / "run"
     real_save = torch.save
@@ -984,8 +984,8 @@ def test_a_full_disk_in_a_later_epoch_leaves_log_csv_as_the_checkpoint(
     listed epoch 2, which has no checkpoint, until a --resume rewrote it). A full disk that stops the
     log itself, after last.pt of epoch 3, leaves it behind last.pt; the --resume after it, with nothing
     left to train, rewrites it from last.pt (it stayed short: only a trained epoch wrote it)."""
-    import bayesncl.train as train_module
-    from bayesncl.fileio import DiskFullError
+    import bayesncl.app.train as train_module
+    from bayesncl.runs.fileio import DiskFullError
 
     run = tmp_path / "run"
     real_save, real_log = train_module.save_checkpoint, train_module.write_log
@@ -1095,7 +1095,7 @@ def test_out_of_memory_in_the_end_of_training_evaluation_keeps_the_run(
 ) -> None:
     """An OOM after training, in the evaluation: it names eval.batch_size (not train.batch_size, which
     does not decide it) and says the trained run is kept and how to evaluate it."""
-    import bayesncl.evaluation.pipeline as pipeline_module
+    import bayesncl.app.evaluate as pipeline_module
 
     def oom(*args: object, **kwargs: object) -> None:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 has ...")

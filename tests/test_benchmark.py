@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bayesncl.benchmark import add_benchmark_parser, main
+from bayesncl.app.benchmark import add_benchmark_parser, main
 
 TINY = [
     "--device", "cpu", "--backbone", "small_cnn", "--image-size", "16", "--batch-size", "8",
@@ -78,7 +78,7 @@ def test_forward_flops_follow_the_papers_table7_convention() -> None:
     from pathlib import Path
 
     import bayesncl
-    from bayesncl.benchmark import flops_per_image
+    from bayesncl.app.benchmark import flops_per_image
     from bayesncl.config import build_config
 
     recipes = Path(bayesncl.__file__).parent / "configs"
@@ -157,7 +157,7 @@ def test_bad_settings_are_refused_in_one_exact_line(
 
 
 def test_the_cli_registers_the_command(capsys: pytest.CaptureFixture[str]) -> None:
-    from bayesncl.cli import build_parser
+    from bayesncl.app.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -14,7 +14,16 @@ import torch
 import torchvision
 from torch import nn
 
-from bayesncl.checkpoint import (
+from bayesncl.app.cli import main
+from bayesncl.app.evaluate import load_trained
+from bayesncl.app.train import pretrain
+from bayesncl.config import ConfigError, build_config
+from bayesncl.core.model import build_model
+from bayesncl.metrics.inputs import EvalError
+from bayesncl.runs.export import export_encoder
+from bayesncl.runs.features import load_features
+from bayesncl.runs.official import infer_official_config, load_official_checkpoint, official_state_dict
+from bayesncl.runs.rundir import (
     LOG_FIELDS,
     CheckpointError,
     RunDirError,
@@ -26,13 +35,6 @@ from bayesncl.checkpoint import (
     set_rng_state,
     write_log,
 )
-from bayesncl.cli import main
-from bayesncl.config import ConfigError, build_config
-from bayesncl.evaluation import EvalError, load_features
-from bayesncl.evaluation.pipeline import load_trained
-from bayesncl.models import build_model
-from bayesncl.official import infer_official_config, load_official_checkpoint, official_state_dict
-from bayesncl.train import export_encoder, pretrain
 
 from .tiny import TINY_BASE
 

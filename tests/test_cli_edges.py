@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
-from bayesncl.cli import main
+from bayesncl.app.cli import main
+from bayesncl.app.train import pretrain
 from bayesncl.config import ConfigError, build_config
-from bayesncl.train import pretrain
 
 from .tiny import TINY_BASE
 
@@ -313,7 +313,7 @@ def test_run_dir_is_announced_only_once_it_is_accepted(
 def test_reproduce_2_extracts_each_split_once_per_variant(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from bayesncl.evaluation import pipeline
+    from bayesncl.app import evaluate as pipeline
 
     calls: list[str] = []
     real = pipeline.extract_split
@@ -346,7 +346,7 @@ def test_an_earlier_checkpoint_of_a_run_is_evaluated_into_its_own_folder(
     the figures over the run's final ones, with nothing saying they were epoch 1's."""
     import torch
 
-    from bayesncl.evaluation import load_features
+    from bayesncl.runs.features import load_features
 
     from .tiny import tiny_checkpoint
 
@@ -378,7 +378,7 @@ def test_evaluate_on_a_dataset_with_other_classes(tmp_path: Path, capsys: pytest
     """A run trained on 10 classes, extracted and evaluated on a 2-class image folder (same channels
     and size): only the online probe's head has another shape, and it is not used. It was refused as
     "does not fit the architecture its config describes: shape mismatch: classifier.weight ..."."""
-    from bayesncl.evaluation import load_features
+    from bayesncl.runs.features import load_features
 
     from .test_bad_inputs import image_folder
     from .tiny import tiny_checkpoint
@@ -402,8 +402,8 @@ def test_evaluate_on_a_dataset_with_other_classes(tmp_path: Path, capsys: pytest
 def test_pretrain_minutes_sum_the_logged_epochs(tmp_path: Path) -> None:
     """Table 7's minutes: 30 s + 90 s of epochs = 2 min, whatever happened around them (a resume
     rewrites log.csv with every epoch of the run, so a resumed variant counts all of them)."""
-    from bayesncl.checkpoint import LOG_FIELDS, write_log
-    from bayesncl.reproduce import pretrain_minutes
+    from bayesncl.app.reproduce import pretrain_minutes
+    from bayesncl.runs.rundir import LOG_FIELDS, write_log
 
     rows = [{k: 0 for k in LOG_FIELDS} | {"epoch": e, "epoch_time_s": t} for e, t in ((1, 30.0), (2, 90.0))]
     write_log(tmp_path, rows)

@@ -18,7 +18,7 @@ from bayesncl.config import (
     set_key,
     valid_keys,
 )
-from bayesncl.train import warmup_cosine
+from bayesncl.core.optim import warmup_cosine
 
 RECIPES = sorted((Path(__file__).parents[1] / "src" / "bayesncl" / "configs").glob("*.yaml"))
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bayesncl.checkpoint import RunDirError, write_log
-from bayesncl.cli import main
-from bayesncl.report.curves import read_log, read_steps, run_label, training_curves_figure
+from bayesncl.app.cli import main
+from bayesncl.app.report.curves import read_log, read_steps, run_label, training_curves_figure
+from bayesncl.runs.rundir import RunDirError, write_log
 
 
 def _rows(rho: float | str, nce: list[float]) -> list[dict[str, object]]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bayesncl.cli import main
+from bayesncl.app.cli import main
 from bayesncl.config import Config
 
 from .tiny import TINY_BASE
@@ -25,9 +25,9 @@ def _err(capsys: pytest.CaptureFixture[str]) -> str:
 
 def _interrupt_bayesncl_after_one_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
     """The demo's bayesncl run stops after its first epoch checkpoint, as a Ctrl-C would."""
-    import bayesncl.train
+    import bayesncl.app.train
 
-    real = bayesncl.train.pretrain
+    real = bayesncl.app.train.pretrain
 
     def pretrain(cfg: Config, run_dir: Path, **kwargs: Any) -> dict[str, Any]:
         if cfg.method.name != "bayesncl":
@@ -36,7 +36,7 @@ def _interrupt_bayesncl_after_one_epoch(monkeypatch: pytest.MonkeyPatch) -> None
         real(cfg, run_dir, **{**kwargs, "evaluate": False})
         raise KeyboardInterrupt("stopped after epoch 1")
 
-    monkeypatch.setattr(bayesncl.train, "pretrain", pretrain)
+    monkeypatch.setattr(bayesncl.app.train, "pretrain", pretrain)
 
 
 def test_interrupted_demo_resumes_then_overwrites(
@@ -134,8 +134,8 @@ def test_method_keys_for_the_bayesncl_run_leave_the_ncl_run_alone(
 
     import yaml
 
+    from bayesncl.app.demo import DEMO_CONFIG, demo_configs
     from bayesncl.config import build_config
-    from bayesncl.demo import DEMO_CONFIG, demo_configs
 
     recipe = build_config(DEMO_CONFIG, ["method.name=ncl"]).method
     recipe_rho = recipe.rho

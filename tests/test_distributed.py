@@ -25,12 +25,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from bayesncl import distributed
-from bayesncl.cli import main
+from bayesncl.app.cli import main
 from bayesncl.config import ConfigError, build_config
-from bayesncl.fileio import DiskFullError
-from bayesncl.models import ContrastiveModel, build_model, contrastive_loss
-from bayesncl.train import TrainForward, forward_loss, wrap_for_training
+from bayesncl.core import distributed
+from bayesncl.core.engine import TrainForward, forward_loss, wrap_for_training
+from bayesncl.core.model import ContrastiveModel, build_model, contrastive_loss
+from bayesncl.runs.fileio import DiskFullError
 
 METHODS = ("cl", "ncl", "bayesncl")
 WORLD = 2
@@ -290,7 +290,7 @@ _AUDIT_HOOK = textwrap.dedent(
 
 @pytest.mark.slow
 def test_torchrun_two_processes_end_to_end(tmp_path: Path) -> None:
-    """``python -m torch.distributed.run --nproc_per_node=2 -m bayesncl.cli pretrain`` on tiny
+    """``python -m torch.distributed.run --nproc_per_node=2 -m bayesncl pretrain`` on tiny
     synthetic data: the run finishes, the run dir is complete, and only rank 0 wrote to it or
     printed progress."""
     run = tmp_path / "run"
@@ -310,7 +310,7 @@ def test_torchrun_two_processes_end_to_end(tmp_path: Path) -> None:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
         "--tee", "3", "--log-line-prefix-template", "[rank${rank}]: ",
-        "-m", "bayesncl.cli", "pretrain", "--run-dir", str(run), *overrides,
+        "-m", "bayesncl", "pretrain", "--run-dir", str(run), *overrides,
     ]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -349,7 +349,7 @@ def test_torchrun_bad_input_is_one_line_from_rank0(tmp_path: Path) -> None:
     ):
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            "-m", "bayesncl.cli", "pretrain", "--run-dir", str(run), *TORCHRUN_TINY, *extra,
+            "-m", "bayesncl", "pretrain", "--run-dir", str(run), *TORCHRUN_TINY, *extra,
         ]  # fmt: skip
         proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                               timeout=180)
@@ -373,7 +373,7 @@ def _torchrun_pretrain_with_hook(
     (site / "sitecustomize.py").write_text(hook)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "-m", "bayesncl.cli", "pretrain", "--run-dir", str(run), *TORCHRUN_TINY, *overrides,
+        "-m", "bayesncl", "pretrain", "--run-dir", str(run), *TORCHRUN_TINY, *overrides,
         "train.progress=false",
     ]  # fmt: skip
     env = {
@@ -395,7 +395,7 @@ _RACE_HOOK = textwrap.dedent(
     # pretrain's first run-dir check and just before this one takes the run dir's lock.
     import os
     if os.environ.get("RANK") == "0":
-        import bayesncl.train as _t
+        import bayesncl.app.train as _t
 
         _real = _t.lock_run_dir
 
@@ -426,8 +426,8 @@ _DISK_FULL_HOOK = textwrap.dedent(
     # Test-only: on rank 0, the disk fills up while epoch 2's last.pt is saved.
     import os
     if os.environ.get("RANK") == "0":
-        import bayesncl.train as _t
-        from bayesncl.fileio import DiskFullError
+        import bayesncl.app.train as _t
+        from bayesncl.runs.fileio import DiskFullError
 
         _real = _t.save_checkpoint
 
@@ -457,7 +457,7 @@ def test_an_error_of_one_rank_names_the_rank(
 ) -> None:
     """Under torchrun, rank 1 of a node stays quiet about an error every rank meets (its node's rank
     0 prints it), and names itself for one that is its own (here an out-of-memory on its GPU)."""
-    import bayesncl.cli as cli_module
+    import bayesncl.app.cli as cli_module
 
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
@@ -536,7 +536,7 @@ _SIGNAL_HOOK = textwrap.dedent(
     _rank = os.environ.get("BAYESNCL_SIGNAL_RANK", "0")
     if os.environ.get("BAYESNCL_SIGNAL_AT") and os.environ.get("RANK") == _rank:
         import signal
-        import bayesncl.train as _t
+        import bayesncl.app.train as _t
 
         _real, _n = _t.train_step, [0]
 
@@ -572,7 +572,7 @@ def test_torchrun_mid_epoch_stop_and_resume_is_bit_identical_with_random_gates(t
     def torchrun(run: Path, *extra: str, signal_at: str = "") -> subprocess.CompletedProcess[str]:
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            "-m", "bayesncl.cli", "pretrain", "--run-dir", str(run), *extra,
+            "-m", "bayesncl", "pretrain", "--run-dir", str(run), *extra,
         ]  # fmt: skip
         return subprocess.run(
             cmd, env={**env, **signal_env, "BAYESNCL_SIGNAL_AT": signal_at}, capture_output=True, text=True,

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from bayesncl.app.dynamics import dynamics_command
+from bayesncl.app.train import pretrain
 from bayesncl.config import build_config
-from bayesncl.evaluation.dynamics import dynamics_command, dynamics_correlations, per_dim_gradient_variance
-from bayesncl.models import build_model, contrastive_loss
-from bayesncl.train import pretrain
+from bayesncl.core.model import build_model, contrastive_loss
+from bayesncl.metrics.dynamics import dynamics_correlations, per_dim_gradient_variance
 
 from .test_pretrain import TINY
 
@@ -66,7 +67,7 @@ def test_dynamics_command_over_checkpoints(tmp_path: Path) -> None:
 def test_undefined_correlations_are_null_in_the_json(tmp_path: Path) -> None:
     """dynamics.json held the token NaN for an undefined correlation (< 3 dims, or a constant input),
     which strict JSON readers (jq, JavaScript, json.loads(..., parse_constant=...)) refuse."""
-    from bayesncl.report import write_results
+    from bayesncl.app.report import write_results
 
     rows = [{"epoch": 1, "dims": 2, "AF-GV": float("nan"), "GV-SC": np.float64("inf"), "AF-SC": 0.5}]
     write_results(tmp_path, "dynamics", {"rows": rows, "samples": np.int64(64)}, "| table |")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from bayesncl.report.figures import (
+from bayesncl.app.report.figures import (
     most_active_dims,
     suppressed_features_figure,
     top_activations_figure,
@@ -67,7 +67,7 @@ def test_nothing_to_draw_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_retrieval_table() -> None:
-    from bayesncl.report import format_retrieval
+    from bayesncl.app.report import format_retrieval
 
     md = format_retrieval({"64": {"P@1": 50.0, "P@3": 40.0, "P@5": 30.0, "P@10": 20.0, "mAP@10": 12.345}})
     assert md.splitlines()[0] == "| K | P@1 | P@3 | P@5 | P@10 | mAP@10 |"

@@ -1,4 +1,4 @@
-"""Atomic writes (bayesncl.fileio): whole files only, ordinary modes, no temporaries left."""
+"""Atomic writes (bayesncl.runs.fileio): whole files only, ordinary modes, no temporaries left."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from bayesncl.evaluation.io import save_features
-from bayesncl.fileio import DiskFullError, atomic_path, remove_stale_temporaries, temporary_name
+from bayesncl.runs.features import save_features
+from bayesncl.runs.fileio import DiskFullError, atomic_path, remove_stale_temporaries, temporary_name
 
 
 @pytest.fixture

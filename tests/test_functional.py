@@ -1,4 +1,4 @@
-"""Reference and analytic tests for bayesncl.functional (PAPER-NOTES §1)."""
+"""Reference and analytic tests for bayesncl.core.functional (PAPER-NOTES §1)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bayesncl import functional as BF
+from bayesncl.core import functional as BF
 
 
 def _gen(seed: int) -> torch.Generator:

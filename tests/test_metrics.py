@@ -18,15 +18,17 @@ import torch
 import torch.nn.functional as F
 
 from bayesncl import metrics as M
-from bayesncl.evaluation import EvalError, EvalWarning, load_features, save_features
-from bayesncl.evaluation import metrics as EM
-from bayesncl.evaluation.retrieval import (
+from bayesncl.app.evaluate import metrics_command
+from bayesncl.metrics import interpretability as EM
+from bayesncl.metrics.inputs import EvalError, EvalWarning
+from bayesncl.metrics.retrieval import (
     average_precision_at_k,
     nearest_neighbours,
     rank_dims,
     retrieval_metrics,
     select_top_dims,
 )
+from bayesncl.runs.features import load_features, save_features
 
 EPS = 1e-5
 
@@ -148,7 +150,7 @@ def test_semantic_metrics_match_naive_loops(seed, unit_rows):
 
 def test_scatter_fallback_and_negative_labels(monkeypatch):
     # Many classes x many rows switches the one-hot product to a float64 scatter-add.
-    import bayesncl.evaluation.metrics as impl
+    import bayesncl.metrics.interpretability as impl
 
     feats, labels = sparse_features(7, unit_rows=False)
     dense = M.semantic_metrics(feats.float(), labels)
@@ -250,7 +252,7 @@ def test_all_zero_features_are_defined_and_flagged():
 def test_huge_features_from_the_cli_give_the_scale_free_values(tmp_path, capsys):
     # every entry 1e38 (float32): row norms and class sums overflow float32; each dim fires for
     # both classes equally, so SC_k = 1/2 and p = (1/2, 1/2) for every entropy
-    from bayesncl.cli import main
+    from bayesncl.app.cli import main
 
     np.savez(tmp_path / "huge.npz", features=np.full((4, 3), 1e38, np.float32), labels=np.array([0, 0, 1, 1]))
     with warnings.catch_warnings():
@@ -330,7 +332,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def test_normalize_rows_keeps_zero_rows_and_rescales_overflowing_ones():
-    from bayesncl.evaluation._numerics import normalize_rows, row_norms
+    from bayesncl.metrics._numerics import normalize_rows, row_norms
 
     x = torch.tensor([[1.5e38, 2e38], [0.0, 0.0], [3.0, 4.0]])  # row 0: the squares overflow float32
     assert not torch.isfinite(torch.linalg.vector_norm(x[0]))
@@ -606,7 +608,7 @@ def test_metrics_command_and_table(tmp_path):
     feats, labels = sparse_features(1, n=60, d=16)
     plain = tmp_path / "plain.npz"
     np.savez(plain, features=feats.float().numpy(), labels=labels.numpy())
-    out = M.metrics_command(plain, retrieval_dims=[4, 16], as_json=True)
+    out = metrics_command(plain, retrieval_dims=[4, 16], as_json=True)
     assert set(out) == set(M.METRIC_KEYS) | {"retrieval", "source"}
     assert out["source"] == {"path": str(plain), "num_samples": 60, "dim": 16}
     assert set(out["retrieval"]["4"]) == {"P@1", "P@3", "P@5", "P@10", "mAP@10"}
@@ -615,7 +617,7 @@ def test_metrics_command_and_table(tmp_path):
     assert "| Semantic consistency (SC) |" in table and "| 16 |" in table
     zero = tmp_path / "zero.npz"
     np.savez(zero, features=np.zeros((12, 4), np.float32), labels=np.zeros(12, np.int64))
-    out = M.metrics_command(zero, None, False)
+    out = metrics_command(zero, None, False)
     assert out["note"] == "no active dimensions"
     assert "Note: no active dimensions" in M.format_metrics_table(out)
 
@@ -648,7 +650,7 @@ def test_bad_files_raise_one_line(tmp_path, make, message):
     if not path.exists():  # np.save appends .npy
         path = tmp_path / "bad.npz.npy"
     with pytest.raises(EvalError, match=message) as info:
-        M.metrics_command(path, None, False)
+        metrics_command(path, None, False)
     assert "\n" not in str(info.value)
     assert isinstance(info.value, ValueError)
 

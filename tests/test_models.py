@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bayesncl import functional as BF
 from bayesncl.config import build_config
-from bayesncl.models import build_model, contrastive_loss
+from bayesncl.core import functional as BF
+from bayesncl.core.model import build_model, contrastive_loss
 
 
 def _model(*overrides: str, backbone: str = "small_cnn"):

@@ -1,4 +1,4 @@
-"""Tests for the thin modules in bayesncl.nn (PAPER-NOTES §1)."""
+"""Tests for the thin modules in bayesncl.core.parts (PAPER-NOTES §1)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bayesncl import functional as BF
-from bayesncl.nn import GATE_KINDS, Gate, GatingHead, NonNegative, Projector
+from bayesncl.core import functional as BF
+from bayesncl.core.parts import GATE_KINDS, Gate, GatingHead, NonNegative, Projector
 
 
 def _gen(seed: int) -> torch.Generator:

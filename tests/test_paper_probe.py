@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from bayesncl.config import build_config
+from bayesncl.core.model import build_model
 from bayesncl.data import build_train_loader
-from bayesncl.evaluation.paper_probe import paper_linear_probe
-from bayesncl.models import build_model
+from bayesncl.metrics.paper_probe import paper_linear_probe
 
 from .tiny import TINY_BASE
 

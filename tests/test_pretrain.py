@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bayesncl.cli import main
+from bayesncl.app.cli import main
+from bayesncl.app.train import pretrain
 from bayesncl.config import build_config
-from bayesncl.train import pretrain
 
 from .tiny import TINY_BASE
 

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-import bayesncl.evaluation.knn as knn_module
-from bayesncl.evaluation import EvalError, feature_selection_probe, knn_accuracy, linear_probe
-from bayesncl.evaluation.probe import stratified_split
+import bayesncl.metrics.knn as knn_module
+from bayesncl.metrics.inputs import EvalError
+from bayesncl.metrics.knn import knn_accuracy
+from bayesncl.metrics.probe import feature_selection_probe, linear_probe, stratified_split
 
 
 def blobs(n_train=600, n_test=300, d=16, classes=5, sep=4.0, seed=0, nonneg=False):

@@ -26,12 +26,14 @@ from typing import Any
 import pytest
 import torch
 
-import bayesncl.train as train_module
-from bayesncl.checkpoint import load_checkpoint_file
-from bayesncl.cli import main
+import bayesncl.app.train as train_module
+import bayesncl.core.engine as engine_module
+from bayesncl.app.cli import main
+from bayesncl.app.evaluate import load_trained
+from bayesncl.app.train import pretrain
 from bayesncl.config import build_config
-from bayesncl.evaluation.pipeline import load_trained
-from bayesncl.train import TrainingError, pretrain
+from bayesncl.core.engine import TrainingError
+from bayesncl.runs.rundir import load_checkpoint_file
 
 from .tiny import TINY_BASE
 
@@ -41,8 +43,8 @@ TINY = [*TINY_BASE, "method.name=bayesncl", "method.lam=0.01"]
 # process at a known point of training. The delay changes no number: runs stay bit-identical.
 PACED_CLI = """
 import sys, time
-import bayesncl.train as t
-from bayesncl.cli import main
+import bayesncl.core.engine as t
+from bayesncl.app.cli import main
 delay = float(sys.argv[1])
 real = t.contrastive_loss
 def paced(*args, **kwargs):
@@ -185,7 +187,7 @@ def test_signal_mid_epoch_saves_last_pt_and_resume_is_bit_identical(
 def test_step_log_rows_and_a_mid_epoch_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """steps.csv, a row every STEP_LOG_EVERY (here 2) steps: each row is the mean over the epoch's
     steps since the previous row, and a run interrupted between two rows resumes to the same rows."""
-    from bayesncl.report.curves import read_log, read_steps
+    from bayesncl.app.report.curves import read_log, read_steps
 
     monkeypatch.setattr(train_module, "STEP_LOG_EVERY", 2)
     args = [*TINY, "train.epochs=2"]  # 96 images, batch 32: 3 steps an epoch
@@ -199,7 +201,7 @@ def test_step_log_rows_and_a_mid_epoch_resume(tmp_path: Path, monkeypatch: pytes
     for key in ("loss", "info_nce", "kl", "gate_open", "online_acc"):
         assert (steps[1][key] + 2 * steps[2][key]) / 3 == pytest.approx(log[1][key], abs=1e-5), key
 
-    real, calls = train_module.contrastive_loss, {"n": 0}
+    real, calls = engine_module.contrastive_loss, {"n": 0}
 
     def ctrl_c_in_step_5(*a: Any, **k: Any) -> Any:
         calls["n"] += 1
@@ -208,11 +210,11 @@ def test_step_log_rows_and_a_mid_epoch_resume(tmp_path: Path, monkeypatch: pytes
         return real(*a, **k)
 
     run = tmp_path / "run"
-    monkeypatch.setattr(train_module, "contrastive_loss", ctrl_c_in_step_5)
+    monkeypatch.setattr(engine_module, "contrastive_loss", ctrl_c_in_step_5)
     with pytest.raises(train_module.TrainingInterrupted, match="stopped in epoch 2 after 2 of its 3 steps"):
         pretrain(build_config(overrides=args), run, evaluate=False)
     assert [r["step"] for r in read_steps(run)] == [2, 4]
-    monkeypatch.setattr(train_module, "contrastive_loss", real)
+    monkeypatch.setattr(engine_module, "contrastive_loss", real)
     pretrain(build_config(overrides=args), run, resume=True, evaluate=False)
     assert read_steps(run) == steps
     assert_same_weights(straight / "last.pt", run / "last.pt")
@@ -221,7 +223,7 @@ def test_step_log_rows_and_a_mid_epoch_resume(tmp_path: Path, monkeypatch: pytes
 def test_resume_that_changes_the_length_of_an_unfinished_run_warns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real, calls = train_module.contrastive_loss, {"n": 0}
+    real, calls = engine_module.contrastive_loss, {"n": 0}
 
     def ctrl_c_in_step_4(*a: Any, **k: Any) -> Any:
         calls["n"] += 1
@@ -230,10 +232,10 @@ def test_resume_that_changes_the_length_of_an_unfinished_run_warns(
         return real(*a, **k)
 
     run = tmp_path / "run"
-    monkeypatch.setattr(train_module, "contrastive_loss", ctrl_c_in_step_4)
+    monkeypatch.setattr(engine_module, "contrastive_loss", ctrl_c_in_step_4)
     with pytest.raises(train_module.TrainingInterrupted):
         pretrain(build_config(overrides=[*TINY, "train.epochs=3"]), run, evaluate=False)
-    monkeypatch.setattr(train_module, "contrastive_loss", real)
+    monkeypatch.setattr(engine_module, "contrastive_loss", real)
     with pytest.warns(UserWarning) as record:
         pretrain(build_config(overrides=[*TINY, "train.epochs=2"]), run, resume=True, evaluate=False)
     assert [str(w.message) for w in record] == [
@@ -317,7 +319,7 @@ def test_resume_that_trains_further_archives_the_shorter_runs_results(
 
 # ----------------------------------------------------------------------------- non-finite loss
 def _nan_at(step: int) -> Any:
-    real = train_module.contrastive_loss
+    real = engine_module.contrastive_loss
     calls = {"n": 0}
 
     def loss_fn(out: Any, method: Any) -> Any:
@@ -335,7 +337,7 @@ def test_non_finite_loss_stops_naming_step_and_parts_and_keeps_last_good_checkpo
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = tmp_path / "run"
-    monkeypatch.setattr(train_module, "contrastive_loss", _nan_at(5))  # 3 steps per epoch: epoch 2
+    monkeypatch.setattr(engine_module, "contrastive_loss", _nan_at(5))  # 3 steps per epoch: epoch 2
     with pytest.raises(TrainingError) as info:
         pretrain(build_config(overrides=[*TINY, "train.epochs=3"]), run, evaluate=False)
     msg = str(info.value)
@@ -385,7 +387,7 @@ def test_non_finite_loss_from_the_cli_is_one_line(
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("kept")
     for run in (tmp_path / "run", tmp_path / "mine"):  # a new dir, and an existing one with a user file
-        monkeypatch.setattr(train_module, "contrastive_loss", _nan_at(2))
+        monkeypatch.setattr(engine_module, "contrastive_loss", _nan_at(2))
         assert main(["pretrain", "--run-dir", str(run), *TINY, "train.epochs=2"]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("bayesncl: error: non-finite loss at step 2 (epoch 1): InfoNCE=nan, KL=")
@@ -468,7 +470,7 @@ def test_gate_collapse_warns(
 def test_ctrl_c_during_the_final_evaluation_says_training_is_complete(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import bayesncl.evaluation.pipeline as pipeline
+    import bayesncl.app.evaluate as pipeline
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt
@@ -496,7 +498,7 @@ def ctrl_c() -> None:
 
 
 def _signal_at(monkeypatch: pytest.MonkeyPatch, target: str, calls: tuple[int, ...]) -> None:
-    """Send SIGINT to this process during the listed calls (1-based) of ``bayesncl.train.<target>``."""
+    """Send SIGINT to this process during the listed calls (1-based) of ``bayesncl.app.train.<target>``."""
     real = getattr(train_module, target)
     count = {"n": 0}
 
@@ -595,7 +597,7 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(
         return {str(p.relative_to(run)): p.read_bytes() for p in run.rglob("*") if p.is_file()}
 
     before = files()
-    monkeypatch.setattr(train_module, "contrastive_loss", _nan_at(2))  # the new run fails in epoch 1
+    monkeypatch.setattr(engine_module, "contrastive_loss", _nan_at(2))  # the new run fails in epoch 1
     assert main([*args, "--overwrite"]) == 2
     assert "non-finite loss at step 2 (epoch 1)" in capsys.readouterr().err
     assert files() == before  # the old run is back, whole
@@ -668,7 +670,7 @@ def test_reading_commands_point_to_the_run_a_killed_overwrite_set_aside(
 def test_a_killed_overwrite_that_had_a_checkpoint_keeps_the_new_run(tmp_path: Path) -> None:
     """Killed between the new run's first last.pt and the deletion of the previous run: the new run
     stays, the previous one goes (as the overwrite would have done); a live process's folder stays."""
-    from bayesncl.checkpoint import recover_interrupted_overwrite
+    from bayesncl.runs.rundir import recover_interrupted_overwrite
 
     run = tmp_path / "run"
     run.mkdir()
@@ -693,7 +695,7 @@ def test_resume_after_a_killed_overwrite_and_a_cut_short_set_aside(
 ) -> None:
     """--resume reads the run's config only after the previous run is back; a set-aside that was
     itself cut short (no .complete marker) is put back, never taken for a finished overwrite."""
-    from bayesncl.checkpoint import recover_interrupted_overwrite, set_aside_run_artifacts
+    from bayesncl.runs.rundir import recover_interrupted_overwrite, set_aside_run_artifacts
 
     run = tmp_path / "run"
     args = ["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]

@@ -27,7 +27,7 @@ def tiny_checkpoint(path: Path, overrides: list[str], channels: int = 3, num_cla
     import torch
 
     from bayesncl.config import build_config
-    from bayesncl.models import build_model
+    from bayesncl.core.model import build_model
 
     cfg = build_config(overrides=[*TINY_BASE, "train.epochs=1", *overrides])
     model = build_model(cfg, channels, 16, num_classes)

@@ -1,7 +1,7 @@
 """Figures to look at: top-activating images per dimension (the paper's Fig. 1 view) and the
 features a BayesNCL gate suppresses.
 
-Both read the features dict/file from ``bayesncl.evaluation.pipeline.extract_features`` and the
+Both read the features dict/file from ``bayesncl.app.evaluate.extract_features`` and the
 split's images from ``bayesncl.data.load_split_images``; nothing recomputes features.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesncl.fileio import atomic_path
+from bayesncl.runs.fileio import atomic_path
 
 
 def most_active_dims(features: np.ndarray, n: int) -> np.ndarray:
@@ -165,7 +165,7 @@ def suppressed_features_figure(
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:
-    """Save a matplotlib figure as PNG atomically (see :mod:`bayesncl.fileio`) and close it."""
+    """Save a matplotlib figure as PNG atomically (see :mod:`bayesncl.runs.fileio`) and close it."""
     import matplotlib.pyplot as plt
 
     try:

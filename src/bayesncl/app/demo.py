@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bayesncl.app.report import format_table, write_results
 from bayesncl.config import (
     Config,
     ConfigError,
@@ -23,9 +24,8 @@ from bayesncl.config import (
     valid_keys,
     warn_inert_keys,
 )
-from bayesncl.report import format_table, write_results
 
-DEMO_CONFIG = Path(__file__).parent / "configs" / "fashion-mnist-demo.yaml"
+DEMO_CONFIG = Path(__file__).parents[1] / "configs" / "fashion-mnist-demo.yaml"
 DEMO_METHODS = ("ncl", "bayesncl")
 QUICK_OVERRIDES = [
     "data.train_subset=2000",
@@ -71,9 +71,9 @@ def _plan(run_dir: Path, configs: dict[str, Config], *, resume: bool, overwrite:
     Checks everything a sub-run will check, and writes nothing. Raises RunDirError if the run dir
     is occupied without --resume/--overwrite, holds no demo to resume, a sub-run's settings differ
     from this command's, or it cannot be written."""
-    from bayesncl.checkpoint import RunDirError, _check_writable, prepare_run_dir, refuse_a_run_in
     from bayesncl.config import diff_configs
-    from bayesncl.train import load_run_config
+    from bayesncl.runs.export import load_run_config
+    from bayesncl.runs.rundir import RunDirError, _check_writable, prepare_run_dir, refuse_a_run_in
 
     _check_writable(run_dir)
     if overwrite:  # (without --resume or --overwrite a folder with files is refused below)
@@ -124,10 +124,10 @@ def run_demo(
     Everything is validated (configs, data, run dir) before the first epoch starts.
     Raises ConfigError / DataError / RunDirError on bad input.
     """
-    from bayesncl.checkpoint import RunDirError
+    from bayesncl.app.report.curves import write_training_curves
+    from bayesncl.app.train import pretrain
     from bayesncl.data import dataset_info
-    from bayesncl.report.curves import write_training_curves
-    from bayesncl.train import pretrain
+    from bayesncl.runs.rundir import RunDirError
 
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other: continue the demo, or replace it")

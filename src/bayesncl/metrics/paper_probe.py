@@ -4,7 +4,7 @@ linear-warmup cosine schedule stepped per iteration, on the train split with ran
 and horizontal flips; Acc@1/Acc@5 on the test split, mean ± std over seeds.
 
 It runs the backbone on every augmented batch, so it is meant for GPUs; ``fast`` mode
-(``bayesncl.evaluation.probe.linear_probe``) is the CPU alternative. The backbone stays in eval
+(``bayesncl.metrics.probe.linear_probe``) is the CPU alternative. The backbone stays in eval
 mode and is checked to be unchanged afterwards, BatchNorm statistics included (MoCo v3's sanity
 check). Weight decay is not given by the paper; we use 0.
 """
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from bayesncl.config import Config
-from bayesncl.models import ContrastiveModel
+from bayesncl.core.model import ContrastiveModel
 
 
 def _snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -57,9 +57,9 @@ def paper_linear_probe(
     """
     from timm.optim import Lars
 
+    from bayesncl.core.optim import warmup_cosine
     from bayesncl.data import build_eval_loader, build_train_loader, dataset_info
-    from bayesncl.evaluation import EvalError
-    from bayesncl.train import warmup_cosine
+    from bayesncl.metrics.inputs import EvalError
 
     seeds = seeds or [cfg.seed]
     device = next(model.parameters()).device

@@ -18,9 +18,9 @@ from typing import Any, NoReturn
 
 from bayesncl import __version__
 from bayesncl.config import Config, ConfigError, build_config, valid_keys
-from bayesncl.fileio import out_of_memory  # noqa: F401 - re-exported: cli.out_of_memory
+from bayesncl.runs.fileio import out_of_memory
 
-RECIPES_DIR = Path(__file__).parent / "configs"
+RECIPES_DIR = Path(__file__).parents[1] / "configs"
 
 
 def _keys_epilog() -> str:
@@ -93,7 +93,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    from bayesncl.train import load_run_config, pretrain
+    from bayesncl.app.train import pretrain
+    from bayesncl.runs.export import load_run_config
 
     run_dir_arg = path_arg(args.run_dir, "--run-dir", "a directory")
     if args.resume and run_dir_arg is None:
@@ -103,11 +104,11 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     overrides = [*args.overrides, "data.skip_corrupt=true"] if args.skip_corrupt else args.overrides
     if args.resume and args.config is None:
         # continue the run as it was configured; key=value on top (e.g. train.epochs=400 to extend)
-        from bayesncl.checkpoint import RunDirError
         from bayesncl.config import parse_overrides, set_key, validate
+        from bayesncl.runs.rundir import RunDirError
 
         assert run_dir_arg is not None
-        from bayesncl.checkpoint import settle_run_dir
+        from bayesncl.runs.rundir import settle_run_dir
 
         # a killed --overwrite's previous run goes back before its config is read; rank 0 alone, as
         # under torchrun rank 0 holds the run dir's lock
@@ -124,14 +125,14 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     run_dir = run_dir_arg or _default_run_dir(cfg)
     metrics = pretrain(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, evaluate=not args.no_eval)
     if metrics:
-        from bayesncl.report import format_table
+        from bayesncl.app.report import format_table
 
         print(format_table({cfg.method.name: metrics}))
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from bayesncl.demo import run_demo
+    from bayesncl.app.demo import run_demo
 
     run_dir = path_arg(args.run_dir, "--run-dir", "a directory")
     run_demo(run_dir, args.overrides, quick=args.quick, resume=args.resume, overwrite=args.overwrite)
@@ -139,7 +140,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
-    from bayesncl.evaluation.pipeline import extract_command
+    from bayesncl.app.evaluate import extract_command
 
     path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
     path_arg(args.out, "--out", "a .npz file path")  # its suffix: extract_command, before any loading
@@ -149,7 +150,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from bayesncl.evaluation.metrics import format_metrics_table, metrics_command
+    from bayesncl.app.evaluate import metrics_command
+    from bayesncl.metrics.interpretability import format_metrics_table
 
     dims = parse_dims(args.retrieval_dims)
     result = metrics_command(args.features, dims, args.json)
@@ -161,7 +163,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from bayesncl.evaluation.pipeline import evaluate_command
+    from bayesncl.app.evaluate import evaluate_command
 
     path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
     dims = parse_dims(args.retrieval_dims)
@@ -188,11 +190,11 @@ def met_by_every_rank(e: BaseException) -> bool:
     writes the run dir): printed once per node, by its local rank 0. Other errors (an out-of-memory on
     one GPU, an image that cannot be decoded in one rank's shard) are printed by the rank meeting them,
     prefixed with "(rank N)"."""
-    from bayesncl.checkpoint import CheckpointError, RunDirError
+    from bayesncl.core.engine import TrainingError
     from bayesncl.data import DataError
     from bayesncl.data.datasets import ShardDataError
-    from bayesncl.fileio import DiskFullError
-    from bayesncl.train import TrainingError
+    from bayesncl.runs.fileio import DiskFullError
+    from bayesncl.runs.rundir import CheckpointError, RunDirError
 
     alike = (ConfigError, DataError, RunDirError, CheckpointError, TrainingError, DiskFullError)
     return isinstance(e, alike) and not isinstance(e, ShardDataError)
@@ -200,11 +202,11 @@ def met_by_every_rank(e: BaseException) -> bool:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input, printed as one line; anything else is a bug and raises."""
-    from bayesncl.checkpoint import CheckpointError, RunDirError
+    from bayesncl.core.engine import TrainingError
     from bayesncl.data import DataError
-    from bayesncl.evaluation import EvalError
-    from bayesncl.fileio import DiskFullError
-    from bayesncl.train import TrainingError
+    from bayesncl.metrics.inputs import EvalError
+    from bayesncl.runs.fileio import DiskFullError
+    from bayesncl.runs.rundir import CheckpointError, RunDirError
 
     return (
         DiskFullError,
@@ -227,7 +229,7 @@ _LOAD_OVERRIDES_HELP = (
 
 
 def cmd_dynamics(args: argparse.Namespace) -> int:
-    from bayesncl.evaluation.dynamics import dynamics_command
+    from bayesncl.app.dynamics import dynamics_command
 
     path_arg(args.run_dir, "RUN_DIR", "a run dir")
     if args.samples < 2:
@@ -239,7 +241,7 @@ def cmd_dynamics(args: argparse.Namespace) -> int:
 
 
 def cmd_curves(args: argparse.Namespace) -> int:
-    from bayesncl.report.curves import write_training_curves
+    from bayesncl.app.report.curves import write_training_curves
 
     runs = [path_arg(r, "RUN_DIR", "a run dir or its log.csv") or Path(r) for r in args.runs]
     out = path_arg(args.out, "--out", "a .png file path")
@@ -253,7 +255,7 @@ def cmd_curves(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from bayesncl.reproduce import reproduce
+    from bayesncl.app.reproduce import reproduce
 
     reproduce(args.table, args.dataset, path_arg(args.run_dir, "--run-dir", "a directory"), args.overrides)
     return 0
@@ -419,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_curves)
 
-    from bayesncl.benchmark import add_benchmark_parser
+    from bayesncl.app.benchmark import add_benchmark_parser
 
     add_benchmark_parser(sub)
     return parser

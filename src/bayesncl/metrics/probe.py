@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ._numerics import downscale_exponent, scaled
-from .io import EvalError, validate_features
+from .inputs import EvalError, validate_features
 from .retrieval import select_top_dims
 
 __all__ = ["DEFAULT_L2_GRID", "feature_selection_probe", "linear_probe", "stratified_split"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import warnings
 from collections.abc import Collection
 from pathlib import Path
@@ -17,8 +18,11 @@ import numpy as np
 import torch
 
 from bayesncl.config import Config
+from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.data import build_eval_loader, dataset_info
-from bayesncl.models import ContrastiveModel, build_model
+from bayesncl.metrics.inputs import EvalWarning
+from bayesncl.metrics.interpretability import compute_all
+from bayesncl.runs.features import load_features
 
 FEATURE_KEYS = ("h", "p", "z", "features", "alpha", "mask")
 #: ``bayesncl evaluate --probe`` values: the fast probe, the paper's probe, or none.
@@ -75,9 +79,9 @@ def evaluate_model(
     Writes ``metrics.json`` and ``metrics.md`` into ``run_dir``; returns the metrics dict.
     LP@1 is the *offline* fast probe on frozen h (not the online probe; solo-learn #221).
     """
-    from bayesncl.evaluation.metrics import compute_all
-    from bayesncl.evaluation.probe import linear_probe
-    from bayesncl.report import format_table, write_results
+    from bayesncl.app.report import format_table, write_results
+    from bayesncl.metrics.interpretability import compute_all
+    from bayesncl.metrics.probe import linear_probe
 
     test = extract_split(model, cfg, "test", device)
     metrics: dict[str, Any] = compute_all(
@@ -94,7 +98,7 @@ def evaluate_model(
         metrics["rows_all_closed"] = float((test["mask"].sum(1) == 0).mean())
     metrics["method"] = cfg.method.name
     metrics["n_test"] = int(len(test["labels"]))
-    from bayesncl.report.figures import write_figures
+    from bayesncl.app.report.figures import write_figures
 
     write_figures(test, cfg.data, run_dir)
     write_results(run_dir, "metrics", metrics, format_table({cfg.method.name: metrics}))
@@ -114,7 +118,7 @@ def load_trained(
     format ``bayesncl-checkpoint-v1``); a run's ``encoder.safetensors`` (it carries its config, so
     a copy on its own is enough); or an authors'-layout BayesNCL/NCL checkpoint (Lightning
     ``.ckpt`` or bare state dict with ``backbone.*``, ``projector.*``, ``gating_head.*``,
-    ``classifier.*``), see :mod:`bayesncl.official`.
+    ``classifier.*``), see :mod:`bayesncl.runs.official`.
     overrides: ``key=value`` strings. For a bayesncl checkpoint only ``data.*`` and ``eval.*`` (e.g.
     a new ``data.root``); the model is fixed by its config. For an official checkpoint the data is
     required (``data.name=cifar100 data.root=DIR``) and ``method.name`` etc. may be set.
@@ -127,15 +131,15 @@ def load_trained(
     another checkpoint inside a run dir (``RUN/epoch-NNNN.pt``); else the checkpoint's folder.
     Raises EvalError (one line) for anything unusable, ConfigError for bad overrides.
     """
-    from bayesncl.checkpoint import (
+    from bayesncl.metrics.inputs import EvalError
+    from bayesncl.runs.official import looks_official
+    from bayesncl.runs.rundir import (
         CheckpointError,
         check_checkpoint_entries,
         is_bayesncl_checkpoint,
         load_checkpoint_file,
         set_aside_hint,
     )
-    from bayesncl.evaluation import EvalError
-    from bayesncl.official import looks_official
 
     src = Path(source)
     if src.is_dir():
@@ -199,14 +203,14 @@ def _is_own_encoder(path: Path, obj: Any) -> bool:
 
 def _encoder_config(path: Path) -> tuple[dict[str, Any], Path]:
     """The config of an exported ``encoder.safetensors``, and the file it came from: its metadata (key
-    ``config``, written by :func:`bayesncl.train.export_encoder`), else the run's ``config.yaml``
+    ``config``, written by :func:`bayesncl.app.train.export_encoder`), else the run's ``config.yaml``
     beside it (files exported before the metadata held it). Raises EvalError if neither exists."""
     import json
 
     from safetensors import safe_open
 
     from bayesncl.config import load_run_yaml
-    from bayesncl.evaluation import EvalError
+    from bayesncl.metrics.inputs import EvalError
 
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
@@ -243,8 +247,8 @@ def _load_own(
 ) -> tuple[ContrastiveModel, Config]:
     """``cfg_source``: the file ``cfg_dict`` was read from, named by a config error (default ``path``)."""
     from bayesncl.config import check_keys, config_from_dict, parse_overrides, set_key, validate
-    from bayesncl.evaluation import EvalError
-    from bayesncl.official import load_state_strict
+    from bayesncl.metrics.inputs import EvalError
+    from bayesncl.runs.official import load_state_strict
 
     cfg = config_from_dict(cfg_dict, cfg_source or path)
     trained_data = copy.deepcopy(cfg.data)
@@ -308,8 +312,8 @@ def _load_official(path: Path, obj: Any, overrides: list[str] | None) -> tuple[C
     import logging
 
     from bayesncl.config import build_config, parse_overrides
-    from bayesncl.evaluation import EvalError
-    from bayesncl.official import load_official_checkpoint
+    from bayesncl.metrics.inputs import EvalError
+    from bayesncl.runs.official import load_official_checkpoint
 
     user = parse_overrides(list(overrides or []))
     if "data.name" not in user:
@@ -349,7 +353,7 @@ def extract_command(
     """``bayesncl extract``: write ``features_<split>.npz`` (see docs/architecture.md).
 
     ``overrides``: see :func:`load_trained` (official checkpoints need ``data.name=...``)."""
-    from bayesncl.evaluation import EvalError
+    from bayesncl.metrics.inputs import EvalError
 
     if out is not None and Path(out).is_dir():
         raise EvalError(f"--out {out} is a directory; give a file name such as {Path(out) / 'features.npz'}")
@@ -367,7 +371,7 @@ def save_split_features(
     path: Path, arrays: dict[str, np.ndarray], cfg: Config, split: str, source: str | Path
 ) -> None:
     """Write the ONE features file of a split (docs/architecture.md), with its metadata."""
-    from bayesncl.evaluation.io import save_features
+    from bayesncl.runs.features import save_features
 
     meta = {
         "method": cfg.method.name,
@@ -423,12 +427,12 @@ def evaluate_command(
     ``features_test.npz``, ``evaluation.json`` / ``evaluation.md`` and the PNGs are written next to
     the checkpoint. Raises EvalError (one line) for unusable input, ConfigError for an ``--probe``
     that contradicts an ``eval.probe=`` override or a ``given`` option it does not use."""
+    from bayesncl.app.report import format_retrieval, format_table, write_results
     from bayesncl.config import ConfigError, parse_overrides
-    from bayesncl.evaluation import EvalError
-    from bayesncl.evaluation.knn import knn_accuracy
-    from bayesncl.evaluation.metrics import compute_all
-    from bayesncl.evaluation.probe import feature_selection_probe, linear_probe
-    from bayesncl.report import format_retrieval, format_table, write_results
+    from bayesncl.metrics.inputs import EvalError
+    from bayesncl.metrics.interpretability import compute_all
+    from bayesncl.metrics.knn import knn_accuracy
+    from bayesncl.metrics.probe import feature_selection_probe, linear_probe
 
     asked = parse_overrides(list(overrides or [])).get("eval.probe")
     if probe is not None and asked is not None and str(asked) != probe:
@@ -467,7 +471,7 @@ def evaluate_command(
     seeds = [cfg.seed + i for i in range(probe_seeds)]
     if probe != "none":
         if probe == "paper":
-            from bayesncl.evaluation.paper_probe import paper_linear_probe
+            from bayesncl.metrics.paper_probe import paper_linear_probe
 
             lp = paper_linear_probe(model, cfg, epochs=probe_epochs, seeds=seeds)
         else:
@@ -498,9 +502,33 @@ def evaluate_command(
     # everything is computed: only now write the files
     save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
     write_results(out_dir, "evaluation", result, md)
-    from bayesncl.report.figures import write_figures
+    from bayesncl.app.report.figures import write_figures
 
     write_figures(test, cfg.data, out_dir)
     print(md)
     print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
     return result
+
+
+def metrics_command(
+    path: str | os.PathLike[str], retrieval_dims: list[int] | None = None, as_json: bool = False
+) -> dict[str, Any]:
+    """Load a features file (or plain .npz with ``features`` and ``labels``) and compute all metrics.
+
+    Returns :func:`compute_all`'s dict plus ``source`` (path, N, D, and ``method``, ``dataset``,
+    ``split`` from the file's meta when present). The dict is JSON-serialisable either way;
+    ``as_json`` only tells the caller's printing (``json.dumps`` vs :func:`format_metrics_table`)
+    and is checked here by a round trip through ``json``.
+    """
+    fs = load_features(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EvalWarning)  # the dict carries the note
+        out = compute_all(fs.features, fs.labels, retrieval_dims)
+    source: dict[str, Any] = {"path": str(path), "num_samples": fs.num_samples, "dim": fs.dim}
+    for key in ("method", "dataset", "split"):
+        if key in fs.meta:
+            source[key] = fs.meta[key]
+    out["source"] = source
+    if as_json:
+        out = json.loads(json.dumps(out, allow_nan=False))
+    return out

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ._numerics import normalize_rows
-from .io import EvalError, validate_features
+from .inputs import EvalError, validate_features
 from .retrieval import auto_chunk_size
 
 __all__ = ["knn_accuracy"]

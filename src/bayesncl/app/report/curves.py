@@ -7,7 +7,7 @@ the means over those steps:
 * InfoNCE (the contrastive term alone, in nats),
 * online probe accuracy (%, the linear head trained on sg(h) during pretraining),
 * for gated runs (BayesNCL): KL(Bern(α) ‖ Bern(ρ)) (nats, summed over the D dims, mean over
-  rows: :func:`bayesncl.functional.bernoulli_kl`), and the gate-open rate
+  rows: :func:`bayesncl.core.functional.bernoulli_kl`), and the gate-open rate
   E[1[α > 0.5]] with the prior ρ as a dashed line of the same colour (PAPER-NOTES §1: the KL pulls
   the open rate towards ρ).
 
@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bayesncl.checkpoint import LOG_FIELDS, STEP_LOG_FIELDS, RunDirError
-from bayesncl.fileio import write_failure_reason
+from bayesncl.runs.fileio import write_failure_reason
+from bayesncl.runs.rundir import LOG_FIELDS, STEP_LOG_FIELDS, RunDirError
 
 __all__ = ["read_log", "read_steps", "run_label", "training_curves_figure", "write_training_curves"]
 
@@ -55,7 +55,7 @@ def read_log(source: str | Path) -> list[dict[str, float]]:
             where = f"{path.parent} has no log.csv"
         else:  # a mistyped run dir is no file either, but "not a file" suggests it is a folder
             where = f"{path} {'is not a file' if path.exists() else 'does not exist'}"
-        from bayesncl.checkpoint import set_aside_hint
+        from bayesncl.runs.rundir import set_aside_hint
 
         raise RunDirError(
             f"{where}: expected a run dir (or its log.csv) with at least one finished epoch"
@@ -175,7 +175,7 @@ def write_training_curves(
     labels: legend entries, one per source (default :func:`run_label` of the run dirs). Raises
     RunDirError (one line) for a missing or malformed log, or when ``out`` cannot be written;
     nothing is written then. returns ``out``."""
-    from bayesncl.report.figures import save_figure
+    from bayesncl.app.report.figures import save_figure
 
     out = Path(out)
     dirs = [Path(s).parent if Path(s).is_file() else Path(s) for s in sources]

@@ -1,27 +1,20 @@
-"""Evaluation of frozen features: interpretability metrics, retrieval, kNN and linear probes.
+"""Public metrics API: one function per metric, named as the keys of :func:`compute_all`.
 
-All functions read plain arrays (or a features file through :func:`load_features`); every bad
-input raises :class:`EvalError` (a ``ValueError``) with a one-line message. Definitions, units and
-sources: docs/metrics.md.
+>>> from bayesncl.metrics import compute_all, semantic_consistency
+>>> compute_all(features, labels, retrieval_dims=[64])  # doctest: +SKIP
+
+Definitions, units, edge cases and sources: docs/metrics.md. The implementations live in
+:mod:`bayesncl.metrics`.
 """
 
-from .io import (
-    EvalError,
-    EvalWarning,
-    FeatureSet,
-    load_features,
-    save_features,
-    validate_features,
-)
-from .knn import knn_accuracy
-from .metrics import (
+from bayesncl.metrics.inputs import EvalError, EvalWarning
+from bayesncl.metrics.interpretability import (
     METRIC_KEYS,
     activation_ratio,
     active_dims,
     compute_all,
     effective_rank,
     format_metrics_table,
-    metrics_command,
     orthogonality,
     semantic_consistency,
     semantic_consistency_per_dim,
@@ -34,30 +27,24 @@ from .metrics import (
     sparsity,
     spectral_entropy,
 )
-from .probe import feature_selection_probe, linear_probe
-from .retrieval import expected_activation, rank_dims, retrieval_metrics, select_top_dims
+from bayesncl.metrics.knn import knn_accuracy
+from bayesncl.metrics.probe import feature_selection_probe, linear_probe
+from bayesncl.metrics.retrieval import retrieval_metrics
 
 __all__ = [
     "METRIC_KEYS",
     "EvalError",
     "EvalWarning",
-    "FeatureSet",
     "activation_ratio",
     "active_dims",
     "compute_all",
     "effective_rank",
-    "expected_activation",
     "feature_selection_probe",
     "format_metrics_table",
     "knn_accuracy",
     "linear_probe",
-    "load_features",
-    "metrics_command",
     "orthogonality",
-    "rank_dims",
     "retrieval_metrics",
-    "save_features",
-    "select_top_dims",
     "semantic_consistency",
     "semantic_consistency_per_dim",
     "semantic_entropy_freq",
@@ -68,5 +55,4 @@ __all__ = [
     "sepin_scores",
     "sparsity",
     "spectral_entropy",
-    "validate_features",
 ]

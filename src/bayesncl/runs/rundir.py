@@ -26,7 +26,7 @@ The files written at the end of training load elsewhere without bayesncl:
   net.load_state_dict(torch.load(path, weights_only=True))`` (strict), or keep the fc and pass
   ``strict=False`` (the only missing keys are then ``fc.weight`` and ``fc.bias``). A CIFAR-stem or
   1-channel backbone first needs the same ``conv1`` (and, CIFAR stem, ``maxpool = Identity()``)
-  as :func:`bayesncl.models.build_backbone` uses, else conv1's shape does not match.
+  as :func:`bayesncl.core.model.build_backbone` uses, else conv1's shape does not match.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from bayesncl.config import Config, config_from_dict, diff_configs
-from bayesncl.fileio import atomic_path, default_file_mode, remove_stale_temporaries
+from bayesncl.runs.fileio import atomic_path, default_file_mode, remove_stale_temporaries
 
 LOG_FIELDS = [
     "epoch",

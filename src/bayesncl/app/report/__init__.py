@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bayesncl.fileio import atomic_path
+from bayesncl.runs.fileio import atomic_path
 
 # (column header, metrics key, format)
 MAIN_COLUMNS: list[tuple[str, str, str]] = [

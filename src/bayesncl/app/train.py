@@ -2,8 +2,8 @@
 
 ``pretrain(cfg, run_dir)`` validates everything first (config, data, batch size, run dir), then
 creates the run dir, trains with LARS and a per-iteration warmup-cosine schedule, checkpoints
-atomically every epoch, and finally evaluates the test split (see ``bayesncl.evaluation``).
-Under ``torchrun`` the same function runs in every process, with DDP (``bayesncl.distributed``,
+atomically every epoch, and finally evaluates the test split (see ``bayesncl.metrics``).
+Under ``torchrun`` the same function runs in every process, with DDP (``bayesncl.core.distributed``,
 docs/scaling.md); rank 0 alone writes the run dir and prints.
 
 Run dir layout::
@@ -14,7 +14,7 @@ Run dir layout::
     steps.csv       the same means every 25 steps (checkpoint.STEP_LOG_EVERY)
     last.pt         full state (model, optimiser, scaler, RNGs, epoch, step, log), atomic
     epoch-NNNN.pt   periodic copies (train.checkpoint_every)
-    training_curves.png   log.csv drawn (bayesncl.report.curves), end of training
+    training_curves.png   log.csv drawn (bayesncl.app.report.curves), end of training
     encoder.safetensors, backbone_torchvision.pt   exported encoder (end of training)
     metrics.json, metrics.md   end-of-training evaluation on the test split
 """
@@ -26,23 +26,27 @@ import shutil
 import signal
 import time
 import warnings
-from collections.abc import Iterable, Iterator
-from contextlib import nullcontext, suppress
+from contextlib import suppress
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import numpy as np
 import torch
-import torchvision
 from torch import Tensor, nn
 
-from bayesncl import distributed
-from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for callers
+from bayesncl.app.report.curves import write_training_curves
+from bayesncl.config import Config, ConfigError, dump_yaml
+from bayesncl.core import distributed
+from bayesncl.core.engine import TrainingError, prefetch_to_device, train_step, wrap_for_training
+from bayesncl.core.model import build_model
+from bayesncl.core.optim import build_optimizer, param_groups, resolve_precision, set_lr, warmup_cosine
+from bayesncl.data import DataError, build_train_loader, dataset_info, mix_seed
+from bayesncl.runs.export import export_encoder
+from bayesncl.runs.fileio import atomic_path, out_of_memory
+from bayesncl.runs.rundir import (
     STEP_LOG_EVERY,
     RunDirError,
     TrainState,
     archive_results,
-    atomic_save,
     discard_unstarted_run,
     finish_overwrite,
     holds_run,
@@ -56,216 +60,6 @@ from bayesncl.checkpoint import (  # noqa: F401 - RunDirError is re-exported for
     set_rng_state,
     write_log,
 )
-from bayesncl.config import Config, ConfigError, MethodConfig, config_from_dict, dump_yaml, load_run_yaml
-from bayesncl.data import DataError, build_train_loader, dataset_info, mix_seed
-from bayesncl.distributed import resolve_device  # noqa: F401 - re-exported: train.resolve_device
-from bayesncl.fileio import atomic_path, out_of_memory
-from bayesncl.models import ContrastiveModel, ModelOutput, build_model, contrastive_loss
-from bayesncl.report.curves import write_training_curves
-
-B = TypeVar("B")
-
-
-class TrainingError(RuntimeError):
-    """Training cannot continue (non-finite loss, ...); the message is one line."""
-
-
-# ----------------------------------------------------------------------------- devices, precision
-def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype, or None for fp32.
-
-    ``auto``: bf16 on a CUDA device that supports it, else fp16 there (the paper's fp16 mixed
-    precision, PAPER-NOTES §2); fp32 on CPU (bf16 autocast gave no speed-up on CPU here). bf16 has
-    fp32's range, so it needs no GradScaler, whose inf check waits for the device every step. The
-    loss, the KL and the logs are fp32 whatever the autocast dtype (``bayesncl.functional``).
-    """
-    if name == "auto":
-        if device.type != "cuda":
-            return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
-
-
-# ----------------------------------------------------------------------------- optimisation
-def warmup_cosine(
-    base: float, total_steps: int, warmup_steps: int, start: float = 3e-5, final: float = 0.0
-) -> np.ndarray:
-    """Per-iteration learning rates: linear warmup ``start → base``, then cosine ``base → final``.
-
-    returns: (total_steps,) float64 array (PAPER-NOTES §2, stepped per iteration).
-    """
-    warmup_steps = min(warmup_steps, total_steps)
-    warm = np.linspace(start, base, warmup_steps, endpoint=False) if warmup_steps else np.zeros(0)
-    n = total_steps - warmup_steps
-    t = np.arange(n) / max(n, 1)
-    cos = final + 0.5 * (base - final) * (1 + np.cos(np.pi * t))
-    return np.concatenate([warm, cos])
-
-
-def _is_bias_or_norm(name: str, p: nn.Parameter) -> bool:
-    return p.ndim <= 1 or name.endswith(".bias")
-
-
-def param_groups(model: ContrastiveModel, cfg: Config) -> list[dict[str, Any]]:
-    """Named parameter groups; ``lr_scale`` multiplies the scheduled backbone lr.
-
-    Bias and norm parameters get no weight decay and no LARS adaptation (solo-learn #301). The
-    gating head trains at ``method.gate_lr_ratio`` × the backbone lr; the online probe at
-    ``train.probe_lr`` relative to the unscaled base lr, without weight decay.
-    """
-    wd = cfg.train.weight_decay
-    buckets: dict[str, list[nn.Parameter]] = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        part = name.split(".")[0]
-        part = part if part in ("gating_head", "classifier") else "encoder"
-        kind = "plain" if _is_bias_or_norm(name, p) else "weight"
-        buckets.setdefault(f"{part}/{kind}", []).append(p)
-    groups = []
-    for key, params in buckets.items():
-        part, kind = key.split("/")
-        scale = {"encoder": 1.0, "gating_head": cfg.method.gate_lr_ratio, "classifier": 0.0}[part]
-        g: dict[str, Any] = {"name": key, "params": params, "lr_scale": scale}
-        adapt = kind == "weight" and part != "classifier"
-        g["weight_decay"] = wd if adapt else 0.0
-        g["always_adapt"] = False
-        if part == "classifier":
-            g["fixed_lr"] = cfg.train.probe_lr
-        groups.append(g)
-    return groups
-
-
-def build_optimizer(groups: list[dict[str, Any]], cfg: Config) -> torch.optim.Optimizer:
-    """LARS from timm (trust_coeff = eta, trust_clip = clip_lr), or SGD / AdamW.
-
-    timm's LARS adapts only groups with weight decay > 0, which is how bias/norm are excluded.
-    """
-    t = cfg.train
-    if t.optimizer == "lars":
-        from timm.optim import Lars
-
-        return Lars(groups, lr=t.base_lr, momentum=t.momentum, trust_coeff=t.lars_eta, trust_clip=t.clip_lr)
-    if t.optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=t.base_lr, momentum=t.momentum)
-    return torch.optim.AdamW(groups, lr=t.base_lr)
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float, probe_factor: float) -> None:
-    for g in optimizer.param_groups:
-        g["lr"] = g["fixed_lr"] * probe_factor if "fixed_lr" in g else lr * g["lr_scale"]
-
-
-# ----------------------------------------------------------------------------- one step
-class TrainForward(nn.Module):
-    """What DDP and torch.compile wrap: the model plus the online probe on sg(h), so that every
-    trained parameter is used inside one ``forward`` (where DDP expects it)."""
-
-    def __init__(self, model: ContrastiveModel) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: Tensor) -> tuple[ModelOutput, Tensor]:
-        out = self.model(x)
-        return out, self.model.classifier(out.h.detach())
-
-
-def wrap_for_training(model: ContrastiveModel, cfg: Config, world: distributed.World) -> nn.Module:
-    """:class:`TrainForward` around ``model``, inside DDP when there are several processes (DDP
-    averages the gradients over ranks), compiled when ``train.compile``. ``model`` keeps owning
-    the parameters: checkpoints and evaluation use it directly."""
-    step_model: nn.Module = TrainForward(model)
-    if world.distributed:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [world.device.index] if world.device.type == "cuda" else None
-        step_model = DistributedDataParallel(step_model, device_ids=ids)
-    if cfg.train.compile:
-        step_model = torch.compile(step_model)
-    return step_model
-
-
-def forward_loss(
-    step_model: nn.Module,
-    x1: Tensor,
-    x2: Tensor,
-    y: Tensor,
-    method: MethodConfig,
-    *,
-    autocast: Any = None,
-    channels_last: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """This process's loss on one batch, and the batch's (6,) detached statistics (:func:`step_stats`).
-
-    x1, x2: (n, C, S, S) the two views of n images; y: (n,) labels, used by the online probe only.
-    The loss is InfoNCE + λ·KL over the 2n local rows (under DDP the negatives are gathered from
-    every rank, see :func:`bayesncl.models.contrastive_loss`) plus the probe's cross-entropy on
-    sg(h). Each term is a mean over local rows, so DDP's gradient average is the global mean.
-    """
-    x = torch.cat([x1, x2])
-    if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-    with autocast if autocast is not None else nullcontext():
-        out, logits_cls = step_model(x)
-    loss, parts = contrastive_loss(out, method)
-    yy = torch.cat([y, y])
-    probe_loss = nn.functional.cross_entropy(logits_cls.float(), yy)
-    with torch.no_grad():
-        stats = step_stats(loss, parts, out.mask, logits_cls, yy)
-    return loss + probe_loss, stats
-
-
-def train_step(
-    step_model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    x1: Tensor,
-    x2: Tensor,
-    y: Tensor,
-    method: MethodConfig,
-    *,
-    autocast: Any = None,
-    channels_last: bool = False,
-) -> Tensor:
-    """:func:`forward_loss`, backward, optimiser step. Returns the (6,) statistics, on the device:
-    nothing here waits for the device (fp16's GradScaler does, once per step, to skip inf steps;
-    bf16 and fp32 need no scaler)."""
-    loss, stats = forward_loss(step_model, x1, x2, y, method, autocast=autocast, channels_last=channels_last)
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    return stats
-
-
-def prefetch_to_device(batches: Iterable[B], device: torch.device) -> Iterator[B]:
-    """Iterate ``batches``, producing each one on a side CUDA stream while the step before it runs.
-
-    Why: the batched augmentation (kornia) draws its random parameters on the CPU and copies them
-    to the GPU, and each such copy waits for the stream it runs on. On the main stream that wait
-    would include the whole previous training step, so the GPU would idle while the CPU augments.
-    On a side stream the waits cover the augmentation only: the GPU runs step t while the CPU
-    prepares batch t+1. The main stream waits for the side stream before using a batch, and the
-    batch's tensors are marked as used there (``record_stream``) for the caching allocator.
-    On the CPU this is a plain pass-through.
-    """
-    if device.type != "cuda":
-        yield from batches
-        return
-    side = torch.cuda.Stream(device)
-    main = torch.cuda.current_stream(device)
-    it = iter(batches)
-    while True:
-        with torch.cuda.stream(side):
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-        main.wait_stream(side)
-        for t in batch if isinstance(batch, (tuple, list)) else (batch,):
-            if isinstance(t, Tensor) and t.is_cuda:
-                t.record_stream(main)
-        yield batch
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -579,7 +373,7 @@ def _pretrain(
     export_encoder(model, run_dir, cfg)
     if not evaluate:
         return {}
-    from bayesncl.evaluation.pipeline import evaluate_model
+    from bayesncl.app.evaluate import evaluate_model
 
     try:
         return evaluate_model(model, cfg, run_dir, device=device)
@@ -654,62 +448,12 @@ def _global_means(local_means: Tensor, signum: int | None) -> tuple[list[float],
     return values[: -len(flags)], max(received, default=None)
 
 
-def step_stats(
-    loss: torch.Tensor,
-    parts: dict[str, torch.Tensor],
-    mask: torch.Tensor | None,
-    class_logits: torch.Tensor,
-    y: torch.Tensor,
-) -> torch.Tensor:
-    """(6,) tensor: loss, InfoNCE, KL, gate-open rate, fraction of rows with every gate closed,
-    online-probe accuracy. Stays on the device: no host sync inside the step."""
-    one = torch.ones((), device=loss.device)
-    open_rate = mask.float().mean() if mask is not None else one
-    closed = (mask.sum(1) == 0).float().mean() if mask is not None else 0 * one
-    correct = (class_logits.argmax(1) == y).float().mean()
-    return torch.stack([loss.detach(), parts["info_nce"], parts["kl"], open_rate, closed, correct])
 
 
-ENCODER_FORMAT = "bayesncl-encoder-v1"
 
 
-def export_encoder(model: ContrastiveModel, run_dir: Path, cfg: Config | None = None) -> None:
-    """Write ``encoder.safetensors`` (backbone, projector, gating head) and, for ResNets, the backbone
-    alone as a torchvision-loadable state dict ``backbone_torchvision.pt`` (no fc: see README).
-
-    With ``cfg`` the safetensors metadata also holds the resolved config as JSON (key ``config``), so
-    the file alone can be evaluated elsewhere (``bayesncl evaluate encoder.safetensors``)."""
-    import json
-
-    from safetensors.torch import save_file
-
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    metadata = {"format": ENCODER_FORMAT}
-    if cfg is not None:
-        metadata["config"] = json.dumps(cfg.to_dict(), sort_keys=True)
-    with atomic_path(run_dir / "encoder.safetensors") as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
-    if not isinstance(model.backbone, torchvision.models.ResNet):
-        return  # small_cnn is not a torchvision model
-    atomic_save(
-        {k: v.detach().cpu() for k, v in model.backbone.state_dict().items()},
-        run_dir / "backbone_torchvision.pt",
-    )
 
 
-def load_run_config(run_dir: Path) -> Config:
-    """The resolved config of an existing run dir: its ``config.yaml``, or the one inside its
-    ``last.pt`` where the YAML is missing (e.g. deleted by hand)."""
-    if not (run_dir / "config.yaml").exists() and (run_dir / "last.pt").exists():
-        from bayesncl.checkpoint import check_checkpoint_entries, load_checkpoint_file
-
-        ckpt = load_checkpoint_file(run_dir / "last.pt")
-        if not isinstance(ckpt, dict):
-            what = type(ckpt).__name__
-            raise RunDirError(f"{run_dir / 'last.pt'} holds a {what}, not a bayesncl checkpoint")
-        check_checkpoint_entries(ckpt, run_dir / "last.pt")
-        return config_from_dict(ckpt["config"], run_dir / "last.pt")
-    return config_from_dict(load_run_yaml(run_dir / "config.yaml"), run_dir / "config.yaml")
 
 
 def _progress(loader: Any, epoch: int, cfg: Config, world: distributed.World, initial: int = 0) -> Any:

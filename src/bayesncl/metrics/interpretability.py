@@ -19,9 +19,7 @@ everything after them is float64.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ import numpy as np
 import torch
 
 from ._numerics import NORM_EPS, downscale_exponent, row_norms, scaled
-from .io import EvalError, EvalWarning, load_features, validate_features
+from .inputs import EvalError, EvalWarning, validate_features
 
 __all__ = [
     "EPS",
@@ -42,7 +40,6 @@ __all__ = [
     "compute_all",
     "effective_rank",
     "format_metrics_table",
-    "metrics_command",
     "orthogonality",
     "semantic_consistency",
     "semantic_consistency_per_dim",
@@ -653,28 +650,6 @@ def compute_all(
     return out
 
 
-def metrics_command(
-    path: str | os.PathLike[str], retrieval_dims: list[int] | None = None, as_json: bool = False
-) -> dict[str, Any]:
-    """Load a features file (or plain .npz with ``features`` and ``labels``) and compute all metrics.
-
-    Returns :func:`compute_all`'s dict plus ``source`` (path, N, D, and ``method``, ``dataset``,
-    ``split`` from the file's meta when present). The dict is JSON-serialisable either way;
-    ``as_json`` only tells the caller's printing (``json.dumps`` vs :func:`format_metrics_table`)
-    and is checked here by a round trip through ``json``.
-    """
-    fs = load_features(path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", EvalWarning)  # the dict carries the note
-        out = compute_all(fs.features, fs.labels, retrieval_dims)
-    source: dict[str, Any] = {"path": str(path), "num_samples": fs.num_samples, "dim": fs.dim}
-    for key in ("method", "dataset", "split"):
-        if key in fs.meta:
-            source[key] = fs.meta[key]
-    out["source"] = source
-    if as_json:
-        out = json.loads(json.dumps(out, allow_nan=False))
-    return out
 
 
 _TABLE_ROWS = (

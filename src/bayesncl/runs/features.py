@@ -1,32 +1,9 @@
-"""The features file: load, validate, save (docs/architecture.md, "Features file").
-
-A features file is a NumPy ``.npz`` read with ``allow_pickle=False``:
-
-=========== ========== ====================================================================
-key         shape      meaning
-=========== ========== ====================================================================
-features    (N, D)     evaluation features z̃ (PAPER-NOTES §3), float32
-labels      (N,)       integer class labels, int64
-indices     (N,)       index of each row in its split (optional)
-h           (N, H)     backbone features (optional)
-p           (N, D)     raw projector output (optional)
-z           (N, D)     non-negative output (optional)
-alpha       (N, D)     gate probabilities, gated methods only (optional)
-mask        (N, D)     hard gate, gated methods only (optional)
-meta        ()         0-d string array holding JSON (optional)
-=========== ========== ====================================================================
-
-A plain ``.npz`` with only ``features`` and ``labels`` is a valid input everywhere.
-
-Every problem with the input is an :class:`EvalError` (a ``ValueError``) with one line that says
-what was found.
-"""
+"""TODO docstring."""
 
 from __future__ import annotations
 
 import json
 import os
-import warnings
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -36,30 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesncl.fileio import atomic_path, write_failure_reason
-
-__all__ = [
-    "EvalError",
-    "EvalWarning",
-    "FeatureSet",
-    "OPTIONAL_ARRAYS",
-    "as_features",
-    "as_labels",
-    "load_features",
-    "save_features",
-    "validate_features",
-]
+from bayesncl.metrics.inputs import EvalError, validate_features
+from bayesncl.runs.fileio import atomic_path, write_failure_reason
 
 #: Optional per-row arrays of a features file, in the order they are stored.
 OPTIONAL_ARRAYS = ("indices", "h", "p", "z", "alpha", "mask")
-
-
-class EvalError(ValueError):
-    """Bad input to an evaluation function; the message is one line naming what was found."""
-
-
-class EvalWarning(UserWarning):
-    """A metric was evaluated on a degenerate input and returned its documented fallback value."""
 
 
 @dataclass
@@ -83,86 +41,6 @@ class FeatureSet:
     @property
     def dim(self) -> int:
         return int(self.features.shape[1])
-
-
-# --------------------------------------------------------------------------------------------
-# conversion and validation
-# --------------------------------------------------------------------------------------------
-
-
-def _to_tensor(x: Any, name: str) -> torch.Tensor:
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu()
-    if isinstance(x, np.ndarray):
-        if x.dtype.kind not in "biuf":
-            raise EvalError(f"{name} must be numeric; got a NumPy array of dtype {x.dtype}")
-        with warnings.catch_warnings():
-            # A read-only array (e.g. memory-mapped) is never written to here.
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.as_tensor(x)
-    try:
-        arr = np.asarray(x)
-    except Exception as exc:  # pragma: no cover - exotic inputs
-        raise EvalError(f"{name} must be an array; got {type(x).__name__}") from exc
-    if arr.dtype.kind not in "biuf":
-        raise EvalError(f"{name} must be numeric; got {type(x).__name__} of dtype {arr.dtype}")
-    return torch.as_tensor(arr)
-
-
-def as_features(features: Any, name: str = "features") -> torch.Tensor:
-    """Return ``features`` as a 2-D float CPU tensor (float32, or float64 if given float64).
-
-    Raises :class:`EvalError` for a shape other than (N, D) with N, D > 0, and for NaN or inf
-    (naming how many rows hold one). No copy is made for float32/float64 input.
-    """
-    t = _to_tensor(features, name)
-    if t.ndim != 2:
-        kind = {0: "a scalar", 1: "a 1-D array"}.get(t.ndim, f"a {t.ndim}-D array")
-        raise EvalError(f"{name} must be a 2-D array (N, D); got {kind} of shape {tuple(t.shape)}")
-    n, d = t.shape
-    if n == 0 or d == 0:
-        raise EvalError(f"{name} is empty: shape {tuple(t.shape)}")
-    if t.dtype not in (torch.float32, torch.float64):
-        t = t.to(torch.float32)
-    # Fast finiteness test: a NaN or inf entry makes the total sum non-finite. Only when the sum
-    # is non-finite (possibly by overflow of huge finite values) is the exact per-entry test run.
-    if not bool(torch.isfinite(t.sum())):
-        bad_rows = (~torch.isfinite(t)).any(dim=1)
-        n_bad = int(bad_rows.sum())
-        if n_bad:
-            first = int(torch.nonzero(bad_rows)[0, 0])
-            raise EvalError(f"{name} contain NaN or inf in {n_bad} of {n} rows (first: row {first})")
-    return t
-
-
-def as_labels(labels: Any, n: int | None = None, name: str = "labels") -> torch.Tensor:
-    """Return ``labels`` as a 1-D int64 CPU tensor; ``n`` is the expected length (feature rows)."""
-    t = _to_tensor(labels, name)
-    if t.ndim != 1:
-        raise EvalError(f"{name} must be a 1-D array (N,); got shape {tuple(t.shape)}")
-    if t.dtype.is_floating_point and not (bool(torch.isfinite(t).all()) and bool((t == t.round()).all())):
-        raise EvalError(f"{name} must be integer class ids; got non-integer {t.dtype} values")
-    t = t.to(torch.int64)
-    if n is not None and t.shape[0] != n:
-        raise EvalError(f"{name} has {t.shape[0]} entries but features has {n} rows")
-    return t
-
-
-def validate_features(features: Any, labels: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Check and convert ``(features, labels)``; return ``(F, y)`` as CPU tensors.
-
-    ``F`` is (N, D) float32/float64, ``y`` is (N,) int64 or ``None`` when ``labels`` is ``None``.
-    Raises :class:`EvalError` with one line for: not 2-D, empty, NaN/inf (with the number of rows),
-    non-integer labels, or a label count different from the number of feature rows.
-    """
-    f = as_features(features)
-    y = None if labels is None else as_labels(labels, f.shape[0])
-    return f, y
-
-
-# --------------------------------------------------------------------------------------------
-# files
-# --------------------------------------------------------------------------------------------
 
 
 def _parse_meta(raw: np.ndarray, path: Path) -> dict[str, Any]:
@@ -314,4 +192,3 @@ def save_features(
         reason = write_failure_reason(path, exc)
         raise EvalError(f"features file {path} cannot be written: {reason}") from None
     return path
-

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ._numerics import normalize_rows, row_norms
-from .io import EvalError, validate_features
+from .inputs import EvalError, validate_features
 
 __all__ = [
     "auto_chunk_size",

@@ -12,7 +12,7 @@ module (solo-learn ``BaseMethod`` + ``SimCLR``)::
                       Linear(hidden, D); depth 3: .0 (H→hidden), .2 (hidden→hidden//2), .4 (→D)
     classifier.*      the online linear probe, Linear(H, num_classes)
 
-Our :class:`bayesncl.models.ContrastiveModel` has the same parts; only the projector and gating
+Our :class:`bayesncl.core.model.ContrastiveModel` has the same parts; only the projector and gating
 head sit one level deeper (``projector.net.0.weight``). :func:`load_official_checkpoint` infers
 the architecture from the shapes (backbone resnet18/50 from the blocks per stage, CIFAR stem from
 a 3×3 conv1, input channels, projector hidden/output dims, gate depth and width, number of
@@ -26,7 +26,7 @@ What the weights cannot say is given by overrides (``key=value`` as for ``bayesn
   for a SimCLR checkpoint, ``method.name=ncl-topk`` for TopK);
 - the data (``data.name=cifar100 data.root=DIR``): needed by ``bayesncl extract`` / ``evaluate``.
 
-The file is read with :func:`bayesncl.checkpoint.load_checkpoint_file` (``weights_only=True``).
+The file is read with :func:`bayesncl.runs.rundir.load_checkpoint_file` (``weights_only=True``).
 A Lightning checkpoint whose extra entries (hyper-parameters, callbacks) hold Python objects is
 refused by that safe loader; if you trust it, save its weights once with
 ``torch.save(torch.load(path, weights_only=False)["state_dict"], "weights.pt")`` and pass that
@@ -42,9 +42,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from bayesncl.checkpoint import CheckpointError, load_checkpoint_file
 from bayesncl.config import Config, build_config, parse_overrides
-from bayesncl.models import ContrastiveModel, build_model
+from bayesncl.core.model import ContrastiveModel, build_model
+from bayesncl.runs.rundir import CheckpointError, load_checkpoint_file
 
 __all__ = [
     "OFFICIAL_PARTS",

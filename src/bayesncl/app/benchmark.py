@@ -1,6 +1,6 @@
 """``bayesncl benchmark``: training throughput of CL, NCL and BayesNCL from one run.
 
-What one *step* is: exactly the training loop's step (:func:`bayesncl.train.train_step`): the
+What one *step* is: exactly the training loop's step (:func:`bayesncl.app.train.train_step`): the
 next batch from the training loader (both views augmented), forward, InfoNCE + λ·KL + online
 probe, backward, LARS step. An *image* is one source image, i.e. one two-view pair (a batch of
 256 is 512 augmented views). Data: the built-in synthetic 32×32 RGB set (``data.name=synthetic``),
@@ -22,7 +22,7 @@ Measured, in ONE process and ONE run so the ratios are fair on a noisy machine:
   (``data.resident=false``, ``--workers`` workers): the ratio of their images/s, median over rounds.
 * ``augment_only_speedup``: the two loaders alone, without a model (the data path's own ratio).
 * ``breakdown``: each loader alone, and the BayesNCL step on a fixed batch alone (to see which
-  part limits the step); on CUDA also BayesNCL without :func:`bayesncl.train.prefetch_to_device`
+  part limits the step); on CUDA also BayesNCL without :func:`bayesncl.app.train.prefetch_to_device`
   (the loader on the main stream).
 
 Defaults: CPU: ResNet-18 with the ImageNet stem, 32 px, batch 64, fp32 (about 25 s on 2 idle
@@ -104,7 +104,7 @@ def default_settings(settings: BenchmarkSettings) -> tuple[BenchmarkSettings, to
     """Fill the device-dependent defaults. Raises ConfigError for values out of range, an unknown
     device, or a key=value override of a key the benchmark sets itself (``method.name``, ...)."""
     from bayesncl.config import check_device, refuse_fixed_keys
-    from bayesncl.distributed import resolve_device
+    from bayesncl.core.distributed import resolve_device
 
     refuse_fixed_keys(
         settings.extra, ARM_KEYS,
@@ -193,18 +193,11 @@ class _Trainer:
     def __init__(self, cfg: Config, device: torch.device) -> None:
         import torch
 
+        from bayesncl.core.distributed import World
+        from bayesncl.core.engine import prefetch_to_device, train_step, wrap_for_training
+        from bayesncl.core.model import build_model
+        from bayesncl.core.optim import build_optimizer, param_groups, resolve_precision, set_lr
         from bayesncl.data import build_train_loader, dataset_info
-        from bayesncl.distributed import World
-        from bayesncl.models import build_model
-        from bayesncl.train import (
-            build_optimizer,
-            param_groups,
-            prefetch_to_device,
-            resolve_precision,
-            set_lr,
-            train_step,
-            wrap_for_training,
-        )
 
         self._train_step = train_step
         info = dataset_info(cfg.data)
@@ -247,9 +240,9 @@ def flops_per_image(cfg: Config, *, train: bool = False, batch_size: int | None 
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from bayesncl.core.engine import TrainForward, forward_loss
+    from bayesncl.core.model import build_model
     from bayesncl.data import dataset_info
-    from bayesncl.models import build_model
-    from bayesncl.train import TrainForward, forward_loss
 
     info = dataset_info(cfg.data)
     with torch.device("meta"):
@@ -308,8 +301,8 @@ def run_benchmark(
     """
     import torch
 
+    from bayesncl.core.optim import resolve_precision
     from bayesncl.data import build_train_loader
-    from bayesncl.train import resolve_precision
 
     s, device = default_settings(settings or BenchmarkSettings())
     say = log or (lambda msg: None)
@@ -545,7 +538,7 @@ def add_benchmark_parser(subparsers: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bayesncl.benchmark [options]``: the same command without the ``bayesncl`` CLI."""
+    """``python -m bayesncl.app.benchmark [options]``: the same command without the ``bayesncl`` CLI."""
     import sys
 
     from bayesncl.data import DataError

@@ -13,9 +13,9 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
-from bayesncl import functional as BF
 from bayesncl.config import Config, MethodConfig, ModelConfig
-from bayesncl.nn import Gate, GatingHead, NonNegative, Projector
+from bayesncl.core import functional as BF
+from bayesncl.core.parts import Gate, GatingHead, NonNegative, Projector
 
 BACKBONE_DIMS = {"resnet18": 512, "resnet50": 2048, "small_cnn": 256}
 
@@ -147,12 +147,12 @@ def contrastive_loss(
     means over the 2n local rows.
 
     gather: take the InfoNCE negatives from every process (an autograd all-gather of z̃, see
-    :func:`bayesncl.distributed.gather_with_grad`; every process must hold the same n). ``None``
+    :func:`bayesncl.core.distributed.gather_with_grad`; every process must hold the same n). ``None``
     (default): gather whenever torch.distributed runs with more than one process. ``False``: local
     negatives only (not the paper's objective under DDP). With DDP averaging the gradients, the
     gradient equals the single-process gradient over the concatenated batch (docs/scaling.md).
     """
-    from bayesncl import distributed
+    from bayesncl.core import distributed
 
     z = out.z_tilde
     if gather is None:

@@ -25,56 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from bayesncl.config import Config
-from bayesncl.models import ContrastiveModel, contrastive_loss
-
-
-def per_dim_gradient_variance(model: ContrastiveModel, loader: Any, cfg: Config, samples: int) -> np.ndarray:
-    """GV_k: variance over samples of ∂L/∂z_k. loader yields ``(x1, x2, y)``. returns (D,) float64."""
-    return _gradient_variance(model, loader, cfg, samples)[0]
-
-
-def _gradient_variance(
-    model: ContrastiveModel, loader: Any, cfg: Config, samples: int
-) -> tuple[np.ndarray, int]:
-    """:func:`per_dim_gradient_variance` and the number of train images it used: whole batches
-    until ``samples`` is reached or the loader ends."""
-    was_training = model.training
-    model.eval()
-    grads = []
-    seen = 0
-    for x1, x2, _ in loader:
-        out = model(torch.cat([x1, x2]))
-        out.z.retain_grad()
-        loss, _ = contrastive_loss(out, cfg.method)
-        model.zero_grad(set_to_none=True)
-        loss.backward()
-        assert out.z.grad is not None
-        grads.append((out.z.grad * out.z.shape[0]).double().cpu())
-        seen += x1.shape[0]
-        if seen >= samples:
-            break
-    model.zero_grad(set_to_none=True)
-    model.train(was_training)
-    g = torch.cat(grads)
-    return g.var(dim=0, unbiased=False).numpy(), seen
-
-
-def dynamics_correlations(af: np.ndarray, gv: np.ndarray, sc: np.ndarray) -> dict[str, float]:
-    """Spearman correlations over dims where AF > 0 and SC is defined. Inputs (D,); returns
-    ``{"AF-GV", "GV-SC", "AF-SC", "dims"}`` (NaN correlation when fewer than 3 dims qualify)."""
-    from scipy.stats import spearmanr
-
-    keep = (af > 0) & np.isfinite(sc) & np.isfinite(gv)
-    out: dict[str, float] = {"dims": int(keep.sum())}
-    for name, a, b in (("AF-GV", af, gv), ("GV-SC", gv, sc), ("AF-SC", af, sc)):
-        if keep.sum() < 3 or np.ptp(a[keep]) == 0 or np.ptp(b[keep]) == 0:
-            out[name] = float("nan")  # undefined for fewer than 3 dims or a constant input
-        else:
-            out[name] = float(spearmanr(a[keep], b[keep]).statistic)
-    return out
+from bayesncl.metrics.dynamics import _gradient_variance, dynamics_correlations
 
 
 def checkpoint_epochs(run_dir: Path) -> list[tuple[int, Path]]:
@@ -96,11 +48,11 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
     ``--samples`` beyond the split records the split's size), ``every`` and the checkpoints
     used. Raises EvalError if ``run_dir`` is a file, missing, or has no periodic checkpoints.
     """
+    from bayesncl.app.evaluate import extract_split, load_trained
+    from bayesncl.app.report import write_results
     from bayesncl.data import build_train_loader
-    from bayesncl.evaluation import EvalError
-    from bayesncl.evaluation.metrics import semantic_consistency_per_dim
-    from bayesncl.evaluation.pipeline import extract_split, load_trained
-    from bayesncl.report import write_results
+    from bayesncl.metrics.inputs import EvalError
+    from bayesncl.metrics.interpretability import semantic_consistency_per_dim
 
     run = Path(run_dir)
     if run.is_file():
@@ -111,7 +63,7 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
         raise EvalError(f"{run}: no such run dir")
     ckpts = checkpoint_epochs(run)[:: max(every, 1)]
     if not ckpts:
-        from bayesncl.checkpoint import set_aside_hint
+        from bayesncl.runs.rundir import set_aside_hint
 
         raise EvalError(
             f"{run} holds no periodic checkpoints epoch-NNNN.pt (train.checkpoint_every > 0)"
@@ -163,7 +115,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bayesncl.report.figures import save_figure
+    from bayesncl.app.report.figures import save_figure
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
     epochs = [r["epoch"] for r in rows]

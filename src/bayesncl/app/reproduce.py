@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bayesncl.app.report import format_table, write_results
 from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
-from bayesncl.report import format_table, write_results
 
-RECIPES = Path(__file__).parent / "configs"
+RECIPES = Path(__file__).parents[1] / "configs"
 DATASETS = ("cifar10", "cifar100", "imagenet100", "fashion-mnist")
 
 
@@ -154,7 +154,7 @@ def pretrain_minutes(run_dir: Path) -> float:
     (``epoch_time_s``: the training loop alone, each epoch whole however often the run was resumed;
     not the data loading before it, the export or the evaluation after it). Table 7's "minutes".
     Raises RunDirError if the run has no readable log."""
-    from bayesncl.report.curves import read_log
+    from bayesncl.app.report.curves import read_log
 
     return sum(row["epoch_time_s"] for row in read_log(run_dir)) / 60
 
@@ -169,10 +169,10 @@ def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[st
 
     Raises ConfigError for a bad table, dataset or override and RunDirError for a run dir (or a
     variant's sub-folder to train into) that is a file or cannot be written, before any output."""
-    from bayesncl.checkpoint import _check_writable, refuse_a_run_in
-    from bayesncl.evaluation.pipeline import evaluate_command
-    from bayesncl.report.curves import write_training_curves
-    from bayesncl.train import pretrain
+    from bayesncl.app.evaluate import evaluate_command
+    from bayesncl.app.report.curves import write_training_curves
+    from bayesncl.app.train import pretrain
+    from bayesncl.runs.rundir import _check_writable, refuse_a_run_in
 
     configs = table_configs(table, dataset, overrides)
     spec = TABLES[table]
@@ -188,9 +188,9 @@ def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[st
         sub = run_dir / _slug(name)
         done = sub / "metrics.json"
         if done.exists():
-            from bayesncl.checkpoint import RunDirError
             from bayesncl.config import diff_configs
-            from bayesncl.train import load_run_config
+            from bayesncl.runs.export import load_run_config
+            from bayesncl.runs.rundir import RunDirError
 
             changed = diff_configs(load_run_config(sub), cfg, ignore=("train.progress", "eval."))
             if changed:
@@ -223,7 +223,7 @@ def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[st
             m.update({k: full[k] for k in keys if k in full})
             write_results(sub, "metrics", m, format_table({name: m}))
         if table == "7":  # a variant timed by an older version: no FLOPs, or wall time around pretrain
-            from bayesncl.benchmark import flops_per_image
+            from bayesncl.app.benchmark import flops_per_image
 
             before = dict(m)
             if "gflops_per_image" not in m:  # (builds the model: only where it is missing)

@@ -1,4 +1,4 @@
-"""Thin ``nn.Module`` wrappers over :mod:`bayesncl.functional` (PAPER-NOTES §1).
+"""Thin ``nn.Module`` wrappers over :mod:`bayesncl.core.functional` (PAPER-NOTES §1).
 
 ``Projector`` and ``GatingHead`` hold parameters; ``NonNegative`` and ``Gate`` hold only their
 settings and call the pure functions. Bad arguments raise ``ValueError`` with one line naming the
@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from bayesncl import functional as BF
+from bayesncl.core import functional as BF
 
 __all__ = ["GATE_KINDS", "Projector", "GatingHead", "NonNegative", "Gate"]
 
@@ -121,7 +121,7 @@ class GatingHead(nn.Module):
 class NonNegative(nn.Module):
     """Non-negativity map φ (PAPER-NOTES §1, NCL); ``kind`` ∈ :data:`functional.NONNEG_KINDS`.
 
-    Shape-preserving; see :func:`bayesncl.functional.nonnegative`. Raises ValueError naming an
+    Shape-preserving; see :func:`bayesncl.core.functional.nonnegative`. Raises ValueError naming an
     unknown kind and the choices.
     """
 

@@ -1,0 +1,56 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torchvision
+
+from bayesncl.config import Config, config_from_dict, load_run_yaml
+from bayesncl.core.model import ContrastiveModel
+from bayesncl.runs.fileio import atomic_path
+from bayesncl.runs.rundir import (
+    RunDirError,
+    atomic_save,
+)
+
+ENCODER_FORMAT = "bayesncl-encoder-v1"
+
+
+def export_encoder(model: ContrastiveModel, run_dir: Path, cfg: Config | None = None) -> None:
+    """Write ``encoder.safetensors`` (backbone, projector, gating head) and, for ResNets, the backbone
+    alone as a torchvision-loadable state dict ``backbone_torchvision.pt`` (no fc: see README).
+
+    With ``cfg`` the safetensors metadata also holds the resolved config as JSON (key ``config``), so
+    the file alone can be evaluated elsewhere (``bayesncl evaluate encoder.safetensors``)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    metadata = {"format": ENCODER_FORMAT}
+    if cfg is not None:
+        metadata["config"] = json.dumps(cfg.to_dict(), sort_keys=True)
+    with atomic_path(run_dir / "encoder.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+    if not isinstance(model.backbone, torchvision.models.ResNet):
+        return  # small_cnn is not a torchvision model
+    atomic_save(
+        {k: v.detach().cpu() for k, v in model.backbone.state_dict().items()},
+        run_dir / "backbone_torchvision.pt",
+    )
+
+
+def load_run_config(run_dir: Path) -> Config:
+    """The resolved config of an existing run dir: its ``config.yaml``, or the one inside its
+    ``last.pt`` where the YAML is missing (e.g. deleted by hand)."""
+    if not (run_dir / "config.yaml").exists() and (run_dir / "last.pt").exists():
+        from bayesncl.runs.rundir import check_checkpoint_entries, load_checkpoint_file
+
+        ckpt = load_checkpoint_file(run_dir / "last.pt")
+        if not isinstance(ckpt, dict):
+            what = type(ckpt).__name__
+            raise RunDirError(f"{run_dir / 'last.pt'} holds a {what}, not a bayesncl checkpoint")
+        check_checkpoint_entries(ckpt, run_dir / "last.pt")
+        return config_from_dict(ckpt["config"], run_dir / "last.pt")
+    return config_from_dict(load_run_yaml(run_dir / "config.yaml"), run_dir / "config.yaml")
