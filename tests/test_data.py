@@ -36,7 +36,7 @@ from bayesncl.data import (
     stratified_subset,
 )
 from bayesncl.data.augment import seeded
-from bayesncl.data.datasets import _load_split_cached
+from bayesncl.data.sources import _read_cached
 
 CPU = torch.device("cpu")
 
@@ -53,9 +53,9 @@ def _one_thread():
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-    _load_split_cached.cache_clear()
+    _read_cached.cache_clear()
     yield
-    _load_split_cached.cache_clear()
+    _read_cached.cache_clear()
 
 
 # ----------------------------------------------------------------------------- fake data on disk
@@ -198,7 +198,7 @@ def test_cifar_pickles(tmp_path, name):
 
 
 def test_synthetic_is_deterministic_and_balanced(synthetic_cfg):
-    from bayesncl.data.datasets import _synthetic
+    from bayesncl.data.sources import _synthetic
 
     x, y = _synthetic("test")
     x2, y2 = _synthetic.__wrapped__("test")
@@ -255,15 +255,15 @@ def test_imagefolder_skip_corrupt(tmp_path, caplog):
 
 def test_imagefolder_corrupt_at_load_time(tmp_path, monkeypatch):
     """Folders above VERIFY_MAX_FILES are not verified upfront: the failure comes at decode time."""
-    import bayesncl.data.datasets as ds
+    import bayesncl.data.sources as sources
 
     write_folder(tmp_path)
-    monkeypatch.setattr(ds, "VERIFY_MAX_FILES", 0)
+    monkeypatch.setattr(sources, "VERIFY_MAX_FILES", 0)
     cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=32, train_subset=0)
     images, _ = load_split_images(cfg, "train")
     with pytest.raises(DataError, match="bad.png"):
         images[12]  # sorted: dog/0.png ... dog/5.png, dog/bad.png
-    _load_split_cached.cache_clear()
+    _read_cached.cache_clear()
     images, _ = load_split_images(dataclasses.replace(cfg, skip_corrupt=True), "train")
     assert len(images) == 13 and images[12].shape == (3, 32, 32)  # replaced by the next readable one
     assert images._src.num_skipped == 1
@@ -285,7 +285,7 @@ def test_imagefolder_class_list_selects_and_orders_classes(tmp_path):
     _, labels = load_split_images(cfg, "train")
     assert labels.tolist() == [0] * 6 + [1] * 6
     listing.write_bytes("\ufeffdog\r\n".encode())  # saved with a byte-order mark and CRLF
-    _load_split_cached.cache_clear()
+    _read_cached.cache_clear()
     _, labels = load_split_images(cfg, "test")
     assert dataset_info(cfg).class_names == ("dog",) and labels.tolist() == [0, 0]
     bad = {
@@ -296,7 +296,7 @@ def test_imagefolder_class_list_selects_and_orders_classes(tmp_path):
     }
     for text, message in bad.items():
         listing.write_text(text)
-        _load_split_cached.cache_clear()
+        _read_cached.cache_clear()
         with pytest.raises(DataError) as e:
             dataset_info(cfg)
         assert str(e.value) == message
@@ -532,7 +532,7 @@ CMC_LIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "imagenet10
 
 @pytest.mark.skipif(not CMC_LIST.is_file(), reason="the team's copy of the CMC ImageNet-100 list is not here")
 def test_the_cmc_imagenet100_list_reads_as_100_wordnet_ids():
-    from bayesncl.data.datasets import read_class_list
+    from bayesncl.data.sources import read_class_list
 
     names = read_class_list(CMC_LIST)
     assert len(names) == 100 and all(n.startswith("n") and len(n) == 9 for n in names)
@@ -561,7 +561,7 @@ def test_a_failed_download_leaves_the_disk_as_it_was(tmp_path, monkeypatch):
     mine = tmp_path / "mine"
     (mine / "FashionMNIST").mkdir(parents=True)
     (mine / "notes.txt").write_text("kept")
-    _load_split_cached.cache_clear()
+    _read_cached.cache_clear()
     with pytest.raises(DataError):
         dataset_info(DataConfig(name="fashion-mnist", root=str(mine), download=True))
     assert sorted(str(p.relative_to(mine)) for p in mine.rglob("*")) == ["FashionMNIST", "notes.txt"]
@@ -571,7 +571,7 @@ def test_a_download_error_without_its_reason_gets_one(tmp_path, monkeypatch):
     """torchvision's first line ("Error downloading X:") says no reason: the cause, else the usual one."""
     import torchvision.datasets
 
-    from bayesncl.data.datasets import _download_failure
+    from bayesncl.data.sources import _download_failure
 
     def no_reason(root, train=True, download=False):
         raise RuntimeError("Error downloading train-images-idx3-ubyte.gz:\n")

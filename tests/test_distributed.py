@@ -491,14 +491,15 @@ _CORRUPT_ON_RANK1_HOOK = textwrap.dedent(
     # on rank 1 no image can be decoded: a corrupt image in rank 1's shard only.
     import os
     if os.environ.get("RANK") is not None:
-        import bayesncl.data.datasets as _ds
+        import bayesncl.data.images as _images
+        import bayesncl.data.sources as _sources
 
-        _ds.VERIFY_MAX_FILES = 0
+        _sources.VERIFY_MAX_FILES = 0
         if os.environ["RANK"] == "1":
             def _open_rgb(path):
                 raise OSError("cannot identify image file")
 
-            _ds._open_rgb = _open_rgb
+            _images._open_rgb = _open_rgb
     """
 )
 

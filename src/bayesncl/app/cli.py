@@ -192,7 +192,7 @@ def met_by_every_rank(e: BaseException) -> bool:
     prefixed with "(rank N)"."""
     from bayesncl.core.engine import TrainingError
     from bayesncl.data import DataError
-    from bayesncl.data.datasets import ShardDataError
+    from bayesncl.data.sources import ShardDataError
     from bayesncl.runs.fileio import DiskFullError
     from bayesncl.runs.rundir import CheckpointError, RunDirError
 
