@@ -14,6 +14,7 @@ gray data, determinism) are in :mod:`bayesncl.data.datasets` and :mod:`bayesncl.
 
 from bayesncl.data.augment import AugmentSpec, BatchAugment, blur_kernel_size, mix_seed, sample_transform
 from bayesncl.data.datasets import (
+    DATASETS,
     DataError,
     DatasetInfo,
     EvalLoader,
@@ -34,6 +35,7 @@ from bayesncl.data.datasets import (
 )
 
 __all__ = [
+    "DATASETS",
     "AugmentSpec",
     "BatchAugment",
     "DataError",
