@@ -465,14 +465,7 @@ def inert_method_keys(method: MethodConfig, keys: typing.Iterable[str]) -> list[
     """Those of ``keys`` (dotted) that cannot change a run of ``method``: the gating head's settings
     when ``method.gate=none``, ``method.rho`` when there is neither gate nor TopK, the Gumbel noise
     without the Gumbel gate. E.g. ``method.lam`` for ``cl``."""
-    gate_only = {"lam", "gate_depth", "gate_hidden", "detach", "gate_lr_ratio", "threshold", "gate_tau"}
-    inert = set()
-    if method.gate == "none":
-        inert |= gate_only
-        if not method.topk:
-            inert.add("rho")
-    if method.gate != "gumbel":
-        inert.add("gumbel_noise")
+    inert = methods.unread_keys(method.topk, method.gate)
     return [k for k in keys if k.startswith("method.") and k.split(".", 1)[1] in inert]
 
 

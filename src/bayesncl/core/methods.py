@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MethodSpec", "METHODS", "preset", "closest"]
+__all__ = ["MethodSpec", "METHODS", "PART_KEYS", "preset", "closest", "unread_keys"]
 
 
 @dataclass(frozen=True)
@@ -88,3 +88,20 @@ def closest(name: str, nonneg: str, topk: bool, gate: str) -> str:
         )
 
     return min(METHODS.items(), key=distance)[0]
+
+
+PART_KEYS: dict[str, tuple[str, ...]] = {
+    "gate": ("lam", "gate_depth", "gate_hidden", "detach", "gate_lr_ratio", "threshold", "gate_tau", "rho"),
+    "topk": ("rho",),
+    "gumbel": ("gumbel_noise",),
+}
+"""The ``method.*`` keys (without the prefix) that only one optional part reads: the gating head
+with its gate and KL term, TopK (k = round(ρ·D)), the Gumbel gate's noise."""
+
+
+def unread_keys(topk: bool, gate: str) -> set[str]:
+    """The keys of :data:`PART_KEYS` that no part of a method with ``topk`` and ``gate`` reads,
+    e.g. ``{"gumbel_noise"}`` for the STE gate; every other ``method.*`` key is always read."""
+    present = {"gate": gate != "none", "topk": topk, "gumbel": gate == "gumbel"}
+    every = {k for keys in PART_KEYS.values() for k in keys}
+    return every - {k for part, keys in PART_KEYS.items() if present[part] for k in keys}
