@@ -16,16 +16,9 @@ import torch
 import torchvision
 from torch import Tensor, nn
 
+from bayesncl.core import parts
 from bayesncl.core.losses import bernoulli_kl, info_nce
-from bayesncl.core.parts import (
-    Gate,
-    GatingHead,
-    NonNegative,
-    Projector,
-    eval_features,
-    gated_features,
-    topk_mask,
-)
+from bayesncl.core.parts import Gate, GatingHead, NonNegative, Projector
 
 if TYPE_CHECKING:  # config imports this module's registry
     from bayesncl.config import Config, MethodConfig, ModelConfig
@@ -133,7 +126,7 @@ class ContrastiveModel(nn.Module):
         p = self.projector(h)
         z = self.nonneg(p)
         if self.topk:
-            z = topk_mask(z, self.topk)
+            z = parts.topk_mask(z, self.topk)
         logits = alpha = mask = None
         if self.gating_head is not None and self.gate is not None:
             logits = self.gating_head(h)
@@ -141,9 +134,9 @@ class ContrastiveModel(nn.Module):
             if not self.training and self.gate.kind == "soft":
                 # evaluation features always use the hard mask (PAPER-NOTES §3), soft ablation included
                 mask = (alpha > self.gate.threshold).to(alpha.dtype)
-            z_tilde = gated_features(z, mask)
+            z_tilde = parts.gated_features(z, mask)
         else:
-            z_tilde = eval_features(z)
+            z_tilde = parts.eval_features(z)
         return ModelOutput(h=h, p=p, z=z, logits=logits, alpha=alpha, mask=mask, z_tilde=z_tilde)
 
     def forward(self, x: Tensor) -> ModelOutput:
