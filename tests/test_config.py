@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bayesncl.config import (
     METHOD_PRESETS,
     ConfigError,
+    MethodConfig,
     build_config,
     config_from_dict,
     diff_configs,
     dump_yaml,
     list_keys,
+    preset_of,
     set_key,
     valid_keys,
 )
+from bayesncl.core.methods import METHODS
 from bayesncl.core.optim import warmup_cosine
 
 RECIPES = sorted((Path(__file__).parents[1] / "src" / "bayesncl" / "configs").glob("*.yaml"))
@@ -104,6 +109,74 @@ def test_bad_values_are_one_line_errors(override: str, pattern: str) -> None:
     with pytest.raises(ConfigError, match=pattern) as e:
         build_config(overrides=[override])
     assert "\n" not in str(e.value)
+
+
+# What the losses and the parts checked on every call (or in __init__) before config was the one
+# checker; each value is refused here, once, before a model is built (tests/test_losses.py and
+# tests/test_parts.py test the maths only).
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("method.temperature=-1", "method.temperature=-1.0: expected 0.01 <= temperature <= 10 (the paper "
+         "uses 0.2)"),
+        ("method.temperature=nan", "method.temperature='nan': expected a finite number"),
+        ("method.temperature=true", "method.temperature=True: expected float"),
+        ("method.temperature=[0.2]", "method.temperature=[0.2]: expected float"),
+        ("method.temperature=none", "method.temperature='none': expected float"),
+        ("method.rho=-0.5", "method.rho=-0.5: expected 0 < rho < 1"),
+        ("method.rho=1.5", "method.rho=1.5: expected 0 < rho < 1"),
+        ("method.rho=true", "method.rho=True: expected float"),
+        ("method.threshold=1.0", "method.threshold=1.0: expected 0 < threshold < 1"),
+        ("method.threshold=0", "method.threshold=0.0: expected 0 < threshold < 1"),
+        ("method.threshold=1.2", "method.threshold=1.2: expected 0 < threshold < 1"),
+        ("method.gate_tau=0", "method.gate_tau=0.0: expected > 0"),
+        ("method.gate_tau=-2", "method.gate_tau=-2.0: expected > 0"),
+        ("method.gate_tau=abc", "method.gate_tau='abc': expected float"),
+        ("method.gumbel_noise=normal", "method.gumbel_noise='normal': expected one of gumbel, logistic"),
+        ("method.nonneg=tanh", "method.nonneg='tanh': expected one of identity, relu, rep_relu, gelu, "
+         "sigmoid, softplus, exp, leaky_relu"),
+        ("method.gate=hard", "method.gate='hard': expected one of none, ste, gumbel, soft"),
+        ("method.gate_depth=0", "method.gate_depth=0: expected 1, 2 or 3"),
+        ("method.gate_depth=2.5", "method.gate_depth=2.5: expected int"),
+        ("method.gate_depth=true", "method.gate_depth=True: expected int"),
+        ("method.gate_hidden=8.5", "method.gate_hidden=8.5: expected int"),
+        ("method.gate_hidden=-1", "method.gate_hidden=-1: expected >= 0"),
+        ("method.detach=maybe", "method.detach='maybe': expected bool"),
+        ("model.proj_dim=0", "model.proj_dim=0: expected >= 1"),
+        ("model.proj_dim=true", "model.proj_dim=True: expected int"),
+        ("model.proj_hidden=0", "model.proj_hidden=0: expected >= 1"),
+        ("model.proj_hidden=4.5", "model.proj_hidden=4.5: expected int"),
+        ("model.backbone=vit", "model.backbone='vit': expected one of resnet18, resnet50, small_cnn"),
+    ],
+)
+def test_config_refuses_what_the_parts_would_get_wrong(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        build_config(overrides=[override])
+    assert str(e.value) == message
+
+
+def test_a_depth_3_gate_needs_a_hidden_width_of_2() -> None:
+    message = (
+        "method.gate_depth=3: the gate's hidden width is 1 (method.gate_hidden, or model.proj_hidden "
+        "when 0): expected >= 2 (its second layer is hidden // 2 wide)"
+    )
+    for overrides in (["method.gate_hidden=1"], ["model.proj_hidden=1"]):
+        with pytest.raises(ConfigError) as e:
+            build_config(overrides=["method.gate_depth=3", *overrides])
+        assert str(e.value) == message
+    build_config(overrides=["method.gate_depth=3", "method.gate_hidden=2", "model.proj_hidden=1"])
+    build_config(overrides={"method.name": "ncl", "method.gate_depth": 3, "model.proj_hidden": 1})  # no gate
+
+
+def test_values_reach_the_parts_as_python_numbers() -> None:
+    """The parts do not convert their arguments: config hands them Python ints, floats and bools."""
+    cfg = build_config(
+        overrides={"method.gate_depth": np.int64(3), "method.gate_tau": np.float32(2.0),
+                   "model.proj_dim": 8.0, "method.detach": "true", "method.temperature": "0.2"}
+    )
+    m = cfg.method
+    assert (type(m.gate_depth), type(m.gate_tau), type(cfg.model.proj_dim)) == (int, float, int)
+    assert (m.gate_depth, m.gate_tau, cfg.model.proj_dim, m.detach, m.temperature) == (3, 2.0, 8, True, 0.2)
 
 
 def test_topk_k_larger_than_d() -> None:
@@ -222,6 +295,37 @@ def test_switches_that_make_another_method_warn() -> None:
             f"{start}; its results are still labelled {overrides[0].split('=')[1]} "
             f"(use method.name={start.rsplit(' ', 1)[1]} if that is what you want)"
         ]
+
+
+def _preset_of_by_hand(name: str, nonneg: str, topk: bool, gate: str) -> str:
+    """The rule preset_of followed before the method registry: a gate makes a BayesNCL preset (the
+    configured one if it is one, else by gate kind), else TopK ncl-topk, else φ ncl, else cl."""
+    if gate != "none":
+        if name in ("bayesncl", "bayesncl-gs"):
+            return name
+        return "bayesncl-gs" if gate == "gumbel" else "bayesncl"
+    if topk:
+        return "ncl-topk"
+    return "cl" if nonneg == "identity" else "ncl"
+
+
+def test_the_method_a_configuration_of_parts_is() -> None:
+    for name, nonneg, topk, gate in itertools.product(
+        METHODS, ("identity", "relu", "rep_relu"), (False, True), ("none", "ste", "gumbel", "soft")
+    ):
+        method = MethodConfig(name=name, nonneg=nonneg, topk=topk, gate=gate)
+        assert preset_of(method) == _preset_of_by_hand(name, nonneg, topk, gate), method
+
+
+def test_presets_come_from_the_method_specs() -> None:
+    assert list(METHOD_PRESETS) == list(METHODS)
+    for name, spec in METHODS.items():
+        method = build_config(overrides={"method.name": name}).method
+        assert (method.nonneg, method.topk, method.gate, method.gate_depth, method.detach) == (
+            spec.nonneg, spec.topk, spec.gate, spec.gate_depth, spec.detach
+        )
+        assert (method.lam == 0.0) == ("kl" not in spec.loss)
+        assert preset_of(method) == name
 
 
 def test_a_warmup_longer_than_the_run_warns() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import types
@@ -27,6 +28,8 @@ from typing import Any
 
 import yaml
 
+from bayesncl.core import methods
+
 
 class ConfigError(ValueError):
     """A configuration problem, reported to the user as one line."""
@@ -36,7 +39,7 @@ class ConfigError(ValueError):
 class DataConfig:
     """Where the images come from and how the two SimCLR views are made (PAPER-NOTES §2)."""
 
-    name: str = "fashion-mnist"  # fashion-mnist | cifar10 | cifar100 | imagefolder | synthetic
+    name: str = "fashion-mnist"  # a name of bayesncl.data.DATASETS
     root: str | None = None  # None: search the usual places (see bayesncl.data)
     download: bool = False  # allow torchvision to download when online
     image_size: int = 0  # 0: the dataset's native size (28 FMNIST, 32 CIFAR, 224 folders)
@@ -54,7 +57,7 @@ class DataConfig:
 class ModelConfig:
     """Backbone f and projector (PAPER-NOTES §1)."""
 
-    backbone: str = "resnet18"  # resnet18 | resnet50 | small_cnn
+    backbone: str = "resnet18"  # a name of bayesncl.core.model.BACKBONES
     cifar_stem: str = "auto"  # auto | true | false; auto: true for images <= 64 px
     proj_hidden: int = 2048
     proj_dim: int = 256
@@ -64,18 +67,18 @@ class ModelConfig:
 class MethodConfig:
     """The method as a configuration of parts; ``name`` selects a preset of the fields below."""
 
-    name: str = "bayesncl"  # cl | ncl | ncl-topk | bayesncl | bayesncl-gs
-    nonneg: str = "rep_relu"  # identity | relu | rep_relu | gelu | sigmoid | softplus | exp | leaky_relu
+    name: str = "bayesncl"  # a name of bayesncl.core.methods.METHODS
+    nonneg: str = "rep_relu"  # φ, a name of bayesncl.core.parts.NONNEG
     temperature: float = 0.2  # InfoNCE temperature
     topk: bool = False  # keep the round(rho*D) largest entries of z
-    gate: str = "ste"  # none | ste | gumbel | soft
+    gate: str = "ste"  # a kind of bayesncl.core.parts.GATE_KINDS ("none": no gate)
     gate_depth: int = 2  # 1, 2 or 3 linear layers
     gate_hidden: int = 0  # 0: same as model.proj_hidden
     detach: bool = True  # gate input is sg(h); false is the "no detach" ablation
     gate_lr_ratio: float = 0.25  # gate lr = ratio * backbone lr (paper Table 15)
     threshold: float = 0.5  # hard mask 1[alpha > threshold]
     gate_tau: float = 1.0  # sigmoid temperature tau_s
-    gumbel_noise: str = "gumbel"  # gumbel (authors' code) | logistic (binary concrete)
+    gumbel_noise: str = "gumbel"  # a name of bayesncl.core.parts.NOISES ("gumbel": the authors' code)
     rho: float = 0.8  # Bernoulli prior; also the TopK keep fraction
     lam: float = 3e-5  # KL weight lambda
 
@@ -129,37 +132,35 @@ class Config:
         return asdict(self)
 
 
-# A preset fixes the parts that define a method; ablations override single fields on top.
-METHOD_PRESETS: dict[str, dict[str, Any]] = {
-    "cl": {"nonneg": "identity", "topk": False, "gate": "none", "lam": 0.0},
-    "ncl": {"nonneg": "rep_relu", "topk": False, "gate": "none", "lam": 0.0},
-    "ncl-topk": {"nonneg": "rep_relu", "topk": True, "gate": "none", "lam": 0.0},
-    "bayesncl": {"nonneg": "rep_relu", "topk": False, "gate": "ste"},
-    "bayesncl-gs": {"nonneg": "rep_relu", "topk": False, "gate": "gumbel"},
-}
+METHOD_PRESETS: dict[str, dict[str, Any]] = {name: methods.preset(name) for name in methods.METHODS}
+"""What ``method.name`` sets (from :data:`bayesncl.core.methods.METHODS`): the parts that define the
+method; ablations override single fields on top."""
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "data.name": ("fashion-mnist", "cifar10", "cifar100", "imagefolder", "synthetic"),
-    "data.resident": ("auto", "true", "false"),
-    "model.backbone": ("resnet18", "resnet50", "small_cnn"),
-    "model.cifar_stem": ("auto", "true", "false"),
-    "method.name": tuple(METHOD_PRESETS),
-    "method.nonneg": (
-        "identity",
-        "relu",
-        "rep_relu",
-        "gelu",
-        "sigmoid",
-        "softplus",
-        "exp",
-        "leaky_relu",
-    ),
-    "method.gate": ("none", "ste", "gumbel", "soft"),
-    "method.gumbel_noise": ("gumbel", "logistic"),
-    "train.optimizer": ("lars", "sgd", "adamw"),
-    "train.precision": ("auto", "fp32", "fp16", "bf16"),
-    "eval.probe": ("fast", "none"),
-}
+
+@functools.cache
+def choices() -> dict[str, tuple[str, ...]]:
+    """The allowed values of each key that has a fixed set, e.g. ``choices()["method.gate"]``.
+
+    Most come from the registries next to the code that implements them; they are imported here,
+    not at the top, so that reading a config (and ``bayesncl --help``) does not import torch. The
+    optimisers and precisions are listed here: ``core.optim`` imports this module."""
+    from bayesncl.core.model import BACKBONES
+    from bayesncl.core.parts import GATE_KINDS, NOISES, NONNEG
+    from bayesncl.data import DATASETS
+
+    return {
+        "data.name": tuple(DATASETS),
+        "data.resident": ("auto", "true", "false"),
+        "model.backbone": tuple(BACKBONES),
+        "model.cifar_stem": ("auto", "true", "false"),
+        "method.name": tuple(methods.METHODS),
+        "method.nonneg": tuple(NONNEG),
+        "method.gate": GATE_KINDS,
+        "method.gumbel_noise": tuple(NOISES),
+        "train.optimizer": ("lars", "sgd", "adamw"),
+        "train.precision": ("auto", "fp32", "fp16", "bf16"),
+        "eval.probe": ("fast", "none"),
+    }
 
 
 def valid_keys() -> list[str]:
@@ -454,31 +455,17 @@ def warn_inert_keys(method: MethodConfig, inert: list[str], stacklevel: int = 2)
 
 
 def preset_of(method: MethodConfig) -> str:
-    """The preset whose defining parts ``method`` has: a gate (any kind but none) → a BayesNCL preset
-    (``method.name`` if it is one, else bayesncl-gs for the Gumbel gate and bayesncl otherwise), else
-    TopK → ncl-topk, else a non-negativity map → ncl, else cl. Ablations (a soft gate, another
+    """The preset whose defining parts ``method`` has (:func:`bayesncl.core.methods.closest`), e.g.
+    ncl for ``method.name=ncl-topk method.topk=false``; ablations (a soft gate, another
     non-negativity map, no detach, ...) keep their preset."""
-    if method.gate != "none":
-        if method.name in ("bayesncl", "bayesncl-gs"):
-            return method.name
-        return "bayesncl-gs" if method.gate == "gumbel" else "bayesncl"
-    if method.topk:
-        return "ncl-topk"
-    return "cl" if method.nonneg == "identity" else "ncl"
+    return methods.closest(method.name, method.nonneg, method.topk, method.gate)
 
 
 def inert_method_keys(method: MethodConfig, keys: typing.Iterable[str]) -> list[str]:
     """Those of ``keys`` (dotted) that cannot change a run of ``method``: the gating head's settings
     when ``method.gate=none``, ``method.rho`` when there is neither gate nor TopK, the Gumbel noise
     without the Gumbel gate. E.g. ``method.lam`` for ``cl``."""
-    gate_only = {"lam", "gate_depth", "gate_hidden", "detach", "gate_lr_ratio", "threshold", "gate_tau"}
-    inert = set()
-    if method.gate == "none":
-        inert |= gate_only
-        if not method.topk:
-            inert.add("rho")
-    if method.gate != "gumbel":
-        inert.add("gumbel_noise")
+    inert = methods.unread_keys(method.topk, method.gate)
     return [k for k in keys if k.startswith("method.") and k.split(".", 1)[1] in inert]
 
 
@@ -530,13 +517,8 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
-def validate(cfg: Config) -> None:
-    """Range-check every field. Raises ConfigError naming the first bad value and what was expected."""
-    for key, choices in CHOICES.items():
-        sec, name = key.split(".")
-        val = getattr(getattr(cfg, sec), name)
-        _check(val in choices, f"{key}={val!r}: expected one of {', '.join(choices)}")
-    m, t, d, mo = cfg.method, cfg.train, cfg.data, cfg.model
+def _check_method(m: MethodConfig, mo: ModelConfig) -> None:
+    """The method's and the model's values (the parts' arguments, PAPER-NOTES §1)."""
     _check(0.0 < m.rho < 1.0, f"method.rho={m.rho}: expected 0 < rho < 1")
     _check(m.lam >= 0.0, f"method.lam={m.lam}: expected lambda >= 0")
     _check(
@@ -551,12 +533,29 @@ def validate(cfg: Config) -> None:
     _check(m.gate_lr_ratio >= 0, f"method.gate_lr_ratio={m.gate_lr_ratio}: expected >= 0")
     _check(mo.proj_dim >= 1, f"model.proj_dim={mo.proj_dim}: expected >= 1")
     _check(mo.proj_hidden >= 1, f"model.proj_hidden={mo.proj_hidden}: expected >= 1")
+    hidden = m.gate_hidden or mo.proj_hidden
+    _check(
+        m.gate == "none" or m.gate_depth < 3 or hidden >= 2,
+        f"method.gate_depth=3: the gate's hidden width is {hidden} (method.gate_hidden, or model.proj_hidden "
+        "when 0): expected >= 2 (its second layer is hidden // 2 wide)",
+    )
     if m.topk:
         k = round(m.rho * mo.proj_dim)
         _check(
             1 <= k <= mo.proj_dim,
             f"TopK k=round(rho*D)={k} with rho={m.rho}, D={mo.proj_dim}: expected 1 <= k <= D",
         )
+
+
+def validate(cfg: Config) -> None:
+    """Range-check every field: the one place values are checked (the code in ``core`` trusts
+    them). Raises ConfigError naming the first bad value and what was expected."""
+    for key, allowed in choices().items():
+        sec, name = key.split(".")
+        val = getattr(getattr(cfg, sec), name)
+        _check(val in allowed, f"{key}={val!r}: expected one of {', '.join(allowed)}")
+    _check_method(cfg.method, cfg.model)
+    t, d, mo = cfg.train, cfg.data, cfg.model
     _check(t.epochs >= 1, f"train.epochs={t.epochs}: expected >= 1")
     _check(t.epochs <= MAX_EPOCHS, f"train.epochs={t.epochs}: expected <= {MAX_EPOCHS}")
     _check(t.batch_size >= 2, f"train.batch_size={t.batch_size}: expected >= 2 (InfoNCE needs negatives)")

@@ -1,23 +1,27 @@
 """Model assembly: backbone f → h → projector → p → φ → z → [gating head, gate] → z̃.
 
-A method is a configuration of these parts (``MethodConfig``), never a subclass. Parameter names
+A method is a configuration of these parts (``MethodConfig``, preset from a spec of
+:data:`bayesncl.core.methods.METHODS`), never a subclass. Parameter names
 follow the authors' layout (``backbone.*``, ``projector.*``, ``gating_head.*``, ``classifier.*``)
 so their checkpoints map onto ours.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torchvision
 from torch import Tensor, nn
 
-from bayesncl.config import Config, MethodConfig, ModelConfig
-from bayesncl.core import functional as BF
+from bayesncl.core import parts
+from bayesncl.core.losses import bernoulli_kl, info_nce
 from bayesncl.core.parts import Gate, GatingHead, NonNegative, Projector
 
-BACKBONE_DIMS = {"resnet18": 512, "resnet50": 2048, "small_cnn": 256}
+if TYPE_CHECKING:  # config imports this module's registry
+    from bayesncl.config import Config, MethodConfig, ModelConfig
 
 
 def _conv_bn(cin: int, cout: int, stride: int) -> nn.Sequential:
@@ -40,6 +44,15 @@ def small_cnn(in_channels: int) -> nn.Module:
     )
 
 
+BACKBONES: dict[str, tuple[Callable[..., nn.Module], int]] = {
+    "resnet18": (torchvision.models.resnet18, 512),
+    "resnet50": (torchvision.models.resnet50, 2048),
+    "small_cnn": (small_cnn, 256),
+}
+"""The backbones by name (``model.backbone``): (builder, h_dim, the width of h). A torchvision
+builder takes ``weights=None``, :func:`small_cnn` the input channels."""
+
+
 def build_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple[nn.Module, int]:
     """torchvision ResNet-18/50 (optionally with the CIFAR stem) or :func:`small_cnn`.
 
@@ -47,16 +60,16 @@ def build_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple
     ``cifar_stem`` is ``true``, or ``auto`` and ``image_size <= 64``.
     Returns ``(module mapping (B, C, S, S) → h: (B, h_dim), h_dim)``.
     """
+    build, h_dim = BACKBONES[cfg.backbone]
     if cfg.backbone == "small_cnn":
-        return small_cnn(in_channels), BACKBONE_DIMS["small_cnn"]
-    net = getattr(torchvision.models, cfg.backbone)(weights=None)
+        return build(in_channels), h_dim
+    net = build(weights=None)
     cifar = cfg.cifar_stem == "true" or (cfg.cifar_stem == "auto" and image_size <= 64)
     if cifar:
         net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
         net.maxpool = nn.Identity()
     elif in_channels != 3:
         net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
-    h_dim = net.fc.in_features
     net.fc = nn.Identity()
     return net, h_dim
 
@@ -113,7 +126,7 @@ class ContrastiveModel(nn.Module):
         p = self.projector(h)
         z = self.nonneg(p)
         if self.topk:
-            z = BF.topk_mask(z, self.topk)
+            z = parts.topk_mask(z, self.topk)
         logits = alpha = mask = None
         if self.gating_head is not None and self.gate is not None:
             logits = self.gating_head(h)
@@ -121,9 +134,9 @@ class ContrastiveModel(nn.Module):
             if not self.training and self.gate.kind == "soft":
                 # evaluation features always use the hard mask (PAPER-NOTES §3), soft ablation included
                 mask = (alpha > self.gate.threshold).to(alpha.dtype)
-            z_tilde = BF.gated_features(z, mask)
+            z_tilde = parts.gated_features(z, mask)
         else:
-            z_tilde = BF.eval_features(z)
+            z_tilde = parts.eval_features(z)
         return ModelOutput(h=h, p=p, z=z, logits=logits, alpha=alpha, mask=mask, z_tilde=z_tilde)
 
     def forward(self, x: Tensor) -> ModelOutput:
@@ -159,11 +172,11 @@ def contrastive_loss(
         gather = distributed.is_distributed()
     if gather and distributed.is_distributed():
         keys = distributed.gather_with_grad(z)
-        nce = BF.info_nce(z, method.temperature, keys=keys, offset=torch.distributed.get_rank() * len(z))
+        nce = info_nce(z, method.temperature, keys=keys, offset=torch.distributed.get_rank() * len(z))
     else:
-        nce = BF.info_nce(z, method.temperature)
+        nce = info_nce(z, method.temperature)
     if out.alpha is not None:
-        kl = BF.bernoulli_kl(out.alpha, method.rho)
+        kl = bernoulli_kl(out.alpha, method.rho)
         loss = nce + method.lam * kl
     else:
         kl = torch.zeros((), device=nce.device)

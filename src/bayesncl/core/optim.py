@@ -19,7 +19,7 @@ def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
     ``auto``: bf16 on a CUDA device that supports it, else fp16 there (the paper's fp16 mixed
     precision, PAPER-NOTES §2); fp32 on CPU (bf16 autocast gave no speed-up on CPU here). bf16 has
     fp32's range, so it needs no GradScaler, whose inf check waits for the device every step. The
-    loss, the KL and the logs are fp32 whatever the autocast dtype (``bayesncl.core.functional``).
+    loss, the KL and the logs are fp32 whatever the autocast dtype (``bayesncl.core.losses``).
     """
     if name == "auto":
         if device.type != "cuda":

@@ -1,47 +1,229 @@
-"""Thin ``nn.Module`` wrappers over :mod:`bayesncl.core.functional` (PAPER-NOTES §1).
+"""The parts a method is made of (PAPER-NOTES §1): φ, the gates, TopK, the gated features, the
+projector and the gating head; pure functions plus thin ``nn.Module`` wrappers.
 
-``Projector`` and ``GatingHead`` hold parameters; ``NonNegative`` and ``Gate`` hold only their
-settings and call the pure functions. Bad arguments raise ``ValueError`` with one line naming the
-value and what was expected. Dimensions (and ``depth``) are integers: a Python or NumPy integer
-(anything ``operator.index`` accepts) but not a bool or a float.
+Registries (the allowed values of ``config``, defined here once): :data:`NONNEG` (φ by name),
+:data:`GATE_KINDS`, :data:`NOISES` (the Gumbel gate's noise by name). Nothing here checks its
+arguments: :func:`bayesncl.config.validate` checks every value once, before a model is built.
+
+Shapes: ``M`` rows (samples), ``D`` the projector output width. Numerics: the normalisations run
+in float32 with autocast disabled, whatever the input dtype. Normalisation is *safe*: a row whose
+L2 norm is at most ``1e-12`` (in practice an all-zero row, whose gates are all closed) maps to the
+zero vector with a zero gradient, where ``F.normalize`` would divide it by its ``eps`` and send a
+gradient scaled by ``1e12`` into the gate and the backbone. A row holding a NaN or an infinity
+stays non-finite, so the loss becomes NaN and the training loop stops on it.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bayesncl.core import functional as BF
+__all__ = [
+    "NONNEG",
+    "GATE_KINDS",
+    "NOISES",
+    "fp32_math",
+    "safe_normalize",
+    "rep_relu",
+    "ste_gate",
+    "gumbel_noise",
+    "gumbel_sigmoid_gate",
+    "soft_gate",
+    "topk_mask",
+    "gated_features",
+    "eval_features",
+    "Projector",
+    "GatingHead",
+    "NonNegative",
+    "Gate",
+]
 
-__all__ = ["GATE_KINDS", "Projector", "GatingHead", "NonNegative", "Gate"]
+_NORM_EPS = 1e-12
 
+
+@contextlib.contextmanager
+def fp32_math(device: torch.device) -> Iterator[None]:
+    """Disable autocast on ``device`` so that the enclosed maths really runs in float32."""
+    try:
+        ctx = torch.autocast(device_type=device.type, enabled=False)
+    except (RuntimeError, ValueError):  # a device type without autocast support
+        ctx = contextlib.nullcontext()
+    with ctx:
+        yield
+
+
+def safe_normalize(x: Tensor, eps: float = _NORM_EPS) -> Tensor:
+    """L2-normalise the rows of ``x``; rows with norm ≤ ``eps`` become exactly zero.
+
+    x: (M, D) any float dtype. Returns (M, D) float32 unit rows (or zero rows). The gradient of a
+    zero row is zero (the normalisation is not differentiable there; we take zero, as ReLU does
+    at 0), so an all-zero row gives a zero row and a zero gradient, with no ``1/eps`` blow-up.
+    Finite input never gives NaN, forward or backward (a row whose float32 sum of squares
+    overflows, entries beyond ~1e19, comes out as zeros). A row holding a NaN or an infinity
+    comes out holding NaN (forward and backward), so that a diverging model shows up as a
+    non-finite loss.
+    """
+    with fp32_math(x.device):
+        x = x.float()
+        sq = (x * x).sum(dim=1, keepdim=True)
+        ok = ~(sq <= eps * eps)  # a NaN row is "ok": it is divided by its NaN norm and stays NaN
+        norm = torch.sqrt(torch.where(ok, sq, torch.ones_like(sq)))
+        return torch.where(ok, x / norm, torch.zeros_like(x))
+
+
+# ----------------------------------------------------------------------------- φ
+def rep_relu(x: Tensor) -> Tensor:
+    """Reparameterised ReLU (NCL; PAPER-NOTES §1): forward ReLU, backward GELU′.
+
+    ``rep_relu(x) = gelu(x) − sg(gelu(x)) + sg(relu(x))``. x: any shape; returns the same shape
+    and dtype, equal to ``relu(x)`` exactly, with the gradient of the (exact, erf) GELU, so that
+    units with negative pre-activation still receive gradient ("dead" units revive).
+    """
+    g = F.gelu(x)
+    return (g - g.detach()) + F.relu(x).detach()
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+NONNEG: dict[str, Callable[[Tensor], Tensor]] = {
+    "identity": _identity,  # plain CL
+    "relu": F.relu,  # the ImageNet-100 default
+    "rep_relu": rep_relu,  # the CIFAR default
+    "gelu": F.gelu,
+    "sigmoid": torch.sigmoid,
+    "softplus": F.softplus,
+    "exp": torch.exp,
+    "leaky_relu": functools.partial(F.leaky_relu, negative_slope=0.01),
+}
+"""The non-negativity maps φ by name (``method.nonneg``; PAPER-NOTES §1, NCL). Each keeps its
+input's shape. ``gelu`` and ``leaky_relu`` (slope 0.01) can be slightly negative; they are here
+because the authors' code has them."""
+
+
+# ----------------------------------------------------------------------------- gates
 GATE_KINDS: tuple[str, ...] = ("none", "ste", "gumbel", "soft")
-"""The gate kinds accepted by :class:`Gate` (``MethodConfig.gate``)."""
+"""The gate kinds :class:`Gate` implements (``method.gate``)."""
 
 
-def _check_dim(value: int, name: str, where: str) -> int:
-    """``value`` as an ``int`` if it is an integer >= 1 (NumPy integers too, bools not)."""
-    v = BF._integer(value)
-    if v is None or v < 1:
-        raise ValueError(f"{where}: {name}={value!r}: expected an integer >= 1")
-    return v
+def ste_gate(alpha: Tensor, threshold: float = 0.5) -> Tensor:
+    """Straight-through hard gate: ``m = 1[α > thr] + α − sg(α)`` (PAPER-NOTES §1, "STE gate").
+
+    alpha: (M, D) gate probabilities; threshold in (0, 1). Returns (M, D) in alpha's dtype whose
+    forward value is exactly the hard mask ``1[α > thr]`` (0 or 1) and whose gradient w.r.t. α is
+    the identity.
+    """
+    hard = (alpha > threshold).to(alpha.dtype)
+    return hard + (alpha - alpha.detach())  # the bracket is exactly 0 in the forward pass
 
 
+def _gumbel(u: Tensor) -> Tensor:
+    return -torch.log(-torch.log(u + 1e-4) + 1e-4)
+
+
+def _logistic(u: Tensor) -> Tensor:
+    u = u.clamp(1e-6, 1.0 - 1e-6)
+    return torch.log(u) - torch.log1p(-u)
+
+
+NOISES: dict[str, Callable[[Tensor], Tensor]] = {"gumbel": _gumbel, "logistic": _logistic}
+"""The Gumbel gate's noise by name (``method.gumbel_noise``), a function of ``u ~ U(0, 1)``:
+
+- ``"gumbel"`` (the authors' code): one Gumbel sample ``G = −log(−log(u + 1e-4) + 1e-4)``;
+  mean ≈ 0.5772 (Euler–Mascheroni), variance ≈ π²/6.
+- ``"logistic"`` (the textbook binary concrete / Gumbel-sigmoid of Maddison et al. and Jang
+  et al., a difference of two Gumbels): ``L = log u − log(1 − u)`` with u clamped to
+  ``[1e-6, 1 − 1e-6]``; mean 0, variance π²/3."""
+
+
+def gumbel_noise(
+    shape: torch.Size | tuple[int, ...],
+    noise: str = "gumbel",
+    *,
+    device: torch.device | str | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Float32 noise of ``shape`` for :func:`gumbel_sigmoid_gate`: ``NOISES[noise]`` of a uniform
+    draw. ``generator`` must live on ``device``."""
+    u = torch.rand(shape, generator=generator, device=device, dtype=torch.float32)
+    return NOISES[noise](u)
+
+
+def gumbel_sigmoid_gate(
+    logits: Tensor,
+    tau: float = 1.0,
+    threshold: float = 0.5,
+    noise: str = "gumbel",
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Stochastic hard gate: ``y = σ((logits + G)/τ)``, ``m = 1[y > thr]`` with STE on y.
+
+    PAPER-NOTES §1 ("Gumbel-Sigmoid gate"). logits: (M, D) gate logits (already divided by τ_s
+    when they come from ``GatingHead``); tau: relaxation temperature τ > 0; threshold in (0, 1);
+    noise: a key of :data:`NOISES`; generator: optional, on logits' device, for reproducible noise.
+
+    Returns ``(mask, y)``, both (M, D) float32: ``mask`` is exactly 0/1 in the forward pass with
+    the gradient of ``y``; ``y`` is the relaxed sample.
+    """
+    with fp32_math(logits.device):
+        g = gumbel_noise(logits.shape, noise, device=logits.device, generator=generator)
+        y = torch.sigmoid((logits.float() + g) / tau)
+        return ste_gate(y, threshold), y
+
+
+def soft_gate(alpha: Tensor) -> Tensor:
+    """Soft gate ablation: ``m = α`` (PAPER-NOTES §1). alpha: (M, D); returns it unchanged."""
+    return alpha
+
+
+# ----------------------------------------------------------------------------- TopK, features
+def topk_mask(z: Tensor, k: int) -> Tensor:
+    """TopK baseline: keep the ``k`` largest entries of each row of z, zero the rest.
+
+    PAPER-NOTES §1 ("TopK baseline", k = round(ρ·D), 1 ≤ k ≤ D). z: (M, D). Returns (M, D) in z's
+    dtype; the gradient flows to the kept entries only. Ties at the k-th value are broken by
+    ``torch.topk`` (exactly k entries are kept).
+    """
+    idx = z.detach().topk(k, dim=1).indices
+    keep = torch.zeros_like(z, dtype=torch.bool).scatter_(1, idx, True)
+    return z * keep.to(z.dtype)
+
+
+def gated_features(z: Tensor, mask: Tensor) -> Tensor:
+    """Gated features ``z̃ = normalize(normalize(z) ⊙ m)`` (PAPER-NOTES §1, "Gated features").
+
+    z: (M, D) non-negative projector outputs; mask: (M, D) gate (hard 0/1 with STE, soft α, or
+    bool). Returns (M, D) float32 unit rows. A row whose open gates carry nothing (all gates
+    closed, or z zero on every open dim) is the zero vector, with a zero gradient (see
+    :func:`safe_normalize`): no NaN forward or backward for finite input (a NaN or infinite
+    entry in z or mask makes its row NaN).
+    """
+    with fp32_math(z.device):
+        return safe_normalize(safe_normalize(z) * mask.float())
+
+
+def eval_features(z: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Evaluation features (PAPER-NOTES §3): ``normalize(z)`` without a gate, else
+    :func:`gated_features`. z: (M, D); mask: (M, D) or None. Returns (M, D) float32."""
+    return safe_normalize(z) if mask is None else gated_features(z, mask)
+
+
+# ----------------------------------------------------------------------------- modules
 class Projector(nn.Module):
     """Projection head: Linear(in_dim, hidden) → ReLU → Linear(hidden, out_dim).
 
     PAPER-NOTES §1 ("Projector"; no BatchNorm in the hidden layer). Maps h: (B, in_dim) to the
     raw projector output p: (B, out_dim). CIFAR: hidden 2048, out 256; ImageNet-100: 16384, 2048.
-    Raises ValueError if a dimension is not an integer ≥ 1.
     """
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int) -> None:
         super().__init__()
-        in_dim = _check_dim(in_dim, "in_dim", "Projector")
-        hidden = _check_dim(hidden, "hidden", "Projector")
-        out_dim = _check_dim(out_dim, "out_dim", "Projector")
         self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_dim))
 
     def forward(self, h: Tensor) -> Tensor:
@@ -57,38 +239,20 @@ class GatingHead(nn.Module):
     - depth 1: Linear(in_dim, out_dim);
     - depth 2 (the paper's choice): Linear(in_dim, hidden) → ReLU → Linear(hidden, out_dim);
     - depth 3: Linear(in_dim, hidden) → ReLU → Linear(hidden, hidden // 2) → ReLU →
-      Linear(hidden // 2, out_dim).
+      Linear(hidden // 2, out_dim) (hidden ≥ 2).
 
     With ``detach=True`` the input is ``sg(h)``, so the KL term and the gate's share of the
     InfoNCE gradient reach only θ (gradient isolation); ``detach=False`` is the "no detach"
-    ablation. ``forward(h)`` returns ``g_θ(h) / τ``; α = σ of that (:meth:`alpha`).
-
-    Raises ValueError if a dimension is not an integer ≥ 1, depth is not an integer in {1, 2, 3}
-    (``2.0`` is not), depth 3 with hidden < 2, ``detach`` is not a bool (``True``/``False``; a
-    string such as ``"no"`` is refused), or τ is not a finite number > 0.
+    ablation. ``forward(h)`` returns ``g_θ(h) / τ`` (τ > 0); α = σ of that (:meth:`alpha`).
     """
 
     def __init__(
         self, in_dim: int, hidden: int, out_dim: int, depth: int = 2, detach: bool = True, tau: float = 1.0
     ) -> None:
         super().__init__()
-        in_dim = _check_dim(in_dim, "in_dim", "GatingHead")
-        hidden = _check_dim(hidden, "hidden", "GatingHead")
-        out_dim = _check_dim(out_dim, "out_dim", "GatingHead")
-        d = BF._integer(depth)
-        if d not in (1, 2, 3):
-            raise ValueError(f"GatingHead: depth={depth!r}: expected the integer 1, 2 or 3")
-        depth = d
-        if depth == 3 and hidden < 2:
-            raise ValueError(f"GatingHead: hidden={hidden!r}: depth 3 needs hidden >= 2 (uses hidden // 2)")
-        if not isinstance(detach, bool):
-            raise ValueError(f"GatingHead: detach={detach!r}: expected a bool (True or False)")
-        t = BF._real(tau)
-        if t is None or not (math.isfinite(t) and t > 0):
-            raise ValueError(f"GatingHead: tau={tau!r}: expected a finite number > 0")
         self.depth = depth
         self.detach = detach
-        self.tau = t
+        self.tau = tau
         layers: list[nn.Module]
         if depth == 1:
             layers = [nn.Linear(in_dim, out_dim)]
@@ -119,20 +283,14 @@ class GatingHead(nn.Module):
 
 
 class NonNegative(nn.Module):
-    """Non-negativity map φ (PAPER-NOTES §1, NCL); ``kind`` ∈ :data:`functional.NONNEG_KINDS`.
-
-    Shape-preserving; see :func:`bayesncl.core.functional.nonnegative`. Raises ValueError naming an
-    unknown kind and the choices.
-    """
+    """Non-negativity map φ = ``NONNEG[kind]`` (PAPER-NOTES §1, NCL); shape-preserving."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
-        if kind not in BF.NONNEG_KINDS:
-            raise ValueError(f"NonNegative: kind={kind!r}: expected one of {', '.join(BF.NONNEG_KINDS)}")
         self.kind = kind
 
     def forward(self, x: Tensor) -> Tensor:
-        return BF.nonnegative(x, self.kind)
+        return NONNEG[self.kind](x)
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}"
@@ -141,33 +299,25 @@ class NonNegative(nn.Module):
 class Gate(nn.Module):
     """Turns gate logits into ``(mask, alpha)`` (PAPER-NOTES §1); no parameters.
 
-    ``alpha = σ(logits)`` (float32, noise-free; this is what enters the KL). ``mask`` by kind:
+    ``alpha = σ(logits)`` (float32, noise-free; this is what enters the KL). ``mask`` by kind
+    (:data:`GATE_KINDS`), with threshold in (0, 1):
 
-    - ``"ste"``: ``1[α > thr]`` forward, gradient of α (:func:`functional.ste_gate`), train and eval.
+    - ``"ste"``: ``1[α > thr]`` forward, gradient of α (:func:`ste_gate`), train and eval.
     - ``"gumbel"``: in training, ``1[y > thr]`` with STE on ``y = σ(logits + G)``, G drawn fresh per
-      call with ``gumbel_noise`` (``"gumbel"``: authors' form, ``"logistic"``: binary concrete).
-      In eval mode (``not self.training``) there is no noise: the mask is the hard ``1[α > thr]``
-      (with an STE gradient). The logits come from :class:`GatingHead` already divided by τ_s, so
-      the relaxation here uses τ = 1; this equals the paper's ``σ((logits + G)/τ_s)`` at τ_s = 1
-      (the only value used) and otherwise scales the noise by τ_s relative to it.
+      call from ``NOISES[gumbel_noise]`` (``"gumbel"``: authors' form, ``"logistic"``: binary
+      concrete). In eval mode (``not self.training``) there is no noise: the mask is the hard
+      ``1[α > thr]`` (with an STE gradient). The logits come from :class:`GatingHead` already
+      divided by τ_s, so the relaxation here uses τ = 1; this equals the paper's
+      ``σ((logits + G)/τ_s)`` at τ_s = 1 (the only value used) and otherwise scales the noise by
+      τ_s relative to it.
     - ``"soft"``: ``mask = α`` in train and eval (the soft-gate ablation).
     - ``"none"``: returns ``(None, None)``, so callers may build a Gate for every method.
-
-    Raises ValueError for an unknown kind or noise, or threshold ∉ (0, 1).
     """
 
     def __init__(self, kind: str, threshold: float = 0.5, gumbel_noise: str = "gumbel") -> None:
         super().__init__()
-        if kind not in GATE_KINDS:
-            raise ValueError(f"Gate: kind={kind!r}: expected one of {', '.join(GATE_KINDS)}")
-        if not (0.0 < float(threshold) < 1.0):
-            raise ValueError(f"Gate: threshold={threshold!r}: expected 0 < threshold < 1")
-        if gumbel_noise not in BF.GUMBEL_NOISES:
-            raise ValueError(
-                f"Gate: gumbel_noise={gumbel_noise!r}: expected one of {', '.join(BF.GUMBEL_NOISES)}"
-            )
         self.kind = kind
-        self.threshold = float(threshold)
+        self.threshold = threshold
         self.gumbel_noise = gumbel_noise
 
     def forward(
@@ -181,13 +331,13 @@ class Gate(nn.Module):
             return None, None
         alpha = torch.sigmoid(logits.float())
         if self.kind == "ste" or (self.kind == "gumbel" and not self.training):
-            return BF.ste_gate(alpha, self.threshold), alpha
+            return ste_gate(alpha, self.threshold), alpha
         if self.kind == "gumbel":
-            mask, _ = BF.gumbel_sigmoid_gate(
+            mask, _ = gumbel_sigmoid_gate(
                 logits, tau=1.0, threshold=self.threshold, noise=self.gumbel_noise, generator=generator
             )
             return mask, alpha
-        return BF.soft_gate(alpha), alpha
+        return soft_gate(alpha), alpha
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, threshold={self.threshold}, gumbel_noise={self.gumbel_noise!r}"

@@ -7,7 +7,7 @@ the means over those steps:
 * InfoNCE (the contrastive term alone, in nats),
 * online probe accuracy (%, the linear head trained on sg(h) during pretraining),
 * for gated runs (BayesNCL): KL(Bern(α) ‖ Bern(ρ)) (nats, summed over the D dims, mean over
-  rows: :func:`bayesncl.core.functional.bernoulli_kl`), and the gate-open rate
+  rows: :func:`bayesncl.core.losses.bernoulli_kl`), and the gate-open rate
   E[1[α > 0.5]] with the prior ρ as a dashed line of the same colour (PAPER-NOTES §1: the KL pulls
   the open rate towards ρ).
 
