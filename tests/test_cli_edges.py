@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import signal
 from pathlib import Path
@@ -452,3 +453,92 @@ def test_resume_of_a_run_whose_min_lr_is_above_its_peak_warns(
     # a new run with it is still refused
     assert main(["pretrain", "--run-dir", str(tmp_path / "new"), *TINY, "train.min_lr=0.5"]) == 2
     assert "bayesncl: error: train.min_lr=0.5: expected <= the peak" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the error layer
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        (errno.EROFS, "read-only file system; choose a folder on a writable file system"),
+        (errno.EACCES, "permission denied; choose a folder you may write to, or change its permissions"),
+        (errno.EPERM, "operation not permitted; choose a folder you may write to, or change its permissions"),
+        (errno.ENAMETOOLONG, "file name too long; choose a shorter path"),
+        (errno.ENOSPC, "cannot be written: no space left on the file system of"),
+    ],
+)
+def test_an_operating_system_fault_is_one_line(
+    code: int, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write the system refuses (here the first: the run's config.yaml, by os.replace of its
+    temporary) is one line naming the file as the user knows it, not the temporary, and exit 2."""
+    import os
+
+    def refuse(src: object, dst: object) -> None:
+        raise OSError(code, os.strerror(code), str(src), None, str(dst))
+
+    monkeypatch.setattr(os, "replace", refuse)
+    run = tmp_path / "run"
+    assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 2
+    line = _err(capsys)
+    assert f"{run / 'config.yaml'}" in line and words in line and ".tmp" not in line, line
+
+
+def test_a_real_name_too_long_is_one_line_and_shortened(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long = tmp_path / ("a" * 300) / "run"
+    assert main(["pretrain", "--run-dir", str(long), *TINY, "--no-eval"]) == 2
+    line = _err(capsys)
+    assert "file name too long" in line and "a" * 101 not in line and "…" in line, line
+    assert main(["curves", str(tmp_path / ("b" * 5000))]) == 2  # any value over 200 characters
+    assert max(len(w) for w in _err(capsys).split()) <= 201
+
+
+def test_shorten_keeps_head_and_tail() -> None:
+    from bayesncl.app.errors import os_fault, shorten
+
+    assert shorten("x " + "y" * 300 + " z") == "x " + "y" * 100 + "…" + "y" * 100 + " z"
+    assert shorten("short words stay") == "short words stay"
+    e = OSError(errno.EROFS, "Read-only file system", "/r/.last.pt.tmp123")
+    assert os_fault(e) == "/r/last.pt: read-only file system; choose a folder on a writable file system"
+    assert os_fault(OSError("no errno")) is None and os_fault(ValueError("x")) is None
+
+
+def _closed_stdout(args: list[str], cwd: Path) -> tuple[int, str]:
+    """Run ``python -m bayesncl ARGS`` whose stdout's reader has gone before it writes anything."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "bayesncl", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
+    )
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    return p.wait(), err
+
+
+def test_a_closed_pipe_on_stdout_is_no_error(tmp_path: Path) -> None:
+    """``bayesncl metrics x.npz | head -1``: what cannot be printed is dropped, silently, with the
+    command's own exit status; ``| head -1`` through a real shell pipe prints its line."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(0)
+    feats = tmp_path / "f.npz"
+    np.savez(feats, features=rng.random((100, 32)).astype(np.float32), labels=rng.integers(0, 5, 100))
+    assert _closed_stdout(["metrics", str(feats)], tmp_path) == (0, "")
+    src = Path(__file__).parents[1] / "src"
+    shell = f"PYTHONPATH={src} {sys.executable} -m bayesncl metrics {feats} | head -1"
+    out = subprocess.run(["bash", "-o", "pipefail", "-c", shell], capture_output=True, text=True)
+    assert (out.returncode, out.stderr, out.stdout) == (0, "", f"Features: {feats} (N=100, D=32)\n")
+
+
+def test_a_closed_stdout_never_stops_training(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    rc, err = _closed_stdout(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"], tmp_path)
+    assert (rc, "Traceback" in err) == (0, False), err
+    assert (run / "last.pt").exists() and (run / "encoder.safetensors").exists()
