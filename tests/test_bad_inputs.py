@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 import torchvision
-from PIL import Image
 
 from bayesncl.app.cli import main
 from bayesncl.app.train import pretrain
@@ -26,13 +25,12 @@ from bayesncl.config import build_config, load_yaml
 from bayesncl.data import build_train_loader
 from bayesncl.runs.rundir import load_checkpoint_file
 
-from .tiny import TINY_BASE, tiny_checkpoint
+from .conftest import TINY, TINY_BASE, image_folder, tiny_checkpoint
 
 TESTS = Path(__file__).parent
 DOC = TESTS.parent / "docs" / "bad-inputs.md"
 E = "bayesncl: error: "
 
-TINY = [*TINY_BASE, "train.epochs=1"]
 FOLDER = ["data.name=imagefolder", "data.train_subset=0", "data.test_subset=0"]
 
 LAYOUT = "expected <split>/<class>/<image files> (ImageFolder layout)"
@@ -205,17 +203,6 @@ def cli_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     capsys.readouterr()
     assert main(args) == 2
     return capsys.readouterr().err
-
-
-def image_folder(root: Path, classes: tuple[str, ...] = ("cat", "dog"), n: int = 20) -> Path:
-    rng = np.random.default_rng(0)
-    for split, count in (("train", n), ("val", 6)):
-        for c in classes:
-            d = root / split / c
-            d.mkdir(parents=True, exist_ok=True)
-            for i in range(count):
-                Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(d / f"{i}.png")
-    return root
 
 
 # ----------------------------------------------------------------------------- data
