@@ -279,7 +279,7 @@ def test_sizes_that_do_not_fit_in_memory(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_out_of_memory_errors_are_recognised() -> None:
-    from bayesncl.runs.fileio import out_of_memory
+    from bayesncl.app.errors import out_of_memory
 
     with pytest.raises(MemoryError) as numpy_error:
         np.empty((10**7, 10**7))
