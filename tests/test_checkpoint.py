@@ -36,9 +36,7 @@ from bayesncl.runs.rundir import (
     write_log,
 )
 
-from .tiny import TINY_BASE
-
-TINY = [*TINY_BASE, "train.epochs=1"]
+from .conftest import TINY
 
 
 def one_line_error(err: str) -> str:

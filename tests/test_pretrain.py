@@ -13,7 +13,7 @@ from bayesncl.app.cli import main
 from bayesncl.app.train import pretrain
 from bayesncl.config import build_config
 
-from .tiny import TINY_BASE
+from .conftest import TINY_BASE
 
 TINY = [*TINY_BASE, "train.epochs=2"]
 

@@ -35,7 +35,7 @@ from bayesncl.config import build_config
 from bayesncl.core.engine import TrainingError
 from bayesncl.runs.rundir import load_checkpoint_file
 
-from .tiny import TINY_BASE
+from .conftest import TINY_BASE
 
 TINY = [*TINY_BASE, "method.name=bayesncl", "method.lam=0.01"]
 

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bayesncl.app.errors import out_of_memory
 from bayesncl.app.report.curves import write_training_curves
 from bayesncl.config import Config, ConfigError, dump_yaml
 from bayesncl.core import distributed
@@ -41,7 +42,7 @@ from bayesncl.core.model import build_model
 from bayesncl.core.optim import build_optimizer, param_groups, resolve_precision, set_lr, warmup_cosine
 from bayesncl.data import DataError, build_train_loader, dataset_info, mix_seed
 from bayesncl.runs.export import export_encoder
-from bayesncl.runs.fileio import atomic_path, out_of_memory
+from bayesncl.runs.fileio import atomic_path
 from bayesncl.runs.rundir import (
     STEP_LOG_EVERY,
     RunDirError,
