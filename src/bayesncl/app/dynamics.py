@@ -52,7 +52,7 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
     from bayesncl.app.report import write_results
     from bayesncl.data import build_train_loader
     from bayesncl.metrics.inputs import EvalError
-    from bayesncl.metrics.interpretability import semantic_consistency_per_dim
+    from bayesncl.metrics.semantic import semantic_consistency_per_dim
 
     run = Path(run_dir)
     if run.is_file():

@@ -20,8 +20,8 @@ import torch
 from bayesncl.config import Config
 from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.data import build_eval_loader, dataset_info
+from bayesncl.metrics import compute_all
 from bayesncl.metrics.inputs import EvalWarning
-from bayesncl.metrics.interpretability import compute_all
 from bayesncl.runs.features import load_features
 
 FEATURE_KEYS = ("h", "p", "z", "features", "alpha", "mask")
@@ -80,7 +80,6 @@ def evaluate_model(
     LP@1 is the *offline* fast probe on frozen h (not the online probe; solo-learn #221).
     """
     from bayesncl.app.report import format_table, write_results
-    from bayesncl.metrics.interpretability import compute_all
     from bayesncl.metrics.probe import linear_probe
 
     test = extract_split(model, cfg, "test", device)
@@ -430,7 +429,6 @@ def evaluate_command(
     from bayesncl.app.report import format_retrieval, format_table, write_results
     from bayesncl.config import ConfigError, parse_overrides
     from bayesncl.metrics.inputs import EvalError
-    from bayesncl.metrics.interpretability import compute_all
     from bayesncl.metrics.knn import knn_accuracy
     from bayesncl.metrics.probe import feature_selection_probe, linear_probe
 
