@@ -74,34 +74,115 @@ def extract_split(
 def evaluate_model(
     model: ContrastiveModel, cfg: Config, run_dir: Path, *, device: torch.device
 ) -> dict[str, Any]:
-    """End-of-pretraining evaluation on the test split: interpretability metrics + fast linear probe.
-
-    Writes ``metrics.json`` and ``metrics.md`` into ``run_dir``; returns the metrics dict.
-    LP@1 is the *offline* fast probe on frozen h (not the online probe; solo-learn #221).
+    """End-of-pretraining evaluation on the test split: :func:`score` with the metrics, retrieval at
+    ``eval.retrieval_dims`` and (``eval.probe=fast``) the fast linear probe at ``seed``, plus the
+    gate's open rate for gated methods. Writes the figures, ``metrics.json`` and ``metrics.md`` into
+    ``run_dir``; returns the metrics dict. LP@1 is the *offline* fast probe on frozen h (not the
+    online probe; solo-learn #221); the paper probe is not run here (``bayesncl evaluate`` runs it).
     """
     from bayesncl.app.report import format_table, write_results
-    from bayesncl.metrics.probe import linear_probe
+    from bayesncl.app.report.figures import write_figures
 
-    test = extract_split(model, cfg, "test", device)
-    metrics: dict[str, Any] = compute_all(
-        test["features"], test["labels"], retrieval_dims=cfg.eval.retrieval_dims or None
-    )
-    if cfg.eval.probe == "fast":
-        train = extract_split(model, cfg, "train", device, keys=("h",))
-        probe = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seed=cfg.seed)
-        metrics["linear_probe_acc1"] = probe["acc1"]
-        metrics["linear_probe_acc5"] = probe["acc5"]
-        metrics["linear_probe_protocol"] = probe["protocol"]
+    probe = "fast" if cfg.eval.probe == "fast" else "none"
+    dims = cfg.eval.retrieval_dims or None
+    test, metrics = score(model, cfg, device=device, probe=probe, retrieval_dims=dims)
     if model.gate is not None:
         metrics["gate_open_rate"] = float(test["mask"].mean())
         metrics["rows_all_closed"] = float((test["mask"].sum(1) == 0).mean())
     metrics["method"] = cfg.method.name
     metrics["n_test"] = int(len(test["labels"]))
-    from bayesncl.app.report.figures import write_figures
-
     write_figures(test, cfg.data, run_dir)
     write_results(run_dir, "metrics", metrics, format_table({cfg.method.name: metrics}))
     return metrics
+
+
+def score(
+    model: ContrastiveModel,
+    cfg: Config,
+    *,
+    device: torch.device,
+    probe: str = "none",
+    seeds: list[int] | None = None,
+    probe_epochs: int = 50,
+    retrieval_dims: list[int] | str | None = None,
+    selection_probe: bool = False,
+    knn: bool = False,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The one evaluation path: extract the test split (and the train split where a probe or kNN
+    needs it), then :func:`compute_all`, the linear probe, the feature-selection probe and kNN.
+
+    probe: ``"fast"`` (:func:`linear_probe` on frozen h), ``"paper"`` (:func:`paper_linear_probe`)
+    or ``"none"``. seeds: the probe's seeds, reported with their spread (``linear_probe_acc1_std``,
+    ``_acc5_std``, ``linear_probe_seeds``); ``None``: ``cfg.seed`` alone, acc1/acc5/protocol only.
+    retrieval_dims: the K list; ``"auto"``: K = 32, 64, ..., D, skipped with a ``retrieval_note``
+    when the test split has ``RETRIEVAL_DEPTH`` samples or fewer; ``None``: no retrieval.
+    selection_probe: the feature-selection probe at K = min(``eval.retrieval_dims``) (else
+    min(64, D)), with a probe. knn: weighted kNN Acc@1 on h (percent).
+    Returns ``(test arrays of extract_features, results)``; writes nothing. Raises EvalError.
+    """
+    from bayesncl.metrics import feature_selection_probe, knn_accuracy
+
+    test = extract_split(model, cfg, "test", device)
+    train: dict[str, np.ndarray] = {}
+    if knn or (probe != "none" and (probe == "fast" or selection_probe)):
+        keys = ("h", "features") if selection_probe else ("h",)
+        train = extract_split(model, cfg, "train", device, keys=keys)
+    n_test, d = test["features"].shape
+    dims, retrieval_note = _retrieval_dims(retrieval_dims, n_test, d)
+    result: dict[str, Any] = compute_all(test["features"], test["labels"], retrieval_dims=dims)
+    if retrieval_note:
+        result["retrieval_note"] = retrieval_note
+    if probe != "none":
+        result.update(_linear_probe(model, cfg, probe, seeds, probe_epochs, train, test))
+    if probe != "none" and selection_probe:
+        k_sel = min(cfg.eval.retrieval_dims or [min(64, d)])
+        fs = feature_selection_probe(
+            train["features"], train["labels"], test["features"], test["labels"], k_sel
+        )
+        result["feature_selection_probe"] = {"k": k_sel, "acc1": fs["acc1"], "acc5": fs["acc5"]}
+    if knn:
+        result["knn_acc1"] = knn_accuracy(train["h"], train["labels"], test["h"], test["labels"])["acc1"]
+    return test, result
+
+
+def _retrieval_dims(
+    asked: list[int] | str | None, n_test: int, d: int
+) -> tuple[list[int] | None, str | None]:
+    """:func:`score`'s ``retrieval_dims`` as a K list (or ``None``), and the note when skipped."""
+    if asked != "auto":
+        return asked, None  # type: ignore[return-value]
+    if n_test <= RETRIEVAL_DEPTH:
+        return None, (
+            f"retrieval skipped: it needs at least {RETRIEVAL_DEPTH + 1} test samples (P@10, mAP@10); "
+            f"got {n_test}"
+        )
+    return list(range(32, d + 1, 32)) or [d], None
+
+
+def _linear_probe(
+    model: ContrastiveModel,
+    cfg: Config,
+    probe: str,
+    seeds: list[int] | None,
+    epochs: int,
+    train: dict[str, np.ndarray],
+    test: dict[str, np.ndarray],
+) -> dict[str, Any]:
+    """The ``linear_probe_*`` entries of :func:`score`."""
+    from bayesncl.metrics import linear_probe
+
+    if probe == "paper":
+        from bayesncl.metrics.paper_probe import paper_linear_probe
+
+        lp = paper_linear_probe(model, cfg, epochs=epochs, seeds=seeds)
+    else:
+        lp = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=seeds or [cfg.seed])
+    out = {"linear_probe_acc1": lp["acc1"], "linear_probe_acc5": lp["acc5"]}
+    if seeds is not None:
+        out.update(linear_probe_acc1_std=lp["acc1_std"], linear_probe_acc5_std=lp["acc5_std"])
+        out["linear_probe_seeds"] = seeds
+    out["linear_probe_protocol"] = lp["protocol"]
+    return out
 
 
 # ----------------------------------------------------------------------------- loading trained runs
@@ -412,8 +493,9 @@ def evaluate_command(
     probe_epochs: int = 50,
     given: Collection[str] = (),
 ) -> dict[str, Any]:
-    """``bayesncl evaluate``: features → metrics, linear probe (mean ± std over ``probe_seeds``),
-    kNN, retrieval with feature selection, feature-selection probe, and the figures.
+    """``bayesncl evaluate``: load the model, then :func:`score`: metrics, linear probe (mean ± std
+    over ``probe_seeds``), kNN, retrieval with feature selection, feature-selection probe; and the
+    figures.
 
     ``probe``: ``"fast"``, ``"paper"`` or ``"none"`` (no linear probe and no feature-selection
     probe); ``None`` takes the run's ``eval.probe`` (after ``overrides``). ``retrieval_dims``:
@@ -426,11 +508,10 @@ def evaluate_command(
     ``features_test.npz``, ``evaluation.json`` / ``evaluation.md`` and the PNGs are written next to
     the checkpoint. Raises EvalError (one line) for unusable input, ConfigError for an ``--probe``
     that contradicts an ``eval.probe=`` override or a ``given`` option it does not use."""
-    from bayesncl.app.report import format_retrieval, format_table, write_results
+    from bayesncl.app.report import write_results
+    from bayesncl.app.report.figures import write_figures
     from bayesncl.config import ConfigError, parse_overrides
     from bayesncl.metrics.inputs import EvalError
-    from bayesncl.metrics.knn import knn_accuracy
-    from bayesncl.metrics.probe import feature_selection_probe, linear_probe
 
     asked = parse_overrides(list(overrides or [])).get("eval.probe")
     if probe is not None and asked is not None and str(asked) != probe:
@@ -444,50 +525,38 @@ def evaluate_command(
         where = f"eval.probe={asked}" if asked is not None else f"the run's eval.probe={cfg.eval.probe}"
         _refuse_unused_probe_options(cfg.eval.probe, where, given, probe_seeds, probe_epochs)
     probe = probe or cfg.eval.probe
-    if probe != "none":
-        n_classes = dataset_info(cfg.data).num_classes
-        if n_classes < 2:
-            raise EvalError(
-                f"{cfg.data.name} has {n_classes} class: the linear probe needs >= 2; pass --probe none "
-                "or eval.probe=none"
-            )
-    device = next(model.parameters()).device
-    test = extract_split(model, cfg, "test", device)
-    train = extract_split(model, cfg, "train", device, keys=("h", "features"))
-    n_test, d = test["features"].shape
-    dims = retrieval_dims or list(range(32, d + 1, 32)) or [d]
-    retrieval_note = None
-    if retrieval_dims is None and n_test <= RETRIEVAL_DEPTH:
-        dims = None
-        retrieval_note = (
-            f"retrieval skipped: it needs at least {RETRIEVAL_DEPTH + 1} test samples (P@10, mAP@10); "
-            f"got {n_test}"
+    if probe != "none" and (n_classes := dataset_info(cfg.data).num_classes) < 2:
+        raise EvalError(
+            f"{cfg.data.name} has {n_classes} class: the linear probe needs >= 2; pass --probe none "
+            "or eval.probe=none"
         )
-    result: dict[str, Any] = compute_all(test["features"], test["labels"], retrieval_dims=dims)
-    if retrieval_note:
-        result["retrieval_note"] = retrieval_note
-    seeds = [cfg.seed + i for i in range(probe_seeds)]
-    if probe != "none":
-        if probe == "paper":
-            from bayesncl.metrics.paper_probe import paper_linear_probe
-
-            lp = paper_linear_probe(model, cfg, epochs=probe_epochs, seeds=seeds)
-        else:
-            lp = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=seeds)
-        result["linear_probe_acc1"], result["linear_probe_acc5"] = lp["acc1"], lp["acc5"]
-        result["linear_probe_acc1_std"], result["linear_probe_acc5_std"] = lp["acc1_std"], lp["acc5_std"]
-        result["linear_probe_seeds"] = seeds
-        result["linear_probe_protocol"] = lp["protocol"]
-        k_sel = min(cfg.eval.retrieval_dims or [min(64, d)])
-        fs = feature_selection_probe(
-            train["features"], train["labels"], test["features"], test["labels"], k_sel
-        )
-        result["feature_selection_probe"] = {"k": k_sel, "acc1": fs["acc1"], "acc5": fs["acc5"]}
-    if knn:
-        k = knn_accuracy(train["h"], train["labels"], test["h"], test["labels"])
-        result["knn_acc1"] = k["acc1"]
+    test, result = score(
+        model,
+        cfg,
+        device=next(model.parameters()).device,
+        probe=probe,
+        seeds=[cfg.seed + i for i in range(probe_seeds)],
+        probe_epochs=probe_epochs,
+        retrieval_dims=retrieval_dims or "auto",
+        selection_probe=True,
+        knn=knn,
+    )
     result["method"] = cfg.method.name
-    md = format_table({cfg.method.name: result})
+    md = _evaluation_markdown(result)
+    # everything is computed: only now write the files
+    save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
+    write_results(out_dir, "evaluation", result, md)
+    write_figures(test, cfg.data, out_dir)
+    print(md)
+    print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
+    return result
+
+
+def _evaluation_markdown(result: dict[str, Any]) -> str:
+    """``evaluation.md``: the results table, the probe's protocol, retrieval and the notes."""
+    from bayesncl.app.report import format_retrieval, format_table
+
+    md = format_table({result["method"]: result})
     if "linear_probe_protocol" in result:
         md += f"\n\nLP@1 protocol: {result['linear_probe_protocol']}"
     else:
@@ -495,17 +564,9 @@ def evaluate_command(
     if result.get("retrieval"):
         md += "\n\nRetrieval with feature selection (top-K dims by expected activation), %:\n\n"
         md += format_retrieval(result["retrieval"])
-    if retrieval_note:
-        md += f"\n\nNote: {retrieval_note}."
-    # everything is computed: only now write the files
-    save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
-    write_results(out_dir, "evaluation", result, md)
-    from bayesncl.app.report.figures import write_figures
-
-    write_figures(test, cfg.data, out_dir)
-    print(md)
-    print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
-    return result
+    if "retrieval_note" in result:
+        md += f"\n\nNote: {result['retrieval_note']}."
+    return md
 
 
 def metrics_command(
