@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bayesncl.metrics.dynamics import _gradient_variance, dynamics_correlations
+from bayesncl.metrics.dynamics import dynamics_correlations, gradient_variance
 
 
 def checkpoint_epochs(run_dir: Path) -> list[tuple[int, Path]]:
@@ -82,7 +82,7 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
             cfg.data, min(cfg.train.batch_size, samples), seed=cfg.seed, device=device
         )
         loader.set_epoch(0)
-        gv, used = _gradient_variance(model, loader, cfg, samples)
+        gv, used = gradient_variance(model, loader, cfg, samples)
         corr = dynamics_correlations(af, gv, np.asarray(sc, dtype=np.float64))
         rows.append({"epoch": epoch, **corr, "mean_AF": float(af.mean()), "mean_GV": float(gv.mean())})
         print(f"epoch {epoch}: " + ", ".join(f"{k}={v:.3f}" for k, v in corr.items() if k != "dims"))
