@@ -244,10 +244,6 @@ def load_trained(
         if is_bayesncl_checkpoint(obj):
             check_checkpoint_entries(obj, ckpt_path)
             model, cfg = _load_own(ckpt_path, obj["config"], obj["state_dict"], overrides, command)
-        elif isinstance(obj, dict) and str(obj.get("format", "")).startswith("bayesncl-checkpoint"):
-            raise EvalError(
-                f"{ckpt_path} is a {obj['format']} checkpoint; this bayesncl reads bayesncl-checkpoint-v1"
-            )
         elif _is_own_encoder(ckpt_path, obj):
             cfg_dict, cfg_source = _encoder_config(ckpt_path)
             model, cfg = _load_own(ckpt_path, cfg_dict, obj, overrides, command, cfg_source=cfg_source)
