@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import warnings
 from collections.abc import Collection
@@ -17,12 +18,39 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesncl.config import Config
+from bayesncl.app.report import format_retrieval, format_table, write_results
+from bayesncl.app.report.figures import write_figures
+from bayesncl.config import (
+    Config,
+    ConfigError,
+    build_config,
+    check_keys,
+    config_from_dict,
+    load_run_yaml,
+    parse_overrides,
+    set_key,
+    validate,
+)
 from bayesncl.core.model import ContrastiveModel, build_model
-from bayesncl.data import build_eval_loader, dataset_info
-from bayesncl.metrics import compute_all
-from bayesncl.metrics.inputs import EvalWarning
-from bayesncl.runs.features import load_features
+from bayesncl.data import build_eval_loader, dataset_info, image_geometry
+from bayesncl.metrics import (
+    EvalError,
+    EvalWarning,
+    compute_all,
+    feature_selection_probe,
+    knn_accuracy,
+    linear_probe,
+)
+from bayesncl.metrics.paper_probe import paper_linear_probe
+from bayesncl.runs.features import load_features, save_features
+from bayesncl.runs.official import load_official_checkpoint, load_state_strict, looks_official
+from bayesncl.runs.rundir import (
+    CheckpointError,
+    check_checkpoint_entries,
+    is_bayesncl_checkpoint,
+    load_checkpoint_file,
+    set_aside_hint,
+)
 
 FEATURE_KEYS = ("h", "p", "z", "features", "alpha", "mask")
 #: ``bayesncl evaluate --probe`` values: the fast probe, the paper's probe, or none.
@@ -80,9 +108,6 @@ def evaluate_model(
     ``run_dir``; returns the metrics dict. LP@1 is the *offline* fast probe on frozen h (not the
     online probe; solo-learn #221); the paper probe is not run here (``bayesncl evaluate`` runs it).
     """
-    from bayesncl.app.report import format_table, write_results
-    from bayesncl.app.report.figures import write_figures
-
     probe = "fast" if cfg.eval.probe == "fast" else "none"
     dims = cfg.eval.retrieval_dims or None
     test, metrics = score(model, cfg, device=device, probe=probe, retrieval_dims=dims)
@@ -111,29 +136,40 @@ def score(
     """The one evaluation path: extract the test split (and the train split where a probe or kNN
     needs it), then :func:`compute_all`, the linear probe, the feature-selection probe and kNN.
 
-    probe: ``"fast"`` (:func:`linear_probe` on frozen h), ``"paper"`` (:func:`paper_linear_probe`)
-    or ``"none"``. seeds: the probe's seeds, reported with their spread (``linear_probe_acc1_std``,
-    ``_acc5_std``, ``linear_probe_seeds``); ``None``: ``cfg.seed`` alone, acc1/acc5/protocol only.
-    retrieval_dims: the K list; ``"auto"``: K = 32, 64, ..., D, skipped with a ``retrieval_note``
-    when the test split has ``RETRIEVAL_DEPTH`` samples or fewer; ``None``: no retrieval.
-    selection_probe: the feature-selection probe at K = min(``eval.retrieval_dims``) (else
-    min(64, D)), with a probe. knn: weighted kNN Acc@1 on h (percent).
+    probe: ``"fast"`` (:func:`linear_probe` on h), ``"paper"`` (:func:`paper_linear_probe`) or
+    ``"none"``. seeds: the probe's, reported with their spread (``*_std``, ``linear_probe_seeds``);
+    ``None``: ``cfg.seed``, no spread. retrieval_dims: the K list; ``"auto"``: 32, 64, ..., D, skipped
+    (``retrieval_note``) for ``RETRIEVAL_DEPTH`` test samples or fewer; ``None``: none.
+    selection_probe: at K = min(``eval.retrieval_dims`` or [64, D]), with a probe. knn: Acc@1 on h.
     Returns ``(test arrays of extract_features, results)``; writes nothing. Raises EvalError.
     """
-    from bayesncl.metrics import feature_selection_probe, knn_accuracy
-
     test = extract_split(model, cfg, "test", device)
     train: dict[str, np.ndarray] = {}
     if knn or (probe != "none" and (probe == "fast" or selection_probe)):
         keys = ("h", "features") if selection_probe else ("h",)
         train = extract_split(model, cfg, "train", device, keys=keys)
     n_test, d = test["features"].shape
-    dims, retrieval_note = _retrieval_dims(retrieval_dims, n_test, d)
-    result: dict[str, Any] = compute_all(test["features"], test["labels"], retrieval_dims=dims)
-    if retrieval_note:
-        result["retrieval_note"] = retrieval_note
+    note = None
+    if retrieval_dims == "auto":
+        retrieval_dims = list(range(32, d + 1, 32)) or [d]
+        if n_test <= RETRIEVAL_DEPTH:
+            retrieval_dims, note = None, (
+                f"retrieval skipped: it needs at least {RETRIEVAL_DEPTH + 1} test samples (P@10, mAP@10); "
+                f"got {n_test}"
+            )
+    result: dict[str, Any] = compute_all(test["features"], test["labels"], retrieval_dims=retrieval_dims)
+    if note:
+        result["retrieval_note"] = note
     if probe != "none":
-        result.update(_linear_probe(model, cfg, probe, seeds, probe_epochs, train, test))
+        if probe == "paper":
+            lp = paper_linear_probe(model, cfg, epochs=probe_epochs, seeds=seeds)
+        else:
+            lp = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=seeds or cfg.seed)
+        result.update(linear_probe_acc1=lp["acc1"], linear_probe_acc5=lp["acc5"])
+        if seeds is not None:
+            result.update(linear_probe_acc1_std=lp["acc1_std"], linear_probe_acc5_std=lp["acc5_std"])
+            result["linear_probe_seeds"] = seeds
+        result["linear_probe_protocol"] = lp["protocol"]
     if probe != "none" and selection_probe:
         k_sel = min(cfg.eval.retrieval_dims or [min(64, d)])
         fs = feature_selection_probe(
@@ -143,46 +179,6 @@ def score(
     if knn:
         result["knn_acc1"] = knn_accuracy(train["h"], train["labels"], test["h"], test["labels"])["acc1"]
     return test, result
-
-
-def _retrieval_dims(
-    asked: list[int] | str | None, n_test: int, d: int
-) -> tuple[list[int] | None, str | None]:
-    """:func:`score`'s ``retrieval_dims`` as a K list (or ``None``), and the note when skipped."""
-    if asked != "auto":
-        return asked, None  # type: ignore[return-value]
-    if n_test <= RETRIEVAL_DEPTH:
-        return None, (
-            f"retrieval skipped: it needs at least {RETRIEVAL_DEPTH + 1} test samples (P@10, mAP@10); "
-            f"got {n_test}"
-        )
-    return list(range(32, d + 1, 32)) or [d], None
-
-
-def _linear_probe(
-    model: ContrastiveModel,
-    cfg: Config,
-    probe: str,
-    seeds: list[int] | None,
-    epochs: int,
-    train: dict[str, np.ndarray],
-    test: dict[str, np.ndarray],
-) -> dict[str, Any]:
-    """The ``linear_probe_*`` entries of :func:`score`."""
-    from bayesncl.metrics import linear_probe
-
-    if probe == "paper":
-        from bayesncl.metrics.paper_probe import paper_linear_probe
-
-        lp = paper_linear_probe(model, cfg, epochs=epochs, seeds=seeds)
-    else:
-        lp = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=seeds or [cfg.seed])
-    out = {"linear_probe_acc1": lp["acc1"], "linear_probe_acc5": lp["acc5"]}
-    if seeds is not None:
-        out.update(linear_probe_acc1_std=lp["acc1_std"], linear_probe_acc5_std=lp["acc5_std"])
-        out["linear_probe_seeds"] = seeds
-    out["linear_probe_protocol"] = lp["protocol"]
-    return out
 
 
 # ----------------------------------------------------------------------------- loading trained runs
@@ -211,16 +207,6 @@ def load_trained(
     another checkpoint inside a run dir (``RUN/epoch-NNNN.pt``); else the checkpoint's folder.
     Raises EvalError (one line) for anything unusable, ConfigError for bad overrides.
     """
-    from bayesncl.metrics.inputs import EvalError
-    from bayesncl.runs.official import looks_official
-    from bayesncl.runs.rundir import (
-        CheckpointError,
-        check_checkpoint_entries,
-        is_bayesncl_checkpoint,
-        load_checkpoint_file,
-        set_aside_hint,
-    )
-
     src = Path(source)
     if src.is_dir():
         ckpt_path = src / "last.pt"
@@ -281,12 +267,8 @@ def _encoder_config(path: Path) -> tuple[dict[str, Any], Path]:
     """The config of an exported ``encoder.safetensors``, and the file it came from: its metadata (key
     ``config``, written by :func:`bayesncl.app.train.export_encoder`), else the run's ``config.yaml``
     beside it (files exported before the metadata held it). Raises EvalError if neither exists."""
-    import json
-
     from safetensors import safe_open
 
-    from bayesncl.config import load_run_yaml
-    from bayesncl.metrics.inputs import EvalError
 
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
@@ -322,9 +304,6 @@ def _load_own(
     cfg_source: Path | None = None,
 ) -> tuple[ContrastiveModel, Config]:
     """``cfg_source``: the file ``cfg_dict`` was read from, named by a config error (default ``path``)."""
-    from bayesncl.config import check_keys, config_from_dict, parse_overrides, set_key, validate
-    from bayesncl.metrics.inputs import EvalError
-    from bayesncl.runs.official import load_state_strict
 
     cfg = config_from_dict(cfg_dict, cfg_source or path)
     trained_data = copy.deepcopy(cfg.data)
@@ -365,8 +344,6 @@ def _data_mismatch(
     """Why the weights do not fit when data.* overrides changed the images the model is built for
     (channels, or an image size that switches the ResNet stem); ``None`` when they did not.
     ``command``: the command being run, named in the advice (else "use")."""
-    from bayesncl.data import image_geometry
-
     trained_channels, trained_size = image_geometry(trained)
     if channels != trained_channels:
         return (
@@ -385,11 +362,6 @@ def _data_mismatch(
 
 
 def _load_official(path: Path, obj: Any, overrides: list[str] | None) -> tuple[ContrastiveModel, Config]:
-    import logging
-
-    from bayesncl.config import build_config, parse_overrides
-    from bayesncl.metrics.inputs import EvalError
-    from bayesncl.runs.official import load_official_checkpoint
 
     user = parse_overrides(list(overrides or []))
     if "data.name" not in user:
@@ -429,7 +401,6 @@ def extract_command(
     """``bayesncl extract``: write ``features_<split>.npz`` (see docs/architecture.md).
 
     ``overrides``: see :func:`load_trained` (official checkpoints need ``data.name=...``)."""
-    from bayesncl.metrics.inputs import EvalError
 
     if out is not None and Path(out).is_dir():
         raise EvalError(f"--out {out} is a directory; give a file name such as {Path(out) / 'features.npz'}")
@@ -447,8 +418,6 @@ def save_split_features(
     path: Path, arrays: dict[str, np.ndarray], cfg: Config, split: str, source: str | Path
 ) -> None:
     """Write the ONE features file of a split (docs/architecture.md), with its metadata."""
-    from bayesncl.runs.features import save_features
-
     meta = {
         "method": cfg.method.name,
         "dataset": cfg.data.name,
@@ -464,8 +433,6 @@ def _refuse_unused_probe_options(
 ) -> None:
     """ConfigError for a ``given`` option that ``probe`` (set by ``where``, e.g. ``--probe none``)
     does not use: the seeds without a probe, the epochs without the paper probe."""
-    from bayesncl.config import ConfigError
-
     if "probe_seeds" in given and probe == "none":
         raise ConfigError(
             f"--probe-seeds {probe_seeds} has no effect with {where}: it sets the linear probe's seeds "
@@ -489,9 +456,8 @@ def evaluate_command(
     probe_epochs: int = 50,
     given: Collection[str] = (),
 ) -> dict[str, Any]:
-    """``bayesncl evaluate``: load the model, then :func:`score`: metrics, linear probe (mean ± std
-    over ``probe_seeds``), kNN, retrieval with feature selection, feature-selection probe; and the
-    figures.
+    """``bayesncl evaluate``: load the model, then :func:`score` (metrics, linear probe with mean ± std
+    over ``probe_seeds``, kNN, retrieval, feature-selection probe) and the figures.
 
     ``probe``: ``"fast"``, ``"paper"`` or ``"none"`` (no linear probe and no feature-selection
     probe); ``None`` takes the run's ``eval.probe`` (after ``overrides``). ``retrieval_dims``:
@@ -504,11 +470,6 @@ def evaluate_command(
     ``features_test.npz``, ``evaluation.json`` / ``evaluation.md`` and the PNGs are written next to
     the checkpoint. Raises EvalError (one line) for unusable input, ConfigError for an ``--probe``
     that contradicts an ``eval.probe=`` override or a ``given`` option it does not use."""
-    from bayesncl.app.report import write_results
-    from bayesncl.app.report.figures import write_figures
-    from bayesncl.config import ConfigError, parse_overrides
-    from bayesncl.metrics.inputs import EvalError
-
     asked = parse_overrides(list(overrides or [])).get("eval.probe")
     if probe is not None and asked is not None and str(asked) != probe:
         raise ConfigError(f"--probe {probe} contradicts eval.probe={asked}: give one of them")
@@ -526,17 +487,11 @@ def evaluate_command(
             f"{cfg.data.name} has {n_classes} class: the linear probe needs >= 2; pass --probe none "
             "or eval.probe=none"
         )
+    seeds, device = [cfg.seed + i for i in range(probe_seeds)], next(model.parameters()).device
     test, result = score(
-        model,
-        cfg,
-        device=next(model.parameters()).device,
-        probe=probe,
-        seeds=[cfg.seed + i for i in range(probe_seeds)],
-        probe_epochs=probe_epochs,
-        retrieval_dims=retrieval_dims or "auto",
-        selection_probe=True,
-        knn=knn,
-    )
+        model, cfg, device=device, probe=probe, seeds=seeds, probe_epochs=probe_epochs,
+        retrieval_dims=retrieval_dims or "auto", selection_probe=True, knn=knn,
+    )  # fmt: skip
     result["method"] = cfg.method.name
     md = _evaluation_markdown(result)
     # everything is computed: only now write the files
@@ -550,8 +505,6 @@ def evaluate_command(
 
 def _evaluation_markdown(result: dict[str, Any]) -> str:
     """``evaluation.md``: the results table, the probe's protocol, retrieval and the notes."""
-    from bayesncl.app.report import format_retrieval, format_table
-
     md = format_table({result["method"]: result})
     if "linear_probe_protocol" in result:
         md += f"\n\nLP@1 protocol: {result['linear_probe_protocol']}"

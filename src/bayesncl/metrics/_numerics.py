@@ -20,13 +20,7 @@ import math
 import torch
 
 __all__ = [
-    "CHUNK_BYTES",
-    "EPS",
-    "NORM_EPS",
-    "downscale_exponent",
-    "magnitudes",
-    "normalize_rows",
-    "row_norms",
+    "CHUNK_BYTES", "EPS", "NORM_EPS", "downscale_exponent", "magnitudes", "normalize_rows", "row_norms",
     "scaled",
 ]
 

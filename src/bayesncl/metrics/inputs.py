@@ -14,12 +14,7 @@ import numpy as np
 import torch
 
 __all__ = [
-    "EvalError",
-    "EvalWarning",
-    "as_features",
-    "as_labels",
-    "needs_labels",
-    "validate_features",
+    "EvalError", "EvalWarning", "as_features", "as_labels", "needs_labels", "validate_features",
     "warn_degenerate",
 ]
 

@@ -1,10 +1,7 @@
-"""The metric registry: one row per metric of PAPER-NOTES §3, the only place that names its JSON key,
-table labels, unit and formats. :func:`compute_all`, :data:`METRIC_KEYS`, :func:`format_metrics_table`
-and the results tables' columns (:func:`column`) all read it.
-
-A new metric: write its function ``fn(features, labels)`` (next to its kin) and add a row whose
-``value`` is ``lambda s: fn(s.f, s.y)``; rows of metrics that share work read it from
-:class:`Shared`, which computes each intermediate once.
+"""The metric registry: one row per metric of PAPER-NOTES §3, the only place naming its JSON key,
+labels, unit and formats; :func:`compute_all`, :data:`METRIC_KEYS`, :func:`format_metrics_table` and
+:func:`column` read it. A new metric: its function ``fn(features, labels)`` and a row with
+``value=lambda s: fn(s.f, s.y)`` (rows of metrics that share work read it from :class:`Shared`).
 """
 
 from __future__ import annotations
@@ -28,11 +25,13 @@ NO_ACTIVE_NOTE = "no active dimensions"
 
 
 class Shared:
-    """Validated features ``f`` (N, D) and labels ``y`` (N,), and the intermediates several metrics
-    share, each computed on first use: the class statistics, the active dims and the spectrum."""
+    """Validated features ``f`` (N, D), labels ``y`` (N,) and their (D,) ``active`` dims, with the
+    intermediates several metrics share, each computed on first use."""
 
     def __init__(self, f: torch.Tensor, y: torch.Tensor) -> None:
         self.f, self.y = f, y
+        self.active = active_mask(f)
+        self.n_active = int(self.active.sum())
 
     @cached_property
     def semantic(self) -> SemanticStats:
@@ -42,14 +41,6 @@ class Shared:
     def summary(self) -> tuple[dict[str, float], list[str]]:
         """:meth:`SemanticStats.summary`: the semantic values and the keys without a dimension."""
         return self.semantic.summary()
-
-    @cached_property
-    def n_active(self) -> int:
-        return int(self.active.sum())
-
-    @cached_property
-    def active(self) -> torch.Tensor:
-        return active_mask(self.f)
 
     @cached_property
     def spectrum(self) -> tuple[float, float]:
@@ -76,10 +67,6 @@ class Metric:
         return self.fmt.format(int(value) if self.fmt == "{:d}" else float(value))
 
 
-def _sparsity(s: Shared) -> float:
-    return 1.0 - s.semantic.firing_entries() / (s.semantic.num_samples * s.semantic.dim)
-
-
 #: Every metric of :func:`compute_all`, in the order of its keys.
 METRICS = (
     Metric("semantic_consistency", "Semantic consistency (SC)", "%", "{:.2f}", "SC %", "{:.2f}",
@@ -93,7 +80,8 @@ METRICS = (
     Metric("active_dims", "Active dims", "count", "{:d}", "active", "{:d}", lambda s: s.n_active),
     Metric("activation_ratio", "Activation ratio (Act.)", "fraction", "{:.4f}", "Act.", "{:.3f}",
            lambda s: s.n_active / s.f.shape[1]),
-    Metric("sparsity", "Sparsity", "fraction", "{:.4f}", "sparsity", "{:.3f}", _sparsity),
+    Metric("sparsity", "Sparsity", "fraction", "{:.4f}", "sparsity", "{:.3f}",
+           lambda s: 1.0 - s.semantic.firing_entries() / s.f.numel()),
     Metric("effective_rank", "Effective rank exp(H_spectral)", "dims", "{:.2f}", "eff. rank", "{:.2f}",
            lambda s: math.exp(s.spectrum[0]) if s.n_active else 0.0),
     Metric("orthogonality", "Orthogonality error", "mean abs cos", "{:.4f}", "ortho.", "{:.3f}",

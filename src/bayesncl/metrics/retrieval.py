@@ -27,14 +27,8 @@ from ._numerics import normalize_rows, row_norms
 from .inputs import EvalError, validate_features
 
 __all__ = [
-    "auto_chunk_size",
-    "average_precision_at_k",
-    "nearest_neighbours",
-    "check_dims",
-    "expected_activation",
-    "rank_dims",
-    "retrieval_metrics",
-    "select_top_dims",
+    "auto_chunk_size", "average_precision_at_k", "nearest_neighbours", "check_dims", "expected_activation",
+    "rank_dims", "retrieval_metrics", "select_top_dims",
 ]
 
 # Elements of one similarity block when chunk_size is not given (32 Mi floats = 128 MiB).

@@ -28,14 +28,8 @@ from ._numerics import CHUNK_BYTES, EPS, NORM_EPS, downscale_exponent, magnitude
 from .inputs import needs_labels, validate_features, warn_degenerate
 
 __all__ = [
-    "SemanticStats",
-    "semantic_consistency",
-    "semantic_consistency_per_dim",
-    "semantic_entropy_freq",
-    "semantic_entropy_mean",
-    "semantic_entropy_sum",
-    "semantic_metrics",
-    "undefined_note",
+    "SemanticStats", "semantic_consistency", "semantic_consistency_per_dim", "semantic_entropy_freq",
+    "semantic_entropy_mean", "semantic_entropy_sum", "semantic_metrics", "undefined_note",
 ]
 
 # A one-hot matrix larger than this (elements) is replaced by a scatter-add in float64.
@@ -197,16 +191,17 @@ def undefined_note(undefined: Sequence[str]) -> str:
     return f"no dimension qualifies for {', '.join(undefined)}; reported as 0.0"
 
 
-def _semantic(features: Any, labels: Any, metric: str, keys: Sequence[str] | None = None) -> dict[str, float]:
+def _semantic(features: Any, labels: Any, metric: str, key: str | None = None) -> dict[str, float]:
+    """The four semantic values; warns for those without a dimension (only ``key``'s if given)."""
     values, undefined = _stats(features, labels, metric).summary()
-    undefined = [k for k in undefined if keys is None or k in keys]
+    undefined = [k for k in undefined if key in (None, k)]
     if undefined:
         warn_degenerate(f"{metric}: {undefined_note(undefined)}")
     return values
 
 
 def _semantic_one(features: Any, labels: Any, key: str) -> float:
-    return _semantic(features, labels, key, [key])[key]
+    return _semantic(features, labels, key, key)[key]
 
 
 def semantic_metrics(features: Any, labels: Any) -> dict[str, float]:

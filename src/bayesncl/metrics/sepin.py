@@ -1,8 +1,5 @@
-"""SEPIN@k: separated informativeness of feature dimensions (docs/metrics.md, "SEPIN@k").
-
-A label-based Gaussian estimate (Do & Tran, 2020; used by Wang et al., 2024); docs/metrics.md says
-how it differs from the NCL paper's.
-"""
+"""SEPIN@k, separated informativeness of feature dimensions: a label-based Gaussian estimate
+(Do & Tran, 2020; used by Wang et al., 2024; docs/metrics.md, "SEPIN@k")."""
 
 from __future__ import annotations
 

@@ -17,14 +17,8 @@ from ._numerics import EPS, downscale_exponent, magnitudes, scaled
 from .inputs import validate_features
 
 __all__ = [
-    "activation_ratio",
-    "active_dims",
-    "effective_rank",
-    "orthogonality",
-    "sparsity",
-    "active_mask",
-    "spectral_entropy",
-    "spectrum",
+    "activation_ratio", "active_dims", "effective_rank", "orthogonality", "sparsity", "active_mask",
+    "spectral_entropy", "spectrum",
 ]
 
 
@@ -79,9 +73,7 @@ def _gram_active(f: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
     gram = torch.zeros(d, d, dtype=torch.float64)
     if d == 0:
         return gram
-    e = 0
-    if f.dtype == torch.float64:
-        e = downscale_exponent(float(f.abs().max()), f.shape[0], torch.float64, power=2)
+    e = _float64_exponent(f, f.shape[0])
     all_active = d == f.shape[1]
     step = max(1, _GRAM_CHUNK_BYTES // (8 * d))
     for i in range(0, f.shape[0], step):
