@@ -151,7 +151,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     from bayesncl.app.evaluate import metrics_command
-    from bayesncl.metrics.interpretability import format_metrics_table
+    from bayesncl.metrics import format_metrics_table
 
     dims = parse_dims(args.retrieval_dims)
     result = metrics_command(args.features, dims, args.json)
