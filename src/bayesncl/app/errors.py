@@ -128,10 +128,9 @@ def met_by_every_rank(e: BaseException) -> bool:
     writes the run dir): printed once per node, by its local rank 0. Other errors (an out-of-memory on
     one GPU, an image that cannot be decoded in one rank's shard) are printed by the rank meeting them,
     prefixed with "(rank N)"."""
-    from bayesncl.data.sources import ShardDataError
-
     from bayesncl.core.engine import TrainingError
     from bayesncl.data import DataError
+    from bayesncl.data.sources import ShardDataError
     from bayesncl.runs.fileio import DiskFullError
     from bayesncl.runs.rundir import CheckpointError, RunDirError
 
