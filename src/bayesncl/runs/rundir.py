@@ -1,303 +1,34 @@
-"""Run directory and checkpoint state: atomic saves, RNG capture, safe loading, resume checks.
+"""The run directory of a pretraining run: what it holds, the checks before a run, and the
+:class:`RunDir` that owns it while training (lock, claim, ``--overwrite``'s set-aside, archived
+results, restore, Ctrl-C/SIGTERM, the saves at an epoch's end and mid-epoch).
 
-Everything a bit-identical resume needs lives in one checkpoint dict (format
-:data:`CHECKPOINT_FORMAT`): model, optimiser, grad scaler, every RNG, epoch, step and the per-epoch
-log. What is *not* stored, and why it need not be:
-
-- the learning-rate schedule: a precomputed per-step array, a pure function of the config and
-  ``step`` (``train.warmup_cosine``);
-- the data order and augmentation: a function of ``(seed, epoch, rank)`` only
-  (``TwoViewLoader.set_epoch``), also inside DataLoader workers, so worker RNGs need no state.
-
-RNG states are stored as tensors and plain Python values so checkpoints load with
-``torch.load(weights_only=True)``.
-
-Reading files a user passes (:func:`load_checkpoint_file`) never runs code: ``.safetensors`` files
-are read with safetensors, everything else with ``torch.load(weights_only=True)``; a pickle that
-would import anything beyond tensors and plain values is refused with a one-line
-:class:`CheckpointError`.
-
-The files written at the end of training load elsewhere without bayesncl:
-
-- ``encoder.safetensors``: ``safetensors.torch.load_file(path)`` → the model's full state dict;
-  its metadata holds the resolved config as JSON (``safe_open(path, "pt").metadata()["config"]``).
-- ``backbone_torchvision.pt`` (ResNet backbones): torchvision names without ``fc``. Load it with
-  ``net = torchvision.models.resnet18(); net.fc = torch.nn.Identity();
-  net.load_state_dict(torch.load(path, weights_only=True))`` (strict), or keep the fc and pass
-  ``strict=False`` (the only missing keys are then ``fc.weight`` and ``fc.bias``). A CIFAR-stem or
-  1-channel backbone first needs the same ``conv1`` (and, CIFAR stem, ``maxpool = Identity()``)
-  as :func:`bayesncl.core.model.build_backbone` uses, else conv1's shape does not match.
+Layout: ``config.yaml``, ``log.csv`` and ``steps.csv`` (``runs.logs``), ``last.pt`` (``runs.state``),
+``epoch-NNNN.pt`` every ``train.checkpoint_every`` epochs, then the results (:data:`RESULT_ARTIFACTS`).
 """
 
 from __future__ import annotations
 
-import csv
 import errno
 import os
-import pickle
-import random
 import re
 import shutil
-import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-from torch import nn
-
 from bayesncl.config import Config, config_from_dict, diff_configs
-from bayesncl.runs.fileio import atomic_path, default_file_mode, remove_stale_temporaries
-
-LOG_FIELDS = [
-    "epoch",
-    "step",
-    "loss",
-    "info_nce",
-    "kl",
-    "gate_open",
-    "rho",
-    "rows_all_closed",
-    "online_acc",
-    "lr",
-    "epoch_time_s",
-]
-# steps.csv: one row every STEP_LOG_EVERY optimiser steps, the means over the steps since the
-# previous row of the same epoch (epoch = step / steps per epoch, fractional)
-STEP_LOG_FIELDS = ["step", "epoch", "loss", "info_nce", "kl", "gate_open", "online_acc", "lr"]
-STEP_LOG_EVERY = 25  # also the CUDA loop's host-sync period: rows cost no extra synchronisation
-
-
-CHECKPOINT_FORMAT = "bayesncl-checkpoint-v1"
+from bayesncl.runs.fileio import default_file_mode, remove_stale_temporaries
+from bayesncl.runs.safe_load import (
+    CHECKPOINT_FORMAT,
+    CheckpointError,
+    check_checkpoint_entries,
+    is_bayesncl_checkpoint,
+    load_checkpoint_file,
+)
 
 
 class RunDirError(ValueError):
     """The run directory cannot be used as asked (exists, unwritable, config differs)."""
-
-
-class CheckpointError(ValueError):
-    """A file cannot be read as a checkpoint (missing, not a checkpoint, unsafe); one line."""
-
-
-def rng_state() -> dict[str, Any]:
-    # Only tensors and plain Python values, so checkpoints load with torch.load(weights_only=True).
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to a temporary file in the same dir, then rename: never a half-written file."""
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
-
-
-@dataclass
-class TrainState:
-    epoch: int = 0  # epochs completed
-    step: int = 0  # optimiser steps completed
-    log: list[dict[str, Any]] = field(default_factory=list)
-    step_log: list[dict[str, Any]] = field(default_factory=list)  # the rows of steps.csv
-    # A run stopped inside an epoch (Ctrl-C, SIGTERM): {"n_seen": steps done in epoch+1, "sums": (6,)
-    # running sums of the step statistics (means over processes), "elapsed": seconds, "window":
-    # [means, n] at the last steps.csv row of the epoch}; else None.
-    partial: dict[str, Any] | None = None
-    steps_per_epoch: int = 0
-    # Under DDP: every rank's RNG state (rank order), gathered at the save; rank 0's is also "rng".
-    rng_ranks: list[dict[str, Any]] | None = None
-
-
-def save_checkpoint(
-    path: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    state: TrainState,
-    cfg: Config,
-) -> None:
-    """Everything needed for a bit-identical resume, in one file (written atomically)."""
-    atomic_save(
-        {
-            "format": CHECKPOINT_FORMAT,
-            "config": cfg.to_dict(),
-            "state_dict": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(),
-            "epoch": state.epoch,
-            "step": state.step,
-            "log": state.log,
-            "step_log": state.step_log,
-            "partial": state.partial,
-            "steps_per_epoch": state.steps_per_epoch,
-            "rng_ranks": state.rng_ranks,
-            "rng": rng_state(),
-        },
-        path,
-    )
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0].strip() if text else type(e).__name__
-
-
-def _refusal(path: Path, e: BaseException) -> CheckpointError:
-    """Turn torch's multi-paragraph weights_only error into one line saying what was refused."""
-    text = str(e)
-    found = re.search(r"GLOBAL ([\w.]+)", text)
-    if found:
-        what = f"it would import and call {found.group(1)}, which can run code"
-    elif (op := re.search(r"Unsupported operand (\d+)", text)) is not None:
-        what = f"it holds pickle opcode {op.group(1)}, which plain tensor checkpoints do not use"
-    else:
-        what = _first_line(e).replace("WeightsUnpickler error: ", "")
-    return CheckpointError(
-        f"{path} was refused by the safe loader (torch.load weights_only=True): {what}; nothing in it "
-        f"was run. Only tensors and plain values are accepted"
-    )
-
-
-def load_checkpoint_file(path: str | Path) -> Any:
-    """Read a file a user passed, without ever running code from it.
-
-    ``.safetensors`` → ``{name: tensor}`` (safetensors); anything else → the object stored by
-    ``torch.save`` read with ``torch.load(weights_only=True, map_location="cpu")``.
-    Raises CheckpointError (one line) if the file is missing, empty, not a checkpoint, truncated,
-    damaged (a ``torch.save`` zip archive whose CRC-32 checksums do not match: a bad copy or disk
-    error, which ``torch.load`` alone would read as wrong weights), or a pickle that would import
-    anything beyond tensors and plain values.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such file")
-    if path.is_dir():
-        raise CheckpointError(f"{path} is a directory, not a checkpoint file")
-    try:
-        with path.open("rb") as f:
-            head = f.read(8)
-    except OSError as e:
-        raise CheckpointError(f"cannot read {path}: {_first_line(e)}") from None
-    if not head:
-        raise CheckpointError(f"{path} is empty, not a checkpoint")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(path), device="cpu")
-        except Exception as e:  # noqa: BLE001 - safetensors raises several types for bad files
-            raise CheckpointError(f"{path} is not a readable safetensors file ({_first_line(e)})") from None
-    is_zip, is_pickle = head.startswith(b"PK\x03\x04"), head[:1] == b"\x80"
-    if not (is_zip or is_pickle):
-        raise CheckpointError(
-            f"{path} is not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle "
-            f"(it starts with {head!r})"
-        )
-    if is_zip and _is_npz(path):
-        raise CheckpointError(
-            f"{path} is a NumPy .npz (a features file?), not a checkpoint: use `bayesncl metrics {path}`"
-        )
-    if is_zip and (bad := _damaged_member(path)) is not None:
-        raise CheckpointError(
-            f"{path} is damaged: the checksum of its record {bad} does not match (a partial copy or a "
-            "disk error); use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
-        )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the error below says it all
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as e:
-            raise _refusal(path, e) from None
-        except Exception as e:  # noqa: BLE001 - truncated zips, bad records, ... all mean "unreadable"
-            raise CheckpointError(
-                f"{path} is not a readable PyTorch checkpoint (truncated or damaged? {_first_line(e)})"
-            ) from None
-
-
-def _damaged_member(path: Path) -> str | None:
-    """The first record of a zip archive whose CRC-32 does not match its data (zipfile.testzip), or
-    None. An archive zipfile cannot open is left to torch.load, which names what is wrong."""
-    import zipfile
-    import zlib
-
-    try:
-        with zipfile.ZipFile(path) as z:
-            return z.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError, UnicodeDecodeError):
-        return None
-
-
-def _is_npz(path: Path) -> bool:
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(path) as z:
-            names = z.namelist()
-    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, UnicodeDecodeError):
-        return False  # a damaged archive: torch.load names what is wrong
-    return bool(names) and all(n.endswith(".npy") for n in names)
-
-
-def is_bayesncl_checkpoint(obj: Any) -> bool:
-    return isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT
-
-
-# What a bayesncl checkpoint holds: for its model (extract, evaluate), and also to resume from it.
-_MODEL_ENTRIES: dict[str, type | tuple[type, ...]] = {"config": dict, "state_dict": dict}
-_RESUME_ENTRIES: dict[str, type | tuple[type, ...]] = {
-    "optimizer": dict, "scaler": dict, "epoch": int, "step": int, "log": list, "rng": dict,
-}
-
-
-def _a(noun: str) -> str:
-    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
-
-
-def check_checkpoint_entries(obj: dict[str, Any], path: Path, *, resume: bool = False) -> None:
-    """Raise CheckpointError (one line) unless the bayesncl checkpoint ``obj`` read from ``path`` has
-    the entries its model (and, ``resume``, a resume) needs, of the right kinds. A file with the
-    format marker but a missing or edited entry used to end in a KeyError or TypeError traceback."""
-    entries = {**_MODEL_ENTRIES, **(_RESUME_ENTRIES if resume else {})}
-    for key, kind in entries.items():
-        if key not in obj:
-            raise CheckpointError(
-                f"{path} is a {CHECKPOINT_FORMAT} checkpoint without its '{key}' entry (damaged or edited): "
-                "use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
-            )
-        if not isinstance(obj[key], kind) or (kind is int and isinstance(obj[key], bool)):
-            expected = "a mapping" if kind is dict else f"a {kind.__name__}"  # type: ignore[union-attr]
-            raise CheckpointError(
-                f"{path}: its '{key}' entry is {_a(type(obj[key]).__name__)}, expected {expected} "
-                "(damaged or edited): use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
-            )
-    odd = [k for k, v in obj["state_dict"].items() if not isinstance(v, torch.Tensor)]
-    if odd:
-        raise CheckpointError(
-            f"{path}: its 'state_dict' entry {odd[0]!r} is {_a(type(obj['state_dict'][odd[0]]).__name__)}, "
-            "expected a tensor (damaged or edited): use another copy, or an earlier checkpoint of the run "
-            "(epoch-NNNN.pt)"
-        )
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -349,7 +80,7 @@ def _check_writable(run_dir: Path) -> None:
             raise RunDirError(
                 f"run dir {run_dir} cannot be created: {probe} does not accept new folders ({virtual})"
             ) from None
-        reason = e.strerror or _first_line(e)
+        reason = e.strerror or str(e)
         raise RunDirError(f"run dir {run_dir} is not writable ({reason}: {probe})") from None
 
 
@@ -397,11 +128,8 @@ RESULT_ARTIFACTS = (
     "dynamics.json",
     "dynamics.md",
 )
-# What a run writes into its run dir (interrupted.pt: older versions); --overwrite sets these, and
-# nothing else, aside first.
-RUN_ARTIFACTS = (
-    "config.yaml", "log.csv", "steps.csv", "last.pt", "interrupted.pt", "epoch-*.pt", *RESULT_ARTIFACTS
-)
+# What a run writes into its run dir; --overwrite sets these, and nothing else, aside first.
+RUN_ARTIFACTS = ("config.yaml", "log.csv", "steps.csv", "last.pt", "epoch-*.pt", *RESULT_ARTIFACTS)
 # Folders of results a run dir holds: archived by a longer --resume, and those of `evaluate`/`extract`
 # on an earlier checkpoint (RUN/epoch-NNNN.pt -> RUN/eval-epoch-NNNN/); --overwrite sets them aside too.
 RESULT_FOLDERS = ("results-epoch-*", "eval-epoch-*")
@@ -780,14 +508,3 @@ def occupied_run_dir(run_dir: Path) -> RunDirError:
         f"run dir {run_dir} already holds a run; pass --resume to continue it, "
         "--overwrite to replace it, or choose another --run-dir"
     )
-
-
-def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") -> None:
-    """Write ``run_dir/log.csv`` (one row per epoch, ``LOG_FIELDS``) or, with ``name="steps.csv"``,
-    the per-step log (``STEP_LOG_FIELDS``), atomically, with ``\\n`` line ends."""
-    fields = STEP_LOG_FIELDS if name == "steps.csv" else LOG_FIELDS
-    with atomic_path(run_dir / name) as tmp, tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in fields})
