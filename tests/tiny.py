@@ -16,6 +16,7 @@ TINY_BASE = [
     "train.batch_size=32",
     "train.warmup_epochs=1",
     "train.progress=false",
+    "train.checkpoint_every=1",  # epoch-NNNN.pt every epoch, as `dynamics` and the resume tests expect
     "train.device=cpu",
     "eval.batch_size=64",
 ]

@@ -194,7 +194,8 @@ def met_by_every_rank(e: BaseException) -> bool:
     from bayesncl.data import DataError
     from bayesncl.data.datasets import ShardDataError
     from bayesncl.runs.fileio import DiskFullError
-    from bayesncl.runs.rundir import CheckpointError, RunDirError
+    from bayesncl.runs.rundir import RunDirError
+    from bayesncl.runs.safe_load import CheckpointError
 
     alike = (ConfigError, DataError, RunDirError, CheckpointError, TrainingError, DiskFullError)
     return isinstance(e, alike) and not isinstance(e, ShardDataError)
@@ -206,7 +207,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from bayesncl.data import DataError
     from bayesncl.metrics.inputs import EvalError
     from bayesncl.runs.fileio import DiskFullError
-    from bayesncl.runs.rundir import CheckpointError, RunDirError
+    from bayesncl.runs.rundir import RunDirError
+    from bayesncl.runs.safe_load import CheckpointError
 
     return (
         DiskFullError,

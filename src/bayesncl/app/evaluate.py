@@ -133,12 +133,12 @@ def load_trained(
     """
     from bayesncl.metrics.inputs import EvalError
     from bayesncl.runs.official import looks_official
-    from bayesncl.runs.rundir import (
+    from bayesncl.runs.rundir import set_aside_hint
+    from bayesncl.runs.safe_load import (
         CheckpointError,
         check_checkpoint_entries,
         is_bayesncl_checkpoint,
         load_checkpoint_file,
-        set_aside_hint,
     )
 
     src = Path(source)
@@ -203,7 +203,7 @@ def _is_own_encoder(path: Path, obj: Any) -> bool:
 
 def _encoder_config(path: Path) -> tuple[dict[str, Any], Path]:
     """The config of an exported ``encoder.safetensors``, and the file it came from: its metadata (key
-    ``config``, written by :func:`bayesncl.app.train.export_encoder`), else the run's ``config.yaml``
+    ``config``, written by :func:`bayesncl.runs.export.export_encoder`), else the run's ``config.yaml``
     beside it (files exported before the metadata held it). Raises EvalError if neither exists."""
     import json
 

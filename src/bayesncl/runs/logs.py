@@ -10,16 +10,7 @@ from typing import Any
 from bayesncl.runs.fileio import atomic_path
 
 LOG_FIELDS = [
-    "epoch",
-    "step",
-    "loss",
-    "info_nce",
-    "kl",
-    "gate_open",
-    "rho",
-    "rows_all_closed",
-    "online_acc",
-    "lr",
+    "epoch", "step", "loss", "info_nce", "kl", "gate_open", "rho", "rows_all_closed", "online_acc", "lr",
     "epoch_time_s",
 ]
 # steps.csv: one row every STEP_LOG_EVERY optimiser steps, the means over the steps since the
@@ -36,3 +27,31 @@ def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") 
         w.writeheader()
         for r in rows:
             w.writerow({k: r.get(k, "") for k in fields})
+
+
+def epoch_row(
+    epoch: int, step: int, stats: dict[str, float], lr: float, seconds: float, rho: float | str
+) -> dict[str, Any]:
+    """A log.csv row for epoch ``epoch`` (1-based): ``stats`` are the epoch's means
+    (``core.engine.STATS``; online_acc becomes a percentage), ``rho`` the gate's target ("" if none)."""
+    return {
+        "epoch": epoch,
+        "step": step,
+        **{k: round(stats[k], 6) for k in ("loss", "info_nce", "kl", "gate_open")},
+        "rho": rho,
+        "rows_all_closed": round(stats["rows_all_closed"], 6),
+        "online_acc": round(100 * stats["online_acc"], 3),
+        "lr": lr,
+        "epoch_time_s": round(seconds, 2),
+    }
+
+
+def step_row(step: int, steps_per_epoch: int, means: dict[str, float], lr: float) -> dict[str, Any]:
+    """A steps.csv row: ``means`` over the epoch's steps since the previous row (``core.engine.STATS``)."""
+    return {
+        "step": step,
+        "epoch": round(step / steps_per_epoch, 4),
+        **{k: round(means[k], 6) for k in ("loss", "info_nce", "kl", "gate_open")},
+        "online_acc": round(100 * means["online_acc"], 3),
+        "lr": lr,
+    }

@@ -12,12 +12,22 @@ import errno
 import os
 import re
 import shutil
+import signal
+import warnings
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from bayesncl.config import Config, config_from_dict, diff_configs
-from bayesncl.runs.fileio import default_file_mode, remove_stale_temporaries
+import torch
+from torch import nn
+
+from bayesncl.config import Config, config_from_dict, diff_configs, dump_yaml
+from bayesncl.core import distributed
+from bayesncl.core.engine import STOP_SIGNALS, EpochResult
+from bayesncl.data import mix_seed
+from bayesncl.runs.fileio import atomic_path, default_file_mode, remove_stale_temporaries
+from bayesncl.runs.logs import write_log
 from bayesncl.runs.safe_load import (
     CHECKPOINT_FORMAT,
     CheckpointError,
@@ -25,6 +35,7 @@ from bayesncl.runs.safe_load import (
     is_bayesncl_checkpoint,
     load_checkpoint_file,
 )
+from bayesncl.runs.state import TrainState, rng_state, save_checkpoint, seed_everything, set_rng_state
 
 
 class RunDirError(ValueError):
@@ -508,3 +519,236 @@ def occupied_run_dir(run_dir: Path) -> RunDirError:
         f"run dir {run_dir} already holds a run; pass --resume to continue it, "
         "--overwrite to replace it, or choose another --run-dir"
     )
+
+
+# ----------------------------------------------------------------------------- a run's run dir
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped by Ctrl-C or SIGTERM after saving a resumable ``last.pt`` (one-line message);
+    ``exit_code`` is 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
+
+
+class RunDir:
+    """The run dir of one pretraining run, from its checks to the end of training; every process
+    makes one (under ``torchrun`` rank 0 alone writes, the others wait: ``distributed.run_on_main``)::
+
+        with RunDir(path, cfg, world, resume=..., overwrite=...) as run:  # checks, reads last.pt
+            state = run.restore(model, optimizer, scaler, steps_per_epoch)
+            run.claim(state)  # lock, --overwrite's set-aside, config.yaml, Ctrl-C/SIGTERM handlers
+            ... run.save_epoch(...) / run.save_mid_epoch(...)
+            run.finish()
+
+    Entering raises RunDirError before anything is written (:func:`prepare_run_dir`). A fresh run
+    that fails after its claim and before its first checkpoint leaves no trace, and the run an
+    ``--overwrite`` set aside comes back. The lock is held until the ``with`` ends.
+    """
+
+    def __init__(
+        self, path: str | Path, cfg: Config, world: distributed.World, *, resume: bool, overwrite: bool
+    ) -> None:
+        self.path, self.cfg, self.world = Path(path), cfg, world
+        self.resume, self.overwrite = resume, overwrite
+        self.checkpoint: dict[str, Any] | None = None  # the one to resume from
+        self.stop_signal: int | None = None  # the first Ctrl-C/SIGTERM since claim()
+        self._existed = self.path.exists()
+        self._claimed = False
+        self._lock: RunDirLock | None = None
+        self._aside: Path | None = None  # --overwrite: where the previous run waits
+        self._handlers: list[tuple[int, Any]] = []
+        self._trained: tuple[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler]  # by restore()
+
+    def __enter__(self) -> RunDir:
+        self.checkpoint = distributed.run_on_main(
+            lambda: prepare_run_dir(self.path, self.cfg, resume=self.resume, overwrite=self.overwrite)
+        )
+        if self.world.is_main:
+            print(f"run dir: {self.path}", flush=True)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        try:  # an error, or a second Ctrl-C that stopped at once
+            if exc_type is not None and self._claimed and not self.resume:
+                discard_unstarted_run(self.path, self._existed)  # a run without a checkpoint: no trace
+                if self._aside is not None:
+                    finish_overwrite(self._aside, keep_new=False)
+                    print(f"put the previous run back in {self.path} (the new one had no checkpoint)",
+                          flush=True)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+            self._restore_handlers()
+
+    def restore(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+        steps_per_epoch: int,
+    ) -> TrainState:
+        """The training state to start from: a fresh one, or :attr:`checkpoint` loaded into
+        ``model``, ``optimizer``, ``scaler`` and the RNGs; the ``save_*`` methods save these three.
+        Raises RunDirError if this launch takes another number of steps per epoch (another number of
+        processes); warns when ``train.epochs`` changes a run that had not finished."""
+        ckpt, cfg, world = self.checkpoint, self.cfg, self.world
+        self._trained = (model, optimizer, scaler)
+        if ckpt is None:
+            return TrainState(steps_per_epoch=steps_per_epoch)
+        partial = ckpt.get("partial")
+        done = ckpt["steps_per_epoch"]
+        in_epoch = ckpt["step"] - ckpt["epoch"] * done
+        if done != steps_per_epoch or in_epoch != (partial["n_seen"] if partial else 0):
+            raise RunDirError(
+                f"--resume: the run took {done} steps per epoch, this launch takes {steps_per_epoch} "
+                f"({world.world_size} process(es) x batch {cfg.train.batch_size}); relaunch with as "
+                "many processes as the run had"
+            )
+        planned = ckpt["config"]["train"]["epochs"]
+        if world.is_main and ckpt["epoch"] < planned != cfg.train.epochs:
+            warnings.warn(
+                f"--resume with train.epochs={cfg.train.epochs} changes a {planned}-epoch run that stopped "
+                f"after epoch {ckpt['epoch']}{' (inside the next)' if partial else ''}: the "
+                f"learning-rate schedule is recomputed for {cfg.train.epochs} epochs from here, so the "
+                f"result matches neither an uninterrupted {planned}- nor {cfg.train.epochs}-epoch run",
+                stacklevel=3,
+            )
+        model.load_state_dict(ckpt["state_dict"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scaler.load_state_dict(ckpt["scaler"])
+        state = TrainState(
+            epoch=ckpt["epoch"], step=ckpt["step"], log=list(ckpt["log"]), partial=partial,
+            steps_per_epoch=steps_per_epoch, step_log=list(ckpt["step_log"]),
+        )
+        ranks = ckpt.get("rng_ranks")
+        if ranks and len(ranks) == world.world_size:  # each rank continues its own RNG stream
+            set_rng_state(ranks[world.rank])
+        elif world.is_main:
+            set_rng_state(ckpt["rng"])
+        else:  # the run had another number of processes: the other ranks restart their own stream
+            seed_everything(mix_seed(distributed.rank_seed(cfg.seed, world.rank), state.step))
+        return state
+
+    def claim(self, state: TrainState) -> None:
+        """Take the run dir (rank 0; every rank gets its error): lock it, re-check it under the lock,
+        set a previous run aside (``--overwrite``), archive the results of a shorter run a
+        ``--resume`` extends, write ``config.yaml`` and the logs as ``state`` holds them. Then catch
+        the first Ctrl-C or SIGTERM (:attr:`stop_signal`) until :meth:`finish`."""
+        distributed.run_on_main(lambda: self._claim(state))
+        self._install_handlers()
+
+    def _claim(self, state: TrainState) -> None:
+        run_dir, ckpt, cfg = self.path, self.checkpoint, self.cfg
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = lock_run_dir(run_dir)  # the first write; None where there are no file locks
+        if ckpt is None and not self.overwrite and holds_run(run_dir):
+            # another command wrote a run here after prepare_run_dir: refuse, as it did, touching nothing
+            if lock is not None:
+                lock.release()
+            raise occupied_run_dir(run_dir)
+        self._lock, self._claimed = lock, True
+        if ckpt is None and self.overwrite:  # the previous run waits aside until this one has a checkpoint
+            self._aside = set_aside_run_artifacts(run_dir)
+        if ckpt is None:  # a run killed before its first checkpoint may have left its step log
+            (run_dir / "steps.csv").unlink(missing_ok=True)
+        if ckpt is not None and ckpt["epoch"] < cfg.train.epochs:
+            moved = archive_results(run_dir, ckpt["epoch"])
+            if moved is not None:
+                print(f"moved the results of the {ckpt['epoch']}-epoch run to {moved}/ (they would be stale)")
+        every, done = cfg.train.checkpoint_every, state.epoch
+        periodic = run_dir / f"epoch-{done:04d}.pt"
+        at_boundary = ckpt is not None and not state.partial and done > 0
+        if at_boundary and every and done % every == 0 and not periodic.exists():
+            # killed between last.pt and the periodic copy of the same epoch: write the copy now
+            with atomic_path(periodic) as tmp:
+                shutil.copyfile(run_dir / "last.pt", tmp)
+        with atomic_path(run_dir / "config.yaml") as tmp:  # a kill mid-write must not leave it empty
+            tmp.write_text(dump_yaml(cfg))
+        if ckpt is not None:  # the logs as last.pt holds them: a save cut short after it left them short
+            self._write_logs(state)
+
+    def kept(self, nothing: str = "no epoch had finished, so nothing was kept") -> str:
+        """The end of an error message that stops training: what the run dir still holds."""
+        if (self.path / "last.pt").exists():
+            return f"the last good checkpoint {self.path / 'last.pt'} is kept"
+        return f"{nothing}: fix the cause and rerun"
+
+    def save_epoch(self, state: TrainState) -> None:
+        """At an epoch's end (every rank calls it): ``last.pt``, then the logs (no row without its
+        checkpoint), then ``epoch-NNNN.pt`` every ``train.checkpoint_every`` epochs."""
+        state.rng_ranks = _rng_of_every_rank(self.world)  # collective: before rank 0 alone saves
+
+        def save() -> None:
+            self._save_last(state)
+            every = self.cfg.train.checkpoint_every
+            if every and state.epoch % every == 0:
+                self._save(self.path / f"epoch-{state.epoch:04d}.pt", state)
+
+        # rank 0 saves while the others wait, so that its error (a full disk) stops every rank alike
+        distributed.run_on_main(save)
+
+    def save_mid_epoch(self, state: TrainState, stopped: EpochResult) -> NoReturn:
+        """A stop inside an epoch (``stopped``, from ``core.engine.train_one_epoch``): save the
+        resumable state to ``last.pt`` and raise TrainingInterrupted (every rank calls it)."""
+        state.partial = stopped.partial
+        state.rng_ranks = _rng_of_every_rank(self.world)
+        # rank 0 saves while the others wait: torchrun ends the whole group once one process exits
+        distributed.run_on_main(lambda: self._save_last(state, epoch_end=False))
+        n_seen = stopped.partial["n_seen"] if stopped.partial else 0
+        raise TrainingInterrupted(
+            f"stopped in epoch {state.epoch + 1} after {n_seen} of its {state.steps_per_epoch} steps; state "
+            f"saved to {self.path / 'last.pt'}; --resume continues from that step",
+            signum=stopped.stop_signal or signal.SIGINT,
+        )
+
+    def finish(self) -> None:
+        """After the last epoch: Ctrl-C acts at once again; raises TrainingInterrupted (rank 0) if a
+        stop came during the last epoch's saves, before the export."""
+        self._restore_handlers()
+        if self.stop_signal is not None and self.world.is_main:
+            raise TrainingInterrupted(
+                f"stopped after the last epoch ({self.cfg.train.epochs}), before the export and evaluation; "
+                f"{self.path / 'last.pt'} holds the trained model: --resume exports and evaluates it",
+                signum=self.stop_signal,
+            )
+
+    def _save(self, path: Path, state: TrainState) -> None:
+        save_checkpoint(path, *self._trained, state, self.cfg)
+
+    def _save_last(self, state: TrainState, *, epoch_end: bool = True) -> None:
+        self._save(self.path / "last.pt", state)
+        finish_overwrite(self._aside, keep_new=True)  # the new run has its checkpoint
+        self._aside = None
+        # the logs after their checkpoint: a save that fails (a full disk) leaves no row without one
+        self._write_logs(state, epoch_rows=epoch_end)
+
+    def _write_logs(self, state: TrainState, *, epoch_rows: bool = True) -> None:
+        if state.log and epoch_rows:
+            write_log(self.path, state.log)
+        if state.step_log:  # with the epoch rows, not rewritten every STEP_LOG_EVERY steps
+            write_log(self.path, state.step_log, "steps.csv")
+
+    def _install_handlers(self) -> None:
+        """The first Ctrl-C or SIGTERM sets :attr:`stop_signal` (the loop finishes its step, saves
+        and stops); a second one acts at once (the previous handler is back)."""
+        for signum in STOP_SIGNALS:
+            try:
+                previous = signal.getsignal(signum)
+
+                def handler(sig: int, frame: Any, previous: Any = previous) -> None:
+                    self.stop_signal = self.stop_signal or sig
+                    signal.signal(sig, previous)
+
+                signal.signal(signum, handler)
+                self._handlers.append((signum, previous))
+            except ValueError:  # not the main thread
+                pass
+
+    def _restore_handlers(self) -> None:
+        while self._handlers:
+            signum, previous = self._handlers.pop()
+            with suppress(ValueError):
+                signal.signal(signum, previous)
+
+
+def _rng_of_every_rank(world: distributed.World) -> list[dict[str, Any]] | None:
+    """Every rank's RNG state for the checkpoint (a collective under DDP); None for one process."""
+    return distributed.all_gather_objects(rng_state()) if world.distributed else None
