@@ -535,7 +535,7 @@ def test_a_signal_during_the_last_epochs_saves_stops_before_export(
 ) -> None:
     run = tmp_path / "run"
     with monkeypatch.context() as m:
-        _signal_at(m, rundir_module, "write_log", (1,))  # epoch 1 of 1: the log is written, then the checkpoint
+        _signal_at(m, rundir_module, "write_log", (1,))  # epoch 1 of 1: the checkpoint, then the log
         assert main(["pretrain", "--run-dir", str(run), *TINY, "train.epochs=1"]) == 130
     assert capsys.readouterr().err.strip() == (
         f"bayesncl: interrupted: stopped after the last epoch (1), before the export and evaluation; "
