@@ -4,19 +4,7 @@
 with LARS and a per-iteration warmup-cosine schedule, checkpointing atomically every epoch, exports
 the encoder, and finally evaluates the test split (``app.evaluate``). Under ``torchrun`` the same
 function runs in every process, with DDP (``bayesncl.core.distributed``, docs/scaling.md); rank 0
-alone writes the run dir and prints.
-
-Run dir layout::
-
-    config.yaml     the fully resolved config
-    log.csv         one row per epoch (loss parts, gate health, online probe, lr, time), written
-                    after the epoch's last.pt: no row without its checkpoint
-    steps.csv       the same means every 25 steps (core.engine.STEP_LOG_EVERY)
-    last.pt         full state (model, optimiser, scaler, RNGs, epoch, step, logs), atomic
-    epoch-NNNN.pt   periodic copies (train.checkpoint_every)
-    training_curves.png   log.csv drawn (bayesncl.app.report.curves), end of training
-    encoder.safetensors, backbone_torchvision.pt   exported encoder (end of training)
-    metrics.json, metrics.md   end-of-training evaluation on the test split
+alone writes the run dir (its layout: README, ``runs.rundir``) and prints.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 :class:`RunDir` that owns it while training (lock, claim, ``--overwrite``'s set-aside, archived
 results, restore, Ctrl-C/SIGTERM, the saves at an epoch's end and mid-epoch).
 
-Layout: ``config.yaml``, ``log.csv`` and ``steps.csv`` (``runs.logs``), ``last.pt`` (``runs.state``),
-``epoch-NNNN.pt`` every ``train.checkpoint_every`` epochs, then the results (:data:`RESULT_ARTIFACTS`).
+Layout: ``config.yaml`` (the resolved config), ``log.csv`` and ``steps.csv`` (``runs.logs``, written
+after their checkpoint), ``last.pt`` (``runs.state``, atomic), ``epoch-NNNN.pt`` every
+``train.checkpoint_every`` epochs, then the results (:data:`RESULT_ARTIFACTS`: the export, metrics,
+figures).
 """
 
 from __future__ import annotations

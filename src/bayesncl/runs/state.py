@@ -69,10 +69,7 @@ class TrainState:
     step: int = 0  # optimiser steps completed
     log: list[dict[str, Any]] = field(default_factory=list)
     step_log: list[dict[str, Any]] = field(default_factory=list)  # the rows of steps.csv
-    # A run stopped inside an epoch (Ctrl-C, SIGTERM): {"n_seen": steps done in epoch+1, "sums": (6,)
-    # running sums of the step statistics (means over processes), "elapsed": seconds, "window":
-    # [means, n] at the last steps.csv row of the epoch}; else None.
-    partial: dict[str, Any] | None = None
+    partial: dict[str, Any] | None = None  # stopped inside epoch+1: core.engine.EpochResult.partial
     steps_per_epoch: int = 0
     # Under DDP: every rank's RNG state (rank order), gathered at the save; rank 0's is also "rng".
     rng_ranks: list[dict[str, Any]] | None = None
