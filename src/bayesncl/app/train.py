@@ -160,7 +160,7 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
         closed = result.stats["rows_all_closed"]
         if world.is_main and model.gate is not None and closed > 0.5:
             print(f"warning: gate collapse: {100 * closed:.0f}% of rows have every gate closed")
-        run.save_epoch(state)
+        run.save(state)
         if world.is_main:
             per_epoch = (time.time() - launch_start) / (state.epoch - launch_epochs)
             print(_epoch_line(cfg, state, result, model.gate is not None, per_epoch), flush=True)
@@ -233,14 +233,8 @@ def _progress(loader: Any, epoch: int, cfg: Config, world: distributed.World, in
         return loader
     from tqdm.auto import tqdm
 
-    return tqdm(
-        loader,
-        desc=f"{cfg.method.name} epoch {epoch + 1}/{cfg.train.epochs}",
-        initial=initial,
-        total=len(loader),
-        leave=False,
-        dynamic_ncols=True,
-    )
+    desc = f"{cfg.method.name} epoch {epoch + 1}/{cfg.train.epochs}"
+    return tqdm(loader, desc=desc, initial=initial, total=len(loader), leave=False, dynamic_ncols=True)
 
 
 def _show_means(
@@ -268,12 +262,13 @@ def _cpu_time_warning(
     would take over :data:`CPU_WARN_AFTER_S` at that rate (the 200-epoch CIFAR recipe: days)."""
     if device.type != "cpu":
         return None
-    start, warned = time.time(), []
+    start, checked = time.time(), False
 
     def check(step: int, means: dict[str, float]) -> None:
-        if warned or step - first_step < 3:
+        nonlocal checked
+        if checked or step - first_step < 3:
             return
-        warned.append(True)
+        checked = True
         left = (time.time() - start) / (step - first_step) * (total_steps - step)
         if left > CPU_WARN_AFTER_S:
             warnings.warn(

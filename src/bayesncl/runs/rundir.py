@@ -228,9 +228,8 @@ def recover_interrupted_overwrite(run_dir: Path, *, owner_gone: bool = False) ->
     process is overwriting it; without it (no file locks here) folders whose process id is alive on
     this machine are left alone. Returns one message per folder handled."""
     done = []
-    for aside in sorted(Path(run_dir).glob(".replaced-*")):
-        pid = aside.name.removeprefix(".replaced-")
-        if not (aside.is_dir() and pid.isdigit()) or (not owner_gone and _process_alive(int(pid))):
+    for aside, pid in _asides(run_dir):
+        if not owner_gone and _process_alive(pid):
             continue
         complete = (aside / _ASIDE_COMPLETE).exists()
         keep_new = complete and (aside.parent / "last.pt").exists()
@@ -247,18 +246,19 @@ def set_aside_hint(run_dir: Path) -> str:
     """For commands that only read a run dir (evaluate, extract, curves, dynamics) and find it empty:
     ``"; ..."`` naming the previous run an interrupted ``--overwrite`` left set aside in it (the files
     they look for are there), else ``""``."""
-    run_dir = Path(run_dir)
-    asides = [
-        p for p in sorted(run_dir.glob(".replaced-*")) if p.is_dir()
-        and p.name.removeprefix(".replaced-").isdigit()
-        and not _process_alive(int(p.name.removeprefix(".replaced-")))  # not an --overwrite under way
-    ] if run_dir.is_dir() else []
+    asides = [p for p, pid in _asides(run_dir) if not _process_alive(pid)]  # not an --overwrite under way
     if not asides:
         return ""
     return (
         f" (an --overwrite that was killed left the previous run in {asides[-1]}/: `bayesncl pretrain "
         f"--run-dir {run_dir} --resume` puts it back)"
     )
+
+
+def _asides(run_dir: Path) -> list[tuple[Path, int]]:
+    """The ``.replaced-PID/`` folders of ``run_dir`` (an ``--overwrite``'s set-aside), with their PID."""
+    found = sorted(Path(run_dir).glob(".replaced-*"))
+    return [(p, int(p.name[10:])) for p in found if p.is_dir() and p.name[10:].isdigit()]
 
 
 def _process_alive(pid: int) -> bool:
@@ -540,7 +540,7 @@ class RunDir:
         with RunDir(path, cfg, world, resume=..., overwrite=...) as run:  # checks, reads last.pt
             state = run.restore(model, optimizer, scaler, steps_per_epoch)
             run.claim(state)  # lock, --overwrite's set-aside, config.yaml, Ctrl-C/SIGTERM handlers
-            ... run.save_epoch(...) / run.save_mid_epoch(...)
+            ... run.save(state) / run.save_mid_epoch(state, stopped)
             run.finish()
 
     Entering raises RunDirError before anything is written (:func:`prepare_run_dir`). A fresh run
@@ -673,27 +673,18 @@ class RunDir:
             return f"the last good checkpoint {self.path / 'last.pt'} is kept"
         return f"{nothing}: fix the cause and rerun"
 
-    def save_epoch(self, state: TrainState) -> None:
-        """At an epoch's end (every rank calls it): ``last.pt``, then the logs (no row without its
-        checkpoint), then ``epoch-NNNN.pt`` every ``train.checkpoint_every`` epochs."""
-        state.rng_ranks = _rng_of_every_rank(self.world)  # collective: before rank 0 alone saves
-
-        def save() -> None:
-            self._save_last(state)
-            every = self.cfg.train.checkpoint_every
-            if every and state.epoch % every == 0:
-                self._save(self.path / f"epoch-{state.epoch:04d}.pt", state)
-
-        # rank 0 saves while the others wait, so that its error (a full disk) stops every rank alike
-        distributed.run_on_main(save)
+    def save(self, state: TrainState) -> None:
+        """``last.pt``, then the logs (no row without its checkpoint); at an epoch's end (no
+        ``state.partial``) also ``epoch-NNNN.pt`` every ``train.checkpoint_every`` epochs. Every rank
+        calls it; rank 0 saves while the others wait, so that its error (a full disk) stops them all."""
+        state.rng_ranks = distributed.all_gather_objects(rng_state())  # None for one process
+        distributed.run_on_main(lambda: self._save(state))
 
     def save_mid_epoch(self, state: TrainState, stopped: EpochResult) -> NoReturn:
         """A stop inside an epoch (``stopped``, from ``core.engine.train_one_epoch``): save the
         resumable state to ``last.pt`` and raise TrainingInterrupted (every rank calls it)."""
         state.partial = stopped.partial
-        state.rng_ranks = _rng_of_every_rank(self.world)
-        # rank 0 saves while the others wait: torchrun ends the whole group once one process exits
-        distributed.run_on_main(lambda: self._save_last(state, epoch_end=False))
+        self.save(state)
         n_seen = stopped.partial["n_seen"] if stopped.partial else 0
         raise TrainingInterrupted(
             f"stopped in epoch {state.epoch + 1} after {n_seen} of its {state.steps_per_epoch} steps; state "
@@ -712,18 +703,17 @@ class RunDir:
                 signum=self.stop_signal,
             )
 
-    def _save(self, path: Path, state: TrainState) -> None:
-        save_checkpoint(path, *self._trained, state, self.cfg)
-
-    def _save_last(self, state: TrainState, *, epoch_end: bool = True) -> None:
-        self._save(self.path / "last.pt", state)
+    def _save(self, state: TrainState) -> None:
+        save_checkpoint(self.path / "last.pt", *self._trained, state, self.cfg)
         finish_overwrite(self._aside, keep_new=True)  # the new run has its checkpoint
         self._aside = None
-        # the logs after their checkpoint: a save that fails (a full disk) leaves no row without one
-        self._write_logs(state, epoch_rows=epoch_end)
+        self._write_logs(state)
+        every = self.cfg.train.checkpoint_every
+        if state.partial is None and every and state.epoch % every == 0:
+            save_checkpoint(self.path / f"epoch-{state.epoch:04d}.pt", *self._trained, state, self.cfg)
 
-    def _write_logs(self, state: TrainState, *, epoch_rows: bool = True) -> None:
-        if state.log and epoch_rows:
+    def _write_logs(self, state: TrainState) -> None:
+        if state.log:
             write_log(self.path, state.log)
         if state.step_log:  # with the epoch rows, not rewritten every STEP_LOG_EVERY steps
             write_log(self.path, state.step_log, "steps.csv")
@@ -750,7 +740,3 @@ class RunDir:
             with suppress(ValueError):
                 signal.signal(signum, previous)
 
-
-def _rng_of_every_rank(world: distributed.World) -> list[dict[str, Any]] | None:
-    """Every rank's RNG state for the checkpoint (a collective under DDP); None for one process."""
-    return distributed.all_gather_objects(rng_state()) if world.distributed else None
