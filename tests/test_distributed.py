@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from bayesncl.app.cli import main
-from bayesncl.config import ConfigError, build_config
+from bayesncl.config import build_config
 from bayesncl.core import distributed
 from bayesncl.core.engine import TrainForward, forward_loss, wrap_for_training
 from bayesncl.core.model import ContrastiveModel, build_model, contrastive_loss
@@ -229,7 +229,7 @@ def test_cuda_under_torchrun_without_cuda_is_a_clear_error(monkeypatch: pytest.M
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     _torchrun_env(monkeypatch, world=2, local_world=2)
-    with pytest.raises(ConfigError, match="no CUDA device is available"):
+    with pytest.raises(distributed.DistributedError, match="no CUDA device is available"):
         distributed.setup("cuda")
 
 

@@ -100,6 +100,7 @@ def os_fault(e: BaseException) -> str | None:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input, printed as their one-line message."""
+    from bayesncl.core.distributed import DistributedError
     from bayesncl.core.engine import TrainingError
     from bayesncl.data import DataError
     from bayesncl.metrics.inputs import EvalError
@@ -107,7 +108,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from bayesncl.runs.rundir import RunDirError
     from bayesncl.runs.safe_load import CheckpointError
 
-    return (DiskFullError, ConfigError, DataError, EvalError, RunDirError, CheckpointError, TrainingError)
+    return (
+        DiskFullError, ConfigError, DistributedError, DataError, EvalError, RunDirError, CheckpointError,
+        TrainingError,
+    )
 
 
 def error_message(e: BaseException, command: str | None) -> str | None:
@@ -129,6 +133,7 @@ def met_by_every_rank(e: BaseException) -> bool:
     writes the run dir): printed once per node, by its local rank 0. Other errors (an out-of-memory on
     one GPU, an image that cannot be decoded in one rank's shard) are printed by the rank meeting them,
     prefixed with "(rank N)"."""
+    from bayesncl.core.distributed import DistributedError
     from bayesncl.core.engine import TrainingError
     from bayesncl.data import DataError
     from bayesncl.data.sources import ShardDataError
@@ -136,7 +141,9 @@ def met_by_every_rank(e: BaseException) -> bool:
     from bayesncl.runs.rundir import RunDirError
     from bayesncl.runs.safe_load import CheckpointError
 
-    alike = (ConfigError, DataError, RunDirError, CheckpointError, TrainingError, DiskFullError)
+    alike = (
+        ConfigError, DistributedError, DataError, RunDirError, CheckpointError, TrainingError, DiskFullError
+    )
     return isinstance(e, alike) and not isinstance(e, ShardDataError)
 
 

@@ -32,7 +32,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from bayesncl.config import ConfigError, check_device
 from bayesncl.data.augment import mix_seed
 
 __all__ = [
@@ -56,23 +55,23 @@ __all__ = [
 T = TypeVar("T")
 
 
-class DistributedError(ConfigError):
+class DistributedError(ValueError):
     """The processes, devices or batch cannot work together as asked; the message is one line."""
 
 
 # ----------------------------------------------------------------------------- devices
 def resolve_device(name: str, what: str = "train.device") -> torch.device:
-    """``auto`` → cuda if available else cpu. Raises ConfigError for a name other than auto, cpu,
-    cuda, cuda:N, or if CUDA is asked for but absent; ``what`` names the setting in the message."""
-    check_device(name, what)
+    """``auto`` → cuda if available else cpu; ``name`` is one config already checked (auto, cpu, cuda,
+    cuda:N). Raises DistributedError if CUDA is asked for but absent; ``what`` names the setting."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"{what}={name}: no CUDA device is available here; use {what}=cpu")
+            raise DistributedError(f"{what}={name}: no CUDA device is available here; use {what}=cpu")
         idx = int(name.split(":")[1]) if ":" in name else 0
         if idx >= torch.cuda.device_count():
-            raise ConfigError(f"{what}={name}: only {torch.cuda.device_count()} CUDA device(s) are available")
+            n = torch.cuda.device_count()
+            raise DistributedError(f"{what}={name}: only {n} CUDA device(s) are available")
     return torch.device(name)
 
 
@@ -111,7 +110,7 @@ def _process_device(name: str, local_rank: int, local_world: int) -> torch.devic
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ConfigError(f"train.device={name}: no CUDA device is available here; use train.device=cpu")
+        raise DistributedError(f"train.device={name}: no CUDA device is available here; use train.device=cpu")
     visible = torch.cuda.device_count()
     procs = max(local_world, local_rank + 1)
     if procs > visible:
@@ -155,9 +154,9 @@ def setup(device_name: str = "auto") -> World:
     * a process group that already exists (a test harness, a notebook): use it as is;
     * otherwise ``init_process_group`` with NCCL on CUDA, gloo on CPU (``init_method=env://``).
 
-    Raises DistributedError (a ConfigError, one line) for more processes than visible GPUs on a
+    Raises DistributedError (one line) for more processes than visible GPUs on a
     node, ``train.device=cuda:N`` with several processes, or malformed torchrun variables;
-    ConfigError if CUDA is asked for but absent.
+    DistributedError if CUDA is asked for but absent.
     """
     if dist.is_available() and dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()

@@ -13,16 +13,18 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from bayesncl.config import Config, MethodConfig
 from bayesncl.core import distributed
 from bayesncl.core.model import ContrastiveModel, ModelOutput, contrastive_loss
 from bayesncl.core.optim import set_lr
+
+if TYPE_CHECKING:  # config imports core's registries; core reads a checked config
+    from bayesncl.config import Config, MethodConfig
 
 B = TypeVar("B")
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from bayesncl.config import Config
 from bayesncl.core.model import ContrastiveModel
+
+if TYPE_CHECKING:  # config imports core's registries; core reads a checked config
+    from bayesncl.config import Config
 
 
 # ----------------------------------------------------------------------------- devices, precision
