@@ -79,10 +79,12 @@ def evaluate_model(
     Writes ``metrics.json`` and ``metrics.md`` into ``run_dir``; returns the metrics dict.
     LP@1 is the *offline* fast probe on frozen h (not the online probe; solo-learn #221).
     """
+    from bayesncl.app.evaldata import with_eval_data
     from bayesncl.app.report import format_table, write_results
     from bayesncl.metrics.interpretability import compute_all
     from bayesncl.metrics.probe import linear_probe
 
+    cfg = with_eval_data(cfg)  # eval.data.* when set (an unlabeled pretraining set), else data.*
     test = extract_split(model, cfg, "test", device)
     metrics: dict[str, Any] = compute_all(
         test["features"], test["labels"], retrieval_dims=cfg.eval.retrieval_dims or None
@@ -442,6 +444,10 @@ def evaluate_command(
     if probe is not None:  # refused before anything is loaded
         _refuse_unused_probe_options(probe, f"--probe {probe}", given, probe_seeds, probe_epochs)
     model, cfg, out_dir = load_trained(source, overrides=overrides, command="evaluate")
+    from bayesncl.app.evaldata import check_eval_data, with_eval_data
+
+    check_eval_data(cfg, dataset_info(cfg.data), command="evaluate")
+    cfg = with_eval_data(cfg)  # eval.data.* when set (an unlabeled pretraining set), else data.*
     if probe is None:
         where = f"eval.probe={asked}" if asked is not None else f"the run's eval.probe={cfg.eval.probe}"
         _refuse_unused_probe_options(cfg.eval.probe, where, given, probe_seeds, probe_epochs)

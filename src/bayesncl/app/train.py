@@ -127,12 +127,16 @@ def _pretrain(
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest kernels
     info = distributed.local_main_first(world, lambda: dataset_info(cfg.data))  # one download per node
-    if evaluate and cfg.eval.probe == "fast" and info.num_classes < 2:
+    if evaluate:  # the labelled data the end-of-training evaluation reads (eval.data.*, issue 17)
+        from bayesncl.app.evaldata import check_eval_data
+
+        test_info = distributed.local_main_first(world, lambda: check_eval_data(cfg, info))
+    if evaluate and cfg.eval.probe == "fast" and test_info.num_classes < 2:
         raise DataError(
             f"{cfg.data.name} has {info.num_classes} class: the end-of-training linear probe needs >= 2; "
             "pass --no-eval or eval.probe=none"
         )
-    if evaluate and cfg.eval.probe == "fast" and max(info.train_class_counts, default=2) < 2:
+    if evaluate and cfg.eval.probe == "fast" and max(test_info.train_class_counts, default=2) < 2:
         # the probe holds out one image of a class to choose its L2 strength: refused before training
         k = cfg.data.train_subset
         subset = f"data.train_subset={k} leaves" if k else "there are"
@@ -332,7 +336,7 @@ def _pretrain(
             "gate_open": round(means[3], 6),
             "rho": cfg.method.rho if model.gate is not None else "",
             "rows_all_closed": round(means[4], 6),
-            "online_acc": round(100 * means[5], 3),
+            "online_acc": round(100 * means[5], 3) if info.labeled else "",  # no probe without labels
             "lr": lr,
             "epoch_time_s": round(time.time() - t0, 2),
         }

@@ -54,8 +54,8 @@ def _entry(token: str | None) -> dict[str, Split]:
     if token not in _PROVIDED:
         raise DataError(
             "data.name=python reads images handed over from Python in this process "
-            "(bayesncl.pretrain(config, dataset=...)); from the command line use another data.name, or "
-            "evaluate with eval.data.name=..."
+            "(bayesncl.pretrain(config, dataset=...)), gone once it ended: give the data to evaluate on as "
+            "data.name=NAME data.root=DIR, or from Python bayesncl.evaluate(run, dataset=...)"
         )
     return _PROVIDED[token]
 
