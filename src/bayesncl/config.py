@@ -683,7 +683,8 @@ def validate(cfg: Config) -> None:
         val = getattr(getattr(cfg, sec), name)
         if key == "model.backbone" and str(val).startswith(TIMM_PREFIX):
             continue  # checked by _check_backbone
-        _check(val in allowed, f"{key}={val!r}: expected one of {', '.join(allowed)} or timm:NAME")
+        more = " or timm:NAME (a timm model)" if key == "model.backbone" else ""
+        _check(val in allowed, f"{key}={val!r}: expected one of {', '.join(allowed)}{more}")
     _check_backbone(cfg.model)
     _check_eval_data(cfg)
     _check_method(cfg.method, cfg.model)
