@@ -146,7 +146,10 @@ def test_bad_values_are_one_line_errors(override: str, pattern: str) -> None:
         ("model.proj_dim=true", "model.proj_dim=True: expected int"),
         ("model.proj_hidden=0", "model.proj_hidden=0: expected >= 1"),
         ("model.proj_hidden=4.5", "model.proj_hidden=4.5: expected int"),
-        ("model.backbone=vit", "model.backbone='vit': expected one of resnet18, resnet50, small_cnn or timm:NAME (a timm model)"),
+        (
+            "model.backbone=vit",
+            "model.backbone='vit': expected one of resnet18, resnet50, small_cnn or timm:NAME (a timm model)",
+        ),
     ],
 )
 def test_config_refuses_what_the_parts_would_get_wrong(override: str, message: str) -> None:
