@@ -67,6 +67,9 @@ def test_pretrain_on_a_uint8_tensor_evaluate_and_load_encoder(tmp_path: Path) ->
     assert "linear_probe_acc1" in res and (tmp_path / "run" / "evaluation.json").is_file()
     with pytest.raises(Exception, match="data.name=python reads images handed over from Python"):
         bayesncl.evaluate(tmp_path / "run")  # the images are gone: one line saying how to give them
+    other = bayesncl.evaluate(tmp_path / "run", ["eval.data.name=synthetic", "eval.data.test_subset=30",
+                                                 "eval.data.train_subset=60"], knn=False)
+    assert other["linear_probe_acc1"] >= 0  # eval.data.* alone: the training data need not be here
 
 
 def test_pretrain_without_labels_trains_without_the_probe_and_refuses_evaluation(tmp_path: Path) -> None:

@@ -672,7 +672,8 @@ def eval_data(cfg: Config) -> DataConfig:
     d = dataclasses.replace(cfg.data, labels="auto")
     if not cfg.eval.data.name:
         return d
-    return dataclasses.replace(d, **asdict(cfg.eval.data), image_size=image_geometry(cfg.data)[1])
+    size = cfg.data.image_size or image_geometry(cfg.data)[1]
+    return dataclasses.replace(d, **asdict(cfg.eval.data), image_size=size)
 
 
 def validate(cfg: Config) -> None:

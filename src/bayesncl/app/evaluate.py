@@ -265,7 +265,10 @@ def _load_own(
     for k, v in user.items():
         set_key(cfg, k, v)
     validate(cfg)
-    info = dataset_info(cfg.data)
+    from bayesncl.config import eval_data
+
+    # with eval.data.* the training data need not be here (an encoder trained elsewhere, or on Python data)
+    info = dataset_info(eval_data(cfg) if cfg.eval.data.name else cfg.data)
     # the online probe's head keeps the trained class count: evaluation does not use it, so a
     # data.* override with other classes (a transfer evaluation) is no architecture mismatch
     head = state_dict.get("classifier.weight")
@@ -446,7 +449,8 @@ def evaluate_command(
     model, cfg, out_dir = load_trained(source, overrides=overrides, command="evaluate")
     from bayesncl.app.evaldata import check_eval_data, with_eval_data
 
-    check_eval_data(cfg, dataset_info(cfg.data), command="evaluate")
+    built_for = dataset_info(with_eval_data(cfg).data if cfg.eval.data.name else cfg.data)  # as _load_own
+    check_eval_data(cfg, built_for, command="evaluate")
     cfg = with_eval_data(cfg)  # eval.data.* when set (an unlabeled pretraining set), else data.*
     if probe is None:
         where = f"eval.probe={asked}" if asked is not None else f"the run's eval.probe={cfg.eval.probe}"
