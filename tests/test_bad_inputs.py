@@ -43,7 +43,8 @@ ROWS: dict[str, str] = {
     "below them): install it with `apt-get install dataset-fashion-mnist`, or set data.root to a folder "
     "holding train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
     "t10k-labels-idx1-ubyte.gz, or set data.download=true when online",
-    "D2": E + f"image folder split <tmp>/empty/train does not exist: {LAYOUT}",
+    "D2": E + "image folder <tmp>/empty holds no images (.jpg, .jpeg, .png, .ppm, .bmp, .pgm, .tif, .tiff, "
+    ".webp): expected image files (unlabeled pretraining) or train/<class>/ folders",  # issue 17
     "D3": E + f"image folder <tmp>/folder/train has no class sub-folders (it is empty): {LAYOUT}",
     "D4": E + "corrupt image <tmp>/folder/train/cat/broken.png (UnidentifiedImageError: cannot identify "
     "image file '<tmp>/folder/train/cat/broken.png'): fix or remove it, or set data.skip_corrupt=true to "
