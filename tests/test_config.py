@@ -247,7 +247,8 @@ def test_roundtrip_and_diff() -> None:
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_every_recipe_is_valid(path: Path) -> None:
     cfg = build_config(path)
-    assert cfg.method.name in path.stem or path.stem == "fashion-mnist-demo"
+    # the demo and the ViT recipes serve NCL and BayesNCL alike (method.name on the command line)
+    assert cfg.method.name in path.stem or path.stem.endswith(("-demo", "-vit"))
 
 
 def test_warmup_cosine_schedule() -> None:
