@@ -24,7 +24,8 @@ import torch
 from bayesncl.config import DataConfig
 from bayesncl.data import BatchAugment, augment_spec, build_train_loader, sample_transform
 from bayesncl.data.augment import seeded
-from bayesncl.data.datasets import _load, _tensor_pil
+from bayesncl.data.images import tensor_pil
+from bayesncl.data.sources import load_split
 
 
 def _sync(device: torch.device) -> None:
@@ -48,7 +49,7 @@ def bench_augment(
     cfg: DataConfig, batch_size: int, device: torch.device, repeats: int
 ) -> tuple[float, float]:
     spec = augment_spec(cfg)
-    images = _load(cfg, "train").images
+    images = load_split(cfg, "train").images
     assert images is not None
     n = (len(images) // batch_size) * batch_size
     batched = BatchAugment(spec)
@@ -64,7 +65,7 @@ def bench_augment(
         return n
 
     tf = sample_transform(spec)
-    pils = [_tensor_pil(images, i)[0] for i in range(n)]
+    pils = [tensor_pil(images, i)[0] for i in range(n)]
 
     def run_sample() -> int:
         with seeded(2):

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bayesncl.metrics.interpretability import SemanticStats, semantic_metrics
+from bayesncl.metrics.semantic import SemanticStats, semantic_metrics
 
 EPS = 1e-5
 

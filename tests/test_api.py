@@ -1,9 +1,12 @@
-"""The Python API (issue 17): build_config, pretrain with a tensor or Dataset, evaluate, load_encoder,
-metrics, and ContrastiveHead in a plain loop and in Lightning (the examples of docs/api.md)."""
+"""``import bayesncl``: the main API, that importing it stays cheap, and (issue 17) pretraining on
+Python data, load_encoder without data, and ContrastiveHead in a plain loop and in Lightning
+(the examples of docs/api.md)."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -14,10 +17,51 @@ import torch
 import bayesncl
 from bayesncl.config import ConfigError
 from bayesncl.data import DataError, provided
-from tests.tiny import TINY_BASE
+
+from .conftest import TINY_BASE
+
+
+def test_import_loads_no_torch() -> None:
+    src = Path(__file__).parents[1] / "src"
+    code = "import sys, bayesncl; print('torch' in sys.modules, sorted(bayesncl.__all__))"
+    env = {"PYTHONPATH": str(src)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    names = "['ContrastiveHead', 'build_config', 'evaluate', 'load_encoder', 'metrics', 'pretrain']"
+    assert out.stdout == f"False {names}\n"
+
+
+def test_build_config_takes_overrides_then_a_recipe() -> None:
+    cfg = bayesncl.build_config(["method.name=ncl", "train.epochs=30"])
+    assert (cfg.method.name, cfg.train.epochs) == ("ncl", 30)
+    assert bayesncl.build_config(config="fashion-mnist-demo").data.name == "fashion-mnist"
+    with pytest.raises(ConfigError, match="unknown config key 'method.bogus'"):
+        bayesncl.build_config(["method.bogus=1"])
+    with pytest.raises(AttributeError):
+        bayesncl.bogus  # noqa: B018
+
+
+def test_pretrain_evaluate_load_encoder_and_metrics(tmp_path: Path) -> None:
+    import torch
+
+    from bayesncl.app.api import evaluate, pretrain
+    from bayesncl.core.model import ContrastiveModel
+
+    assert bayesncl.pretrain is pretrain and bayesncl.evaluate is evaluate
+    cfg = bayesncl.build_config([*TINY_BASE, "train.epochs=1"])
+    run = tmp_path / "run"
+    assert bayesncl.pretrain(cfg, run, evaluate=False) == {}
+    report = bayesncl.evaluate(run, knn=False, probe="none")
+    assert 0 <= report["semantic_consistency"] <= 100
+    model = bayesncl.load_encoder(run, torch.device("cpu"))
+    assert isinstance(model, ContrastiveModel) and not model.training
+    x = torch.zeros(2, 3, 16, 16)
+    assert model(x).z.shape == (2, cfg.model.proj_dim)
+    assert bayesncl.metrics.semantic_consistency is not None
+    assert bayesncl.metrics.compute_all is bayesncl.metrics.registry.compute_all
+
 
 DOCS = Path(__file__).parents[1] / "docs" / "api.md"
-TINY = [*TINY_BASE, "train.epochs=1", "data.train_subset=0", "data.test_subset=0"]
+PY = [*TINY_BASE, "train.epochs=1", "data.train_subset=0", "data.test_subset=0"]
 
 
 def _images(n: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,7 +77,7 @@ def _doc_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", DOCS.read_text(encoding="utf-8"), flags=re.S)
 
 
-def test_build_config_takes_the_command_lines_strings_and_a_recipe() -> None:
+def test_build_config_sets_dict_entries_and_refuses_a_string() -> None:
     cfg = bayesncl.build_config(["method.name=ncl", "model.backbone_kwargs.depth=2",
                                  "model.backbone=timm:vit_tiny_patch16_224"])
     assert (cfg.method.name, cfg.method.gate, cfg.model.backbone_kwargs) == ("ncl", "none", {"depth": 2})
@@ -45,7 +89,7 @@ def test_build_config_takes_the_command_lines_strings_and_a_recipe() -> None:
 
 def test_pretrain_on_a_uint8_tensor_evaluate_and_load_encoder(tmp_path: Path) -> None:
     x, y = _images()
-    cfg = bayesncl.build_config(TINY)
+    cfg = bayesncl.build_config(PY)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         test = torch.utils.data.TensorDataset(x[:40], y[:40])
@@ -74,7 +118,7 @@ def test_pretrain_on_a_uint8_tensor_evaluate_and_load_encoder(tmp_path: Path) ->
 
 def test_pretrain_without_labels_trains_without_the_probe_and_refuses_evaluation(tmp_path: Path) -> None:
     x, _ = _images()
-    cfg = bayesncl.build_config(TINY)
+    cfg = bayesncl.build_config(PY)
     with pytest.raises(DataError, match="has no labels .* pass eval_dataset= .* or pass evaluate=False"):
         bayesncl.pretrain(cfg, dataset=x, run_dir=tmp_path / "refused")
     assert not (tmp_path / "refused").exists()  # refused before the run dir

@@ -15,7 +15,8 @@ from bayesncl.config import ConfigError, build_config, config_from_dict, diff_co
 from bayesncl.core.model import build_model
 from bayesncl.data import DataError, clear_cache, dataset_info
 from bayesncl.data.sources import load_split, read_class_list
-from tests.tiny import TINY_BASE
+
+from .conftest import TINY_BASE
 
 VIT = ["model.backbone=timm:vit_tiny_patch16_224", "model.backbone_kwargs.patch_size=4",
        "model.backbone_kwargs.depth=1", "model.proj_hidden=32", "model.proj_dim=16"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import signal
 from pathlib import Path
@@ -14,16 +15,7 @@ from bayesncl.app.cli import main
 from bayesncl.app.train import pretrain
 from bayesncl.config import ConfigError, build_config
 
-from .tiny import TINY_BASE
-
-TINY = [*TINY_BASE, "train.epochs=1"]
-
-
-def _err(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    assert err[0].startswith("bayesncl: error: ")
-    return err[0]
+from .conftest import TINY, TINY_BASE, error_line, image_folder, tiny_checkpoint
 
 
 @pytest.mark.parametrize(
@@ -48,7 +40,7 @@ def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(["reproduce", "3"])
     assert e.value.code == 2
-    assert _err(capsys) == (
+    assert error_line(capsys) == (
         "bayesncl: error: argument table: invalid choice: '3' (choose from '1', '2', '4', '7') "
         "(see bayesncl reproduce --help)"
     )
@@ -57,10 +49,10 @@ def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
         with pytest.raises(SystemExit):
             main([command, "--bogus", "x=1"])
         hint = f"(see bayesncl {command} --help)"
-        assert _err(capsys) == f"bayesncl: error: unrecognized arguments: --bogus {hint}"
+        assert error_line(capsys) == f"bayesncl: error: unrecognized arguments: --bogus {hint}"
     with pytest.raises(SystemExit):
         main(["--bogus"])
-    assert _err(capsys) == "bayesncl: error: unrecognized arguments: --bogus (see bayesncl --help)"
+    assert error_line(capsys) == "bayesncl: error: unrecognized arguments: --bogus (see bayesncl --help)"
 
 
 def test_empty_paths_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -76,7 +68,7 @@ def test_empty_paths_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[s
     ]
     for argv, message in cases:
         assert main(argv) == 2, argv
-        assert _err(capsys) == f"bayesncl: error: {message}, not an empty path"
+        assert error_line(capsys) == f"bayesncl: error: {message}, not an empty path"
 
 
 def test_bad_retrieval_dims_and_out_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -85,10 +77,10 @@ def test_bad_retrieval_dims_and_out_dir(tmp_path: Path, capsys: pytest.CaptureFi
     np.savez(f, features=rng.random((20, 8)).astype(np.float32), labels=np.arange(20) % 2)
     for bad in ("abc", "32,,64", "", "0,8", "8,-1", ","):
         assert main(["metrics", str(f), "--retrieval-dims", bad]) == 2, bad
-        assert f"--retrieval-dims {bad!r}: expected comma-separated positive integers" in _err(capsys)
+        assert f"--retrieval-dims {bad!r}: expected comma-separated positive integers" in error_line(capsys)
     assert main(["metrics", str(f), "--retrieval-dims", " 4, 8"]) == 0
     assert main(["extract", str(tmp_path), "--out", str(tmp_path)]) == 2
-    assert "is a directory" in _err(capsys)
+    assert "is a directory" in error_line(capsys)
 
 
 def test_overwrite_removes_the_previous_runs_files(tmp_path: Path) -> None:
@@ -160,7 +152,7 @@ def test_reproduce_refuses_to_reuse_runs_of_other_settings(
     assert (tmp_path / "t7" / "curves.png").read_bytes().startswith(b"\x89PNG")  # every variant's log
     capsys.readouterr()
     assert main([*args, "train.epochs=2"]) == 2
-    assert "holds a finished run with other settings (train.epochs)" in _err(capsys)
+    assert "holds a finished run with other settings (train.epochs)" in error_line(capsys)
 
 
 def test_checkpoint_and_features_file_swapped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -169,9 +161,9 @@ def test_checkpoint_and_features_file_swapped(tmp_path: Path, capsys: pytest.Cap
     np.savez(tmp_path / "f.npz", features=np.ones((4, 2), np.float32), labels=np.arange(4))
     torch.save({"state_dict": {"w": torch.ones(3)}}, tmp_path / "c.pt")
     assert main(["metrics", str(tmp_path / "c.pt")]) == 2
-    assert "is a PyTorch checkpoint, not a features file: run `bayesncl extract" in _err(capsys)
+    assert "is a PyTorch checkpoint, not a features file: run `bayesncl extract" in error_line(capsys)
     assert main(["extract", str(tmp_path / "f.npz")]) == 2
-    assert "is a NumPy .npz (a features file?), not a checkpoint" in _err(capsys)
+    assert "is a NumPy .npz (a features file?), not a checkpoint" in error_line(capsys)
 
 
 def test_metrics_json_has_exactly_the_issue_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -197,7 +189,7 @@ def test_metrics_json_has_exactly_the_issue_keys(tmp_path: Path, capsys: pytest.
 
 def test_resume_with_overwrite_and_yaml_position(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["pretrain", "--run-dir", str(tmp_path / "r"), "--resume", "--overwrite"]) == 2
-    assert "--resume and --overwrite contradict each other" in _err(capsys)
+    assert "--resume and --overwrite contradict each other" in error_line(capsys)
     bad = tmp_path / "bad.yaml"
     bad.write_text("train:\n  epochs: [1, 2\n")
     with pytest.raises(ConfigError, match=r"is not valid YAML at line 3, column 1"):
@@ -210,26 +202,27 @@ def test_resume_cannot_shrink_and_reproduce_keeps_variant_keys(
     run = tmp_path / "run"
     assert main(["pretrain", "--run-dir", str(run), *TINY_BASE, "train.epochs=2", "--no-eval"]) == 0
     assert main(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=1"]) == 2
-    assert "train.epochs=1 is fewer than 2: the run has done 2 epochs; give train.epochs >= 2" in _err(capsys)
+    shrink = "train.epochs=1 is fewer than 2: the run has done 2 epochs; give train.epochs >= 2"
+    assert shrink in error_line(capsys)
     assert yaml.safe_load((run / "config.yaml").read_text())["train"]["epochs"] == 2
     assert main(["reproduce", "2", "--dataset", "fashion-mnist", "method.name=cl"]) == 2
-    assert _err(capsys) == (
+    assert error_line(capsys) == (
         "bayesncl: error: method.name defines the variants of table 2; it cannot be overridden here"
     )
     assert main(["reproduce", "4", "--dataset", "fashion-mnist", "method.detach=1", "method.gate=none"]) == 2
-    assert _err(capsys) == (
+    assert error_line(capsys) == (
         "bayesncl: error: method.detach, method.gate define the variants of table 4; they cannot be "
         "overridden here"
     )
     assert main(["dynamics", str(tmp_path / "nope")]) == 2
-    assert _err(capsys) == f"bayesncl: error: {tmp_path / 'nope'}: no such run dir"
+    assert error_line(capsys) == f"bayesncl: error: {tmp_path / 'nope'}: no such run dir"
     assert main(["dynamics", str(run / "last.pt")]) == 2
-    assert _err(capsys) == (
+    assert error_line(capsys) == (
         f"bayesncl: error: {run / 'last.pt'} is a file: dynamics expects a run dir (the folder holding its "
         "epoch-NNNN.pt checkpoints)"
     )
     assert main(["dynamics", str(run), "--samples", "1"]) == 2
-    assert "--samples 1: expected >= 2" in _err(capsys)
+    assert "--samples 1: expected >= 2" in error_line(capsys)
     # dynamics.json records the settings it was computed with
     assert main(["dynamics", str(run), "--samples", "32", "--every", "2"]) == 0
     saved = json.loads((run / "dynamics.json").read_text())
@@ -258,7 +251,6 @@ def test_evaluate_honours_probe_none_and_writes_nothing_on_failure(
 
     from PIL import Image
 
-    from .tiny import tiny_checkpoint
 
     rng = np.random.default_rng(0)
     for split, n in (("train", 12), ("val", 6)):  # one class; a 6-image test split
@@ -275,15 +267,15 @@ def test_evaluate_honours_probe_none_and_writes_nothing_on_failure(
 
     capsys.readouterr()
     assert main(["evaluate", ckpt]) == 2  # the run's eval.probe is fast
-    assert _err(capsys) == (
+    assert error_line(capsys) == (
         "bayesncl: error: imagefolder has 1 class: the linear probe needs >= 2; pass --probe none or "
         "eval.probe=none"
     )
     assert main(["evaluate", ckpt, "--probe", "fast", "eval.probe=none"]) == 2
-    assert _err(capsys) == "bayesncl: error: --probe fast contradicts eval.probe=none: give one of them"
+    assert error_line(capsys) == "bayesncl: error: --probe fast contradicts eval.probe=none: give one of them"
     # asked for explicitly, retrieval on 6 test images stays an error
     assert main(["evaluate", ckpt, "eval.probe=none", "--retrieval-dims", "8"]) == 2
-    assert _err(capsys) == "bayesncl: error: retrieval needs at least 11 samples for depth 10; got N=6"
+    assert error_line(capsys) == "bayesncl: error: retrieval needs at least 11 samples for depth 10; got N=6"
     assert files() == ["one.pt"]  # no features_test.npz from a failed evaluation
 
     for how in (["eval.probe=none"], ["--probe", "none"]):
@@ -348,7 +340,6 @@ def test_an_earlier_checkpoint_of_a_run_is_evaluated_into_its_own_folder(
 
     from bayesncl.runs.features import load_features
 
-    from .tiny import tiny_checkpoint
 
     run = tmp_path / "run"
     run.mkdir()
@@ -380,8 +371,6 @@ def test_evaluate_on_a_dataset_with_other_classes(tmp_path: Path, capsys: pytest
     "does not fit the architecture its config describes: shape mismatch: classifier.weight ..."."""
     from bayesncl.runs.features import load_features
 
-    from .test_bad_inputs import image_folder
-    from .tiny import tiny_checkpoint
 
     ckpt = tiny_checkpoint(tmp_path / "syn.pt", [], 3)
     folder = image_folder(tmp_path / "folder", n=8)
@@ -403,7 +392,7 @@ def test_pretrain_minutes_sum_the_logged_epochs(tmp_path: Path) -> None:
     """Table 7's minutes: 30 s + 90 s of epochs = 2 min, whatever happened around them (a resume
     rewrites log.csv with every epoch of the run, so a resumed variant counts all of them)."""
     from bayesncl.app.reproduce import pretrain_minutes
-    from bayesncl.runs.rundir import LOG_FIELDS, write_log
+    from bayesncl.runs.logs import LOG_FIELDS, write_log
 
     rows = [{k: 0 for k in LOG_FIELDS} | {"epoch": e, "epoch_time_s": t} for e, t in ((1, 30.0), (2, 90.0))]
     write_log(tmp_path, rows)
@@ -430,25 +419,96 @@ def test_pretrain_into_a_folder_with_an_unreadable_subfolder_trains(
     assert (run / "last.pt").is_file()
 
 
-def test_resume_of_a_run_whose_min_lr_is_above_its_peak_warns(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """train.min_lr above the peak is refused for a new run (F3); a run begun before that check was
-    refused on --resume too, and --resume cannot change train.min_lr: no way to continue it. It
-    continues as it began, with a warning."""
-    import torch
-
-    run = tmp_path / "run"
-    assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 0
-    ckpt = torch.load(run / "last.pt", weights_only=False)
-    ckpt["config"]["train"]["min_lr"] = 0.5  # peak: 0.4 x 32 / 256 = 0.05
-    torch.save(ckpt, run / "last.pt")
-    text = (run / "config.yaml").read_text()
-    (run / "config.yaml").write_text(text.replace("min_lr: 0.0", "min_lr: 0.5"))
-    capsys.readouterr()
-    with pytest.warns(UserWarning, match=r"min_lr=0.5: expected <= the peak .* continues with"):
-        assert main(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=2", "--no-eval"]) == 0
-    assert torch.load(run / "last.pt", weights_only=False)["epoch"] == 2
-    # a new run with it is still refused
+def test_a_min_lr_above_the_peak_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """train.min_lr above the peak (0.4 x 32 / 256 = 0.05) is refused (F3)."""
     assert main(["pretrain", "--run-dir", str(tmp_path / "new"), *TINY, "train.min_lr=0.5"]) == 2
     assert "bayesncl: error: train.min_lr=0.5: expected <= the peak" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the error layer
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        (errno.EROFS, "read-only file system; choose a folder on a writable file system"),
+        (errno.EACCES, "permission denied; choose a folder you may write to, or change its permissions"),
+        (errno.EPERM, "operation not permitted; choose a folder you may write to, or change its permissions"),
+        (errno.ENAMETOOLONG, "file name too long; choose a shorter path"),
+        (errno.ENOSPC, "cannot be written: no space left on the file system of"),
+    ],
+)
+def test_an_operating_system_fault_is_one_line(
+    code: int, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write the system refuses (here the first: the run's config.yaml, by os.replace of its
+    temporary) is one line naming the file as the user knows it, not the temporary, and exit 2."""
+    import os
+
+    def refuse(src: object, dst: object) -> None:
+        raise OSError(code, os.strerror(code), str(src), None, str(dst))
+
+    monkeypatch.setattr(os, "replace", refuse)
+    run = tmp_path / "run"
+    assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 2
+    line = error_line(capsys)
+    assert f"{run / 'config.yaml'}" in line and words in line and ".tmp" not in line, line
+
+
+def test_a_real_name_too_long_is_one_line_and_shortened(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long = tmp_path / ("a" * 300) / "run"
+    assert main(["pretrain", "--run-dir", str(long), *TINY, "--no-eval"]) == 2
+    line = error_line(capsys)
+    assert "file name too long" in line and "a" * 101 not in line and "…" in line, line
+    assert main(["curves", str(tmp_path / ("b" * 5000))]) == 2  # any value over 200 characters
+    assert max(len(w) for w in error_line(capsys).split()) <= 201
+
+
+def test_shorten_keeps_head_and_tail() -> None:
+    from bayesncl.app.errors import os_fault, shorten
+
+    assert shorten("x " + "y" * 300 + " z") == "x " + "y" * 100 + "…" + "y" * 100 + " z"
+    assert shorten("short words stay") == "short words stay"
+    e = OSError(errno.EROFS, "Read-only file system", "/r/.last.pt.tmp123")
+    assert os_fault(e) == "/r/last.pt: read-only file system; choose a folder on a writable file system"
+    assert os_fault(OSError("no errno")) is None and os_fault(ValueError("x")) is None
+
+
+def _closed_stdout(args: list[str], cwd: Path) -> tuple[int, str]:
+    """Run ``python -m bayesncl ARGS`` whose stdout's reader has gone before it writes anything."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "bayesncl", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env,
+    )
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    return p.wait(), err
+
+
+def test_a_closed_pipe_on_stdout_is_no_error(tmp_path: Path) -> None:
+    """``bayesncl metrics x.npz | head -1``: what cannot be printed is dropped, silently, with the
+    command's own exit status; ``| head -1`` through a real shell pipe prints its line."""
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(0)
+    feats = tmp_path / "f.npz"
+    np.savez(feats, features=rng.random((100, 32)).astype(np.float32), labels=rng.integers(0, 5, 100))
+    assert _closed_stdout(["metrics", str(feats)], tmp_path) == (0, "")
+    src = Path(__file__).parents[1] / "src"
+    shell = f"PYTHONPATH={src} {sys.executable} -m bayesncl metrics {feats} | head -1"
+    out = subprocess.run(["bash", "-o", "pipefail", "-c", shell], capture_output=True, text=True)
+    assert (out.returncode, out.stderr, out.stdout) == (0, "", f"Features: {feats} (N=100, D=32)\n")
+
+
+def test_a_closed_stdout_never_stops_training(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    rc, err = _closed_stdout(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"], tmp_path)
+    assert (rc, "Traceback" in err) == (0, False), err
+    assert (run / "last.pt").exists() and (run / "encoder.safetensors").exists()

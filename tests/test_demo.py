@@ -12,15 +12,9 @@ import pytest
 from bayesncl.app.cli import main
 from bayesncl.config import Config
 
-from .tiny import TINY_BASE
+from .conftest import TINY_BASE, error_line
 
 TINY = [*TINY_BASE, "train.epochs=2"]
-
-
-def _err(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("bayesncl: error: "), err
-    return err.strip()
 
 
 def _interrupt_bayesncl_after_one_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,18 +47,18 @@ def test_interrupted_demo_resumes_then_overwrites(
 
     # the same command again: refused, nothing touched
     assert main(["demo", "--run-dir", str(run), *TINY]) == 2
-    assert _err(capsys) == (
+    assert error_line(capsys) == (
         f"bayesncl: error: run dir {run} already exists and is not empty; pass --resume to continue the "
         "demo in it, --overwrite to replace it, or choose another --run-dir"
     )
     # other settings than the interrupted demo's: refused before anything runs
     assert main(["demo", "--run-dir", str(run), "--resume", *TINY, "data.blur_prob=0.2"]) == 2
-    assert _err(capsys) == (
+    assert error_line(capsys) == (
         f"bayesncl: error: --resume: {run / 'ncl'} holds a finished run with other settings "
         "(data.blur_prob); resume with the same options and key=value overrides, or use --overwrite"
     )
     assert main(["demo", "--run-dir", str(run), "--resume", "--overwrite", *TINY]) == 2
-    assert _err(capsys) == (
+    assert error_line(capsys) == (
         "bayesncl: error: --resume and --overwrite contradict each other: continue the demo, or replace it"
     )
 
@@ -101,27 +95,28 @@ def test_interrupted_demo_resumes_then_overwrites(
 def test_demo_refusals_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "demo"
     assert main(["demo", "--run-dir", str(run), *TINY, "method.name=cl"]) == 2
-    assert _err(capsys) == (
+    assert error_line(capsys) == (
         "bayesncl: error: method.name defines the demo's two runs (ncl, bayesncl); it cannot be overridden "
         "here"
     )
     assert main(["demo", "--run-dir", str(run), "--resume", *TINY]) == 2
-    assert _err(capsys) == f"bayesncl: error: --resume: no demo run in {run} to continue (no such directory)"
+    want = f"bayesncl: error: --resume: no demo run in {run} to continue (no such directory)"
+    assert error_line(capsys) == want
     run.mkdir()
     (run / "notes.txt").write_text("mine")
     assert main(["demo", "--run-dir", str(run), "--resume", *TINY]) == 2
-    assert _err(capsys) == (
+    assert error_line(capsys) == (
         f"bayesncl: error: --resume: no demo run in {run} to continue "
         f"(no {run / 'ncl' / 'last.pt'} or {run / 'bayesncl' / 'last.pt'})"
     )
     assert main(["demo", "--resume", *TINY]) == 2
-    assert _err(capsys) == "bayesncl: error: --resume needs --run-dir DIR (the demo to continue)"
+    assert error_line(capsys) == "bayesncl: error: --resume needs --run-dir DIR (the demo to continue)"
     assert main(["demo", "--run-dir", str(run / "notes.txt"), *TINY]) == 2
-    assert _err(capsys) == (
+    assert error_line(capsys) == (
         f"bayesncl: error: run dir {run / 'notes.txt'} is a file, not a directory; choose another --run-dir"
     )
     assert main(["demo", "--run-dir", "", *TINY]) == 2
-    assert _err(capsys) == "bayesncl: error: --run-dir '': expected a directory, not an empty path"
+    assert error_line(capsys) == "bayesncl: error: --run-dir '': expected a directory, not an empty path"
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
 
 
@@ -170,7 +165,7 @@ def test_method_keys_for_the_bayesncl_run_leave_the_ncl_run_alone(
     assert json.loads((run / "table.json").read_text()) == table
     # another rho is another bayesncl run: refused, naming that run and not ncl
     assert main(["demo", "--run-dir", str(run), "--resume", *TINY, "method.rho=0.6"]) == 2
-    assert _err(capsys) == (
+    assert error_line(capsys) == (
         f"bayesncl: error: --resume: {run / 'bayesncl'} holds a finished run with other settings "
         "(method.rho); resume with the same options and key=value overrides, or use --overwrite"
     )

@@ -14,7 +14,7 @@ from bayesncl.app.dynamics import dynamics_command
 from bayesncl.app.train import pretrain
 from bayesncl.config import build_config
 from bayesncl.core.model import build_model, contrastive_loss
-from bayesncl.metrics.dynamics import dynamics_correlations, per_dim_gradient_variance
+from bayesncl.metrics.dynamics import dynamics_correlations, gradient_variance
 
 from .test_pretrain import TINY
 
@@ -36,7 +36,8 @@ def test_gradient_variance_matches_per_sample_autograd() -> None:
     torch.manual_seed(0)
     model = build_model(cfg, 3, 16, 10)
     x1, x2 = torch.randn(6, 3, 16, 16), torch.randn(6, 3, 16, 16)
-    gv = per_dim_gradient_variance(model, [(x1, x2, None)], cfg, samples=6)
+    gv, used = gradient_variance(model, [(x1, x2, None)], cfg, samples=6)
+    assert used == 6
     model.eval()
     out = model(torch.cat([x1, x2]))
     loss, _ = contrastive_loss(out, cfg.method)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from bayesncl import metrics as M
 from bayesncl.app.evaluate import metrics_command
-from bayesncl.metrics import interpretability as EM
+from bayesncl.metrics import spectral as EM
 from bayesncl.metrics.inputs import EvalError, EvalWarning
 from bayesncl.metrics.retrieval import (
     average_precision_at_k,
@@ -150,7 +150,7 @@ def test_semantic_metrics_match_naive_loops(seed, unit_rows):
 
 def test_scatter_fallback_and_negative_labels(monkeypatch):
     # Many classes x many rows switches the one-hot product to a float64 scatter-add.
-    import bayesncl.metrics.interpretability as impl
+    import bayesncl.metrics.semantic as impl
 
     feats, labels = sparse_features(7, unit_rows=False)
     dense = M.semantic_metrics(feats.float(), labels)
@@ -372,7 +372,7 @@ def test_wide_features_take_the_n_by_n_path(monkeypatch, dtype):
     f = torch.rand(12, 40, generator=g, dtype=torch.float64).to(dtype)
     f[:, 5] = 0  # a dead column: 39 active > 12 rows
     f[f < 0.3] = 0
-    active = EM._active_mask(f)
+    active = EM.active_mask(f)
     gram_dd = EM._gram_active(f, active)
     h_dd = EM._spectral_entropy_from_gram(gram_dd)
     h_nn = EM._spectral_entropy_from_gram(EM._gram_rows(f))

@@ -9,7 +9,7 @@ from bayesncl.core.model import build_model
 from bayesncl.data import build_train_loader
 from bayesncl.metrics.paper_probe import paper_linear_probe
 
-from .tiny import TINY_BASE
+from .conftest import TINY_BASE
 
 
 def _model_and_cfg():

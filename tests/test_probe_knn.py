@@ -51,7 +51,7 @@ def test_probe_seeds_and_options():
     accs = [r["acc1"] for r in out["per_seed"]]
     assert out["acc1"] == pytest.approx(np.mean(accs)) and out["acc1_std"] == pytest.approx(np.std(accs))
     assert 30.0 < out["acc1"] < 100.0
-    assert linear_probe(xtr, ytr, xte, yte, seed=4)["per_seed"][0]["seed"] == 4
+    assert linear_probe(xtr, ytr, xte, yte, seeds=4)["per_seed"][0]["seed"] == 4
     single = linear_probe(xtr, ytr, xte, yte, l2_grid=[1e-3])  # no held-out selection needed
     assert single["per_seed"][0]["l2"] == 1e-3
     # three classes: Acc@5 becomes Acc@3 = 100

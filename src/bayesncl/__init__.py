@@ -1,41 +1,59 @@
 """bayesncl: interpretable self-supervised learning with NCL and Bayesian gated NCL (BayesNCL).
 
-The Python API (docs/api.md)::
+The main API (each loads torch only when first used, so ``import bayesncl`` stays cheap; docs/api.md)::
 
-    import bayesncl
-    cfg = bayesncl.build_config(["method.name=bayesncl", "data.name=fashion-mnist"])
-    metrics = bayesncl.pretrain(cfg, dataset=None, run_dir="runs/x")   # or dataset=a torch Dataset
-    result = bayesncl.evaluate("runs/x")
-    model = bayesncl.load_encoder("runs/x")                            # an nn.Module
-    bayesncl.metrics.compute_all(features, labels)
-    head = bayesncl.ContrastiveHead(h_dim, cfg)                         # the method in your own loop
-
-Names are imported on first use, so ``import bayesncl`` (and ``bayesncl --help``) stays fast.
+    cfg = bayesncl.build_config(["method.name=bayesncl", "train.epochs=3"])
+    metrics = bayesncl.pretrain(cfg, run_dir="runs/x")   # train, checkpoint, evaluate (app.api)
+    metrics = bayesncl.pretrain(cfg, dataset=ds)         # a torch Dataset or a uint8 N x C x H x W tensor
+    report = bayesncl.evaluate("runs/x")                 # the CLI's ``evaluate``
+    model = bayesncl.load_encoder("runs/x")              # the trained model, eval mode
+    bayesncl.metrics.compute_all(features, labels)       # the metrics package
+    head = bayesncl.ContrastiveHead(h_dim, cfg)          # projector + gate + loss for your own loop
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bayesncl.config import Config
 
 __version__ = "0.1.0"
+__all__ = ["ContrastiveHead", "build_config", "evaluate", "load_encoder", "metrics", "pretrain"]
 
-_EXPORTS = {
-    "build_config": "bayesncl.app.api",
-    "pretrain": "bayesncl.app.api",
-    "evaluate": "bayesncl.app.api",
-    "load_encoder": "bayesncl.app.api",
-    "ContrastiveHead": "bayesncl.core.head",
-    "Config": "bayesncl.config",
-    "ConfigError": "bayesncl.config",
-    "DataError": "bayesncl.data",
+_LAZY = {  # name -> (module, attribute; None for the module itself)
+    "pretrain": ("bayesncl.app.api", "pretrain"),
+    "evaluate": ("bayesncl.app.api", "evaluate"),
+    "load_encoder": ("bayesncl.app.api", "load_encoder"),
+    "ContrastiveHead": ("bayesncl.core.head", "ContrastiveHead"),
+    "metrics": ("bayesncl.metrics", None),
 }
-__all__ = [*_EXPORTS, "metrics", "__version__"]
+
+
+def build_config(overrides: list[str] | None = None, config: str | Path | None = None) -> Config:
+    """A validated :class:`~bayesncl.config.Config`: the defaults, the method's preset, the YAML
+    ``config`` (a path or a shipped recipe name, e.g. ``"cifar100-bayesncl"``), then the
+    ``key=value`` ``overrides`` (``model.backbone_kwargs.patch_size=4`` sets one entry of a dict
+    key). Raises ConfigError (one line) for an unknown key or a bad value."""
+    from bayesncl.app.cli import resolve_config_path
+    from bayesncl.config import ConfigError
+    from bayesncl.config import build_config as resolve
+
+    if isinstance(overrides, str):
+        raise ConfigError(
+            f"overrides={overrides!r}: expected a list of key=value strings, e.g. [{overrides!r}]"
+        )
+    return resolve(resolve_config_path(None if config is None else str(config)), overrides)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "metrics":
-        return importlib.import_module("bayesncl.metrics")
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'bayesncl' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'bayesncl' has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    value = importlib.import_module(module)
+    if attribute is not None:
+        value = getattr(value, attribute)
+    globals()[name] = value
+    return value

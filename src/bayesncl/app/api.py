@@ -15,21 +15,7 @@ from torch import nn
 
 from bayesncl.config import Config, ConfigError
 
-__all__ = ["build_config", "pretrain", "evaluate", "load_encoder"]
-
-
-def build_config(overrides: list[str] | None = None, config: str | Path | None = None) -> Config:
-    """The resolved, validated config of ``key=value`` strings as the command line takes them
-    (``["method.name=ncl", "model.backbone_kwargs.img_size=32"]``), on top of ``config``: a YAML
-    file or the name of a shipped recipe (``"fashion-mnist-vit"``). Raises ConfigError."""
-    from bayesncl.app.cli import resolve_config_path
-    from bayesncl.config import build_config as resolve
-
-    if isinstance(overrides, str):
-        raise ConfigError(
-            f"overrides={overrides!r}: expected a list of key=value strings, e.g. [{overrides!r}]"
-        )
-    return resolve(resolve_config_path(str(config)) if config is not None else None, list(overrides or []))
+__all__ = ["pretrain", "evaluate", "load_encoder"]
 
 
 def _with_python_data(cfg: Config, dataset: Any, eval_dataset: Any, labels: Any) -> tuple[Config, str]:
@@ -66,6 +52,8 @@ def pretrain(
     from bayesncl.app.cli import _default_run_dir
     from bayesncl.app.train import pretrain as train
 
+    if isinstance(dataset, (str, Path)) and run_dir is None:  # pretrain(cfg, "runs/x"): app.train's order
+        dataset, run_dir = None, dataset
     if not isinstance(config, Config):
         raise ConfigError(f"config: got a {type(config).__name__}; expected bayesncl.build_config([...])")
     if dataset is None and (eval_dataset is not None or labels is not None):
@@ -111,9 +99,13 @@ def evaluate(
             provided.release(token)
 
 
-def load_encoder(source: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+def load_encoder(
+    run_dir_or_file: str | Path, device: str | torch.device | None = None, overrides: list[str] | None = None
+) -> nn.Module:
     """The trained model of a run dir (its ``last.pt``, else its ``encoder.safetensors``), a
-    checkpoint or an ``encoder.safetensors``, in eval mode, without reading any data.
+    checkpoint or an ``encoder.safetensors``, in eval mode, without reading any data (``device``:
+    default CUDA where there is one). An official BayesNCL/NCL checkpoint, or ``overrides``
+    (``data.*``), go through :func:`bayesncl.app.evaluate.load_trained`, which reads the data.
 
     Returns a :class:`bayesncl.core.model.ContrastiveModel`: ``model(x)`` maps normalised images
     x: (B, C, S, S) to a ModelOutput (``.h`` (B, H) backbone features, ``.z_tilde`` (B, D) the
@@ -123,9 +115,14 @@ def load_encoder(source: str | Path, device: str | torch.device = "cpu") -> nn.M
     from bayesncl.core.model import build_model
     from bayesncl.metrics.inputs import EvalError
     from bayesncl.runs.official import load_state_strict
-    from bayesncl.runs.rundir import CheckpointError, is_bayesncl_checkpoint, load_checkpoint_file
+    from bayesncl.runs.safe_load import CheckpointError, is_bayesncl_checkpoint, load_checkpoint_file
 
-    path = Path(source)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    path = Path(run_dir_or_file)
+    if overrides:
+        from bayesncl.app.evaluate import load_trained
+
+        return load_trained(path, torch.device(device), overrides)[0]
     if path.is_dir():
         path = next((path / f for f in ("last.pt", "encoder.safetensors") if (path / f).is_file()), path)
     try:
@@ -136,8 +133,10 @@ def load_encoder(source: str | Path, device: str | torch.device = "cpu") -> nn.M
         cfg_dict, state = obj["config"], obj["state_dict"]
     elif _is_own_encoder(path, obj):
         cfg_dict, state = _encoder_config(path)[0], obj
-    else:
-        raise EvalError(f"{path} is not a bayesncl checkpoint or encoder.safetensors")
+    else:  # an official checkpoint (it records no data: load_trained asks for data.name=...)
+        from bayesncl.app.evaluate import load_trained
+
+        return load_trained(path, torch.device(device), overrides)[0]
     cfg = config_from_dict(cfg_dict, path)
     channels, size = _geometry(cfg, state)
     head = state.get("classifier.weight")

@@ -1,6 +1,6 @@
 """``bayesncl benchmark``: training throughput of CL, NCL and BayesNCL from one run.
 
-What one *step* is: exactly the training loop's step (:func:`bayesncl.app.train.train_step`): the
+What one *step* is: exactly the training loop's step (:func:`bayesncl.core.engine.train_step`): the
 next batch from the training loader (both views augmented), forward, InfoNCE + λ·KL + online
 probe, backward, LARS step. An *image* is one source image, i.e. one two-view pair (a batch of
 256 is 512 augmented views). Data: the built-in synthetic 32×32 RGB set (``data.name=synthetic``),
@@ -22,7 +22,7 @@ Measured, in ONE process and ONE run so the ratios are fair on a noisy machine:
   (``data.resident=false``, ``--workers`` workers): the ratio of their images/s, median over rounds.
 * ``augment_only_speedup``: the two loaders alone, without a model (the data path's own ratio).
 * ``breakdown``: each loader alone, and the BayesNCL step on a fixed batch alone (to see which
-  part limits the step); on CUDA also BayesNCL without :func:`bayesncl.app.train.prefetch_to_device`
+  part limits the step); on CUDA also BayesNCL without :func:`bayesncl.core.engine.prefetch_to_device`
   (the loader on the main stream).
 
 Defaults: CPU: ResNet-18 with the ImageNet stem, 32 px, batch 64, fp32 (about 25 s on 2 idle
@@ -187,43 +187,44 @@ def _config(s: BenchmarkSettings, method: str, resident: bool) -> Config:
     return build_config(overrides=overrides)
 
 
-class _Trainer:
-    """A model, its optimiser and a training loader, stepped exactly as ``pretrain`` does."""
+Batch = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
 
-    def __init__(self, cfg: Config, device: torch.device) -> None:
-        import torch
 
-        from bayesncl.core.distributed import World
-        from bayesncl.core.engine import prefetch_to_device, train_step, wrap_for_training
-        from bayesncl.core.model import build_model
-        from bayesncl.core.optim import build_optimizer, param_groups, resolve_precision, set_lr
-        from bayesncl.data import build_train_loader, dataset_info
+def _trainer(cfg: Config, device: torch.device) -> tuple[Callable[[Batch | None], None], Iterator[Batch]]:
+    """``(step, batches)``: one training step of the model ``cfg`` describes, on the next of
+    ``batches`` (or on the batch given), with the model, optimiser, precision and loader pretrain
+    builds (:mod:`bayesncl.core.engine`, :mod:`bayesncl.core.optim`) at the peak learning rate."""
+    import torch
 
-        self._train_step = train_step
-        info = dataset_info(cfg.data)
-        torch.manual_seed(0)
-        self.cfg = cfg
-        self.model = build_model(cfg, info.channels, info.image_size, info.num_classes)
-        self.model = self.model.to(device)
-        if cfg.train.channels_last:
-            self.model = self.model.to(memory_format=torch.channels_last)
-        self.optimizer = build_optimizer(param_groups(self.model, cfg), cfg)
-        lr = cfg.train.base_lr * cfg.train.batch_size / 256
-        set_lr(self.optimizer, lr, 1.0)
-        amp = resolve_precision(cfg.train.precision, device)
-        self.autocast = torch.autocast(device.type, dtype=amp) if amp is not None else None
-        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
-        self.step_model = wrap_for_training(self.model, cfg, World(device=device))
-        self.loader = build_train_loader(cfg.data, cfg.train.batch_size, seed=0, device=device)
-        self.batches = prefetch_to_device(_endless(self.loader), device)  # as in pretrain
-        self.model.train()
+    from bayesncl.core.distributed import World, scaled_lr
+    from bayesncl.core.engine import prefetch_to_device, train_step, wrap_for_training
+    from bayesncl.core.model import build_model
+    from bayesncl.core.optim import build_optimizer, param_groups, resolve_precision, set_lr
+    from bayesncl.data import build_train_loader, dataset_info
 
-    def step(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
-        x1, x2, y = batch if batch is not None else next(self.batches)
-        self._train_step(
-            self.step_model, self.optimizer, self.scaler, x1, x2, y, self.cfg.method,
-            autocast=self.autocast, channels_last=self.cfg.train.channels_last,
+    info = dataset_info(cfg.data)
+    torch.manual_seed(0)
+    model = build_model(cfg, info.channels, info.image_size, info.num_classes).to(device)
+    if cfg.train.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = build_optimizer(param_groups(model, cfg), cfg)
+    set_lr(optimizer, scaled_lr(cfg.train.base_lr, cfg.train.batch_size), 1.0)
+    amp = resolve_precision(cfg.train.precision, device)
+    autocast = torch.autocast(device.type, dtype=amp) if amp is not None else None
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
+    step_model = wrap_for_training(model, cfg, World(device=device))
+    loader = build_train_loader(cfg.data, cfg.train.batch_size, seed=0, device=device)
+    batches = prefetch_to_device(_endless(loader), device)  # as in pretrain
+    model.train()
+
+    def step(batch: Batch | None = None) -> None:
+        x1, x2, y = batch if batch is not None else next(batches)
+        train_step(
+            step_model, optimizer, scaler, x1, x2, y, cfg.method,
+            autocast=autocast, channels_last=cfg.train.channels_last,
         )
+
+    return step, batches
 
 
 def flops_per_image(cfg: Config, *, train: bool = False, batch_size: int | None = None) -> float:
@@ -291,6 +292,57 @@ def _median_ratio(a: list[float], b: list[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b, strict=True))
 
 
+def _arms(s: BenchmarkSettings, device: torch.device, configs: dict[str, Config]) -> list[_Arm]:
+    """What the rounds time: each method's step, the loaders alone, the BayesNCL step on a fixed
+    batch, the per-sample data path (``s.augment_compare``) and, on CUDA, no prefetch."""
+    from bayesncl.data import build_train_loader
+
+    b, steps = int(s.batch_size or 0), int(s.steps or 0)
+    trainers = {m: _trainer(configs[m], device) for m in METHODS}
+    bayes, bayes_batches = trainers["bayesncl"]
+    fixed = next(bayes_batches)
+    arms = [_Arm(m, (lambda step=trainers[m][0]: step(None)), b, steps) for m in METHODS]
+    data = configs["bayesncl"].data
+    aug_batches = _endless(build_train_loader(data, b, seed=1, device=device))
+    arms.append(_Arm("augment-only", lambda: _next(aug_batches), b, steps))
+    if s.augment_compare:  # the same BayesNCL model (same seed), fed by the per-sample DataLoader
+        per_sample_cfg = _config(s, "bayesncl", resident=False)
+        per_sample, _ = _trainer(per_sample_cfg, device)
+        arms.append(_Arm("bayesncl/per-sample", lambda: per_sample(None), b, min(steps, 3)))
+        ps_batches = _endless(build_train_loader(per_sample_cfg.data, b, seed=1, device=device))
+        arms.append(_Arm("per-sample-only", lambda: _next(ps_batches), b, min(steps, 3)))
+    arms.append(_Arm("step-only", lambda: bayes(fixed), b, steps))
+    if device.type == "cuda":  # what prefetch_to_device buys: the loader on the main stream
+        plain = _endless(build_train_loader(data, b, seed=2, device=device))
+        arms.append(_Arm("no-prefetch", lambda: bayes(next(plain)), b, steps))
+    return arms
+
+
+def _time_rounds(
+    arms: list[_Arm], s: BenchmarkSettings, device: torch.device, say: Callable[[str], None]
+) -> None:
+    """Warm every arm up, then time ``s.rounds`` rounds, the arms' order rotated every round."""
+    say(f"warm-up: {s.warmup} step(s) per arm" + (" (includes torch.compile)" if s.compile else ""))
+    for arm in arms:
+        for _ in range(s.warmup):
+            arm.run()
+    _sync(device)
+    rounds = int(s.rounds or 0)
+    for r in range(rounds):
+        say(f"round {r + 1}/{rounds}")
+        for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(arm.steps):
+                arm.run()
+            _sync(device)
+            arm.times.append((time.perf_counter() - t0) / arm.steps)
+
+
+def _optional(key: str, value: float | None) -> dict[str, float]:
+    return {} if value is None else {key: round(value, 1)}
+
+
 def run_benchmark(
     settings: BenchmarkSettings | None = None, *, log: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
@@ -302,7 +354,6 @@ def run_benchmark(
     import torch
 
     from bayesncl.core.optim import resolve_precision
-    from bayesncl.data import build_train_loader
 
     s, device = default_settings(settings or BenchmarkSettings())
     say = log or (lambda msg: None)
@@ -310,77 +361,36 @@ def run_benchmark(
         torch.set_num_threads(s.threads)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    b, steps, rounds = int(s.batch_size or 0), int(s.steps or 0), int(s.rounds or 0)
-
+    b = int(s.batch_size or 0)
     configs = {m: _config(s, m, resident=True) for m in METHODS}  # a bad override: its line comes first
     say(f"building {len(METHODS)} models ({s.backbone}, {s.image_size} px, batch {b}) on {device}")
-    trainers = {m: _Trainer(configs[m], device) for m in METHODS}
-    fixed = next(trainers["bayesncl"].batches)
-    flops = {m: flops_per_image(trainers[m].cfg) for m in ("ncl", "bayesncl")}
-    train_flops = {m: flops_per_image(trainers[m].cfg, train=True) for m in ("ncl", "bayesncl")}
-
-    arms = [_Arm(m, (lambda t=trainers[m]: t.step()), b, steps) for m in METHODS]
-    cfg = trainers["bayesncl"].cfg
-    aug_batches = _endless(build_train_loader(cfg.data, b, seed=1, device=device))
-    arms.append(_Arm("augment-only", lambda: _next(aug_batches), b, steps))
-    if s.augment_compare:  # the same BayesNCL model (same seed), fed by the per-sample DataLoader
-        per_sample = _Trainer(_config(s, "bayesncl", resident=False), device)
-        arms.append(_Arm("bayesncl/per-sample", per_sample.step, b, min(steps, 3)))
-        ps_batches = _endless(build_train_loader(per_sample.cfg.data, b, seed=1, device=device))
-        arms.append(_Arm("per-sample-only", lambda: _next(ps_batches), b, min(steps, 3)))
-    arms.append(_Arm("step-only", lambda: trainers["bayesncl"].step(fixed), b, steps))
-    if device.type == "cuda":  # what prefetch_to_device buys: the loader on the main stream
-        plain = _endless(build_train_loader(cfg.data, b, seed=2, device=device))
-        arms.append(_Arm("no-prefetch", lambda: trainers["bayesncl"].step(next(plain)), b, steps))
-
-    say(f"warm-up: {s.warmup} step(s) per arm" + (" (includes torch.compile)" if s.compile else ""))
-    for arm in arms:
-        for _ in range(s.warmup):
-            arm.run()
-    _sync(device)
-    for r in range(rounds):
-        say(f"round {r + 1}/{rounds}")
-        for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
-            _sync(device)
-            t0 = time.perf_counter()
-            for _ in range(arm.steps):
-                arm.run()
-            _sync(device)
-            arm.times.append((time.perf_counter() - t0) / arm.steps)
+    arms = _arms(s, device, configs)
+    flops = {m: flops_per_image(configs[m]) for m in ("ncl", "bayesncl")}
+    train_flops = {m: flops_per_image(configs[m], train=True) for m in ("ncl", "bayesncl")}
+    _time_rounds(arms, s, device, say)
 
     by = {a.name: a for a in arms}
     rate = {name: a.images / statistics.median(a.times) for name, a in by.items()}
-    result: dict[str, Any] = {
+    compare = s.augment_compare
+
+    def ratio(slow: str, fast: str) -> float | None:
+        return round(_median_ratio(by[slow].times, by[fast].times), 2) if compare else None
+
+    return {
         "images_per_s": {m: round(rate[m], 1) for m in METHODS},
         "gate_overhead_pct": round(100 * (_median_ratio(by["bayesncl"].times, by["ncl"].times) - 1), 2),
         "flops_per_image": {m: float(f) for m, f in flops.items()},
         "train_flops_per_pair": {m: float(f) for m, f in train_flops.items()},
-        "augment_speedup": (
-            round(_median_ratio(by["bayesncl/per-sample"].times, by["bayesncl"].times), 2)
-            if s.augment_compare
-            else None
-        ),
+        "augment_speedup": ratio("bayesncl/per-sample", "bayesncl"),
         "device": device.type,
         "device_name": _device_name(device),
-        "per_sample_images_per_s": round(rate["bayesncl/per-sample"], 1) if s.augment_compare else None,
-        "augment_only_speedup": (
-            round(_median_ratio(by["per-sample-only"].times, by["augment-only"].times), 2)
-            if s.augment_compare
-            else None
-        ),
+        "per_sample_images_per_s": round(rate["bayesncl/per-sample"], 1) if compare else None,
+        "augment_only_speedup": ratio("per-sample-only", "augment-only"),
         "breakdown": {
             "augment_images_per_s": round(rate["augment-only"], 1),
-            **(
-                {"per_sample_augment_images_per_s": round(rate["per-sample-only"], 1)}
-                if "per-sample-only" in rate
-                else {}
-            ),
+            **_optional("per_sample_augment_images_per_s", rate.get("per-sample-only")),
             "bayesncl_step_fixed_batch_images_per_s": round(rate["step-only"], 1),
-            **(
-                {"bayesncl_no_prefetch_images_per_s": round(rate["no-prefetch"], 1)}
-                if "no-prefetch" in rate
-                else {}
-            ),
+            **_optional("bayesncl_no_prefetch_images_per_s", rate.get("no-prefetch")),
         },
         "gate_flops_pct": round(100 * (train_flops["bayesncl"] / train_flops["ncl"] - 1), 2),
         "settings": {
@@ -388,8 +398,8 @@ def run_benchmark(
             "cifar_stem": s.cifar_stem,
             "image_size": s.image_size,
             "batch_size": b,
-            "steps": steps,
-            "rounds": rounds,
+            "steps": int(s.steps or 0),
+            "rounds": int(s.rounds or 0),
             "precision": str(resolve_precision(str(s.precision), device) or "fp32").replace("torch.", ""),
             "channels_last": s.channels_last,
             "compile": s.compile,
@@ -400,7 +410,6 @@ def run_benchmark(
         "date": time.strftime("%Y-%m-%d"),
         "image": "one source image = one two-view pair",
     }
-    return result
 
 
 # ----------------------------------------------------------------------------- output
@@ -541,17 +550,13 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m bayesncl.app.benchmark [options]``: the same command without the ``bayesncl`` CLI."""
     import sys
 
-    from bayesncl.data import DataError
+    from bayesncl.app.errors import readers_may_go, run_command
 
-    parser = argparse.ArgumentParser(prog="python -m bayesncl")
-    add_benchmark_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["benchmark", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except (ConfigError, DataError) as e:
-        print(f"bayesncl: error: {e}", file=sys.stderr)
-        return 2
-
+    with readers_may_go():
+        parser = argparse.ArgumentParser(prog="python -m bayesncl")
+        add_benchmark_parser(parser.add_subparsers(dest="command", required=True))
+        args = parser.parse_args(["benchmark", *(sys.argv[1:] if argv is None else argv)])
+        return run_command(lambda: args.func(args), "benchmark")
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,7 +1,8 @@
-"""The ``bayesncl`` command. It only parses arguments and calls library functions.
+"""The ``bayesncl`` command. It only parses arguments (:data:`COMMANDS`) and calls library functions.
 
-Every expected failure (bad config, missing data, occupied run dir, bad features file, ...) is
-printed as one line ``bayesncl: error: ...`` with exit status 2, never a traceback.
+Every expected failure (bad config, missing data, occupied run dir, bad features file, an
+operating-system fault, ...) is printed as one line ``bayesncl: error: ...`` with exit status 2,
+never a traceback: :mod:`bayesncl.app.errors`.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ import json
 import os
 import sys
 import time
-import warnings
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NoReturn
 
-from bayesncl import __version__
+from bayesncl.app.errors import readers_may_go, run_command, shorten
 from bayesncl.config import Config, ConfigError, build_config, valid_keys
-from bayesncl.runs.fileio import out_of_memory
 
 RECIPES_DIR = Path(__file__).parents[1] / "configs"
 
@@ -89,7 +89,7 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line ``bayesncl: error: ...`` (exit 2), like every other."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"bayesncl: error: {message} (see {self.prog} --help)\n")
+        sys.stderr.write(f"bayesncl: error: {shorten(message)} (see {self.prog} --help)\n")
         sys.exit(2)
 
 
@@ -152,7 +152,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
 def cmd_metrics(args: argparse.Namespace) -> int:
     from bayesncl.app.evaluate import metrics_command
-    from bayesncl.metrics.interpretability import format_metrics_table
+    from bayesncl.metrics import format_metrics_table
 
     dims = parse_dims(args.retrieval_dims)
     result = metrics_command(args.features, dims, args.json)
@@ -183,43 +183,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         given=[k for k in ("probe_seeds", "probe_epochs") if getattr(args, k) is not None],
     )
     return 0
-
-
-def met_by_every_rank(e: BaseException) -> bool:
-    """Whether every torchrun process of a node meets the user error ``e`` alike (same arguments, same
-    files, or decided by rank 0 for all: run-dir checks, a non-finite loss, a full disk, as rank 0 alone
-    writes the run dir): printed once per node, by its local rank 0. Other errors (an out-of-memory on
-    one GPU, an image that cannot be decoded in one rank's shard) are printed by the rank meeting them,
-    prefixed with "(rank N)"."""
-    from bayesncl.core.engine import TrainingError
-    from bayesncl.data import DataError
-    from bayesncl.data.sources import ShardDataError
-    from bayesncl.runs.fileio import DiskFullError
-    from bayesncl.runs.rundir import CheckpointError, RunDirError
-
-    alike = (ConfigError, DataError, RunDirError, CheckpointError, TrainingError, DiskFullError)
-    return isinstance(e, alike) and not isinstance(e, ShardDataError)
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that mean bad input, printed as one line; anything else is a bug and raises."""
-    from bayesncl.core.engine import TrainingError
-    from bayesncl.data import DataError
-    from bayesncl.metrics.inputs import EvalError
-    from bayesncl.runs.fileio import DiskFullError
-    from bayesncl.runs.rundir import CheckpointError, RunDirError
-
-    return (
-        DiskFullError,
-        ConfigError,
-        DataError,
-        EvalError,
-        RunDirError,
-        CheckpointError,
-        TrainingError,
-        FileNotFoundError,
-        PermissionError,
-    )
 
 
 _LOAD_OVERRIDES_HELP = (
@@ -262,168 +225,193 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="bayesncl",
-        description="Interpretable self-supervised learning: CL, NCL, NCL+TopK and BayesNCL.",
-    )
-    parser.add_argument("--version", action="version", version=f"bayesncl {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    fmt = argparse.RawDescriptionHelpFormatter
+# ----------------------------------------------------------------------------- the parser, as data
+_RAW = argparse.RawDescriptionHelpFormatter
 
-    p = sub.add_parser(
-        "pretrain",
-        help="pretrain one method and evaluate it",
-        description="Pretrain an encoder with CL / NCL / NCL+TopK / BayesNCL, checkpoint every epoch, "
+
+def _arg(*flags: str, **kwargs: Any) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """One ``add_argument(*flags, **kwargs)`` call, as data."""
+    return flags, kwargs
+
+
+def _flag(name: str, help: str) -> tuple[tuple[str, ...], dict[str, Any]]:
+    return _arg(name, action="store_true", help=help)
+
+
+_OVERRIDES = _arg("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+_LOAD_OVERRIDES = _arg("overrides", nargs="*", metavar="key=value", help=_LOAD_OVERRIDES_HELP)
+_SOURCE = _arg("source", metavar="RUN_DIR_OR_CHECKPOINT")
+
+# subcommand NAME (run by cmd_NAME) -> (help, description, more add_parser options, its arguments: _arg)
+COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
+    "pretrain": (
+        "pretrain one method and evaluate it",
+        "Pretrain an encoder with CL / NCL / NCL+TopK / BayesNCL, checkpoint every epoch, "
         "and evaluate on the test split. The defaults are the authors' CIFAR hyperparameters (200 "
         "epochs, ResNet-18, CIFAR stem at <= 64 px) on Fashion-MNIST: a GPU-sized run. For a CPU-sized "
         "one start from --config fashion-mnist-demo; override anything with key=value.",
-        epilog=_keys_epilog(),
-        formatter_class=fmt,
-    )
-    p.add_argument("--config", help="YAML file or shipped recipe name (see below)")
-    p.add_argument("--run-dir", help="output directory (default runs/<method>-<data>-<time>)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from last.pt")
-    p.add_argument("--overwrite", action="store_true", help="replace a run already in --run-dir")
-    p.add_argument("--no-eval", action="store_true", help="skip the end-of-training evaluation")
-    p.add_argument(
-        "--skip-corrupt",
-        action="store_true",
-        help="skip unreadable images in an image folder and report how many (= data.skip_corrupt=true)",
-    )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
-    p.set_defaults(func=cmd_pretrain)
-
-    p = sub.add_parser(
-        "demo",
-        help="the main job: NCL vs BayesNCL on Fashion-MNIST, side-by-side table",
-        description="Pretrain NCL and BayesNCL with the same budget on Fashion-MNIST (about 7 min on "
+        {"formatter_class": _RAW, "epilog": _keys_epilog},
+        [
+            _arg("--config", help="YAML file or shipped recipe name (see below)"),
+            _arg("--run-dir", help="output directory (default runs/<method>-<data>-<time>)"),
+            _flag("--resume", "continue the run in --run-dir from last.pt"),
+            _flag("--overwrite", "replace a run already in --run-dir"),
+            _flag("--no-eval", "skip the end-of-training evaluation"),
+            _flag(
+                "--skip-corrupt",
+                "skip unreadable images in an image folder and report how many (= data.skip_corrupt=true)",
+            ),
+            _OVERRIDES,
+        ],
+    ),
+    "demo": (
+        "the main job: NCL vs BayesNCL on Fashion-MNIST, side-by-side table",
+        "Pretrain NCL and BayesNCL with the same budget on Fashion-MNIST (about 7 min on "
         "2 CPU cores), evaluate both on the test split and print one table (also saved as "
         "table.md and table.json in the run dir). key=value overrides apply to both runs (not "
         "method.name: the demo runs ncl and bayesncl), except method keys that have no effect on ncl "
         "(method.rho, method.lam, ...: they set the bayesncl run). An interrupted demo continues with "
         "--resume (the same --run-dir, options and overrides): a method that finished is reused, one "
         "with a last.pt continues from it.",
-        formatter_class=fmt,
-    )
-    p.add_argument("--run-dir", help="output directory (default runs/demo-<time>)")
-    p.add_argument("--quick", action="store_true", help="a ~1 minute smoke version of the demo")
-    p.add_argument("--resume", action="store_true", help="continue the demo in --run-dir")
-    p.add_argument("--overwrite", action="store_true", help="replace a demo already in --run-dir")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
-    p.set_defaults(func=cmd_demo)
-
-    p = sub.add_parser(
-        "extract",
-        help="write one features file (h, p, z, z~, alpha, mask, labels) for a split",
-        description="Run a trained encoder over a split and write one .npz features file that every "
-        "metric reads.",
-    )
-    p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
-    p.add_argument("--split", choices=("test", "train"), default="test", help="which split (default test)")
-    p.add_argument(
-        "--out",
-        help="output .npz (default RUN_DIR/features_<split>.npz; for RUN/epoch-NNNN.pt "
-        "RUN/eval-epoch-NNNN/features_<split>.npz)",
-    )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help=_LOAD_OVERRIDES_HELP)
-    p.set_defaults(func=cmd_extract)
-
-    p = sub.add_parser(
-        "metrics",
-        help="interpretability metrics of a features file or any .npz with features+labels",
-        description="Semantic consistency, semantic entropies, activation ratio, sparsity, effective "
+        {"formatter_class": _RAW},
+        [
+            _arg("--run-dir", help="output directory (default runs/demo-<time>)"),
+            _flag("--quick", "a ~1 minute smoke version of the demo"),
+            _flag("--resume", "continue the demo in --run-dir"),
+            _flag("--overwrite", "replace a demo already in --run-dir"),
+            _OVERRIDES,
+        ],
+    ),
+    "extract": (
+        "write one features file (h, p, z, z~, alpha, mask, labels) for a split",
+        "Run a trained encoder over a split and write one .npz features file that every metric reads.",
+        {},
+        [
+            _SOURCE,
+            _arg("--split", choices=("test", "train"), default="test", help="which split (default test)"),
+            _arg(
+                "--out",
+                help="output .npz (default RUN_DIR/features_<split>.npz; for RUN/epoch-NNNN.pt "
+                "RUN/eval-epoch-NNNN/features_<split>.npz)",
+            ),
+            _LOAD_OVERRIDES,
+        ],
+    ),
+    "metrics": (
+        "interpretability metrics of a features file or any .npz with features+labels",
+        "Semantic consistency, semantic entropies, activation ratio, sparsity, effective "
         "rank, orthogonality and (optionally) retrieval with feature selection.",
-    )
-    p.add_argument(
-        "features",
-        metavar="FEATURES",
-        help="features .npz (from extract, or any npz holding 'features' (N x D float) and 'labels' (N int))",
-    )
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--retrieval-dims", help="comma-separated K list, e.g. 32,64,128")
-    p.set_defaults(func=cmd_metrics)
-
-    p = sub.add_parser(
-        "evaluate",
-        help="extract + metrics + linear probe + kNN + retrieval + top-activation figure",
-        description="Full evaluation of a run dir or checkpoint; writes evaluation.json, "
+        {},
+        [
+            _arg(
+                "features",
+                metavar="FEATURES",
+                help="features .npz (from extract, or any npz holding 'features' (N x D float) and "
+                "'labels' (N int))",
+            ),
+            _flag("--json", "print JSON instead of a table"),
+            _arg("--retrieval-dims", help="comma-separated K list, e.g. 32,64,128"),
+        ],
+    ),
+    "evaluate": (
+        "extract + metrics + linear probe + kNN + retrieval + top-activation figure",
+        "Full evaluation of a run dir or checkpoint; writes evaluation.json, "
         "evaluation.md and top_activations.png into the run dir (for an earlier checkpoint "
         "RUN/epoch-NNNN.pt: into RUN/eval-epoch-NNNN/).",
-    )
-    p.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
-    p.add_argument("--retrieval-dims", help="comma-separated K list (default 32,64,...,D)")
-    p.add_argument("--no-knn", action="store_true", help="skip the kNN classifier")
-    p.add_argument(
-        "--probe-seeds", type=int, default=None, help="linear probe seeds; mean ± std (default 1)"
-    )
-    p.add_argument(
-        "--probe",
-        choices=("fast", "paper", "none"),
-        default=None,
-        help="fast: L-BFGS on precomputed h (CPU-friendly); paper: LARS, crops+flips, --probe-epochs (GPU); "
-        "none: no linear or feature-selection probe (default: the run's eval.probe, fast unless set)",
-    )
-    p.add_argument("--probe-epochs", type=int, default=None, help="epochs of the paper probe (default 50)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help=_LOAD_OVERRIDES_HELP)
-    p.set_defaults(func=cmd_evaluate)
-
-    p = sub.add_parser(
-        "reproduce",
-        help="one command per paper table (1, 2, 4, 7): run every variant, print ours vs the paper",
-        description="Pretrain and evaluate every variant a paper table needs (recipes in "
+        {},
+        [
+            _SOURCE,
+            _arg("--retrieval-dims", help="comma-separated K list (default 32,64,...,D)"),
+            _flag("--no-knn", "skip the kNN classifier"),
+            _arg("--probe-seeds", type=int, help="linear probe seeds; mean ± std (default 1)"),
+            _arg(
+                "--probe",
+                choices=("fast", "paper", "none"),
+                help="fast: L-BFGS on precomputed h (CPU-friendly); paper: LARS, crops+flips, --probe-epochs "
+                "(GPU); none: no linear or feature-selection probe (default: the run's eval.probe, fast "
+                "unless set)",
+            ),
+            _arg("--probe-epochs", type=int, help="epochs of the paper probe (default 50)"),
+            _LOAD_OVERRIDES,
+        ],
+    ),
+    "reproduce": (
+        "one command per paper table (1, 2, 4, 7): run every variant, print ours vs the paper",
+        "Pretrain and evaluate every variant a paper table needs (recipes in "
         "src/bayesncl/configs), reusing finished variants, and write table<N>.md/.json next to the "
         "paper's values. CIFAR/ImageNet-100 recipes are GPU-scale; --dataset fashion-mnist uses the "
         "CPU demo budget. key=value overrides apply to every variant.",
-    )
-    p.add_argument("table", choices=("1", "2", "4", "7"), help="paper table number")
-    p.add_argument(
-        "--dataset",
-        default="cifar100",
-        help="cifar10 | cifar100 | imagenet100 | fashion-mnist (default cifar100)",
-    )
-    p.add_argument("--run-dir", help="output directory (default runs/table<N>-<dataset>)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
-    p.set_defaults(func=cmd_reproduce)
-
-    p = sub.add_parser(
-        "dynamics",
-        help="gradient dynamics (paper Table 3): Spearman AF-GV, GV-SC, AF-SC per checkpoint",
-        description="For every periodic checkpoint epoch-NNNN.pt of a run: activation frequency and "
+        {},
+        [
+            _arg("table", choices=("1", "2", "4", "7"), help="paper table number"),
+            _arg(
+                "--dataset",
+                default="cifar100",
+                help="cifar10 | cifar100 | imagenet100 | fashion-mnist (default cifar100)",
+            ),
+            _arg("--run-dir", help="output directory (default runs/table<N>-<dataset>)"),
+            _OVERRIDES,
+        ],
+    ),
+    "dynamics": (
+        "gradient dynamics (paper Table 3): Spearman AF-GV, GV-SC, AF-SC per checkpoint",
+        "For every periodic checkpoint epoch-NNNN.pt of a run: activation frequency and "
         "semantic consistency per dim on the test split, gradient variance per dim on augmented train "
         "views, and their Spearman correlations. Writes dynamics.json/.md/.png (protocol: "
         "docs/metrics.md).",
-    )
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument(
-        "--samples", type=int, default=1024, help="train images for the gradient variance (default 1024)"
-    )
-    p.add_argument(
-        "--every",
-        type=int,
-        default=1,
-        help="use checkpoints 1, 1+N, 1+2N, ... of the sorted periodic ones (default 1: all)",
-    )
-    p.set_defaults(func=cmd_dynamics)
-
-    p = sub.add_parser(
-        "curves",
-        help="plot training curves (InfoNCE, online probe, KL, gate open vs rho) of one or more runs",
-        description="Read each run's log.csv (one row per finished epoch) and draw InfoNCE, online "
+        {},
+        [
+            _arg("run_dir", metavar="RUN_DIR"),
+            _arg(
+                "--samples",
+                type=int,
+                default=1024,
+                help="train images for the gradient variance (default 1024)"
+            ),
+            _arg(
+                "--every",
+                type=int,
+                default=1,
+                help="use checkpoints 1, 1+N, 1+2N, ... of the sorted periodic ones (default 1: all)",
+            ),
+        ],
+    ),
+    "curves": (
+        "plot training curves (InfoNCE, online probe, KL, gate open vs rho) of one or more runs",
+        "Read each run's log.csv (one row per finished epoch) and draw InfoNCE, online "
         "probe accuracy and, for gated runs, the KL term and the gate-open rate against rho, one line "
         "per run. pretrain writes the same figure as training_curves.png when a run ends; this "
         "command draws runs in progress too, or several runs side by side.",
-    )
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run dirs (or their log.csv files)")
-    p.add_argument(
-        "--out",
-        help="output .png (default: RUN_DIR/training_curves.png for one run, ./training_curves.png for "
-        "several)",
-    )
-    p.set_defaults(func=cmd_curves)
+        {},
+        [
+            _arg("runs", nargs="+", metavar="RUN_DIR", help="run dirs (or their log.csv files)"),
+            _arg(
+                "--out",
+                help="output .png (default: RUN_DIR/training_curves.png for one run, ./training_curves.png "
+                "for several)",
+            ),
+        ],
+    ),
+}
 
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``bayesncl`` parser: one subparser per :data:`COMMANDS` entry, and ``benchmark``."""
     from bayesncl.app.benchmark import add_benchmark_parser
 
+    parser = OneLineParser(
+        prog="bayesncl",
+        description="Interpretable self-supervised learning: CL, NCL, NCL+TopK and BayesNCL.",
+    )
+    parser.add_argument("--version", action="version", version=f"bayesncl {version('bayesncl')}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help, description, options, arguments) in COMMANDS.items():
+        epilog = options.get("epilog")
+        options = {**options, "epilog": epilog() if callable(epilog) else epilog}
+        p = sub.add_parser(name, help=help, description=description, **options)
+        for flags, kwargs in arguments:
+            p.add_argument(*flags, **kwargs)
+        p.set_defaults(func=globals()[f"cmd_{name}"])  # (looked up now: a test may replace one)
     add_benchmark_parser(sub)
     return parser
 
@@ -437,49 +425,23 @@ def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    # key=value overrides may appear before or after options: argparse leaves the later ones over.
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
-            args.overrides = [*args.overrides, *extra]
-        else:  # the subcommand's parser, so that the hint points to its --help
-            _subparser(parser, getattr(args, "command", None)).error(
-                f"unrecognized arguments: {' '.join(extra)}"
-            )
-    if not getattr(args, "command", None):
-        parser.print_help()
-        return 0
-    show_warning, filters = warnings.formatwarning, list(warnings.filters)
-    warnings.formatwarning = _one_line_warning
-    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone warns (as it alone prints)
-        warnings.simplefilter("ignore")
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt as e:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun, one line from rank 0 only
-            print(f"bayesncl: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
-        return int(getattr(e, "exit_code", 130))
-    except Exception as e:
-        oom = out_of_memory(e, args.command)
-        if oom is None and not isinstance(e, user_errors()):
-            raise
-        rank, local_rank = os.environ.get("RANK", "0"), os.environ.get("LOCAL_RANK", "0")
-        if local_rank != "0" and oom is None and met_by_every_rank(e):
-            # under torchrun: the node's first process prints this very line; give it time to,
-            # before torchrun ends the group on this exit
-            time.sleep(2)
-            return 2
-        where = f"(rank {rank}) " if rank != "0" else ""
-        sys.stderr.write(f"bayesncl: error: {where}{oom or e}\n")  # one write: lines of ranks never mix
-        return 2
-    finally:
-        warnings.formatwarning = show_warning
-        warnings.filters[:] = filters
-
-
-def _one_line_warning(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> str:
-    return f"bayesncl: warning: {message}\n"
+    """The ``bayesncl`` command: exit status 0, or 2 after one line ``bayesncl: error: ...``
+    (:func:`bayesncl.app.errors.run_command`)."""
+    with readers_may_go():
+        parser = build_parser()
+        # key=value overrides may appear before or after options: argparse leaves the later ones over.
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+                args.overrides = [*args.overrides, *extra]
+            else:  # the subcommand's parser, so that the hint points to its --help
+                _subparser(parser, getattr(args, "command", None)).error(
+                    f"unrecognized arguments: {' '.join(extra)}"
+                )
+        if not getattr(args, "command", None):
+            parser.print_help()
+            return 0
+        return run_command(lambda: args.func(args), args.command)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,12 @@ this scale is explained in docs/decisions.md ("Demo scale").
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from bayesncl.app.report import format_table, write_results
+from bayesncl.app import variants
+from bayesncl.app.report import format_table
 from bayesncl.config import (
     Config,
     ConfigError,
@@ -71,8 +71,6 @@ def _plan(run_dir: Path, configs: dict[str, Config], *, resume: bool, overwrite:
     Checks everything a sub-run will check, and writes nothing. Raises RunDirError if the run dir
     is occupied without --resume/--overwrite, holds no demo to resume, a sub-run's settings differ
     from this command's, or it cannot be written."""
-    from bayesncl.config import diff_configs
-    from bayesncl.runs.export import load_run_config
     from bayesncl.runs.rundir import RunDirError, _check_writable, prepare_run_dir, refuse_a_run_in
 
     _check_writable(run_dir)
@@ -86,14 +84,9 @@ def _plan(run_dir: Path, configs: dict[str, Config], *, resume: bool, overwrite:
     plan = {}
     for name, cfg in configs.items():
         sub = run_dir / name
-        if resume and (sub / "metrics.json").exists() and (sub / "config.yaml").exists():
-            ignore = ("train.progress", "eval.", *_inert_for(cfg))
-            changed = diff_configs(load_run_config(sub), cfg, ignore=ignore)
-            if changed:
-                raise RunDirError(
-                    f"--resume: {sub} holds a finished run with other settings ({', '.join(changed)}); "
-                    "resume with the same options and key=value overrides, or use --overwrite"
-                )
+        if resume and variants.finished(sub) and (sub / "config.yaml").exists():
+            advice = "resume with the same options and key=value overrides, or use --overwrite"
+            variants.refuse_other_settings(sub, cfg, advice, ignore=_inert_for(cfg), prefix="--resume: ")
             plan[name] = "reuse"
         elif resume and (sub / "last.pt").exists():
             prepare_run_dir(sub, cfg, resume=True, overwrite=False)  # same settings? readable?
@@ -124,7 +117,6 @@ def run_demo(
     Everything is validated (configs, data, run dir) before the first epoch starts.
     Raises ConfigError / DataError / RunDirError on bad input.
     """
-    from bayesncl.app.report.curves import write_training_curves
     from bayesncl.app.train import pretrain
     from bayesncl.data import dataset_info
     from bayesncl.runs.rundir import RunDirError
@@ -150,7 +142,7 @@ def run_demo(
         sub = run_dir / name
         if plan[name] == "reuse":
             print(f"== {name}: reusing the finished run {sub} ==")
-            results[name] = json.loads((sub / "metrics.json").read_text())
+            results[name] = variants.finished_metrics(sub)
             continue
         what = f"continuing {sub}:" if plan[name] == "resume" else f"{cfg.model.backbone},"
         print(f"== {name}: {what} {cfg.train.epochs} epochs on {cfg.data.name} ==")
@@ -158,7 +150,7 @@ def run_demo(
         replace = plan[name] == "new" and (resume or overwrite)  # with --resume: no checkpoint to keep
         m = pretrain(cfg, sub, resume=plan[name] == "resume", overwrite=replace)
         m["pretrain_eval_time_s"] = round(time.time() - t, 1)
-        write_results(sub, "metrics", m, format_table({name: m}))  # the time too, for a later --resume
+        variants.save_metrics(sub, name, m)  # the time too, for a later --resume
         results[name] = m
     table = format_table(results)
     c = next(iter(configs.values()))
@@ -169,8 +161,7 @@ def run_demo(
         f"BayesNCL rho={configs['bayesncl'].method.rho}, lambda={configs['bayesncl'].method.lam}). "
         f"{test_split}; SC in %, entropies in nats, LP@1 = fast linear probe on frozen h."
     )
-    write_results(run_dir, "table", results, table, header=header)
-    write_training_curves([run_dir / m for m in configs], run_dir / "curves.png", labels=list(configs))
+    variants.write_table(run_dir, "table", results, table, header, {m: run_dir / m for m in configs})
     print()
     print(header)
     print(table)

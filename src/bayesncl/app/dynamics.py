@@ -24,9 +24,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from bayesncl.metrics.dynamics import _gradient_variance, dynamics_correlations
+from bayesncl.metrics.dynamics import dynamics_correlations, gradient_variance
 
 
 def checkpoint_epochs(run_dir: Path) -> list[tuple[int, Path]]:
@@ -52,7 +50,7 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
     from bayesncl.app.report import write_results
     from bayesncl.data import build_train_loader
     from bayesncl.metrics.inputs import EvalError
-    from bayesncl.metrics.interpretability import semantic_consistency_per_dim
+    from bayesncl.metrics.semantic import semantic_consistency_per_dim
 
     run = Path(run_dir)
     if run.is_file():
@@ -82,17 +80,13 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
             cfg.data, min(cfg.train.batch_size, samples), seed=cfg.seed, device=device
         )
         loader.set_epoch(0)
-        gv, used = _gradient_variance(model, loader, cfg, samples)
-        corr = dynamics_correlations(af, gv, np.asarray(sc, dtype=np.float64))
+        gv, used = gradient_variance(model, loader, cfg, samples)
+        corr = dynamics_correlations(af, gv, sc)
         rows.append({"epoch": epoch, **corr, "mean_AF": float(af.mean()), "mean_GV": float(gv.mean())})
         print(f"epoch {epoch}: " + ", ".join(f"{k}={v:.3f}" for k, v in corr.items() if k != "dims"))
-    header = "| epoch | AF–GV | GV–SC | AF–SC | dims |\n|---:|---:|---:|---:|---:|"
-    md = "\n".join(
-        [header]
-        + [
-            f"| {r['epoch']} | {r['AF-GV']:.3f} | {r['GV-SC']:.3f} | {r['AF-SC']:.3f} | {r['dims']} |"
-            for r in rows
-        ]
+    md = "| epoch | AF–GV | GV–SC | AF–SC | dims |\n|---:|---:|---:|---:|---:|" + "".join(
+        f"\n| {r['epoch']} | {r['AF-GV']:.3f} | {r['GV-SC']:.3f} | {r['AF-SC']:.3f} | {r['dims']} |"
+        for r in rows
     )
     result = {
         "protocol": __doc__.split("Protocol")[1].strip() if __doc__ else "",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import warnings
 from collections.abc import Collection
@@ -17,12 +18,39 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesncl.config import Config
+from bayesncl.app.report import format_retrieval, format_table, write_results
+from bayesncl.app.report.figures import write_figures
+from bayesncl.config import (
+    Config,
+    ConfigError,
+    build_config,
+    check_keys,
+    config_from_dict,
+    load_run_yaml,
+    parse_overrides,
+    set_key,
+    validate,
+)
 from bayesncl.core.model import ContrastiveModel, build_model
-from bayesncl.data import build_eval_loader, dataset_info
-from bayesncl.metrics.inputs import EvalWarning
-from bayesncl.metrics.interpretability import compute_all
-from bayesncl.runs.features import load_features
+from bayesncl.data import build_eval_loader, dataset_info, image_geometry
+from bayesncl.metrics import (
+    EvalError,
+    EvalWarning,
+    compute_all,
+    feature_selection_probe,
+    knn_accuracy,
+    linear_probe,
+)
+from bayesncl.metrics.paper_probe import paper_linear_probe
+from bayesncl.runs.features import load_features, save_features
+from bayesncl.runs.official import load_official_checkpoint, load_state_strict, looks_official
+from bayesncl.runs.rundir import set_aside_hint
+from bayesncl.runs.safe_load import (
+    CheckpointError,
+    check_checkpoint_entries,
+    is_bayesncl_checkpoint,
+    load_checkpoint_file,
+)
 
 FEATURE_KEYS = ("h", "p", "z", "features", "alpha", "mask")
 #: ``bayesncl evaluate --probe`` values: the fast probe, the paper's probe, or none.
@@ -74,37 +102,86 @@ def extract_split(
 def evaluate_model(
     model: ContrastiveModel, cfg: Config, run_dir: Path, *, device: torch.device
 ) -> dict[str, Any]:
-    """End-of-pretraining evaluation on the test split: interpretability metrics + fast linear probe.
-
-    Writes ``metrics.json`` and ``metrics.md`` into ``run_dir``; returns the metrics dict.
-    LP@1 is the *offline* fast probe on frozen h (not the online probe; solo-learn #221).
+    """End-of-pretraining evaluation on the test split: :func:`score` with the metrics, retrieval at
+    ``eval.retrieval_dims`` and (``eval.probe=fast``) the fast linear probe at ``seed``, plus the
+    gate's open rate for gated methods. Writes the figures, ``metrics.json`` and ``metrics.md`` into
+    ``run_dir``; returns the metrics dict. LP@1 is the *offline* fast probe on frozen h (not the
+    online probe; solo-learn #221); the paper probe is not run here (``bayesncl evaluate`` runs it).
     """
     from bayesncl.app.evaldata import with_eval_data
-    from bayesncl.app.report import format_table, write_results
-    from bayesncl.metrics.interpretability import compute_all
-    from bayesncl.metrics.probe import linear_probe
 
     cfg = with_eval_data(cfg)  # eval.data.* when set (an unlabeled pretraining set), else data.*
-    test = extract_split(model, cfg, "test", device)
-    metrics: dict[str, Any] = compute_all(
-        test["features"], test["labels"], retrieval_dims=cfg.eval.retrieval_dims or None
-    )
-    if cfg.eval.probe == "fast":
-        train = extract_split(model, cfg, "train", device, keys=("h",))
-        probe = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seed=cfg.seed)
-        metrics["linear_probe_acc1"] = probe["acc1"]
-        metrics["linear_probe_acc5"] = probe["acc5"]
-        metrics["linear_probe_protocol"] = probe["protocol"]
+    probe = "fast" if cfg.eval.probe == "fast" else "none"
+    dims = cfg.eval.retrieval_dims or None
+    test, metrics = score(model, cfg, device=device, probe=probe, retrieval_dims=dims)
     if model.gate is not None:
         metrics["gate_open_rate"] = float(test["mask"].mean())
         metrics["rows_all_closed"] = float((test["mask"].sum(1) == 0).mean())
     metrics["method"] = cfg.method.name
     metrics["n_test"] = int(len(test["labels"]))
-    from bayesncl.app.report.figures import write_figures
-
     write_figures(test, cfg.data, run_dir)
     write_results(run_dir, "metrics", metrics, format_table({cfg.method.name: metrics}))
     return metrics
+
+
+def score(
+    model: ContrastiveModel,
+    cfg: Config,
+    *,
+    device: torch.device,
+    probe: str = "none",
+    seeds: list[int] | None = None,
+    probe_epochs: int = 50,
+    retrieval_dims: list[int] | str | None = None,
+    selection_probe: bool = False,
+    knn: bool = False,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The one evaluation path: extract the test split (and the train split where a probe or kNN
+    needs it), then :func:`compute_all`, the linear probe, the feature-selection probe and kNN.
+
+    probe: ``"fast"`` (:func:`linear_probe` on h), ``"paper"`` (:func:`paper_linear_probe`) or
+    ``"none"``. seeds: the probe's, reported with their spread (``*_std``, ``linear_probe_seeds``);
+    ``None``: ``cfg.seed``, no spread. retrieval_dims: the K list; ``"auto"``: 32, 64, ..., D, skipped
+    (``retrieval_note``) for ``RETRIEVAL_DEPTH`` test samples or fewer; ``None``: none.
+    selection_probe: at K = min(``eval.retrieval_dims`` or [64, D]), with a probe. knn: Acc@1 on h.
+    Returns ``(test arrays of extract_features, results)``; writes nothing. Raises EvalError.
+    """
+    test = extract_split(model, cfg, "test", device)
+    train: dict[str, np.ndarray] = {}
+    if knn or (probe != "none" and (probe == "fast" or selection_probe)):
+        keys = ("h", "features") if selection_probe else ("h",)
+        train = extract_split(model, cfg, "train", device, keys=keys)
+    n_test, d = test["features"].shape
+    note = None
+    if retrieval_dims == "auto":
+        retrieval_dims = list(range(32, d + 1, 32)) or [d]
+        if n_test <= RETRIEVAL_DEPTH:
+            retrieval_dims, note = None, (
+                f"retrieval skipped: it needs at least {RETRIEVAL_DEPTH + 1} test samples (P@10, mAP@10); "
+                f"got {n_test}"
+            )
+    result: dict[str, Any] = compute_all(test["features"], test["labels"], retrieval_dims=retrieval_dims)
+    if note:
+        result["retrieval_note"] = note
+    if probe != "none":
+        if probe == "paper":
+            lp = paper_linear_probe(model, cfg, epochs=probe_epochs, seeds=seeds)
+        else:
+            lp = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=seeds or cfg.seed)
+        result.update(linear_probe_acc1=lp["acc1"], linear_probe_acc5=lp["acc5"])
+        if seeds is not None:
+            result.update(linear_probe_acc1_std=lp["acc1_std"], linear_probe_acc5_std=lp["acc5_std"])
+            result["linear_probe_seeds"] = seeds
+        result["linear_probe_protocol"] = lp["protocol"]
+    if probe != "none" and selection_probe:
+        k_sel = min(cfg.eval.retrieval_dims or [min(64, d)])
+        fs = feature_selection_probe(
+            train["features"], train["labels"], test["features"], test["labels"], k_sel
+        )
+        result["feature_selection_probe"] = {"k": k_sel, "acc1": fs["acc1"], "acc5": fs["acc5"]}
+    if knn:
+        result["knn_acc1"] = knn_accuracy(train["h"], train["labels"], test["h"], test["labels"])["acc1"]
+    return test, result
 
 
 # ----------------------------------------------------------------------------- loading trained runs
@@ -133,16 +210,6 @@ def load_trained(
     another checkpoint inside a run dir (``RUN/epoch-NNNN.pt``); else the checkpoint's folder.
     Raises EvalError (one line) for anything unusable, ConfigError for bad overrides.
     """
-    from bayesncl.metrics.inputs import EvalError
-    from bayesncl.runs.official import looks_official
-    from bayesncl.runs.rundir import (
-        CheckpointError,
-        check_checkpoint_entries,
-        is_bayesncl_checkpoint,
-        load_checkpoint_file,
-        set_aside_hint,
-    )
-
     src = Path(source)
     if src.is_dir():
         ckpt_path = src / "last.pt"
@@ -166,10 +233,6 @@ def load_trained(
         if is_bayesncl_checkpoint(obj):
             check_checkpoint_entries(obj, ckpt_path)
             model, cfg = _load_own(ckpt_path, obj["config"], obj["state_dict"], overrides, command)
-        elif isinstance(obj, dict) and str(obj.get("format", "")).startswith("bayesncl-checkpoint"):
-            raise EvalError(
-                f"{ckpt_path} is a {obj['format']} checkpoint; this bayesncl reads bayesncl-checkpoint-v1"
-            )
         elif _is_own_encoder(ckpt_path, obj):
             cfg_dict, cfg_source = _encoder_config(ckpt_path)
             model, cfg = _load_own(ckpt_path, cfg_dict, obj, overrides, command, cfg_source=cfg_source)
@@ -207,12 +270,8 @@ def _encoder_config(path: Path) -> tuple[dict[str, Any], Path]:
     """The config of an exported ``encoder.safetensors``, and the file it came from: its metadata (key
     ``config``, written by :func:`bayesncl.app.train.export_encoder`), else the run's ``config.yaml``
     beside it (files exported before the metadata held it). Raises EvalError if neither exists."""
-    import json
-
     from safetensors import safe_open
 
-    from bayesncl.config import load_run_yaml
-    from bayesncl.metrics.inputs import EvalError
 
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
@@ -248,9 +307,6 @@ def _load_own(
     cfg_source: Path | None = None,
 ) -> tuple[ContrastiveModel, Config]:
     """``cfg_source``: the file ``cfg_dict`` was read from, named by a config error (default ``path``)."""
-    from bayesncl.config import check_keys, config_from_dict, parse_overrides, set_key, validate
-    from bayesncl.metrics.inputs import EvalError
-    from bayesncl.runs.official import load_state_strict
 
     cfg = config_from_dict(cfg_dict, cfg_source or path)
     trained_data = copy.deepcopy(cfg.data)
@@ -294,8 +350,6 @@ def _data_mismatch(
     """Why the weights do not fit when data.* overrides changed the images the model is built for
     (channels, or an image size that switches the ResNet stem); ``None`` when they did not.
     ``command``: the command being run, named in the advice (else "use")."""
-    from bayesncl.data import image_geometry
-
     trained_channels, trained_size = image_geometry(trained)
     if channels != trained_channels:
         return (
@@ -314,11 +368,6 @@ def _data_mismatch(
 
 
 def _load_official(path: Path, obj: Any, overrides: list[str] | None) -> tuple[ContrastiveModel, Config]:
-    import logging
-
-    from bayesncl.config import build_config, parse_overrides
-    from bayesncl.metrics.inputs import EvalError
-    from bayesncl.runs.official import load_official_checkpoint
 
     user = parse_overrides(list(overrides or []))
     if "data.name" not in user:
@@ -358,7 +407,6 @@ def extract_command(
     """``bayesncl extract``: write ``features_<split>.npz`` (see docs/architecture.md).
 
     ``overrides``: see :func:`load_trained` (official checkpoints need ``data.name=...``)."""
-    from bayesncl.metrics.inputs import EvalError
 
     if out is not None and Path(out).is_dir():
         raise EvalError(f"--out {out} is a directory; give a file name such as {Path(out) / 'features.npz'}")
@@ -376,8 +424,6 @@ def save_split_features(
     path: Path, arrays: dict[str, np.ndarray], cfg: Config, split: str, source: str | Path
 ) -> None:
     """Write the ONE features file of a split (docs/architecture.md), with its metadata."""
-    from bayesncl.runs.features import save_features
-
     meta = {
         "method": cfg.method.name,
         "dataset": cfg.data.name,
@@ -393,8 +439,6 @@ def _refuse_unused_probe_options(
 ) -> None:
     """ConfigError for a ``given`` option that ``probe`` (set by ``where``, e.g. ``--probe none``)
     does not use: the seeds without a probe, the epochs without the paper probe."""
-    from bayesncl.config import ConfigError
-
     if "probe_seeds" in given and probe == "none":
         raise ConfigError(
             f"--probe-seeds {probe_seeds} has no effect with {where}: it sets the linear probe's seeds "
@@ -418,8 +462,8 @@ def evaluate_command(
     probe_epochs: int = 50,
     given: Collection[str] = (),
 ) -> dict[str, Any]:
-    """``bayesncl evaluate``: features → metrics, linear probe (mean ± std over ``probe_seeds``),
-    kNN, retrieval with feature selection, feature-selection probe, and the figures.
+    """``bayesncl evaluate``: load the model, then :func:`score` (metrics, linear probe with mean ± std
+    over ``probe_seeds``, kNN, retrieval, feature-selection probe) and the figures.
 
     ``probe``: ``"fast"``, ``"paper"`` or ``"none"`` (no linear probe and no feature-selection
     probe); ``None`` takes the run's ``eval.probe`` (after ``overrides``). ``retrieval_dims``:
@@ -432,13 +476,6 @@ def evaluate_command(
     ``features_test.npz``, ``evaluation.json`` / ``evaluation.md`` and the PNGs are written next to
     the checkpoint. Raises EvalError (one line) for unusable input, ConfigError for an ``--probe``
     that contradicts an ``eval.probe=`` override or a ``given`` option it does not use."""
-    from bayesncl.app.report import format_retrieval, format_table, write_results
-    from bayesncl.config import ConfigError, parse_overrides
-    from bayesncl.metrics.inputs import EvalError
-    from bayesncl.metrics.interpretability import compute_all
-    from bayesncl.metrics.knn import knn_accuracy
-    from bayesncl.metrics.probe import feature_selection_probe, linear_probe
-
     asked = parse_overrides(list(overrides or [])).get("eval.probe")
     if probe is not None and asked is not None and str(asked) != probe:
         raise ConfigError(f"--probe {probe} contradicts eval.probe={asked}: give one of them")
@@ -456,50 +493,30 @@ def evaluate_command(
         where = f"eval.probe={asked}" if asked is not None else f"the run's eval.probe={cfg.eval.probe}"
         _refuse_unused_probe_options(cfg.eval.probe, where, given, probe_seeds, probe_epochs)
     probe = probe or cfg.eval.probe
-    if probe != "none":
-        n_classes = dataset_info(cfg.data).num_classes
-        if n_classes < 2:
-            raise EvalError(
-                f"{cfg.data.name} has {n_classes} class: the linear probe needs >= 2; pass --probe none "
-                "or eval.probe=none"
-            )
-    device = next(model.parameters()).device
-    test = extract_split(model, cfg, "test", device)
-    train = extract_split(model, cfg, "train", device, keys=("h", "features"))
-    n_test, d = test["features"].shape
-    dims = retrieval_dims or list(range(32, d + 1, 32)) or [d]
-    retrieval_note = None
-    if retrieval_dims is None and n_test <= RETRIEVAL_DEPTH:
-        dims = None
-        retrieval_note = (
-            f"retrieval skipped: it needs at least {RETRIEVAL_DEPTH + 1} test samples (P@10, mAP@10); "
-            f"got {n_test}"
+    if probe != "none" and (n_classes := dataset_info(cfg.data).num_classes) < 2:
+        raise EvalError(
+            f"{cfg.data.name} has {n_classes} class: the linear probe needs >= 2; pass --probe none "
+            "or eval.probe=none"
         )
-    result: dict[str, Any] = compute_all(test["features"], test["labels"], retrieval_dims=dims)
-    if retrieval_note:
-        result["retrieval_note"] = retrieval_note
-    seeds = [cfg.seed + i for i in range(probe_seeds)]
-    if probe != "none":
-        if probe == "paper":
-            from bayesncl.metrics.paper_probe import paper_linear_probe
-
-            lp = paper_linear_probe(model, cfg, epochs=probe_epochs, seeds=seeds)
-        else:
-            lp = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=seeds)
-        result["linear_probe_acc1"], result["linear_probe_acc5"] = lp["acc1"], lp["acc5"]
-        result["linear_probe_acc1_std"], result["linear_probe_acc5_std"] = lp["acc1_std"], lp["acc5_std"]
-        result["linear_probe_seeds"] = seeds
-        result["linear_probe_protocol"] = lp["protocol"]
-        k_sel = min(cfg.eval.retrieval_dims or [min(64, d)])
-        fs = feature_selection_probe(
-            train["features"], train["labels"], test["features"], test["labels"], k_sel
-        )
-        result["feature_selection_probe"] = {"k": k_sel, "acc1": fs["acc1"], "acc5": fs["acc5"]}
-    if knn:
-        k = knn_accuracy(train["h"], train["labels"], test["h"], test["labels"])
-        result["knn_acc1"] = k["acc1"]
+    seeds, device = [cfg.seed + i for i in range(probe_seeds)], next(model.parameters()).device
+    test, result = score(
+        model, cfg, device=device, probe=probe, seeds=seeds, probe_epochs=probe_epochs,
+        retrieval_dims=retrieval_dims or "auto", selection_probe=True, knn=knn,
+    )  # fmt: skip
     result["method"] = cfg.method.name
-    md = format_table({cfg.method.name: result})
+    md = _evaluation_markdown(result)
+    # everything is computed: only now write the files
+    save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
+    write_results(out_dir, "evaluation", result, md)
+    write_figures(test, cfg.data, out_dir)
+    print(md)
+    print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
+    return result
+
+
+def _evaluation_markdown(result: dict[str, Any]) -> str:
+    """``evaluation.md``: the results table, the probe's protocol, retrieval and the notes."""
+    md = format_table({result["method"]: result})
     if "linear_probe_protocol" in result:
         md += f"\n\nLP@1 protocol: {result['linear_probe_protocol']}"
     else:
@@ -507,17 +524,9 @@ def evaluate_command(
     if result.get("retrieval"):
         md += "\n\nRetrieval with feature selection (top-K dims by expected activation), %:\n\n"
         md += format_retrieval(result["retrieval"])
-    if retrieval_note:
-        md += f"\n\nNote: {retrieval_note}."
-    # everything is computed: only now write the files
-    save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
-    write_results(out_dir, "evaluation", result, md)
-    from bayesncl.app.report.figures import write_figures
-
-    write_figures(test, cfg.data, out_dir)
-    print(md)
-    print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
-    return result
+    if "retrieval_note" in result:
+        md += f"\n\nNote: {result['retrieval_note']}."
+    return md
 
 
 def metrics_command(

@@ -10,12 +10,12 @@ Paper numbers: PAPER-NOTES §4 (BayesNCL paper Tables 1, 2, 4, 7).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bayesncl.app.report import format_table, write_results
+from bayesncl.app import variants
+from bayesncl.app.report import format_table
 from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
 
 RECIPES = Path(__file__).parents[1] / "configs"
@@ -164,85 +164,88 @@ def _slug(name: str) -> str:
     return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
 
 
+def _check_run_dir(run_dir: Path, configs: dict[str, Config], table: str) -> None:
+    """Raise RunDirError for a run dir (or a variant's sub-folder to train into) that is a file,
+    cannot be written, or holds a pretrain run (a table begun there goes on)."""
+    from bayesncl.runs.rundir import _check_writable, refuse_a_run_in
+
+    _check_writable(run_dir)  # e.g. a file: refused before the first variant's "== ..." line
+    if not any((run_dir / _slug(name)).exists() for name in configs):
+        refuse_a_run_in(run_dir, f"table {table}")
+    for name in configs:
+        if not variants.finished(run_dir / _slug(name)):  # a variant to train
+            _check_writable(run_dir / _slug(name))
+
+
+# what table 2 takes from its own evaluation (kNN, 3 probe seeds) of a variant another table finished
+_TABLE2_KEYS = (
+    "linear_probe_acc1",
+    "linear_probe_acc5",
+    "linear_probe_acc1_std",
+    "linear_probe_acc5_std",
+    "linear_probe_seeds",
+    "linear_probe_protocol",
+    "knn_acc1",
+)
+
+
+def _variant(table: str, name: str, cfg: Config, sub: Path) -> dict[str, Any]:
+    """Train variant ``name`` into ``sub``, or reuse it when finished with the same settings; then
+    fill in what ``table`` shows and the variant lacks (saved with it). Returns its metrics."""
+    from bayesncl.app.evaluate import evaluate_command
+    from bayesncl.app.train import pretrain
+
+    seeds = TABLES[table].get("probe_seeds", 1)
+    if variants.finished(sub):
+        variants.refuse_other_settings(sub, cfg, "use another --run-dir for the new settings")
+        print(f"== {name}: reusing {sub / 'metrics.json'}")
+        m = variants.finished_metrics(sub)
+    else:
+        print(f"== {name}: pretraining into {sub}")
+        # table 2 evaluates once, below (kNN and more probe seeds), not also at the end of training
+        m = pretrain(cfg, sub, resume=(sub / "last.pt").exists(), evaluate=table != "2")
+        if table == "2":
+            m = evaluate_command(sub, retrieval_dims=None, knn=True, probe_seeds=seeds)
+        m["pretrain_minutes"] = pretrain_minutes(sub)
+        variants.save_metrics(sub, name, m)
+    before = dict(m)
+    if table == "2" and "knn_acc1" not in m:  # finished by another table (no kNN) or an older version
+        full = evaluate_command(sub, retrieval_dims=None, knn=True, probe_seeds=seeds)
+        m.update({k: full[k] for k in _TABLE2_KEYS if k in full})
+    if table == "7":  # FLOPs (new variants too); a variant timed by an older version: re-timed
+        from bayesncl.app.benchmark import flops_per_image
+
+        if "gflops_per_image" not in m:  # (builds the model: only where it is missing)
+            m["gflops_per_image"] = flops_per_image(cfg) / 1e9
+        if (sub / "log.csv").exists():  # (a variant copied in by hand may have no log)
+            m["pretrain_minutes"] = pretrain_minutes(sub)
+    if m != before:
+        variants.save_metrics(sub, name, m)
+    return m
+
+
 def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[str]) -> dict[str, Any]:
-    """Run (or reuse) every variant of ``table`` on ``dataset`` and write the table. returns results.
+    """Run (or reuse) every variant of ``table`` on ``dataset``, print and write the table
+    (``table<N>.md``/``.json``, ``curves.png``) and return ``{variant: metrics}``; each variant's
+    row carries the paper's value (PAPER-NOTES §4) under ``TABLES[table]["paper_key"]``.
 
     Raises ConfigError for a bad table, dataset or override and RunDirError for a run dir (or a
     variant's sub-folder to train into) that is a file or cannot be written, before any output."""
-    from bayesncl.app.evaluate import evaluate_command
-    from bayesncl.app.report.curves import write_training_curves
-    from bayesncl.app.train import pretrain
-    from bayesncl.runs.rundir import _check_writable, refuse_a_run_in
-
     configs = table_configs(table, dataset, overrides)
     spec = TABLES[table]
     run_dir = run_dir or Path("runs") / f"table{table}-{dataset}"
-    _check_writable(run_dir)  # e.g. a file: refused before the first variant's "== ..." line
-    if not any((run_dir / _slug(name)).exists() for name in configs):  # (a table begun goes on)
-        refuse_a_run_in(run_dir, f"table {table}")
-    for name in configs:
-        if not (run_dir / _slug(name) / "metrics.json").exists():  # a variant to train
-            _check_writable(run_dir / _slug(name))
+    _check_run_dir(run_dir, configs, table)
     results: dict[str, dict[str, Any]] = {}
     for name, cfg in configs.items():
-        sub = run_dir / _slug(name)
-        done = sub / "metrics.json"
-        if done.exists():
-            from bayesncl.config import diff_configs
-            from bayesncl.runs.export import load_run_config
-            from bayesncl.runs.rundir import RunDirError
-
-            changed = diff_configs(load_run_config(sub), cfg, ignore=("train.progress", "eval."))
-            if changed:
-                raise RunDirError(
-                    f"{sub} holds a finished run with other settings ({', '.join(changed)}); "
-                    "use another --run-dir for the new settings"
-                )
-            print(f"== {name}: reusing {done}")
-            m = json.loads(done.read_text())
-        else:
-            print(f"== {name}: pretraining into {sub}")
-            resume = (sub / "last.pt").exists()
-            # table 2 evaluates once, below (kNN and more probe seeds), not also at the end of training
-            m = pretrain(cfg, sub, resume=resume, evaluate=table != "2")
-            if table == "2":
-                m = evaluate_command(sub, retrieval_dims=None, knn=True, probe_seeds=spec["probe_seeds"])
-            m["pretrain_minutes"] = pretrain_minutes(sub)
-            write_results(sub, "metrics", m, format_table({name: m}))
-        if table == "2" and "knn_acc1" not in m:  # a finished run from an older version
-            full = evaluate_command(sub, retrieval_dims=None, knn=True, probe_seeds=spec["probe_seeds"])
-            keys = (
-                "linear_probe_acc1",
-                "linear_probe_acc5",
-                "linear_probe_acc1_std",
-                "linear_probe_acc5_std",
-                "linear_probe_seeds",
-                "linear_probe_protocol",
-                "knn_acc1",
-            )
-            m.update({k: full[k] for k in keys if k in full})
-            write_results(sub, "metrics", m, format_table({name: m}))
-        if table == "7":  # a variant timed by an older version: no FLOPs, or wall time around pretrain
-            from bayesncl.app.benchmark import flops_per_image
-
-            before = dict(m)
-            if "gflops_per_image" not in m:  # (builds the model: only where it is missing)
-                m["gflops_per_image"] = flops_per_image(cfg) / 1e9
-            if (sub / "log.csv").exists():  # (a variant copied in by hand may have no log)
-                m["pretrain_minutes"] = pretrain_minutes(sub)
-            if m != before:
-                write_results(sub, "metrics", m, format_table({name: m}))
-        paper = spec["paper"].get(dataset, {}).get(name)
-        m[spec["paper_key"]] = paper
+        m = _variant(table, name, cfg, run_dir / _slug(name))
+        m[spec["paper_key"]] = spec["paper"].get(dataset, {}).get(name)
         results[name] = m
     columns = [*spec["columns"], (spec["paper_key"], spec["paper_key"], "{:.2f}")]
     md = format_table(results, columns)
     header = f"{spec['title']} on {dataset} (ours vs the paper's reported value)."
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_results(run_dir, f"table{table}", results, md, header=header)
-    logged = [name for name in configs if (run_dir / _slug(name) / "log.csv").exists()]
-    if logged:  # (a variant copied in by hand may have no log)
-        write_training_curves([run_dir / _slug(n) for n in logged], run_dir / "curves.png", labels=logged)
+    logged = {n: run_dir / _slug(n) for n in configs if (run_dir / _slug(n) / "log.csv").exists()}
+    variants.write_table(run_dir, f"table{table}", results, md, header, logged)  # (a copy by hand: no log)
     print(header)
     print(md)
     return results

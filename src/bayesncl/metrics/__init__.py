@@ -3,56 +3,37 @@
 >>> from bayesncl.metrics import compute_all, semantic_consistency
 >>> compute_all(features, labels, retrieval_dims=[64])  # doctest: +SKIP
 
-Definitions, units, edge cases and sources: docs/metrics.md. The implementations live in
-:mod:`bayesncl.metrics`.
+Definitions, units, edge cases and sources: docs/metrics.md. :data:`METRICS` (module
+:mod:`bayesncl.metrics.registry`) holds every metric's key, labels, unit and format.
 """
 
 from bayesncl.metrics.inputs import EvalError, EvalWarning
-from bayesncl.metrics.interpretability import (
-    METRIC_KEYS,
-    activation_ratio,
-    active_dims,
-    compute_all,
-    effective_rank,
-    format_metrics_table,
-    orthogonality,
+from bayesncl.metrics.knn import knn_accuracy
+from bayesncl.metrics.probe import feature_selection_probe, linear_probe
+from bayesncl.metrics.registry import METRIC_KEYS, METRICS, Metric, column, compute_all, format_metrics_table
+from bayesncl.metrics.retrieval import retrieval_metrics
+from bayesncl.metrics.semantic import (
     semantic_consistency,
     semantic_consistency_per_dim,
     semantic_entropy_freq,
     semantic_entropy_mean,
     semantic_entropy_sum,
     semantic_metrics,
-    sepin_at_k,
-    sepin_scores,
+)
+from bayesncl.metrics.sepin import sepin_at_k, sepin_scores
+from bayesncl.metrics.spectral import (
+    activation_ratio,
+    active_dims,
+    effective_rank,
+    orthogonality,
     sparsity,
     spectral_entropy,
 )
-from bayesncl.metrics.knn import knn_accuracy
-from bayesncl.metrics.probe import feature_selection_probe, linear_probe
-from bayesncl.metrics.retrieval import retrieval_metrics
 
 __all__ = [
-    "METRIC_KEYS",
-    "EvalError",
-    "EvalWarning",
-    "activation_ratio",
-    "active_dims",
-    "compute_all",
-    "effective_rank",
-    "feature_selection_probe",
-    "format_metrics_table",
-    "knn_accuracy",
-    "linear_probe",
-    "orthogonality",
-    "retrieval_metrics",
-    "semantic_consistency",
-    "semantic_consistency_per_dim",
-    "semantic_entropy_freq",
-    "semantic_entropy_mean",
-    "semantic_entropy_sum",
-    "semantic_metrics",
-    "sepin_at_k",
-    "sepin_scores",
-    "sparsity",
-    "spectral_entropy",
+    "METRICS", "METRIC_KEYS", "EvalError", "EvalWarning", "Metric", "activation_ratio", "active_dims",
+    "column", "compute_all", "effective_rank", "feature_selection_probe", "format_metrics_table",
+    "knn_accuracy", "linear_probe", "orthogonality", "retrieval_metrics", "semantic_consistency",
+    "semantic_consistency_per_dim", "semantic_entropy_freq", "semantic_entropy_mean",
+    "semantic_entropy_sum", "semantic_metrics", "sepin_at_k", "sepin_scores", "sparsity", "spectral_entropy",
 ]

@@ -19,10 +19,22 @@ import math
 
 import torch
 
-__all__ = ["NORM_EPS", "downscale_exponent", "normalize_rows", "row_norms", "scaled"]
+__all__ = [
+    "CHUNK_BYTES", "EPS", "NORM_EPS", "downscale_exponent", "magnitudes", "normalize_rows", "row_norms",
+    "scaled",
+]
 
+#: The activation threshold of PAPER-NOTES §3 (and of the authors' evaluation code).
+EPS = 1e-5
 #: ``F.normalize``'s floor on the norm: x / max(‖x‖, 1e-12).
 NORM_EPS = 1e-12
+#: Bytes of one float64 block of rows or columns that the metrics accumulate over (64 MiB).
+CHUNK_BYTES = 64 << 20
+
+
+def magnitudes(f: torch.Tensor) -> torch.Tensor:
+    """|F|, without a copy when F is already non-negative (the NCL/BayesNCL case)."""
+    return f if bool(f.min() >= 0) else f.abs()
 
 
 def row_norms(x: torch.Tensor) -> torch.Tensor:

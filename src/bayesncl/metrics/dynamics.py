@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""The pure parts of the gradient-dynamics protocol (BayesNCL paper Table 3; the protocol is in
+:mod:`bayesncl.app.dynamics` and docs/metrics.md): per-dimension gradient variance GV_k of the
+training loss, and the Spearman correlations of AF, GV and SC over the feature dimensions.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +14,13 @@ from bayesncl.config import Config
 from bayesncl.core.model import ContrastiveModel, contrastive_loss
 
 
-def per_dim_gradient_variance(model: ContrastiveModel, loader: Any, cfg: Config, samples: int) -> np.ndarray:
-    """GV_k: variance over samples of ∂L/∂z_k. loader yields ``(x1, x2, y)``. returns (D,) float64."""
-    return _gradient_variance(model, loader, cfg, samples)[0]
-
-
-def _gradient_variance(
+def gradient_variance(
     model: ContrastiveModel, loader: Any, cfg: Config, samples: int
 ) -> tuple[np.ndarray, int]:
-    """:func:`per_dim_gradient_variance` and the number of train images it used: whole batches
-    until ``samples`` is reached or the loader ends."""
+    """GV_k, the variance over samples of the per-sample ∂L/∂z_k (L: :func:`contrastive_loss` on the
+    two views; its batch mean is undone by a factor 2B), as a (D,) float64 array, and the number of
+    train images it used: whole batches of ``loader`` (yielding ``(x1, x2, y)``) until ``samples``
+    is reached or the loader ends. The model runs in eval mode; its gradients are cleared after."""
     was_training = model.training
     model.eval()
     grads = []

@@ -1,25 +1,8 @@
-"""The features file: load, validate, save (docs/architecture.md, "Features file").
-
-A features file is a NumPy ``.npz`` read with ``allow_pickle=False``:
-
-=========== ========== ====================================================================
-key         shape      meaning
-=========== ========== ====================================================================
-features    (N, D)     evaluation features z̃ (PAPER-NOTES §3), float32
-labels      (N,)       integer class labels, int64
-indices     (N,)       index of each row in its split (optional)
-h           (N, H)     backbone features (optional)
-p           (N, D)     raw projector output (optional)
-z           (N, D)     non-negative output (optional)
-alpha       (N, D)     gate probabilities, gated methods only (optional)
-mask        (N, D)     hard gate, gated methods only (optional)
-meta        ()         0-d string array holding JSON (optional)
-=========== ========== ====================================================================
-
-A plain ``.npz`` with only ``features`` and ``labels`` is a valid input everywhere.
+"""Input checks shared by every metric: features (N, D) and labels (N,) in, CPU tensors out.
 
 Every problem with the input is an :class:`EvalError` (a ``ValueError``) with one line that says
-what was found.
+what was found; a metric evaluated on degenerate input returns its documented fallback value with
+an :class:`EvalWarning`.
 """
 
 from __future__ import annotations
@@ -31,13 +14,9 @@ import numpy as np
 import torch
 
 __all__ = [
-    "EvalError",
-    "EvalWarning",
-    "as_features",
-    "as_labels",
-    "validate_features",
+    "EvalError", "EvalWarning", "as_features", "as_labels", "needs_labels", "validate_features",
+    "warn_degenerate",
 ]
-
 
 
 class EvalError(ValueError):
@@ -48,11 +27,15 @@ class EvalWarning(UserWarning):
     """A metric was evaluated on a degenerate input and returned its documented fallback value."""
 
 
+def warn_degenerate(msg: str) -> None:
+    """Issue ``msg`` as an :class:`EvalWarning` attributed to the metric's caller."""
+    warnings.warn(msg, EvalWarning, stacklevel=3)
 
 
-# --------------------------------------------------------------------------------------------
-# conversion and validation
-# --------------------------------------------------------------------------------------------
+def needs_labels(labels: Any, metric: str) -> None:
+    """Raise :class:`EvalError` when ``metric`` (which needs labels) got ``labels=None``."""
+    if labels is None:
+        raise EvalError(f"{metric} needs labels; got labels=None")
 
 
 def _to_tensor(x: Any, name: str) -> torch.Tensor:
@@ -123,17 +106,3 @@ def validate_features(features: Any, labels: Any = None) -> tuple[torch.Tensor, 
     f = as_features(features)
     y = None if labels is None else as_labels(labels, f.shape[0])
     return f, y
-
-
-# --------------------------------------------------------------------------------------------
-# files
-# --------------------------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-

@@ -34,8 +34,9 @@ def knn_accuracy(
 ) -> dict[str, float]:
     """Weighted kNN accuracy in percent: ``{"acc1": .., "acc5": ..}`` (keys follow ``topk``).
 
-    ``k`` is capped at the bank size and each top-t at the number of classes. A test label absent
-    from the train labels always counts as an error.
+    Features are (N, D), labels (N,). ``k`` (> 0) is capped at the bank size and each top-t at the
+    number of classes; ``temperature`` > 0. A test label absent from the train labels always counts
+    as an error. Raises EvalError for bad features or labels, or train and test of different D.
     """
     if train_labels is None or test_labels is None:
         raise EvalError("knn_accuracy needs train and test labels; got None")
@@ -43,10 +44,6 @@ def knn_accuracy(
     xte, yte = validate_features(test_features, test_labels)
     if xtr.shape[1] != xte.shape[1]:
         raise EvalError(f"train features have D={xtr.shape[1]} but test features have D={xte.shape[1]}")
-    if k <= 0:
-        raise EvalError(f"kNN k must be positive; got {k}")
-    if not temperature > 0:
-        raise EvalError(f"kNN temperature must be positive; got {temperature}")
     classes, ytr_idx = torch.unique(ytr, return_inverse=True)  # type: ignore[arg-type]
     num_classes = classes.numel()
     # Test labels as indices into `classes`; unknown classes get -1 (never predicted).

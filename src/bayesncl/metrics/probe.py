@@ -129,13 +129,35 @@ def _topk_correct(logits: torch.Tensor, y: torch.Tensor, tops: Sequence[int]) ->
     return [100.0 * float((pred[:, :t] == y[:, None]).any(dim=1).float().mean()) for t in tops]
 
 
-def _as_seed_list(seeds: int | Sequence[int]) -> list[int]:
-    if isinstance(seeds, (int, np.integer)):
-        return [int(seeds)]
-    out = [int(s) for s in seeds]
-    if not out:
-        raise EvalError("seeds is empty; give at least one seed")
-    return out
+def _select_l2(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    grid: list[float],
+    val_fraction: float,
+    seed: int,
+    max_iter: int,
+) -> tuple[float, float]:
+    """``(l2, held-out Acc@1)``: the best of ``grid`` (decreasing, each fit warm-started from the
+    previous) on a stratified held-out ``val_fraction`` of the train features (steps 1-4)."""
+    fit_idx, val_idx = stratified_split(y, val_fraction, seed)
+    if val_idx.numel() == 0:
+        raise EvalError(
+            f"too few train samples per class to hold out a validation split: {y.numel()} "
+            f"samples in {num_classes} classes, at most one per class; the L2 strength is chosen "
+            "on held-out samples of classes with >= 2"
+        )
+    mean, std = _standardise(x[fit_idx])
+    xf = (x[fit_idx] - mean) / std
+    xv = (x[val_idx] - mean) / std
+    state = None
+    best_l2, best_val = grid[0], -1.0
+    for l2 in grid:
+        state = _fit(xf, y[fit_idx], num_classes, l2, state, max_iter)
+        val_acc = _topk_correct(torch.addmm(state[1], xv, state[0].T), y[val_idx], [1])[0]
+        if val_acc > best_val:
+            best_val, best_l2 = val_acc, l2
+    return best_l2, best_val
 
 
 def linear_probe(
@@ -148,17 +170,16 @@ def linear_probe(
     val_fraction: float = 0.1,
     seeds: int | Sequence[int] = 0,
     max_iter: int = 100,
-    seed: int | None = None,
 ) -> dict[str, Any]:
-    """Fast linear probe; returns percent accuracies.
+    """Fast linear probe on (N, D) train/test features with (N,) labels; returns percent accuracies.
 
-    Keys: ``acc1``, ``acc5`` (means over seeds), ``acc1_std``, ``acc5_std`` (ddof 0; 0 for one
-    seed), ``per_seed`` (list of ``{"seed", "l2", "val_acc1", "acc1", "acc5"}``) and ``protocol``.
-    Acc@5 becomes Acc@C when there are fewer than 5 classes. A test label absent from the train
-    labels always counts as an error. ``seed=s`` is shorthand for ``seeds=[s]``.
+    Keys: ``acc1``, ``acc5`` (means over ``seeds``, one seed or a sequence), ``acc1_std``,
+    ``acc5_std`` (ddof 0; 0 for one seed), ``per_seed`` (list of ``{"seed", "l2", "val_acc1",
+    "acc1", "acc5"}``) and ``protocol``. Acc@5 becomes Acc@C when there are fewer than 5 classes.
+    A test label absent from the train labels always counts as an error. Raises EvalError for bad
+    features or labels, train and test of different D, fewer than 2 classes, an empty or negative
+    ``l2_grid``, or (with 2+ L2 strengths) no class with 2 samples to hold out.
     """
-    if seed is not None:
-        seeds = [int(seed)]
     if train_labels is None or test_labels is None:
         raise EvalError("linear_probe needs train and test labels; got None")
     xtr, ytr = validate_features(train_features, train_labels)
@@ -170,8 +191,6 @@ def linear_probe(
         raise EvalError("l2_grid is empty: give at least one non-negative L2 strength, e.g. [1e-3]")
     if not all(0 <= v < float("inf") for v in grid):
         raise EvalError(f"l2_grid must hold finite non-negative values; got {list(l2_grid)}")
-    if not 0.0 < val_fraction < 1.0:
-        raise EvalError(f"val_fraction must be in (0, 1); got {val_fraction}")
     classes, ytr_idx = torch.unique(ytr, return_inverse=True)  # type: ignore[arg-type]
     num_classes = classes.numel()
     if num_classes < 2:
@@ -187,27 +206,10 @@ def linear_probe(
     tops = [1, min(5, num_classes)]
 
     per_seed = []
-    for seed in _as_seed_list(seeds):
+    for seed in [int(seeds)] if isinstance(seeds, (int, np.integer)) else [int(s) for s in seeds]:
         best_l2, best_val = grid[0], float("nan")
         if len(grid) > 1:
-            fit_idx, val_idx = stratified_split(ytr_idx, val_fraction, seed)
-            if val_idx.numel() == 0:
-                raise EvalError(
-                    f"too few train samples per class to hold out a validation split: {ytr.numel()} "
-                    f"samples in {num_classes} classes, at most one per class; the L2 strength is chosen "
-                    "on held-out samples of classes with >= 2"
-                )
-            mean, std = _standardise(xtr[fit_idx])
-            xf = (xtr[fit_idx] - mean) / std
-            xv = (xtr[val_idx] - mean) / std
-            state = None
-            best_val = -1.0
-            for l2 in grid:
-                state = _fit(xf, ytr_idx[fit_idx], num_classes, l2, state, max_iter)
-                val_acc = _topk_correct(torch.addmm(state[1], xv, state[0].T), ytr_idx[val_idx], [1])[0]
-                if val_acc > best_val:
-                    best_val, best_l2 = val_acc, l2
-            del xf, xv
+            best_l2, best_val = _select_l2(xtr, ytr_idx, num_classes, grid, val_fraction, seed, max_iter)
         mean, std = _standardise(xtr)
         xs = (xtr - mean) / std
         w, b = _fit(xs, ytr_idx, num_classes, best_l2, None, max_iter)

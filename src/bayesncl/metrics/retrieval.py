@@ -27,14 +27,8 @@ from ._numerics import normalize_rows, row_norms
 from .inputs import EvalError, validate_features
 
 __all__ = [
-    "auto_chunk_size",
-    "average_precision_at_k",
-    "nearest_neighbours",
-    "check_dims",
-    "expected_activation",
-    "rank_dims",
-    "retrieval_metrics",
-    "select_top_dims",
+    "auto_chunk_size", "average_precision_at_k", "nearest_neighbours", "check_dims", "expected_activation",
+    "rank_dims", "retrieval_metrics", "select_top_dims",
 ]
 
 # Elements of one similarity block when chunk_size is not given (32 Mi floats = 128 MiB).
@@ -146,9 +140,9 @@ def retrieval_metrics(
 
     ``dims``: the numbers K of top dims to retrieve with, a sequence of integers or one integer
     (``dims=64`` is ``dims=[64]``). Returns ``{"<K>": {"P@1": .., "P@3": .., "P@5": .., "P@10":
-    .., "mAP@10": ..}}`` for every K in ``dims``. Raises :class:`EvalError` for K <= 0, K > D, a
-    ``dims`` that is neither, fewer than ``max(topk, map_depth) + 1`` samples, or bad
-    features/labels.
+    .., "mAP@10": ..}}`` for every K in ``dims``. ``topk`` and ``map_depth`` are positive, ``chunk_size``
+    (queries per similarity block) too. Raises :class:`EvalError` for K <= 0, K > D, a ``dims`` that
+    is neither, fewer than ``max(topk, map_depth) + 1`` samples, or bad features/labels.
     """
     if labels is None:
         raise EvalError("retrieval_metrics needs labels; got labels=None")
@@ -156,15 +150,10 @@ def retrieval_metrics(
     n, d = f.shape
     dims = check_dims(dims, d)
     topk = [int(k) for k in topk]
-    if not topk or min(topk) <= 0:
-        raise EvalError(f"retrieval topk values must be positive integers; got {topk}")
     depth = max(max(topk), int(map_depth))
     if n - 1 < depth:
         raise EvalError(f"retrieval needs at least {depth + 1} samples for depth {depth}; got N={n}")
-    if chunk_size is None:
-        chunk_size = auto_chunk_size(n)
-    if chunk_size <= 0:
-        raise EvalError(f"chunk_size must be positive; got {chunk_size}")
+    chunk_size = chunk_size or auto_chunk_size(n)
 
     order = rank_dims(f)
     out: dict[str, dict[str, float]] = {}

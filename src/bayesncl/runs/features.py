@@ -1,4 +1,26 @@
-"""TODO docstring."""
+"""The features file: load, validate, save (docs/architecture.md, "Features file").
+
+A features file is a NumPy ``.npz`` read with ``allow_pickle=False``:
+
+=========== ========== ====================================================================
+key         shape      meaning
+=========== ========== ====================================================================
+features    (N, D)     evaluation features z̃ (PAPER-NOTES §3), float32
+labels      (N,)       integer class labels, int64
+indices     (N,)       index of each row in its split (optional)
+h           (N, H)     backbone features (optional)
+p           (N, D)     raw projector output (optional)
+z           (N, D)     non-negative output (optional)
+alpha       (N, D)     gate probabilities, gated methods only (optional)
+mask        (N, D)     hard gate, gated methods only (optional)
+meta        ()         0-d string array holding JSON (optional)
+=========== ========== ====================================================================
+
+A plain ``.npz`` with only ``features`` and ``labels`` is a valid input everywhere.
+
+Every problem with a file is an :class:`~bayesncl.metrics.EvalError` (a ``ValueError``) with
+one line that says what was found.
+"""
 
 from __future__ import annotations
 
@@ -92,8 +114,6 @@ def load_features(path: str | os.PathLike[str]) -> FeatureSet:
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
         reason = _first_line(exc)
         raise EvalError(f"{path} is not a features file: cannot read it as .npz ({reason})") from exc
-    if not isinstance(data, np.lib.npyio.NpzFile):  # pragma: no cover - guarded by the magic test
-        raise EvalError(f"{path} is not a features file: expected an .npz archive")
     with data:
         keys = sorted(data.files)
         missing = [k for k in ("features", "labels") if k not in keys]

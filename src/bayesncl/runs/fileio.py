@@ -9,8 +9,7 @@ The final file gets the mode an ordinary ``open(path, "w")`` would give (``0o666
 umask): ``tempfile``, safetensors and others create private ``0o600`` files, which would surprise a
 user sharing a run directory.
 
-Also the two resources a write or a step can run out of, as one-line messages: a full file system
-(:class:`DiskFullError`) and memory (:func:`out_of_memory`, shared by the CLI and the training loop).
+A full file system is one line naming the file (:class:`DiskFullError`).
 """
 
 from __future__ import annotations
@@ -18,13 +17,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
     "DiskFullError",
-    "out_of_memory",
     "atomic_path",
     "default_file_mode",
     "remove_stale_temporaries",
@@ -125,39 +122,3 @@ def write_failure_reason(path: Path, exc: OSError) -> str:
             break
     reason = exc.strerror or type(exc).__name__
     return f"{reason[:1].lower()}{reason[1:]} (in {path.parent})"
-
-
-# What sets the memory a command needs, by command (an out-of-memory error names these).
-_MEMORY_SETTINGS = {
-    "benchmark": "--batch-size, --image-size or --backbone",
-    "extract": "eval.batch_size (or data.image_size)",
-    "evaluate": "eval.batch_size (or data.image_size)",
-    "metrics": "the number of features (or --retrieval-dims)",
-}
-
-
-def out_of_memory(e: BaseException, command: str | None) -> str | None:
-    """A one-line message for an allocation that failed (CUDA or CPU), or None for other errors.
-
-    A batch, image size or model too large for the device is a setting, not a bug: the message
-    names how much was asked for and the settings of ``command`` that decide it."""
-    import torch
-
-    text = str(e)
-    if not (
-        isinstance(e, (MemoryError, torch.OutOfMemoryError))
-        or (isinstance(e, RuntimeError) and "can't allocate memory" in text)
-    ):
-        return None
-    asked = ""
-    if (found := re.search(r"allocate (\d+) bytes", text)) is not None:
-        asked = f" (tried to allocate {int(found.group(1)) / 2**30:,.1f} GiB)"
-    elif (found := re.search(r"allocate ([\d.]+ ?[KMGTP]i?B)", text, re.IGNORECASE)) is not None:
-        asked = f" (tried to allocate {found.group(1)})"  # CUDA's "Tried to", NumPy's "Unable to"
-    where = "on the GPU" if isinstance(e, torch.OutOfMemoryError) else "in main memory"
-    default = (
-        "train.batch_size, data.image_size or the model's size (model.backbone, model.proj_dim, "
-        "model.proj_hidden, method.gate_hidden)"
-    )
-    settings = _MEMORY_SETTINGS.get(command or "", default)
-    return f"out of memory {where}{asked}: lower {settings}"

@@ -7,15 +7,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bayesncl.metrics import column
 from bayesncl.runs.fileio import atomic_path
 
 # (column header, metrics key, format)
 MAIN_COLUMNS: list[tuple[str, str, str]] = [
-    ("SC %", "semantic_consistency", "{:.2f}"),
-    ("H_sum", "semantic_entropy_sum", "{:.3f}"),
-    ("H_mean", "semantic_entropy_mean", "{:.3f}"),
-    ("H_freq", "semantic_entropy_freq", "{:.3f}"),
-    ("Act.", "activation_ratio", "{:.3f}"),
+    *map(column, ("semantic_consistency", "semantic_entropy_sum", "semantic_entropy_mean")),
+    *map(column, ("semantic_entropy_freq", "activation_ratio")),
     ("LP@1", "linear_probe_acc1", "{:.2f}"),
 ]
 

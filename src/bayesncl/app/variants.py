@@ -1,0 +1,67 @@
+"""The steps ``demo`` and ``reproduce`` share: several variants (a config each) trained into the
+sub-folders of one run dir, each reused once finished, then one table of them and their curves.
+
+A variant's sub-run ``RUN_DIR/<name>`` is an ordinary pretrain run; it is *finished* once its
+``metrics.json`` exists (written by :func:`save_metrics` after training and evaluation).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bayesncl.app.report import format_table, write_results
+from bayesncl.config import Config
+
+# what may differ between a finished variant and this command's config for it to be reused
+REUSE_IGNORES = ("train.progress", "eval.")
+
+
+def finished(sub: Path) -> bool:
+    """Whether the variant in ``sub`` finished (trained and evaluated)."""
+    return (sub / "metrics.json").exists()
+
+
+def refuse_other_settings(
+    sub: Path, cfg: Config, advice: str, *, ignore: tuple[str, ...] = (), prefix: str = ""
+) -> None:
+    """Raise RunDirError ``"{prefix}{sub} holds a finished run with other settings (...); {advice}"``
+    when the finished run in ``sub`` was configured otherwise than ``cfg`` (beyond
+    :data:`REUSE_IGNORES` and ``ignore``)."""
+    from bayesncl.config import diff_configs
+    from bayesncl.runs.export import load_run_config
+    from bayesncl.runs.rundir import RunDirError
+
+    changed = diff_configs(load_run_config(sub), cfg, ignore=(*REUSE_IGNORES, *ignore))
+    if changed:
+        raise RunDirError(
+            f"{prefix}{sub} holds a finished run with other settings ({', '.join(changed)}); {advice}"
+        )
+
+
+def finished_metrics(sub: Path) -> dict[str, Any]:
+    """The metrics a finished variant saved."""
+    return json.loads((sub / "metrics.json").read_text())
+
+
+def save_metrics(sub: Path, name: str, metrics: dict[str, Any]) -> None:
+    """Write a variant's ``metrics.json``/``.md`` (what makes it finished)."""
+    write_results(sub, "metrics", metrics, format_table({name: metrics}))
+
+
+def write_table(
+    run_dir: Path,
+    stem: str,
+    results: dict[str, dict[str, Any]],
+    markdown: str,
+    header: str,
+    curves: dict[str, Path],
+) -> None:
+    """Write the variants' table ``run_dir/{stem}.md``/``.json`` and the training curves of
+    ``curves`` (``{label: sub-run with a log.csv}``), if any, as ``run_dir/curves.png``."""
+    from bayesncl.app.report.curves import write_training_curves
+
+    write_results(run_dir, stem, results, markdown, header=header)
+    if curves:
+        write_training_curves(list(curves.values()), run_dir / "curves.png", labels=list(curves))

@@ -1,0 +1,154 @@
+"""The metric registry: one row per metric of PAPER-NOTES §3, the only place naming its JSON key,
+labels, unit and formats; :func:`compute_all`, :data:`METRIC_KEYS`, :func:`format_metrics_table` and
+:func:`column` read it. A new metric: its function ``fn(features, labels)`` and a row with
+``value=lambda s: fn(s.f, s.y)`` (rows of metrics that share work read it from :class:`Shared`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from .inputs import needs_labels, validate_features, warn_degenerate
+from .retrieval import check_dims, retrieval_metrics
+from .semantic import SemanticStats, undefined_note
+from .spectral import active_mask, spectrum
+
+__all__ = ["METRICS", "METRIC_KEYS", "Metric", "Shared", "column", "compute_all", "format_metrics_table"]
+
+NO_ACTIVE_NOTE = "no active dimensions"
+
+
+class Shared:
+    """Validated features ``f`` (N, D), labels ``y`` (N,) and their (D,) ``active`` dims, with the
+    intermediates several metrics share, each computed on first use."""
+
+    def __init__(self, f: torch.Tensor, y: torch.Tensor) -> None:
+        self.f, self.y = f, y
+        self.active = active_mask(f)
+        self.n_active = int(self.active.sum())
+
+    @cached_property
+    def semantic(self) -> SemanticStats:
+        return SemanticStats.from_features(self.f, self.y)
+
+    @cached_property
+    def summary(self) -> tuple[dict[str, float], list[str]]:
+        """:meth:`SemanticStats.summary`: the semantic values and the keys without a dimension."""
+        return self.semantic.summary()
+
+    @cached_property
+    def spectrum(self) -> tuple[float, float]:
+        """``(spectral entropy, orthogonality error)``, see :func:`bayesncl.metrics.spectral.spectrum`."""
+        return spectrum(self.f, self.active)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: its JSON ``key``; ``label``, ``unit`` and ``fmt`` for :func:`format_metrics_table`;
+    ``short`` and ``short_fmt`` for the results tables' column; ``value`` computes it from
+    :class:`Shared`."""
+
+    key: str
+    label: str
+    unit: str
+    fmt: str
+    short: str
+    short_fmt: str
+    value: Callable[[Shared], float]
+
+    def text(self, value: Any) -> str:
+        """``value`` formatted with :attr:`fmt` (an integer format takes ``int(value)``)."""
+        return self.fmt.format(int(value) if self.fmt == "{:d}" else float(value))
+
+
+#: Every metric of :func:`compute_all`, in the order of its keys.
+METRICS = (
+    Metric("semantic_consistency", "Semantic consistency (SC)", "%", "{:.2f}", "SC %", "{:.2f}",
+           lambda s: s.summary[0]["semantic_consistency"]),
+    Metric("semantic_entropy_sum", "Semantic entropy H_sum", "nats", "{:.4f}", "H_sum", "{:.3f}",
+           lambda s: s.summary[0]["semantic_entropy_sum"]),
+    Metric("semantic_entropy_mean", "Semantic entropy H_mean", "nats", "{:.4f}", "H_mean", "{:.3f}",
+           lambda s: s.summary[0]["semantic_entropy_mean"]),
+    Metric("semantic_entropy_freq", "Semantic entropy H_freq", "nats", "{:.4f}", "H_freq", "{:.3f}",
+           lambda s: s.summary[0]["semantic_entropy_freq"]),
+    Metric("active_dims", "Active dims", "count", "{:d}", "active", "{:d}", lambda s: s.n_active),
+    Metric("activation_ratio", "Activation ratio (Act.)", "fraction", "{:.4f}", "Act.", "{:.3f}",
+           lambda s: s.n_active / s.f.shape[1]),
+    Metric("sparsity", "Sparsity", "fraction", "{:.4f}", "sparsity", "{:.3f}",
+           lambda s: 1.0 - s.semantic.firing_entries() / s.f.numel()),
+    Metric("effective_rank", "Effective rank exp(H_spectral)", "dims", "{:.2f}", "eff. rank", "{:.2f}",
+           lambda s: math.exp(s.spectrum[0]) if s.n_active else 0.0),
+    Metric("orthogonality", "Orthogonality error", "mean abs cos", "{:.4f}", "ortho.", "{:.3f}",
+           lambda s: s.spectrum[1]),
+)  # fmt: skip
+
+#: The keys of :func:`compute_all`, in order (``retrieval`` and ``note`` are added when present).
+METRIC_KEYS = tuple(m.key for m in METRICS)
+_BY_KEY = {m.key: m for m in METRICS}
+
+
+def column(key: str) -> tuple[str, str, str]:
+    """``(header, key, format)`` of a metric for :func:`bayesncl.app.report.format_table`."""
+    m = _BY_KEY[key]
+    return m.short, m.key, m.short_fmt
+
+
+def compute_all(
+    features: Any, labels: Any, retrieval_dims: int | Iterable[int] | None = None
+) -> dict[str, Any]:
+    """Every metric of :data:`METRICS` (PAPER-NOTES §3) as a JSON-ready dict.
+
+    Keys: the nine :data:`METRIC_KEYS`; ``retrieval`` (``{"<K>": {"P@1", "P@3", "P@5", "P@10",
+    "mAP@10"}}``, percent) when ``retrieval_dims`` (one K or a sequence) is given; ``note`` only
+    for degenerate input: ``"no active dimensions"`` (all-zero features: SC, entropies, effective
+    rank and orthogonality are 0.0) or ``"no dimension qualifies for <keys>; reported as 0.0"``
+    (e.g. every entry is <= 1e-5, so H_freq has no dimension to average), instead of undefined
+    values; the note is also issued as an EvalWarning. Raises EvalError for bad input.
+    """
+    needs_labels(labels, "compute_all")
+    f, y = validate_features(features, labels)
+    if retrieval_dims is not None:
+        retrieval_dims = check_dims(retrieval_dims, f.shape[1])
+    shared = Shared(f, y)  # type: ignore[arg-type]
+    out: dict[str, Any] = {m.key: m.value(shared) for m in METRICS}
+    if retrieval_dims is not None:
+        out["retrieval"] = retrieval_metrics(f, y, dims=retrieval_dims)
+    undefined = shared.summary[1]
+    note = NO_ACTIVE_NOTE if shared.n_active == 0 else (undefined_note(undefined) if undefined else None)
+    if note is not None:
+        out["note"] = note
+        warn_degenerate(f"compute_all: {note}")
+    return out
+
+
+def format_metrics_table(result: dict[str, Any]) -> str:
+    """Render :func:`compute_all` output (and ``bayesncl metrics``' ``source``) as a Markdown table."""
+    lines: list[str] = []
+    src = result.get("source")
+    if isinstance(src, dict):
+        extra = ", ".join(f"{k}={src[k]}" for k in ("method", "dataset", "split") if k in src)
+        lines.append(
+            f"Features: {src.get('path')} (N={src.get('num_samples')}, D={src.get('dim')}"
+            + (f", {extra}" if extra else "")
+            + ")"
+        )
+        lines.append("")
+    lines += ["| metric | value | unit |", "|---|---:|---|"]
+    lines += [f"| {m.label} | {m.text(result[m.key])} | {m.unit} |" for m in METRICS if m.key in result]
+    retrieval = result.get("retrieval")
+    if retrieval:
+        cols = list(next(iter(retrieval.values())).keys())
+        lines += ["", "Retrieval (top-K dims by expected activation, percent):", ""]
+        lines.append("| K | " + " | ".join(cols) + " |")
+        lines.append("|---:|" + "---:|" * len(cols))
+        for k, row in retrieval.items():
+            lines.append(f"| {k} | " + " | ".join(f"{float(row[c]):.2f}" for c in cols) + " |")
+    if "note" in result:
+        lines += ["", f"Note: {result['note']}."]
+    return "\n".join(lines)
