@@ -12,7 +12,7 @@ import torch
 
 from bayesncl.app.train import pretrain
 from bayesncl.config import ConfigError, build_config, config_from_dict, diff_configs, eval_data
-from bayesncl.core.model import build_model
+from bayesncl.core.model import BackboneError, build_model
 from bayesncl.data import DataError, clear_cache, dataset_info
 from bayesncl.data.sources import load_split, read_class_list
 
@@ -92,7 +92,7 @@ def test_timm_backbones_build_without_classifier(
 
 def test_timm_build_errors_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = build_config(overrides=["model.backbone=timm:resnet18", "model.backbone_kwargs.patch_size=4"])
-    with pytest.raises(ConfigError, match="^model.backbone_kwargs.patch_size: timm's resnet18 takes no arg"):
+    with pytest.raises(BackboneError, match="^model.backbone_kwargs.patch_size: timm's resnet18 takes no"):
         build_model(cfg, 3, 16, 10)
     import timm
 
@@ -100,7 +100,7 @@ def test_timm_build_errors_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None
         raise RuntimeError("in_chans must be 3 for this stem\n(more detail)")
 
     monkeypatch.setattr(timm, "create_model", refuse)
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(BackboneError) as e:
         build_model(build_config(overrides=["model.backbone=timm:resnet18"]), 1, 16, 10)
     assert str(e.value) == (
         "model.backbone=timm:resnet18 for 1-channel 16 px images: timm cannot build it "

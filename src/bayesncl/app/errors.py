@@ -101,13 +101,17 @@ def os_fault(e: BaseException) -> str | None:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input, printed as their one-line message."""
     from bayesncl.core.engine import TrainingError
+    from bayesncl.core.model import BackboneError
     from bayesncl.data import DataError
     from bayesncl.metrics.inputs import EvalError
     from bayesncl.runs.fileio import DiskFullError
     from bayesncl.runs.rundir import RunDirError
     from bayesncl.runs.safe_load import CheckpointError
 
-    return (DiskFullError, ConfigError, DataError, EvalError, RunDirError, CheckpointError, TrainingError)
+    return (
+        DiskFullError, ConfigError, BackboneError, DataError, EvalError, RunDirError, CheckpointError,
+        TrainingError,
+    )
 
 
 def error_message(e: BaseException, command: str | None) -> str | None:
@@ -130,13 +134,16 @@ def met_by_every_rank(e: BaseException) -> bool:
     one GPU, an image that cannot be decoded in one rank's shard) are printed by the rank meeting them,
     prefixed with "(rank N)"."""
     from bayesncl.core.engine import TrainingError
+    from bayesncl.core.model import BackboneError
     from bayesncl.data import DataError
     from bayesncl.data.sources import ShardDataError
     from bayesncl.runs.fileio import DiskFullError
     from bayesncl.runs.rundir import RunDirError
     from bayesncl.runs.safe_load import CheckpointError
 
-    alike = (ConfigError, DataError, RunDirError, CheckpointError, TrainingError, DiskFullError)
+    alike = (
+        ConfigError, BackboneError, DataError, RunDirError, CheckpointError, TrainingError, DiskFullError,
+    )
     return isinstance(e, alike) and not isinstance(e, ShardDataError)
 
 

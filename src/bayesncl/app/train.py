@@ -108,6 +108,11 @@ def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> D
     return info
 
 
+def _no_probe(row: dict[str, Any], info: DatasetInfo) -> dict[str, Any]:
+    """``row`` with an empty online_acc where the data has no labels (the probe learns nothing)."""
+    return row if info.labeled else {**row, "online_acc": ""}
+
+
 def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
     """Train ``cfg`` in ``run`` (entered) from its checkpoint, if any, to ``train.epochs``; rank 0
     then draws the curves and exports the encoder. Returns the trained model."""
@@ -143,7 +148,7 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
     on_sync = _cpu_time_warning(cfg, device, state.step, len(schedule)) if world.is_main else None
 
     def log_step(step: int, means: dict[str, float], lr: float) -> None:
-        state.step_log.append(step_row(step, steps_per_epoch, means, lr))
+        state.step_log.append(_no_probe(step_row(step, steps_per_epoch, means, lr), info))
 
     launch_epochs, launch_start = state.epoch, time.time()
     for epoch in range(state.epoch, cfg.train.epochs):
@@ -160,7 +165,8 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
             run.save_mid_epoch(state, result)
         _check_weights(model, cfg, run, epoch + 1, state.step)
         rho = cfg.method.rho if model.gate is not None else ""
-        state.log.append(epoch_row(epoch + 1, state.step, result.stats, result.lr, result.seconds, rho))
+        row = epoch_row(epoch + 1, state.step, result.stats, result.lr, result.seconds, rho)
+        state.log.append(_no_probe(row, info))
         state.epoch = epoch + 1
         closed = result.stats["rows_all_closed"]
         if world.is_main and model.gate is not None and closed > 0.5:

@@ -54,19 +54,22 @@ builder takes ``weights=None``, :func:`small_cnn` the input channels. Names with
 :data:`BACKBONE_FAMILIES` (``timm:NAME``) are built by that family's builder."""
 
 
+class BackboneError(ValueError):
+    """A backbone that cannot be built as configured (``timm:NAME`` with these arguments, channels or
+    image size), reported as one line; :mod:`bayesncl.app.errors` prints it like a ConfigError."""
+
+
 def timm_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple[nn.Module, int]:
     """``model.backbone=timm:NAME``: timm's NAME without its classifier (``num_classes=0``), for
     ``in_channels`` input channels, with ``model.backbone_kwargs`` (e.g. ``patch_size=4``,
     ``depth=4``) and, for a model that takes it and unless given, ``img_size=image_size``.
 
     Returns ``(module mapping (B, C, S, S) -> h: (B, h_dim), h_dim = model.num_features)``; one
-    forward of two blank images checks that shape. Raises ConfigError (one line) if timm cannot
+    forward of two blank images checks that shape. Raises BackboneError (one line) if timm cannot
     build it that way (an argument the model does not take, a channel count it cannot take, an
     image size its patches do not divide).
     """
     import timm
-
-    from bayesncl.config import ConfigError
 
     name = cfg.backbone.split(":", 1)[1]
     kwargs = dict(cfg.backbone_kwargs)
@@ -88,14 +91,15 @@ def timm_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple[
     except TypeError as e:
         arg = str(e).rsplit("argument", 1)[-1].strip(" '")
         if "unexpected keyword" in str(e) and arg in kwargs:
-            raise ConfigError(f"model.backbone_kwargs.{arg}: timm's {name} takes no argument {arg}") from None
-        raise ConfigError(f"{what}: timm cannot build it ({_first_line(e)})") from None
+            msg = f"model.backbone_kwargs.{arg}: timm's {name} takes no argument {arg}"
+            raise BackboneError(msg) from None
+        raise BackboneError(f"{what}: timm cannot build it ({_first_line(e)})") from None
     except Exception as e:  # noqa: BLE001 - timm and the model's own checks raise many types
-        raise ConfigError(f"{what}: timm cannot build it ({_first_line(e)})") from None
+        raise BackboneError(f"{what}: timm cannot build it ({_first_line(e)})") from None
     h_dim = int(net.num_features)
     if tuple(h.shape) != (2, h_dim):
         shape = tuple(h.shape)[1:]
-        raise ConfigError(f"{what}: its features have shape {shape} per image, expected ({h_dim},)")
+        raise BackboneError(f"{what}: its features have shape {shape} per image, expected ({h_dim},)")
     return net, h_dim
 
 

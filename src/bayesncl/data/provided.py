@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesncl.data.sources import UNLABELED, DataError, Split
+from bayesncl.data.sources import GEOMETRY, READERS, UNLABELED, DataError, Split, clear_cache
 
 _PROVIDED: dict[str, dict[str, Split]] = {}
 _COUNTER = itertools.count(1)
@@ -44,8 +44,6 @@ def provide(train: Any, test: Any = None, *, image_size: int = 0, labels: Any = 
 
 def release(token: str) -> None:
     """Forget the images held for ``token`` (and the loaders' cache of them)."""
-    from bayesncl.data.sources import clear_cache
-
     _PROVIDED.pop(token, None)
     clear_cache()
 
@@ -188,3 +186,7 @@ def _class_names(obj: Any, y: np.ndarray, what: str) -> tuple[str, ...]:
     if isinstance(names, (list, tuple)) and len(names) >= n and all(isinstance(c, str) for c in names):
         return tuple(names)
     return tuple(str(c) for c in range(n))
+
+
+READERS["python"] = read
+GEOMETRY["python"] = lambda cfg: geometry(cfg.root)

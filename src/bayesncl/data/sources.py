@@ -636,28 +636,18 @@ def _read_folder(k: _Key) -> Split:
 
 # ============================================================================ registry, cache, subsets
 # data.name -> reader of one full split; config.validate takes the allowed names from here.
-def _read_stl10(k: _Key) -> Split:
-    from bayesncl.data import stl10
-
-    return stl10.read(k)
-
-
-def _read_python(k: _Key) -> Split:
-    from bayesncl.data import provided
-
-    return provided.read(k)
-
-
 READERS: dict[str, Callable[[_Key], Split]] = {
     "fashion-mnist": _read_fmnist,
     "cifar10": _read_cifar,
     "cifar100": _read_cifar,
     "imagefolder": _read_folder,
     "synthetic": _read_synthetic,
-    "stl10": _read_stl10,  # bayesncl.data.stl10
-    "python": _read_python,  # bayesncl.data.provided: images handed over from Python (bayesncl.pretrain)
 }
-DATASETS: tuple[str, ...] = tuple(READERS)
+"""data.name -> reader. Readers in modules of their own add their row when imported (bayesncl.data
+imports them): ``stl10`` (:mod:`bayesncl.data.stl10`), ``python`` (:mod:`bayesncl.data.provided`)."""
+GEOMETRY: dict[str, Callable[[Any], tuple[int, int]]] = {}
+"""data.name -> (channels, native side) of a dataset whose geometry the config alone cannot tell
+(``python``: the images handed over); others: :data:`NATIVE_SIZE`, 1 channel for fashion-mnist."""
 
 
 @functools.lru_cache(maxsize=6)
@@ -749,10 +739,8 @@ def load_split(cfg: Any, split: str) -> Split:
 def image_geometry(cfg: Any) -> tuple[int, int]:
     """``(channels, image size in px)`` of the images ``cfg`` (a DataConfig) feeds the model, read
     from the config alone (no data files): 1 channel for fashion-mnist, else 3 (RGB)."""
-    if cfg.name == "python":
-        from bayesncl.data import provided
-
-        channels, native = provided.geometry(cfg.root)
+    if cfg.name in GEOMETRY:
+        channels, native = GEOMETRY[cfg.name](cfg)
         return channels, cfg.image_size or native
     return (1 if cfg.name == "fashion-mnist" else 3), cfg.image_size or NATIVE_SIZE[cfg.name]
 

@@ -19,7 +19,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesncl.data.sources import UNLABELED, DataError, Split, _default_bases, _expand, _find_or_fetch
+from bayesncl.data.sources import (
+    READERS,
+    UNLABELED,
+    DataError,
+    Split,
+    _default_bases,
+    _expand,
+    _find_or_fetch,
+)
 
 FOLDER = "stl10_binary"
 SIDE = 96
@@ -102,3 +110,6 @@ def read(k: Any) -> Split:
         return Split(np.zeros(len(x), dtype=np.int64), (UNLABELED,), str(d), images=x, labeled=False)
     y = read_labels(d / y_file, len(x), len(names))
     return Split(y, names, str(d), images=x)
+
+
+READERS["stl10"] = read
