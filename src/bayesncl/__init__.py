@@ -1,12 +1,14 @@
 """bayesncl: interpretable self-supervised learning with NCL and Bayesian gated NCL (BayesNCL).
 
-The main API (each loads torch only when first used, so ``import bayesncl`` stays cheap)::
+The main API (each loads torch only when first used, so ``import bayesncl`` stays cheap; docs/api.md)::
 
     cfg = bayesncl.build_config(["method.name=bayesncl", "train.epochs=3"])
-    metrics = bayesncl.pretrain(cfg, "runs/x")       # train, checkpoint, evaluate (app.train)
-    report = bayesncl.evaluate("runs/x")             # the CLI's ``evaluate`` (app.evaluate)
-    model = bayesncl.load_encoder("runs/x")          # the trained model, eval mode
-    bayesncl.metrics.semantic_consistency(...)       # the metrics package
+    metrics = bayesncl.pretrain(cfg, run_dir="runs/x")   # train, checkpoint, evaluate (app.api)
+    metrics = bayesncl.pretrain(cfg, dataset=ds)         # a torch Dataset or a uint8 N x C x H x W tensor
+    report = bayesncl.evaluate("runs/x")                 # the CLI's ``evaluate``
+    model = bayesncl.load_encoder("runs/x")              # the trained model, eval mode
+    bayesncl.metrics.compute_all(features, labels)       # the metrics package
+    head = bayesncl.ContrastiveHead(h_dim, cfg)          # projector + gate + loss for your own loop
 """
 
 from __future__ import annotations
@@ -16,17 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import torch
-
     from bayesncl.config import Config
-    from bayesncl.core.model import ContrastiveModel
 
 __version__ = "0.1.0"
-__all__ = ["build_config", "evaluate", "load_encoder", "metrics", "pretrain"]
+__all__ = ["ContrastiveHead", "build_config", "evaluate", "load_encoder", "metrics", "pretrain"]
 
 _LAZY = {  # name -> (module, attribute; None for the module itself)
-    "pretrain": ("bayesncl.app.train", "pretrain"),
-    "evaluate": ("bayesncl.app.evaluate", "evaluate_command"),
+    "pretrain": ("bayesncl.app.api", "pretrain"),
+    "evaluate": ("bayesncl.app.api", "evaluate"),
+    "load_encoder": ("bayesncl.app.api", "load_encoder"),
+    "ContrastiveHead": ("bayesncl.core.head", "ContrastiveHead"),
     "metrics": ("bayesncl.metrics", None),
 }
 
@@ -34,23 +35,17 @@ _LAZY = {  # name -> (module, attribute; None for the module itself)
 def build_config(overrides: list[str] | None = None, config: str | Path | None = None) -> Config:
     """A validated :class:`~bayesncl.config.Config`: the defaults, the method's preset, the YAML
     ``config`` (a path or a shipped recipe name, e.g. ``"cifar100-bayesncl"``), then the
-    ``key=value`` ``overrides``. Raises ConfigError (one line) for an unknown key or a bad value."""
+    ``key=value`` ``overrides`` (``model.backbone_kwargs.patch_size=4`` sets one entry of a dict
+    key). Raises ConfigError (one line) for an unknown key or a bad value."""
     from bayesncl.app.cli import resolve_config_path
+    from bayesncl.config import ConfigError
     from bayesncl.config import build_config as resolve
 
+    if isinstance(overrides, str):
+        raise ConfigError(
+            f"overrides={overrides!r}: expected a list of key=value strings, e.g. [{overrides!r}]"
+        )
     return resolve(resolve_config_path(None if config is None else str(config)), overrides)
-
-
-def load_encoder(
-    run_dir_or_file: str | Path, device: torch.device | None = None, overrides: list[str] | None = None
-) -> ContrastiveModel:
-    """The trained model (backbone, projector, gate; eval mode) of a run dir, a checkpoint, an
-    ``encoder.safetensors`` or an official BayesNCL/NCL checkpoint, read safely
-    (:func:`bayesncl.app.evaluate.load_trained`; ``device`` default CUDA where there is one).
-    Raises EvalError (one line) for anything it cannot read."""
-    from bayesncl.app.evaluate import load_trained
-
-    return load_trained(run_dir_or_file, device, overrides)[0]
 
 
 def __getattr__(name: str) -> Any:

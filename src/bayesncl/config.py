@@ -51,13 +51,15 @@ class DataConfig:
     blur_prob: float = 0.5
     skip_corrupt: bool = False  # imagefolder: skip unreadable images instead of failing
     classes: str | None = None  # imagefolder: a file listing the class folders to use (e.g. ImageNet-100)
+    labels: str = "auto"  # auto | none; none: pretrain without labels (no online probe; stl10: + unlabeled)
 
 
 @dataclass
 class ModelConfig:
     """Backbone f and projector (PAPER-NOTES §1)."""
 
-    backbone: str = "resnet18"  # a name of bayesncl.core.model.BACKBONES
+    backbone: str = "resnet18"  # a name of bayesncl.core.model.BACKBONES, or timm:NAME (any timm model)
+    backbone_kwargs: dict[str, Any] = field(default_factory=dict)  # timm: create_model's keyword arguments
     cifar_stem: str = "auto"  # auto | true | false; auto: true for images <= 64 px
     proj_hidden: int = 2048
     proj_dim: int = 256
@@ -109,12 +111,28 @@ class TrainConfig:
 
 
 @dataclass
+class EvalDataConfig:
+    """The labelled data evaluation reads (``eval.data.*``) when it is not the training data: an
+    unlabeled pretraining set, or an encoder trained elsewhere. ``name`` empty: the training data
+    (``data.*``, with its labels). The geometry (``data.image_size``) stays the training one."""
+
+    name: str = ""  # "" (the training data) or a name of bayesncl.data.DATASETS
+    root: str | None = None
+    download: bool = False
+    train_subset: int = 0
+    test_subset: int = 0
+    classes: str | None = None
+    skip_corrupt: bool = False
+
+
+@dataclass
 class EvalConfig:
     """End-of-pretraining evaluation."""
 
     probe: str = "fast"  # fast (precomputed features, L2 chosen on held-out train) | none
     retrieval_dims: list[int] = field(default_factory=list)
     batch_size: int = 512
+    data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
 @dataclass
@@ -151,6 +169,7 @@ def choices() -> dict[str, tuple[str, ...]]:
     return {
         "data.name": tuple(DATASETS),
         "data.resident": ("auto", "true", "false"),
+        "data.labels": ("auto", "none"),
         "model.backbone": tuple(BACKBONES),
         "model.cifar_stem": ("auto", "true", "false"),
         "method.name": tuple(methods.METHODS),
@@ -163,16 +182,33 @@ def choices() -> dict[str, tuple[str, ...]]:
     }
 
 
-def valid_keys() -> list[str]:
-    """Every dotted key that ``key=value`` accepts, e.g. ``method.rho``."""
-    keys = []
-    hints = typing.get_type_hints(Config)
-    for name, tp in hints.items():
-        if dataclasses.is_dataclass(tp):
-            keys += [f"{name}.{f}" for f in typing.get_type_hints(tp)]
-        else:
-            keys.append(name)
+def _keys_of(tp: Any, prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for name, ftp in typing.get_type_hints(tp).items():
+        keys += _keys_of(ftp, f"{prefix}{name}.") if dataclasses.is_dataclass(ftp) else [f"{prefix}{name}"]
     return keys
+
+
+def valid_keys() -> list[str]:
+    """Every dotted key that ``key=value`` accepts, e.g. ``method.rho``, ``eval.data.root``. A
+    dict-valued key (``model.backbone_kwargs``) also takes ``KEY.NAME`` for one of its entries."""
+    return _keys_of(Config)
+
+
+def dict_keys() -> list[str]:
+    """The dotted keys whose value is a dict of free entries, e.g. ``model.backbone_kwargs``."""
+    hints = typing.get_type_hints(Config)
+    return [
+        f"{sec}.{name}"
+        for sec, tp in hints.items() if dataclasses.is_dataclass(tp)
+        for name, ftp in typing.get_type_hints(tp).items() if typing.get_origin(ftp) is dict
+    ]
+
+
+def _dict_entry(key: str) -> tuple[str, str] | None:
+    """``("model.backbone_kwargs", "img_size")`` for ``model.backbone_kwargs.img_size``, else None."""
+    head, _, entry = key.rpartition(".")
+    return (head, entry) if head in dict_keys() and entry.isidentifier() else None
 
 
 def _unknown_key(key: str) -> ConfigError:
@@ -191,6 +227,12 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(key, value, inner[0])
+    if origin is dict:  # model.backbone_kwargs={img_size: 32}; entries are checked by validate
+        if isinstance(value, str) and value.strip().lower() in ("", "{}", "none", "null"):
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r}: expected a mapping, e.g. {key}.img_size=32")
+        return dict(value)
     if origin is list:  # a single value is a one-element list for key=value only (load_yaml refuses it)
         if isinstance(value, str):
             value = [v for v in value.replace(" ", "").split(",") if v]  # key=32,64 means [32, 64]
@@ -387,7 +429,7 @@ def check_keys(keys: typing.Iterable[str]) -> None:
     """Raise ConfigError for the first dotted key that is not a config key, naming the closest ones."""
     valid = set(valid_keys())
     for k in keys:
-        if k not in valid:
+        if k not in valid and _dict_entry(k) is None:
             raise _unknown_key(k)
 
 
@@ -470,7 +512,16 @@ def inert_method_keys(method: MethodConfig, keys: typing.Iterable[str]) -> list[
 
 
 def set_key(cfg: Config, key: str, value: Any) -> None:
-    """Set dotted ``key`` on ``cfg`` with type coercion. Raises ConfigError if unknown or mistyped."""
+    """Set dotted ``key`` on ``cfg`` with type coercion. Raises ConfigError if unknown or mistyped.
+
+    ``KEY.NAME`` of a dict-valued key (``model.backbone_kwargs.img_size=32``) sets one entry, its
+    value as YAML reads it (a number, a bool, a string, a list)."""
+    entry = _dict_entry(key)
+    if entry is not None:
+        head, name = entry
+        sec, field_name = head.split(".")
+        getattr(getattr(cfg, sec), field_name)[name] = value
+        return
     parts = key.split(".")
     obj: Any = cfg
     for p in parts[:-1]:
@@ -547,13 +598,96 @@ def _check_method(m: MethodConfig, mo: ModelConfig) -> None:
         )
 
 
+TIMM_PREFIX = "timm:"
+# Keyword arguments bayesncl sets itself when it builds a timm backbone.
+TIMM_FIXED_KWARGS = ("num_classes", "in_chans", "pretrained")
+
+
+@functools.cache
+def timm_models() -> tuple[str, ...]:
+    """Every model name timm can build (``timm.list_models()``), read once."""
+    import timm
+
+    return tuple(timm.list_models())
+
+
+def _check_backbone(mo: ModelConfig) -> None:
+    """``model.backbone=timm:NAME`` names a timm model (else the closest names); its
+    ``model.backbone_kwargs`` are keyword names with plain values, none of those bayesncl sets."""
+    kw = mo.backbone_kwargs
+    if not mo.backbone.startswith(TIMM_PREFIX):
+        _check(
+            not kw,
+            f"model.backbone_kwargs={kw}: keyword arguments are for timm backbones "
+            f"(model.backbone=timm:NAME), not {mo.backbone}",
+        )
+        return
+    name = mo.backbone[len(TIMM_PREFIX):]
+    known = timm_models()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=5, cutoff=0.6)
+        hint = f"; close names: {', '.join(close)}" if close else "; see timm.list_models()"
+        raise ConfigError(f"model.backbone={mo.backbone}: timm has no model '{name}'{hint}")
+    for k, v in kw.items():
+        _check(
+            k not in TIMM_FIXED_KWARGS,
+            f"model.backbone_kwargs.{k}: set by bayesncl (no classifier, the data's channels, no pretrained "
+            "weights); leave it out",
+        )
+        plain = (bool, int, float, str, type(None))
+        _check(
+            isinstance(v, plain) or (isinstance(v, list) and all(isinstance(x, plain) for x in v)),
+            f"model.backbone_kwargs.{k}={v!r}: expected a number, a string, a bool or a list of them",
+        )
+
+
+def _check_eval_data(cfg: Config) -> None:
+    """``eval.data.*``: a dataset name (or empty: the training data), and no setting without one."""
+    from bayesncl.data import DATASETS
+
+    e = cfg.eval.data
+    if not e.name:
+        given = [f"eval.data.{k}" for k, v in asdict(e).items() if k != "name" and v not in (None, False, 0)]
+        _check(
+            not given,
+            f"{', '.join(given)} {'has' if len(given) == 1 else 'have'} no effect without eval.data.name "
+            "(evaluation reads the training data): set eval.data.name",
+        )
+        return
+    _check(e.name in DATASETS, f"eval.data.name={e.name!r}: expected one of {', '.join(DATASETS)}")
+    _check(e.train_subset >= 0, f"eval.data.train_subset={e.train_subset}: expected >= 0")
+    _check(e.test_subset >= 0, f"eval.data.test_subset={e.test_subset}: expected >= 0")
+    _check(
+        not e.classes or e.name == "imagefolder",
+        f"eval.data.classes={e.classes}: a class list selects folders of eval.data.name=imagefolder, "
+        f"not {e.name}",
+    )
+
+
+def eval_data(cfg: Config) -> DataConfig:
+    """The DataConfig evaluation reads: ``data.*`` with its labels, or the ``eval.data.*`` dataset
+    at the training geometry (``data.image_size``) and loader settings."""
+    from bayesncl.data import image_geometry
+
+    d = dataclasses.replace(cfg.data, labels="auto")
+    if not cfg.eval.data.name:
+        return d
+    size = cfg.data.image_size or image_geometry(cfg.data)[1]
+    return dataclasses.replace(d, **asdict(cfg.eval.data), image_size=size)
+
+
 def validate(cfg: Config) -> None:
     """Range-check every field: the one place values are checked (the code in ``core`` trusts
     them). Raises ConfigError naming the first bad value and what was expected."""
     for key, allowed in choices().items():
         sec, name = key.split(".")
         val = getattr(getattr(cfg, sec), name)
-        _check(val in allowed, f"{key}={val!r}: expected one of {', '.join(allowed)}")
+        if key == "model.backbone" and str(val).startswith(TIMM_PREFIX):
+            continue  # checked by _check_backbone
+        more = " or timm:NAME (a timm model)" if key == "model.backbone" else ""
+        _check(val in allowed, f"{key}={val!r}: expected one of {', '.join(allowed)}{more}")
+    _check_backbone(cfg.model)
+    _check_eval_data(cfg)
     _check_method(cfg.method, cfg.model)
     t, d, mo = cfg.train, cfg.data, cfg.model
     _check(t.epochs >= 1, f"train.epochs={t.epochs}: expected >= 1")

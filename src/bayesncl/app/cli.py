@@ -27,8 +27,9 @@ def _keys_epilog() -> str:
     cfg = Config().to_dict()
     lines = ["config keys (section.key=default):"]
     for key in valid_keys():
-        sec, _, name = key.partition(".")
-        val = cfg[sec][name] if name else cfg[sec]
+        val: Any = cfg
+        for part in key.split("."):  # eval.data.root: three levels
+            val = val[part]
         lines.append(f"  {key}={val}")
     recipes = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
     if recipes:

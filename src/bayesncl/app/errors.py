@@ -102,6 +102,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input, printed as their one-line message."""
     from bayesncl.core.distributed import DistributedError
     from bayesncl.core.engine import TrainingError
+    from bayesncl.core.model import BackboneError
     from bayesncl.data import DataError
     from bayesncl.metrics.inputs import EvalError
     from bayesncl.runs.fileio import DiskFullError
@@ -109,8 +110,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from bayesncl.runs.safe_load import CheckpointError
 
     return (
-        DiskFullError, ConfigError, DistributedError, DataError, EvalError, RunDirError, CheckpointError,
-        TrainingError,
+        DiskFullError, ConfigError, DistributedError, BackboneError, DataError, EvalError, RunDirError,
+        CheckpointError, TrainingError,
     )
 
 
@@ -135,6 +136,7 @@ def met_by_every_rank(e: BaseException) -> bool:
     prefixed with "(rank N)"."""
     from bayesncl.core.distributed import DistributedError
     from bayesncl.core.engine import TrainingError
+    from bayesncl.core.model import BackboneError
     from bayesncl.data import DataError
     from bayesncl.data.sources import ShardDataError
     from bayesncl.runs.fileio import DiskFullError
@@ -142,7 +144,8 @@ def met_by_every_rank(e: BaseException) -> bool:
     from bayesncl.runs.safe_load import CheckpointError
 
     alike = (
-        ConfigError, DistributedError, DataError, RunDirError, CheckpointError, TrainingError, DiskFullError
+        ConfigError, DistributedError, BackboneError, DataError, RunDirError, CheckpointError, TrainingError,
+        DiskFullError,
     )
     return isinstance(e, alike) and not isinstance(e, ShardDataError)
 

@@ -108,6 +108,9 @@ def evaluate_model(
     ``run_dir``; returns the metrics dict. LP@1 is the *offline* fast probe on frozen h (not the
     online probe; solo-learn #221); the paper probe is not run here (``bayesncl evaluate`` runs it).
     """
+    from bayesncl.app.evaldata import with_eval_data
+
+    cfg = with_eval_data(cfg)  # eval.data.* when set (an unlabeled pretraining set), else data.*
     probe = "fast" if cfg.eval.probe == "fast" else "none"
     dims = cfg.eval.retrieval_dims or None
     test, metrics = score(model, cfg, device=device, probe=probe, retrieval_dims=dims)
@@ -318,7 +321,10 @@ def _load_own(
     for k, v in user.items():
         set_key(cfg, k, v)
     validate(cfg)
-    info = dataset_info(cfg.data)
+    from bayesncl.config import eval_data
+
+    # with eval.data.* the training data need not be here (an encoder trained elsewhere, or on Python data)
+    info = dataset_info(eval_data(cfg) if cfg.eval.data.name else cfg.data)
     # the online probe's head keeps the trained class count: evaluation does not use it, so a
     # data.* override with other classes (a transfer evaluation) is no architecture mismatch
     head = state_dict.get("classifier.weight")
@@ -478,6 +484,11 @@ def evaluate_command(
     if probe is not None:  # refused before anything is loaded
         _refuse_unused_probe_options(probe, f"--probe {probe}", given, probe_seeds, probe_epochs)
     model, cfg, out_dir = load_trained(source, overrides=overrides, command="evaluate")
+    from bayesncl.app.evaldata import check_eval_data, with_eval_data
+
+    built_for = dataset_info(with_eval_data(cfg).data if cfg.eval.data.name else cfg.data)  # as _load_own
+    check_eval_data(cfg, built_for, command="evaluate")
+    cfg = with_eval_data(cfg)  # eval.data.* when set (an unlabeled pretraining set), else data.*
     if probe is None:
         where = f"eval.probe={asked}" if asked is not None else f"the run's eval.probe={cfg.eval.probe}"
         _refuse_unused_probe_options(cfg.eval.probe, where, given, probe_seeds, probe_epochs)

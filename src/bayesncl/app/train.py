@@ -85,12 +85,17 @@ def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> D
             f"{cfg.train.base_lr:g} x global batch {global_batch} / 256), or the schedule would rise to it"
         )
     info = distributed.local_main_first(world, lambda: dataset_info(cfg.data))  # one download per node
-    if evaluate and cfg.eval.probe == "fast" and info.num_classes < 2:
+    test_info = info
+    if evaluate:  # the labelled data the end-of-training evaluation reads (eval.data.*, issue 17)
+        from bayesncl.app.evaldata import check_eval_data
+
+        test_info = distributed.local_main_first(world, lambda: check_eval_data(cfg, info))
+    if evaluate and cfg.eval.probe == "fast" and test_info.num_classes < 2:
         raise DataError(
             f"{cfg.data.name} has {info.num_classes} class: the end-of-training linear probe needs >= 2; "
             "pass --no-eval or eval.probe=none"
         )
-    if evaluate and cfg.eval.probe == "fast" and max(info.train_class_counts, default=2) < 2:
+    if evaluate and cfg.eval.probe == "fast" and max(test_info.train_class_counts, default=2) < 2:
         # the probe holds out one image of a class to choose its L2 strength: refused before training
         k = cfg.data.train_subset
         subset = f"data.train_subset={k} leaves" if k else "there are"
@@ -101,6 +106,11 @@ def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> D
             "eval.probe=none"
         )
     return info
+
+
+def _no_probe(row: dict[str, Any], info: DatasetInfo) -> dict[str, Any]:
+    """``row`` with an empty online_acc where the data has no labels (the probe learns nothing)."""
+    return row if info.labeled else {**row, "online_acc": ""}
 
 
 def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
@@ -138,7 +148,7 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
     on_sync = _cpu_time_warning(cfg, device, state.step, len(schedule)) if world.is_main else None
 
     def log_step(step: int, means: dict[str, float], lr: float) -> None:
-        state.step_log.append(step_row(step, steps_per_epoch, means, lr))
+        state.step_log.append(_no_probe(step_row(step, steps_per_epoch, means, lr), info))
 
     launch_epochs, launch_start = state.epoch, time.time()
     for epoch in range(state.epoch, cfg.train.epochs):
@@ -155,7 +165,8 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
             run.save_mid_epoch(state, result)
         _check_weights(model, cfg, run, epoch + 1, state.step)
         rho = cfg.method.rho if model.gate is not None else ""
-        state.log.append(epoch_row(epoch + 1, state.step, result.stats, result.lr, result.seconds, rho))
+        row = epoch_row(epoch + 1, state.step, result.stats, result.lr, result.seconds, rho)
+        state.log.append(_no_probe(row, info))
         state.epoch = epoch + 1
         closed = result.stats["rows_all_closed"]
         if world.is_main and model.gate is not None and closed > 0.5:

@@ -50,7 +50,68 @@ BACKBONES: dict[str, tuple[Callable[..., nn.Module], int]] = {
     "small_cnn": (small_cnn, 256),
 }
 """The backbones by name (``model.backbone``): (builder, h_dim, the width of h). A torchvision
-builder takes ``weights=None``, :func:`small_cnn` the input channels."""
+builder takes ``weights=None``, :func:`small_cnn` the input channels. Names with a prefix of
+:data:`BACKBONE_FAMILIES` (``timm:NAME``) are built by that family's builder."""
+
+
+class BackboneError(ValueError):
+    """A backbone that cannot be built as configured (``timm:NAME`` with these arguments, channels or
+    image size), reported as one line; :mod:`bayesncl.app.errors` prints it like a ConfigError."""
+
+
+def timm_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple[nn.Module, int]:
+    """``model.backbone=timm:NAME``: timm's NAME without its classifier (``num_classes=0``), for
+    ``in_channels`` input channels, with ``model.backbone_kwargs`` (e.g. ``patch_size=4``,
+    ``depth=4``) and, for a model that takes it and unless given, ``img_size=image_size``.
+
+    Returns ``(module mapping (B, C, S, S) -> h: (B, h_dim), h_dim = model.num_features)``; one
+    forward of two blank images checks that shape. Raises BackboneError (one line) if timm cannot
+    build it that way (an argument the model does not take, a channel count it cannot take, an
+    image size its patches do not divide).
+    """
+    import timm
+
+    name = cfg.backbone.split(":", 1)[1]
+    kwargs = dict(cfg.backbone_kwargs)
+    auto_size = "img_size" not in kwargs
+    fixed = {"pretrained": False, "num_classes": 0, "in_chans": in_channels}
+    what = f"model.backbone={cfg.backbone} for {in_channels}-channel {image_size} px images"
+    try:
+        try:
+            size = {"img_size": image_size} if auto_size else {}
+            net = timm.create_model(name, **fixed, **kwargs, **size)
+        except TypeError as e:
+            if not (auto_size and "img_size" in str(e)):
+                raise
+            net = timm.create_model(name, **fixed, **kwargs)  # a model without img_size (a CNN)
+        net.eval()
+        with torch.no_grad():
+            h = net(torch.zeros(2, in_channels, image_size, image_size))
+        net.train()
+    except TypeError as e:
+        arg = str(e).rsplit("argument", 1)[-1].strip(" '")
+        if "unexpected keyword" in str(e) and arg in kwargs:
+            msg = f"model.backbone_kwargs.{arg}: timm's {name} takes no argument {arg}"
+            raise BackboneError(msg) from None
+        raise BackboneError(f"{what}: timm cannot build it ({_first_line(e)})") from None
+    except Exception as e:  # noqa: BLE001 - timm and the model's own checks raise many types
+        raise BackboneError(f"{what}: timm cannot build it ({_first_line(e)})") from None
+    h_dim = int(net.num_features)
+    if tuple(h.shape) != (2, h_dim):
+        shape = tuple(h.shape)[1:]
+        raise BackboneError(f"{what}: its features have shape {shape} per image, expected ({h_dim},)")
+    return net, h_dim
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+BACKBONE_FAMILIES: dict[str, Callable[[ModelConfig, int, int], tuple[nn.Module, int]]] = {
+    "timm:": timm_backbone,
+}
+"""Backbones named by a prefix (``model.backbone=timm:NAME``) and the builder of each family."""
 
 
 def build_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple[nn.Module, int]:
@@ -60,6 +121,9 @@ def build_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple
     ``cifar_stem`` is ``true``, or ``auto`` and ``image_size <= 64``.
     Returns ``(module mapping (B, C, S, S) → h: (B, h_dim), h_dim)``.
     """
+    for prefix, family in BACKBONE_FAMILIES.items():
+        if cfg.backbone.startswith(prefix):
+            return family(cfg, in_channels, image_size)
     build, h_dim = BACKBONES[cfg.backbone]
     if cfg.backbone == "small_cnn":
         return build(in_channels), h_dim

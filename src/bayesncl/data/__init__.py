@@ -14,6 +14,7 @@ Public API::
 :mod:`~bayesncl.data.loaders` (training and eval loaders, determinism), :mod:`~bayesncl.data.augment`.
 """
 
+from bayesncl.data import provided, stl10  # noqa: F401 - each adds its reader to sources.READERS
 from bayesncl.data.augment import AugmentSpec, BatchAugment, blur_kernel_size, mix_seed, sample_transform
 from bayesncl.data.images import LazyImages, load_split_images
 from bayesncl.data.loaders import (
@@ -27,7 +28,7 @@ from bayesncl.data.loaders import (
     uses_resident,
 )
 from bayesncl.data.sources import (
-    DATASETS,
+    READERS,
     DataError,
     DatasetInfo,
     clear_cache,
@@ -36,6 +37,8 @@ from bayesncl.data.sources import (
     stratified_subset,
     subset_indices,
 )
+
+DATASETS: tuple[str, ...] = tuple(READERS)  # the allowed data.name values, the readers' registry
 
 __all__ = [
     "DATASETS",

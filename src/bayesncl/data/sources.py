@@ -40,6 +40,7 @@ CIFAR/synthetic, 224 folders).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gzip
 import logging
@@ -58,7 +59,10 @@ import torch
 
 logger = logging.getLogger("bayesncl.data")
 
-NATIVE_SIZE = {"fashion-mnist": 28, "cifar10": 32, "cifar100": 32, "imagefolder": 224, "synthetic": 32}
+NATIVE_SIZE = {
+    "fashion-mnist": 28, "cifar10": 32, "cifar100": 32, "imagefolder": 224, "synthetic": 32, "stl10": 96,
+}
+UNLABELED = "(unlabeled)"  # the one class name of a split without labels (data.labels=none, a flat folder)
 SUBSET_SEED = 20240601  # fixed: the same subset for every method and run seed
 VERIFY_MAX_FILES = 20_000  # imagefolder splits up to this size are verified upfront
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -141,6 +145,7 @@ class DatasetInfo:
     std: tuple[float, ...] = ()
     name: str = ""
     train_class_counts: tuple[int, ...] = ()
+    labeled: bool = True  # False: one placeholder class (data.labels=none, a folder without classes)
 
 
 @dataclass
@@ -154,6 +159,8 @@ class Split:
     images: torch.Tensor | None = None
     paths: list[str] | None = None
     skipped: list[str] = field(default_factory=list)
+    labeled: bool = True  # False: ``labels`` are all 0, ``class_names`` is (UNLABELED,)
+    stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None  # image_stats, once measured
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -168,6 +175,7 @@ class _Key(NamedTuple):
     split: str  # "train" | "test"
     skip_corrupt: bool
     classes: str | None
+    labels: str = "auto"  # "none": the pretraining split without its labels (stl10: + unlabeled_X)
 
 
 def _expand(p: str | Path) -> Path:
@@ -448,15 +456,22 @@ def _synthetic_stats() -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 
 # ============================================================================ imagefolder
+CLASS_LISTS = {"imagenet100": Path(__file__).with_name("imagenet100_classes.txt")}
+"""Class lists shipped in the package, by the name ``data.classes`` gives them."""
+
+
 def read_class_list(path: str | os.PathLike[str]) -> tuple[str, ...]:
     """The class folder names listed in a text file (``data.classes``), sorted.
 
     Names are separated by whitespace, commas or newlines (the CMC ImageNet-100 list is one line of
     WordNet ids); ``#`` starts a comment. Sorted like torchvision's ImageFolder, so an ImageNet-100
     taken from a full ImageNet folder gets the same labels as a ready-made ImageNet-100 folder.
+    ``path`` may also name a list shipped with bayesncl (:data:`CLASS_LISTS`): ``imagenet100``, the
+    CMC ImageNet-100 subset (Tian et al. 2020), which the imagenet100 recipes select, so a full
+    ImageNet folder trains on the subset (a ready-made ImageNet-100 folder holds just these classes).
     Raises DataError (one line) if the file is missing or unreadable, lists nothing, or repeats a name.
     """
-    f = _expand(str(path))
+    f = CLASS_LISTS.get(str(path)) or _expand(str(path))
     try:
         lines = f.read_text(encoding="utf-8-sig").splitlines()  # a byte-order mark is not a name
     except (OSError, UnicodeDecodeError) as e:
@@ -533,6 +548,53 @@ def corrupt_error(path: str, reason: str, more: int = 0) -> DataError:
     )
 
 
+def _loose_images(d: Path) -> list[str]:
+    """Every image file below ``d`` (sub-folders too, in sorted order)."""
+    out: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(d, followlinks=True):
+        dirnames[:] = sorted(n for n in dirnames if not n.startswith("."))
+        out += [os.path.join(dirpath, fn) for fn in sorted(filenames) if fn.lower().endswith(IMG_EXTENSIONS)]
+    return out
+
+
+def _unlabeled_pool(r: Path, k: _Key) -> Path | None:
+    """The folder of an unlabeled image folder, or None for the ImageFolder layout: ``root`` itself
+    when it has no ``train/`` (every image below it), ``root/train`` when that holds image files
+    and no sub-folders, or ``root/train`` with ``data.labels=none`` (its class folders ignored)."""
+    train = r / "train"
+    if not train.is_dir():
+        return r
+    entries = list(os.scandir(train))
+    images = any(e.name.lower().endswith(IMG_EXTENSIONS) for e in entries)
+    flat = images and not any(e.is_dir() for e in entries)
+    return train if flat or k.labels == "none" else None
+
+
+def _read_unlabeled(d: Path, k: _Key) -> Split:
+    """An unlabeled image folder's train split (every image below ``d``); its test split is empty:
+    evaluation reads a labelled dataset (``eval.data.*``)."""
+    if k.split == "test":
+        return Split(np.zeros(0, dtype=np.int64), (UNLABELED,), str(d), paths=[], labeled=False)
+    paths = _loose_images(d)
+    if not paths:
+        raise DataError(
+            f"image folder {d} holds no images ({', '.join(IMG_EXTENSIONS)}): expected image files "
+            "(unlabeled pretraining) or train/<class>/ folders"
+        )
+    skipped: list[str] = []
+    if len(paths) <= VERIFY_MAX_FILES:
+        bad = [(p, why) for p in paths if (why := _verify_image(p)) is not None]
+        if bad and not k.skip_corrupt:
+            raise corrupt_error(bad[0][0], bad[0][1], len(bad) - 1)
+        skipped = [p for p, _ in bad]
+        drop = set(skipped)
+        paths = [p for p in paths if p not in drop]
+        if not paths:
+            raise DataError(f"every image in {d} is corrupt")
+    return Split(np.zeros(len(paths), dtype=np.int64), (UNLABELED,), str(d), paths=paths, skipped=skipped,
+                 labeled=False)
+
+
 def _read_folder(k: _Key) -> Split:
     hint = "expected root/train/<class>/*.jpg and root/val/<class>/*.jpg (e.g. an ImageNet-100 folder)"
     if not k.root:
@@ -540,6 +602,9 @@ def _read_folder(k: _Key) -> Split:
     r = _expand(k.root)
     if not r.is_dir():
         raise DataError(f"image folder {r} does not exist: {hint}")
+    pool = _unlabeled_pool(r, k)
+    if pool is not None and not k.classes:
+        return _read_unlabeled(pool, k)
     class_names = read_class_list(k.classes) if k.classes else None
     if k.split == "test" and class_names is None:
         if not (r / "train").is_dir():
@@ -578,19 +643,32 @@ READERS: dict[str, Callable[[_Key], Split]] = {
     "imagefolder": _read_folder,
     "synthetic": _read_synthetic,
 }
-DATASETS: tuple[str, ...] = tuple(READERS)
+"""data.name -> reader. Readers in modules of their own add their row when imported (bayesncl.data
+imports them): ``stl10`` (:mod:`bayesncl.data.stl10`), ``python`` (:mod:`bayesncl.data.provided`)."""
+GEOMETRY: dict[str, Callable[[Any], tuple[int, int]]] = {}
+"""data.name -> (channels, native side) of a dataset whose geometry the config alone cannot tell
+(``python``: the images handed over); others: :data:`NATIVE_SIZE`, 1 channel for fashion-mnist."""
 
 
 @functools.lru_cache(maxsize=6)
 def _read_cached(k: _Key) -> Split:
-    return READERS[k.name](k)
+    s = READERS[k.name](k)
+    return unlabeled(s) if k.labels == "none" and s.labeled else s
 
 
 def _load_full(cfg: Any, split: str) -> Split:
     """The full (not subset) ``split`` ("train" or "test") of ``cfg``, cached in-process."""
     root = str(cfg.root) if cfg.root else None
-    key = _Key(cfg.name, root, bool(cfg.download), split, bool(cfg.skip_corrupt), cfg.classes or None)
+    labels = getattr(cfg, "labels", "auto") if split == "train" else "auto"
+    key = _Key(cfg.name, root, bool(cfg.download), split, bool(cfg.skip_corrupt), cfg.classes or None, labels)
     return _read_cached(key)
+
+
+def unlabeled(s: Split) -> Split:
+    """``s`` without its labels: every label 0, the one class :data:`UNLABELED`."""
+    return dataclasses.replace(
+        s, labels=np.zeros(len(s), dtype=np.int64), class_names=(UNLABELED,), labeled=False
+    )
 
 
 def clear_cache() -> None:
@@ -661,6 +739,9 @@ def load_split(cfg: Any, split: str) -> Split:
 def image_geometry(cfg: Any) -> tuple[int, int]:
     """``(channels, image size in px)`` of the images ``cfg`` (a DataConfig) feeds the model, read
     from the config alone (no data files): 1 channel for fashion-mnist, else 3 (RGB)."""
+    if cfg.name in GEOMETRY:
+        channels, native = GEOMETRY[cfg.name](cfg)
+        return channels, cfg.image_size or native
     return (1 if cfg.name == "fashion-mnist" else 3), cfg.image_size or NATIVE_SIZE[cfg.name]
 
 
@@ -672,7 +753,15 @@ def dataset_info(cfg: Any) -> DatasetInfo:
     name = cfg.name
     train, test = load_split(cfg, "train"), load_split(cfg, "test")
     channels, image_size = image_geometry(cfg)
-    mean, std = _synthetic_stats() if name == "synthetic" else STATS[name]
+    if name in STATS:
+        mean, std = STATS[name]
+    elif name == "synthetic":
+        mean, std = _synthetic_stats()
+    else:  # stl10, python: measured once on the (full) train split's images
+        full = _load_full(cfg, "train")
+        if full.stats is None and full.images is not None:
+            full.stats = image_stats(full.images)
+        mean, std = full.stats or STATS["imagefolder"]
     num_classes = len(train.class_names)
     return DatasetInfo(
         num_classes=num_classes,
@@ -687,4 +776,23 @@ def dataset_info(cfg: Any) -> DatasetInfo:
         train_class_counts=tuple(
             int(c) for c in np.bincount(np.asarray(train.labels, dtype=np.int64), minlength=num_classes)
         ),
+        labeled=train.labeled,
     )
+
+
+def image_stats(images: torch.Tensor, most: int = 5000) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 ``images`` (N, C, H, W) in [0, 1], over at most ``most``
+    evenly spaced images (a 100k-image split costs as much as 5000). A channel of one value gets
+    std 1 (normalising it must not divide by 0)."""
+    x = images[:: max(1, -(-len(images) // most))]
+    total = torch.zeros(x.shape[1], dtype=torch.float64)
+    squares = torch.zeros_like(total)
+    for lo in range(0, len(x), 256):
+        chunk = x[lo : lo + 256].to(torch.float64).div_(255)
+        total += chunk.sum((0, 2, 3))
+        squares += chunk.square().sum((0, 2, 3))
+    n = x.shape[0] * x.shape[2] * x.shape[3]
+    mean = total / n
+    var = (squares / n - mean.square()).clamp_min(0) * n / max(n - 1, 1)
+    std = [float(v) ** 0.5 if v > 0 else 1.0 for v in var.tolist()]
+    return tuple(mean.tolist()), tuple(std)

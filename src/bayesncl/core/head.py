@@ -1,0 +1,104 @@
+"""The method as a module for other training loops: everything after the backbone, plus the loss.
+
+:class:`ContrastiveHead` holds the projector, the non-negativity map φ, TopK and the gating head
+with its gate of a method (``method.*``, ``model.proj_*``), built from the same parts as the full
+model (PAPER-NOTES §1), and returns the loss InfoNCE(z̃, τ) + λ·KL(Bern(α) ‖ Bern(ρ)) with its
+named statistics. The backbone, the optimiser, the schedule and the data stay the caller's; the
+gating head's learning rate is ``method.gate_lr_ratio`` times the rest (:meth:`param_groups`).
+docs/api.md shows it in a plain PyTorch loop and in a Lightning module.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from bayesncl.core.model import ContrastiveModel, ModelOutput, contrastive_loss
+from bayesncl.core.parts import Gate, GatingHead, NonNegative, Projector
+
+if TYPE_CHECKING:
+    from bayesncl.config import Config
+
+__all__ = ["ContrastiveHead"]
+
+
+class ContrastiveHead(nn.Module):
+    """Projector → φ → [TopK] → [gating head, gate] → loss, on backbone features h.
+
+    ``h_dim``: the width H of the backbone's features; ``config``: a :class:`bayesncl.config.Config`
+    (``bayesncl.build_config([...])``; its ``method.*`` and ``model.proj_hidden`` / ``proj_dim``
+    are read). Parameter names are the full model's (``projector.*``, ``gating_head.*``), so a
+    head's state dict loads into a :class:`~bayesncl.core.model.ContrastiveModel` of the same config.
+    """
+
+    project = ContrastiveModel.project  # the same code the full model runs after its backbone
+
+    def __init__(self, h_dim: int, config: Config) -> None:
+        super().__init__()
+        m, mo = config.method, config.model
+        self.method = m
+        self.h_dim = h_dim
+        self.projector = Projector(h_dim, mo.proj_hidden, mo.proj_dim)
+        self.nonneg = NonNegative(m.nonneg)
+        self.topk = round(m.rho * mo.proj_dim) if m.topk else 0
+        self.gating_head: GatingHead | None = None
+        self.gate: Gate | None = None
+        if m.gate != "none":
+            hidden = m.gate_hidden or mo.proj_hidden
+            self.gating_head = GatingHead(h_dim, hidden, mo.proj_dim, depth=m.gate_depth, detach=m.detach,
+                                          tau=m.gate_tau)
+            self.gate = Gate(m.gate, threshold=m.threshold, gumbel_noise=m.gumbel_noise)
+
+    def forward(
+        self, h1: Tensor, h2: Tensor, *, gather: bool | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of a batch of n images from their two views' features ``h1``, ``h2``: (n, H).
+
+        Returns the fp32 scalar loss (InfoNCE over the 2n rows + λ·KL for gated methods) and its
+        detached statistics ``{"loss", "info_nce", "kl", "gate_open", "rows_all_closed"}``: the
+        means over the 2n rows, gate_open the fraction of open gates (1 without a gate),
+        rows_all_closed the fraction of rows with every gate closed. ``gather``: InfoNCE negatives
+        from every process under torch.distributed (default: whenever it runs with > 1 process;
+        :func:`bayesncl.core.model.contrastive_loss`)."""
+        out = self.project(torch.cat([h1, h2]))
+        loss, parts = contrastive_loss(out, self.method, gather=gather)
+        one = torch.ones((), device=loss.device)
+        mask = out.mask
+        stats = {
+            "loss": loss.detach(),
+            **parts,
+            "gate_open": mask.float().mean().detach() if mask is not None else one,
+            "rows_all_closed": (mask.sum(1) == 0).float().mean().detach() if mask is not None else 0 * one,
+        }
+        return loss, stats
+
+    @torch.no_grad()
+    def features(self, h: Tensor) -> ModelOutput:
+        """The head's outputs for backbone features h: (B, H), in eval mode (the hard gate):
+        ``.z_tilde`` (B, D) are the evaluation features (PAPER-NOTES §3), ``.mask`` the gates."""
+        was = self.training
+        self.eval()
+        out = self.project(h)
+        self.train(was)
+        return out
+
+    def param_groups(self, lr: float, weight_decay: float = 0.0) -> list[dict[str, Any]]:
+        """Optimiser groups: the projector at ``lr`` and the gating head at ``method.gate_lr_ratio``
+        × ``lr`` (paper Table 15); biases and norms without weight decay (``weight_decay`` for the
+        rest). Each group has ``name``, ``params``, ``lr``, ``weight_decay`` and ``lr_scale`` (its
+        lr / ``lr``, to reapply a schedule: ``g["lr"] = scheduled * g["lr_scale"]``)."""
+        groups: dict[str, dict[str, Any]] = {}
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            part = "gating_head" if name.startswith("gating_head.") else "projector"
+            kind = "plain" if p.ndim <= 1 or name.endswith(".bias") else "weight"
+            scale = self.method.gate_lr_ratio if part == "gating_head" else 1.0
+            g = groups.setdefault(f"{part}/{kind}", {
+                "name": f"{part}/{kind}", "params": [], "lr": lr * scale, "lr_scale": scale,
+                "weight_decay": weight_decay if kind == "weight" else 0.0,
+            })
+            g["params"].append(p)
+        return list(groups.values())

@@ -1,0 +1,229 @@
+"""Bring your own backbone and data (issue 17): timm:NAME backbones, model.backbone_kwargs, STL-10's
+binary format, unlabeled image folders, eval.data.*, the shipped ImageNet-100 class list."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bayesncl.app.train import pretrain
+from bayesncl.config import ConfigError, build_config, config_from_dict, diff_configs, eval_data
+from bayesncl.core.model import BackboneError, build_model
+from bayesncl.data import DataError, clear_cache, dataset_info
+from bayesncl.data.sources import load_split, read_class_list
+
+from .conftest import TINY_BASE
+
+VIT = ["model.backbone=timm:vit_tiny_patch16_224", "model.backbone_kwargs.patch_size=4",
+       "model.backbone_kwargs.depth=1", "model.proj_hidden=32", "model.proj_dim=16"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    clear_cache()
+    yield
+    clear_cache()
+
+
+# ----------------------------------------------------------------------------- config
+def test_backbone_kwargs_is_a_dict_key_set_by_entry_or_whole(tmp_path: Path) -> None:
+    cfg = build_config(overrides=[*VIT, "model.backbone_kwargs.img_size=16"])
+    assert cfg.model.backbone_kwargs == {"patch_size": 4, "depth": 1, "img_size": 16}
+    y = tmp_path / "c.yaml"
+    y.write_text("model:\n  backbone: timm:resnet18\n  backbone_kwargs:\n    drop_rate: 0.1\n")
+    assert build_config(y).model.backbone_kwargs == {"drop_rate": 0.1}
+    whole = build_config(overrides=["model.backbone=timm:resnet18", "model.backbone_kwargs={drop_rate: 0.2}"])
+    assert whole.model.backbone_kwargs == {"drop_rate": 0.2}
+    again = config_from_dict(cfg.to_dict())  # a run's config.yaml reads back the same
+    assert again.model.backbone_kwargs == cfg.model.backbone_kwargs and not diff_configs(cfg, again)
+    assert diff_configs(cfg, build_config(overrides=VIT)) == ["model.backbone_kwargs.img_size"]
+
+
+def test_timm_names_and_kwargs_are_checked_by_config() -> None:
+    with pytest.raises(ConfigError) as e:
+        build_config(overrides=["model.backbone=timm:vit_tiny_patch16"])
+    start = "model.backbone=timm:vit_tiny_patch16: timm has no model 'vit_tiny_patch16'"
+    assert str(e.value).startswith(start)
+    assert "vit_tiny_patch16_224" in str(e.value)  # the close names
+    with pytest.raises(ConfigError, match="keyword arguments are for timm backbones .* not resnet18"):
+        build_config(overrides=["model.backbone_kwargs.depth=2"])
+    with pytest.raises(ConfigError, match="model.backbone_kwargs.in_chans: set by bayesncl"):
+        build_config(overrides=[*VIT, "model.backbone_kwargs.in_chans=4"])
+    with pytest.raises(ConfigError, match=r"model.backbone_kwargs.depth=\{'a': 1\}: expected a number"):
+        build_config(overrides=[*VIT, "model.backbone_kwargs.depth={a: 1}"])
+    with pytest.raises(ConfigError, match="unknown config key 'model.backbone_kwarg.depth'"):
+        build_config(overrides=["model.backbone_kwarg.depth=1"])
+
+
+def test_eval_data_keys() -> None:
+    cfg = build_config(overrides=["data.name=synthetic", "data.image_size=16", "eval.data.name=cifar10",
+                                  "eval.data.root=/x"])
+    e = eval_data(cfg)
+    assert (e.name, e.root, e.image_size, e.labels) == ("cifar10", "/x", 16, "auto")  # the training geometry
+    assert eval_data(build_config(overrides=["data.labels=none"])).labels == "auto"
+    with pytest.raises(ConfigError, match="eval.data.root has no effect without eval.data.name"):
+        build_config(overrides=["eval.data.root=/x"])
+    with pytest.raises(ConfigError, match="eval.data.name='cifar': expected one of"):
+        build_config(overrides=["eval.data.name=cifar"])
+
+
+# ----------------------------------------------------------------------------- timm backbones
+@pytest.mark.parametrize(
+    ("overrides", "channels", "size", "h_dim"),
+    [
+        (VIT, 1, 16, 192),  # img_size = the data's side, passed because ViT takes it
+        (["model.backbone=timm:convnext_atto"], 3, 32, 320),  # downsamples 32x: 16 px is too small
+        (["model.backbone=timm:resnet18"], 1, 16, 512),  # a CNN: no img_size
+    ],
+)
+def test_timm_backbones_build_without_classifier(
+    overrides: list[str], channels: int, size: int, h_dim: int
+) -> None:
+    cfg = build_config(overrides=[*overrides, "model.proj_hidden=32", "model.proj_dim=16"])
+    model = build_model(cfg, channels, size, 10)
+    assert model.h_dim == h_dim == model.backbone.num_features
+    out = model(torch.randn(2, channels, size, size))
+    assert out.h.shape == (2, h_dim) and out.z_tilde.shape == (2, 16)
+
+
+def test_timm_build_errors_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = build_config(overrides=["model.backbone=timm:resnet18", "model.backbone_kwargs.patch_size=4"])
+    with pytest.raises(BackboneError, match="^model.backbone_kwargs.patch_size: timm's resnet18 takes no"):
+        build_model(cfg, 3, 16, 10)
+    import timm
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("in_chans must be 3 for this stem\n(more detail)")
+
+    monkeypatch.setattr(timm, "create_model", refuse)
+    with pytest.raises(BackboneError) as e:
+        build_model(build_config(overrides=["model.backbone=timm:resnet18"]), 1, 16, 10)
+    assert str(e.value) == (
+        "model.backbone=timm:resnet18 for 1-channel 16 px images: timm cannot build it "
+        "(RuntimeError: in_chans must be 3 for this stem)"
+    )
+
+
+def test_pretrain_a_tiny_vit_and_reload_it(tmp_path: Path) -> None:
+    from bayesncl.app.api import load_encoder
+
+    cfg = build_config(overrides=[*TINY_BASE, *VIT, "train.epochs=1", "train.optimizer=adamw",
+                                  "train.base_lr=1e-3", "eval.probe=none"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        metrics = pretrain(cfg, tmp_path / "run")
+    assert metrics["n_test"] == 60 and "semantic_consistency" in metrics
+    model = load_encoder(tmp_path / "run")
+    assert type(model.backbone).__name__ == "VisionTransformer"
+    assert model.backbone.patch_embed.patch_size == (4, 4)
+
+
+# ----------------------------------------------------------------------------- STL-10
+def _write_stl10(root: Path, n_train: int = 6, n_test: int = 4, n_unlabeled: int = 5) -> dict:
+    """A tiny stl10_binary/ in the real format: each image's channels column-major, labels 1..10."""
+    d = root / "stl10_binary"
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    out = {}
+    for split, n in (("train", n_train), ("test", n_test), ("unlabeled", n_unlabeled)):
+        x = rng.integers(0, 256, (n, 3, 96, 96), dtype=np.uint8)  # (N, C, H, W) row-major
+        out[split] = x
+        x.transpose(0, 1, 3, 2).tofile(d / f"{split}_X.bin")  # stored (N, C, W, H)
+        if split != "unlabeled":
+            y = (np.arange(n) % 10 + 1).astype(np.uint8)
+            y.tofile(d / f"{split}_y.bin")
+    names = ["airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck"]
+    (d / "class_names.txt").write_text("\n".join(names) + "\n")
+    return out
+
+
+def test_stl10_binary_format(tmp_path: Path) -> None:
+    written = _write_stl10(tmp_path)
+    cfg = build_config(overrides=["data.name=stl10", f"data.root={tmp_path}"])
+    train = load_split(cfg.data, "train")
+    assert torch.equal(train.images, torch.from_numpy(written["train"]))  # transposed back to (C, H, W)
+    assert train.labels.tolist() == [0, 1, 2, 3, 4, 5] and train.class_names[2] == "car"
+    info = dataset_info(cfg.data)
+    assert (info.channels, info.image_size, info.num_classes, info.num_test) == (3, 96, 10, 4)
+    ref = torch.from_numpy(written["train"]).double() / 255
+    assert info.mean == pytest.approx(tuple(ref.mean((0, 2, 3)).tolist()))  # measured on the train split
+    assert info.std == pytest.approx(tuple(ref.std((0, 2, 3)).tolist()))
+    unl = load_split(build_config(overrides=["data.name=stl10", f"data.root={tmp_path / 'stl10_binary'}",
+                                             "data.labels=none"]).data, "train")
+    assert not unl.labeled and len(unl) == 11 and unl.class_names == ("(unlabeled)",)
+    both = np.concatenate([written["unlabeled"], written["train"]])  # unlabeled first, then train
+    assert torch.equal(unl.images, torch.from_numpy(both))
+
+
+def test_stl10_bad_files_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="STL-10 not found in"):
+        load_split(build_config(overrides=["data.name=stl10", f"data.root={tmp_path}"]).data, "train")
+    _write_stl10(tmp_path)
+    with (tmp_path / "stl10_binary" / "test_X.bin").open("ab") as f:
+        f.write(b"\0" * 10)
+    with pytest.raises(DataError, match=r"test_X.bin: 110602 bytes is not a whole number of 3x96x96"):
+        load_split(build_config(overrides=["data.name=stl10", f"data.root={tmp_path}"]).data, "test")
+    (tmp_path / "stl10_binary" / "unlabeled_X.bin").unlink()
+    cfg = build_config(overrides=["data.name=stl10", f"data.root={tmp_path}", "data.labels=none"])
+    with pytest.raises(DataError, match="lacks unlabeled_X.bin"):
+        load_split(cfg.data, "train")
+
+
+# ----------------------------------------------------------------------------- image folders
+def _png(path: Path, value: int, size: int = 16) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((size, size, 3), value, dtype=np.uint8)).save(path)
+
+
+def test_an_unlabeled_folder_pretrains_and_evaluates_on_eval_data(tmp_path: Path) -> None:
+    for i in range(40):
+        _png(tmp_path / "pics" / f"day{i % 2}" / f"{i}.png", 5 * i, size=16 + i % 3)  # nested, mixed sizes
+    base = [*TINY_BASE, "data.name=imagefolder", f"data.root={tmp_path / 'pics'}", "data.train_subset=0",
+            "data.test_subset=0", "train.epochs=1"]
+    cfg = build_config(overrides=base)
+    info = dataset_info(cfg.data)
+    assert (info.labeled, info.num_train, info.num_test, info.num_classes) == (False, 40, 0, 1)
+    with pytest.raises(DataError, match=r"pics \(an image folder without class folders\) has no labels"):
+        pretrain(cfg, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
+    assert pretrain(cfg, tmp_path / "plain", evaluate=False) == {}
+    with_eval = build_config(overrides=[*base, "eval.data.name=synthetic", "eval.data.test_subset=50",
+                                        "eval.data.train_subset=100"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        metrics = pretrain(with_eval, tmp_path / "run")
+    assert metrics["n_test"] == 50 and "linear_probe_acc1" in metrics  # evaluated on synthetic
+
+
+def test_labels_none_ignores_the_class_folders(tmp_path: Path) -> None:
+    for c in ("a", "b"):
+        for i in range(3):
+            _png(tmp_path / "train" / c / f"{i}.png", 10 * i)
+            _png(tmp_path / "val" / c / f"{i}.png", 10 * i)
+    labelled = build_config(overrides=["data.name=imagefolder", f"data.root={tmp_path}"]).data
+    assert dataset_info(labelled).num_classes == 2
+    cfg = build_config(overrides=["data.name=imagefolder", f"data.root={tmp_path}", "data.labels=none"])
+    info = dataset_info(cfg.data)
+    assert (info.labeled, info.num_train, info.num_classes, info.num_test) == (False, 6, 1, 6)
+    assert dataset_info(eval_data(cfg)).labeled  # evaluation reads the same folder with its labels
+
+
+def test_the_shipped_imagenet100_list_selects_the_subset_of_a_full_folder(tmp_path: Path) -> None:
+    names = read_class_list("imagenet100")
+    assert len(names) == 100 and "n01558993" in names and list(names) == sorted(names)
+    for c in [*names, "n99999999"]:  # a "full ImageNet": one class more than the subset
+        _png(tmp_path / "train" / c / "0.png", 100, size=8)
+        _png(tmp_path / "val" / c / "0.png", 100, size=8)
+    cfg = build_config(
+        overrides=["data.name=imagefolder", f"data.root={tmp_path}", "data.classes=imagenet100"]
+    )
+    info = dataset_info(cfg.data)
+    assert info.num_classes == 100 and info.class_names == names and info.num_train == 100
+    recipe = build_config(Path(__file__).parents[1] / "src/bayesncl/configs/imagenet100-bayesncl.yaml")
+    assert recipe.data.classes == "imagenet100"
