@@ -18,6 +18,9 @@ Datasets (``data.name``, one of :data:`DATASETS`):
   positions and sizes on a noisy background, 32x32 RGB, 5000 train / 1000 test, generated
   deterministically (fixed seed) in about a second. The shape, not the colour, carries the label,
   so it survives colour jitter and grayscale: learnable, for tests and timing.
+* ``fashion-mnist-bg`` (Fashion-MNIST on procedural backgrounds, with a ``place`` label;
+  ``data.bg_correlation``) and ``waterbirds`` (``metadata.csv`` + images): readers in
+  :mod:`bayesncl.data.backgrounds`.
 
 Gray images (Fashion-MNIST) keep ONE channel (``DatasetInfo.channels == 1``).
 
@@ -56,9 +59,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from bayesncl.data import backgrounds
+
 logger = logging.getLogger("bayesncl.data")
 
-NATIVE_SIZE = {"fashion-mnist": 28, "cifar10": 32, "cifar100": 32, "imagefolder": 224, "synthetic": 32}
+NATIVE_SIZE = {
+    "fashion-mnist": 28, "cifar10": 32, "cifar100": 32, "imagefolder": 224, "synthetic": 32,
+    "fashion-mnist-bg": 32, "waterbirds": 224,
+}
 SUBSET_SEED = 20240601  # fixed: the same subset for every method and run seed
 VERIFY_MAX_FILES = 20_000  # imagefolder splits up to this size are verified upfront
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -70,6 +78,8 @@ STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "imagefolder": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "fashion-mnist-bg": ((0.6048, 0.5365, 0.4571), (0.2845, 0.2659, 0.3082)),  # bg_correlation=0
+    "waterbirds": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
 }
 
 FMNIST_CLASSES = (
@@ -154,6 +164,7 @@ class Split:
     images: torch.Tensor | None = None
     paths: list[str] | None = None
     skipped: list[str] = field(default_factory=list)
+    places: np.ndarray | None = None  # (N,) int64 background labels (bayesncl.data.backgrounds)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -168,6 +179,7 @@ class _Key(NamedTuple):
     split: str  # "train" | "test"
     skip_corrupt: bool
     classes: str | None
+    bg_correlation: float = 0.0  # fashion-mnist-bg only (0.0 for every other dataset)
 
 
 def _expand(p: str | Path) -> Path:
@@ -577,6 +589,8 @@ READERS: dict[str, Callable[[_Key], Split]] = {
     "cifar100": _read_cifar,
     "imagefolder": _read_folder,
     "synthetic": _read_synthetic,
+    "fashion-mnist-bg": backgrounds.read_fmnist_bg,
+    "waterbirds": backgrounds.read_waterbirds,
 }
 DATASETS: tuple[str, ...] = tuple(READERS)
 
@@ -589,7 +603,8 @@ def _read_cached(k: _Key) -> Split:
 def _load_full(cfg: Any, split: str) -> Split:
     """The full (not subset) ``split`` ("train" or "test") of ``cfg``, cached in-process."""
     root = str(cfg.root) if cfg.root else None
-    key = _Key(cfg.name, root, bool(cfg.download), split, bool(cfg.skip_corrupt), cfg.classes or None)
+    corr = float(cfg.bg_correlation) if cfg.name == "fashion-mnist-bg" else 0.0
+    key = _Key(cfg.name, root, bool(cfg.download), split, bool(cfg.skip_corrupt), cfg.classes or None, corr)
     return _read_cached(key)
 
 
@@ -654,6 +669,7 @@ def load_split(cfg: Any, split: str) -> Split:
         images=full.images[torch.from_numpy(idx)] if full.images is not None else None,
         paths=[full.paths[i] for i in idx] if full.paths is not None else None,
         skipped=full.skipped,
+        places=full.places[idx] if full.places is not None else None,
     )
 
 
