@@ -46,44 +46,44 @@ WATERBIRDS_COLUMNS = ("img_filename", "y", "split", "place")
 
 
 # ============================================================================ procedural backgrounds
+def _col(c: tuple[float, ...]) -> np.ndarray:
+    return np.asarray(c, dtype=np.float32)[None, :, None, None]
+
+
 def _gradient(top: tuple[float, ...], bottom: tuple[float, ...]) -> Callable[..., np.ndarray]:
     def make(rng: np.random.Generator, m: int, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
-        shift = rng.uniform(-0.2, 0.2, (m, 1, 1))
+        shift = rng.uniform(-0.2, 0.2, (m, 1, 1)).astype(np.float32)
         t = np.clip(yy[None] + shift, 0, 1)[:, None]  # (m, 1, S, S)
-        a, b = np.asarray(top)[None, :, None, None], np.asarray(bottom)[None, :, None, None]
-        return a * (1 - t) + b * t
+        return _col(top) * (1 - t) + _col(bottom) * t
 
     return make
 
 
 def _two_colour(pattern: Callable[..., np.ndarray], c0: tuple[float, ...], c1: tuple[float, ...]) -> Callable[..., np.ndarray]:
     def make(rng: np.random.Generator, m: int, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
-        freq = rng.uniform(2.5, 4.5, (m, 1, 1)) * 2 * np.pi
-        phase = rng.uniform(0, 2 * np.pi, (m, 1, 1))
-        t = pattern(xx[None], yy[None], freq, phase).astype(np.float64)[:, None]
-        a, b = np.asarray(c0)[None, :, None, None], np.asarray(c1)[None, :, None, None]
-        return a * (1 - t) + b * t
+        freq = (rng.uniform(2.5, 4.5, (m, 1, 1)) * 2 * np.pi).astype(np.float32)
+        phase = rng.uniform(0, 2 * np.pi, (m, 1, 1)).astype(np.float32)
+        t = pattern(xx[None], yy[None], freq, phase).astype(np.float32)[:, None]
+        return _col(c0) * (1 - t) + _col(c1) * t
 
     return make
 
 
 def _grass(rng: np.random.Generator, m: int, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
-    base = np.array([0.20, 0.50, 0.15])[None, :, None, None]
-    blades = rng.normal(0, 0.12, (m, 1, SIZE, SIZE))
-    return base + blades * np.array([0.5, 1.0, 0.4])[None, :, None, None]
+    blades = rng.standard_normal((m, 1, SIZE, SIZE), dtype=np.float32) * np.float32(0.12)
+    return _col((0.20, 0.50, 0.15)) + blades * _col((0.5, 1.0, 0.4))
 
 
 def _water(rng: np.random.Generator, m: int, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
-    freq = rng.uniform(3.0, 5.0, (m, 1, 1)) * 2 * np.pi
-    phase = rng.uniform(0, 2 * np.pi, (m, 1, 1))
-    t = 0.5 + 0.5 * np.sin(yy[None] * freq + 0.6 * np.sin(xx[None] * 2 * np.pi + phase))
-    a, b = np.array([0.05, 0.25, 0.45])[None, :, None, None], np.array([0.35, 0.65, 0.80])[None, :, None, None]
-    return a * (1 - t[:, None]) + b * t[:, None]
+    freq = (rng.uniform(3.0, 5.0, (m, 1, 1)) * 2 * np.pi).astype(np.float32)
+    phase = rng.uniform(0, 2 * np.pi, (m, 1, 1)).astype(np.float32)
+    t = (0.5 + 0.5 * np.sin(yy[None] * freq + 0.6 * np.sin(xx[None] * np.float32(2 * np.pi) + phase)))[:, None]
+    return _col((0.05, 0.25, 0.45)) * (1 - t) + _col((0.35, 0.65, 0.80)) * t
 
 
 def _plain(colour: tuple[float, ...]) -> Callable[..., np.ndarray]:
     def make(rng: np.random.Generator, m: int, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(np.asarray(colour)[None, :, None, None], (m, 3, SIZE, SIZE)).copy()
+        return np.broadcast_to(_col(colour), (m, 3, SIZE, SIZE))
 
     return make
 
@@ -110,7 +110,7 @@ def backgrounds(places: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Float ``(N, 3, 32, 32)`` backgrounds in [0, 1] of the kinds ``places`` (N,) (indices into
     :data:`PLACE_NAMES`), each with its own brightness (±0.08) and colour (±0.04 per channel) jitter."""
     n = len(places)
-    coords = (np.arange(SIZE) + 0.5) / SIZE
+    coords = ((np.arange(SIZE) + 0.5) / SIZE).astype(np.float32)
     yy, xx = np.meshgrid(coords, coords, indexing="ij")  # (S, S) in [0, 1]
     out = np.empty((n, 3, SIZE, SIZE), dtype=np.float32)
     for kind, make in enumerate(_KINDS):
@@ -118,7 +118,8 @@ def backgrounds(places: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         if idx.size:
             out[idx] = make(rng, idx.size, xx, yy)
     jitter = rng.uniform(-0.08, 0.08, (n, 1, 1, 1)) + rng.uniform(-0.04, 0.04, (n, 3, 1, 1))
-    return np.clip(out + jitter.astype(np.float32), 0.0, 1.0)
+    out += jitter.astype(np.float32)
+    return np.clip(out, 0.0, 1.0, out=out)
 
 
 def draw_places(labels: np.ndarray, p: float, rng: np.random.Generator) -> np.ndarray:
@@ -136,7 +137,7 @@ def composite(garments: np.ndarray, bg: np.ndarray) -> np.ndarray:
     pad = (SIZE - garments.shape[-1]) // 2
     g = np.zeros((len(garments), 1, SIZE, SIZE), dtype=np.float32)
     g[:, 0, pad : pad + garments.shape[1], pad : pad + garments.shape[2]] = garments / np.float32(255)
-    return np.round((g + (1 - g) * bg) * 255).astype(np.uint8)
+    return np.rint((g + (1 - g) * bg) * np.float32(255)).astype(np.uint8)
 
 
 def read_fmnist_bg(k: Any) -> Any:
