@@ -86,7 +86,9 @@ def test_fashion_mnist_bg_split_places_and_spurious_train_only(fm_root: Path):
     spur_train = load_split(bg_cfg(fm_root, "data.bg_correlation=1"), "train")
     assert np.array_equal(spur_train.places, spur_train.labels)
     spur_test = load_split(bg_cfg(fm_root, "data.bg_correlation=1"), "test")
-    assert np.array_equal(spur_test.places, load_split(bg_cfg(fm_root), "test").places)  # test stays independent
+    assert np.array_equal(
+        spur_test.places, load_split(bg_cfg(fm_root), "test").places
+    )  # test stays independent
     sub = bg_cfg(fm_root, "data.train_subset=50")
     idx = load_split(sub, "train")
     assert len(idx) == 50 and np.array_equal(places_of(sub, "train"), idx.places)
@@ -224,8 +226,18 @@ def test_ncl_ipw_resume_is_exact(tmp_path: Path):
     args = [*TINY_BASE, "method.name=ncl-ipw", "train.epochs=2", "--no-eval"]
     straight, resumed = tmp_path / "a", tmp_path / "b"
     assert main(["pretrain", "--run-dir", str(straight), *args]) == 0
-    assert main(["pretrain", "--run-dir", str(resumed), *[a for a in args if a != "train.epochs=2"],
-                 "train.epochs=1"]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--run-dir",
+                str(resumed),
+                *[a for a in args if a != "train.epochs=2"],
+                "train.epochs=1",
+            ]
+        )
+        == 0
+    )
     assert main(["pretrain", "--run-dir", str(resumed), "--resume", *args]) == 0
     a = torch.load(straight / "last.pt", weights_only=True)["state_dict"]
     b = torch.load(resumed / "last.pt", weights_only=True)["state_dict"]
@@ -293,7 +305,12 @@ def test_metrics_command_on_a_file_with_places(tmp_path: Path, capsys):
 
 # ----------------------------------------------------------------------------- extract, evaluate
 def test_extract_and_evaluate_carry_places(tmp_path: Path, fm_root: Path):
-    data = ["data.name=fashion-mnist-bg", f"data.root={fm_root}", "data.train_subset=96", "data.test_subset=60"]
+    data = [
+        "data.name=fashion-mnist-bg",
+        f"data.root={fm_root}",
+        "data.train_subset=96",
+        "data.test_subset=60",
+    ]
     ckpt = tiny_checkpoint(tmp_path / "m.pt", [*data, "method.name=bayesncl"])
     out = tmp_path / "f.npz"
     assert main(["extract", str(ckpt), "--out", str(out)]) == 0
@@ -309,7 +326,9 @@ def test_extract_and_evaluate_carry_places(tmp_path: Path, fm_root: Path):
 
 
 # ----------------------------------------------------------------------------- waterbirds
-def waterbirds_folder(root: Path, per_split: int = 12, columns=("img_filename", "y", "split", "place")) -> Path:
+def waterbirds_folder(
+    root: Path, per_split: int = 12, columns=("img_filename", "y", "split", "place")
+) -> Path:
     from PIL import Image
 
     rng = np.random.default_rng(0)
@@ -338,7 +357,9 @@ def test_waterbirds_reader(tmp_path: Path):
     train, test = load_split(cfg, "train"), load_split(cfg, "test")
     assert len(train) == 12 and all("/000.bird/" in p for p in train.paths)
     assert all("/002.bird/" in p for p in test.paths)
-    assert train.places.tolist() == [i % 2 for i in range(12)] and train.labels.tolist() == [(i // 2) % 2 for i in range(12)]
+    assert train.places.tolist() == [i % 2 for i in range(12)] and train.labels.tolist() == [
+        (i // 2) % 2 for i in range(12)
+    ]
     assert train.class_names == ("landbird", "waterbird")
     clear_cache()
 
@@ -354,7 +375,9 @@ def test_waterbirds_reader(tmp_path: Path):
 def test_waterbirds_bad_folder_is_one_line(tmp_path: Path, capsys, damage: str, message: str):
     clear_cache()
     root = tmp_path / "wb"
-    columns = ("img_filename", "y", "split") if damage == "no-column" else ("img_filename", "y", "split", "place")
+    columns = (
+        ("img_filename", "y", "split") if damage == "no-column" else ("img_filename", "y", "split", "place")
+    )
     waterbirds_folder(root, columns=columns)
     if damage == "no-csv":
         (root / "metadata.csv").unlink()
@@ -363,7 +386,9 @@ def test_waterbirds_bad_folder_is_one_line(tmp_path: Path, capsys, damage: str, 
     with pytest.raises(DataError, match=message):
         load_split(build_config(overrides=["data.name=waterbirds", f"data.root={root}"]).data, "train")
     ckpt = tiny_checkpoint(tmp_path / "m.pt", [])
-    assert main(["extract", str(ckpt), "data.name=waterbirds", f"data.root={root}", "data.image_size=16"]) == 2
+    assert (
+        main(["extract", str(ckpt), "data.name=waterbirds", f"data.root={root}", "data.image_size=16"]) == 2
+    )
     assert error_line(capsys)
     clear_cache()
 
@@ -375,7 +400,9 @@ def test_table6_probes_each_encoder_on_waterbirds(tmp_path: Path):
     root = waterbirds_folder(tmp_path / "wb")
     a = tiny_checkpoint(tmp_path / "ncl.pt", ["method.name=ncl"])
     b = tiny_checkpoint(tmp_path / "bayes.pt", ["method.name=bayesncl"])
-    rows = table6([str(a), str(b)], "waterbirds", tmp_path / "t6", [f"data.root={root}", "data.image_size=16"])
+    rows = table6(
+        [str(a), str(b)], "waterbirds", tmp_path / "t6", [f"data.root={root}", "data.image_size=16"]
+    )
     assert list(rows) == ["ncl", "bayesncl"]
     assert all(0 <= r["background_probe_acc1"] <= 100 for r in rows.values())
     assert rows["ncl"]["paper bg probe %"] == 93.33
@@ -402,7 +429,9 @@ def test_mechanism_configs_and_aggregate():
         "NCL | p=0 | seed=1": {"semantic_consistency": 20.0, "AF-GV": float("nan")},
     })  # fmt: skip
     row = means["NCL | p=0"]
-    assert row["seeds"] == 2 and row["semantic_consistency"] == 15.0 and row["semantic_consistency_std"] == 5.0
+    assert (
+        row["seeds"] == 2 and row["semantic_consistency"] == 15.0 and row["semantic_consistency_std"] == 5.0
+    )
     assert row["AF-GV"] == 0.2 and row["gate_closure_background"] is None
 
 
@@ -410,7 +439,10 @@ def test_mechanism_study_end_to_end(tmp_path: Path, fm_root: Path, monkeypatch):
     from bayesncl.app import mechanism as mech
 
     monkeypatch.setattr(mech, "MECHANISM_METHODS", (("BayesNCL (STE)", "bayesncl"),))
-    tiny = [o for o in TINY if not o.startswith("data.name")] + [f"data.root={fm_root}", "model.cifar_stem=auto"]
+    tiny = [o for o in TINY if not o.startswith("data.name")] + [
+        f"data.root={fm_root}",
+        "model.cifar_stem=auto",
+    ]
     means = mech.mechanism("fashion-mnist-bg", tmp_path / "study", tiny, seeds=1, samples=64)
     assert list(means) == ["BayesNCL (STE) | p=0", "BayesNCL (STE) | p=0.9"]
     for row in means.values():

@@ -539,8 +539,8 @@ def _check_method(m: MethodConfig, mo: ModelConfig) -> None:
     _check(0.0 < m.ipw_eps <= 1.0, f"method.ipw_eps={m.ipw_eps}: expected 0 < eps <= 1")
     _check(
         not (m.ipw and m.gate != "none"),
-        f"method.ipw=true (method.name={m.name}) with method.gate={m.gate}: the inverse-prevalence similarity "
-        "replaces the gate it approximates; use method.gate=none (or method.name=bayesncl for the gate)",
+        f"method.ipw=true (method.name={m.name}) with method.gate={m.gate}: the inverse-prevalence "
+        "similarity replaces the gate it approximates; use method.gate=none (or method.name=bayesncl for the gate)",
     )
     _check(mo.proj_dim >= 1, f"model.proj_dim={mo.proj_dim}: expected >= 1")
     _check(mo.proj_hidden >= 1, f"model.proj_hidden={mo.proj_hidden}: expected >= 1")
@@ -592,8 +592,8 @@ def validate(cfg: Config) -> None:
     _check(0.0 <= d.bg_correlation <= 1.0, f"data.bg_correlation={d.bg_correlation}: expected 0 <= p <= 1")
     _check(
         d.bg_correlation == 0.0 or d.name == "fashion-mnist-bg",
-        f"data.bg_correlation={d.bg_correlation}: only data.name=fashion-mnist-bg has backgrounds to correlate, "
-        f"not {d.name}",
+        f"data.bg_correlation={d.bg_correlation}: only data.name=fashion-mnist-bg has backgrounds to "
+        f"correlate, not {d.name}",
     )
     _check(
         not d.classes or d.name == "imagefolder",

@@ -18,8 +18,15 @@ from bayesncl.app.report import format_table
 from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
 
 __all__ = [
-    "TABLE6_PAPER", "MECHANISM_METHODS", "MECHANISM_COLUMNS", "SPURIOUS", "table6", "mechanism_configs",
-    "mechanism", "final_dynamics", "aggregate",
+    "TABLE6_PAPER",
+    "MECHANISM_METHODS",
+    "MECHANISM_COLUMNS",
+    "SPURIOUS",
+    "table6",
+    "mechanism_configs",
+    "mechanism",
+    "final_dynamics",
+    "aggregate",
 ]
 
 RECIPE = Path(__file__).parents[1] / "configs" / "fashion-mnist-demo.yaml"
@@ -52,23 +59,43 @@ def table6(
     from bayesncl.metrics.background import background_probe
 
     if dataset not in TABLE6_DATASETS:
-        raise ConfigError(f"--dataset {dataset!r}: table 6 needs places; expected one of {', '.join(TABLE6_DATASETS)}")
+        raise ConfigError(
+            f"--dataset {dataset!r}: table 6 needs places; expected one of {', '.join(TABLE6_DATASETS)}"
+        )
     if not sources:
         raise ConfigError("table 6 probes trained encoders: give one or more CHECKPOINT_OR_RUN")
     rows: dict[str, dict[str, Any]] = {}
     for src in sources:
-        model, cfg, _ = load_trained(src, overrides=[f"data.name={dataset}", *overrides], command="reproduce 6")
+        # the whole dataset, whatever subsets or class list the encoder was trained with
+        data = [
+            f"data.name={dataset}",
+            "data.train_subset=0",
+            "data.test_subset=0",
+            "data.classes=null",
+            "data.bg_correlation=0",
+        ]
+        model, cfg, _ = load_trained(src, overrides=[*data, *overrides], command="reproduce 6")
         device = next(model.parameters()).device
         train = extract_split(model, cfg, "train", device, keys=("h",))
         test = extract_split(model, cfg, "test", device, keys=("h",))
         probe = background_probe(train["h"], train["places"], test["h"], test["places"], seed=cfg.seed)
         label = cfg.method.name if cfg.method.name not in rows else f"{cfg.method.name} ({src})"
-        rows[label] = {"method": cfg.method.name, "source": str(src), **probe,
-                       "paper bg probe %": TABLE6_PAPER.get(cfg.method.name)}
+        rows[label] = {
+            "method": cfg.method.name,
+            "source": str(src),
+            **probe,
+            "paper bg probe %": TABLE6_PAPER.get(cfg.method.name),
+        }
         print(f"{label}: background probe {probe['background_probe_acc1']:.2f} %")
-    cols = [("bg probe %", "background_probe_acc1", "{:.2f}"), ("paper bg probe %", "paper bg probe %", "{:.2f}")]
+    cols = [
+        ("bg probe %", "background_probe_acc1", "{:.2f}"),
+        ("paper bg probe %", "paper bg probe %", "{:.2f}"),
+    ]
     md = format_table(rows, cols)
-    header = f"Table 6: background (place) probe on frozen h, {dataset} (paper: ImageNet-100 encoders on Waterbirds)."
+    header = (
+        f"Table 6: background (place) probe on frozen h, {dataset} "
+        "(paper: ImageNet-100 encoders on Waterbirds)."
+    )
     out = run_dir or Path("runs") / f"table6-{dataset}"
     out.mkdir(parents=True, exist_ok=True)
     variants.write_table(out, "table6", rows, md, header, {})
@@ -93,7 +120,9 @@ def mechanism_configs(
         raise ConfigError(f"--dataset {dataset!r}: the mechanism study runs on fashion-mnist-bg")
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds}: expected >= 1")
-    refuse_fixed_keys(overrides, ("method.name", "data.name", "data.bg_correlation", "seed"), "the runs of the study")
+    refuse_fixed_keys(
+        overrides, ("method.name", "data.name", "data.bg_correlation", "seed"), "the runs of the study"
+    )
     out = {}
     for p in (0.0, spurious):
         for label, method in MECHANISM_METHODS:

@@ -145,7 +145,9 @@ class ContrastiveModel(nn.Module):
             if self.training:
                 self.prevalence.update(z)  # this batch enters π before π weighs it
             weights = self.prevalence.weights()
-        return ModelOutput(h=h, p=p, z=z, logits=logits, alpha=alpha, mask=mask, z_tilde=z_tilde, ipw_weights=weights)
+        return ModelOutput(
+            h=h, p=p, z=z, logits=logits, alpha=alpha, mask=mask, z_tilde=z_tilde, ipw_weights=weights
+        )
 
     def forward(self, x: Tensor) -> ModelOutput:
         """x: (B, C, S, S) normalised images → :class:`ModelOutput`."""

@@ -32,13 +32,30 @@ import torch
 
 from bayesncl.data import sources as src
 
-__all__ = ["PLACE_NAMES", "WATERBIRDS_PLACES", "BG_SEED", "places_of", "place_names", "read_fmnist_bg",
-           "read_waterbirds", "backgrounds"]
+__all__ = [
+    "PLACE_NAMES",
+    "WATERBIRDS_PLACES",
+    "BG_SEED",
+    "places_of",
+    "place_names",
+    "read_fmnist_bg",
+    "read_waterbirds",
+    "backgrounds",
+]
 
 BG_SEED = 15  # fixed: the same composite images for every run
 SIZE = 32
 PLACE_NAMES = (
-    "sky", "grass", "h-stripes", "v-stripes", "checker", "sunset", "plain-red", "plain-yellow", "water", "dots",
+    "sky",
+    "grass",
+    "h-stripes",
+    "v-stripes",
+    "checker",
+    "sunset",
+    "plain-red",
+    "plain-yellow",
+    "water",
+    "dots",
 )
 WATERBIRDS_CLASSES = ("landbird", "waterbird")
 WATERBIRDS_PLACES = ("land", "water")
@@ -59,7 +76,9 @@ def _gradient(top: tuple[float, ...], bottom: tuple[float, ...]) -> Callable[...
     return make
 
 
-def _two_colour(pattern: Callable[..., np.ndarray], c0: tuple[float, ...], c1: tuple[float, ...]) -> Callable[..., np.ndarray]:
+def _two_colour(
+    pattern: Callable[..., np.ndarray], c0: tuple[float, ...], c1: tuple[float, ...]
+) -> Callable[..., np.ndarray]:
     def make(rng: np.random.Generator, m: int, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
         freq = (rng.uniform(2.5, 4.5, (m, 1, 1)) * 2 * np.pi).astype(np.float32)
         phase = rng.uniform(0, 2 * np.pi, (m, 1, 1)).astype(np.float32)
@@ -77,7 +96,9 @@ def _grass(rng: np.random.Generator, m: int, xx: np.ndarray, yy: np.ndarray) -> 
 def _water(rng: np.random.Generator, m: int, xx: np.ndarray, yy: np.ndarray) -> np.ndarray:
     freq = (rng.uniform(3.0, 5.0, (m, 1, 1)) * 2 * np.pi).astype(np.float32)
     phase = rng.uniform(0, 2 * np.pi, (m, 1, 1)).astype(np.float32)
-    t = (0.5 + 0.5 * np.sin(yy[None] * freq + 0.6 * np.sin(xx[None] * np.float32(2 * np.pi) + phase)))[:, None]
+    t = (0.5 + 0.5 * np.sin(yy[None] * freq + 0.6 * np.sin(xx[None] * np.float32(2 * np.pi) + phase)))[
+        :, None
+    ]
     return _col((0.05, 0.25, 0.45)) * (1 - t) + _col((0.35, 0.65, 0.80)) * t
 
 
@@ -91,8 +112,12 @@ def _plain(colour: tuple[float, ...]) -> Callable[..., np.ndarray]:
 _KINDS: tuple[Callable[..., np.ndarray], ...] = (
     _gradient((0.15, 0.35, 0.80), (0.70, 0.82, 0.95)),  # sky
     _grass,
-    _two_colour(lambda x, y, f, p: np.sin(y * f + p) > 0, (0.55, 0.30, 0.10), (0.90, 0.60, 0.20)),  # h-stripes
-    _two_colour(lambda x, y, f, p: np.sin(x * f + p) > 0, (0.40, 0.15, 0.50), (0.80, 0.75, 0.85)),  # v-stripes
+    _two_colour(
+        lambda x, y, f, p: np.sin(y * f + p) > 0, (0.55, 0.30, 0.10), (0.90, 0.60, 0.20)
+    ),  # h-stripes
+    _two_colour(
+        lambda x, y, f, p: np.sin(x * f + p) > 0, (0.40, 0.15, 0.50), (0.80, 0.75, 0.85)
+    ),  # v-stripes
     _two_colour(  # checker
         lambda x, y, f, p: np.sin(x * f + p) * np.sin(y * f + p) > 0, (0.10, 0.40, 0.40), (0.50, 0.50, 0.50)
     ),
@@ -101,7 +126,9 @@ _KINDS: tuple[Callable[..., np.ndarray], ...] = (
     _plain((0.85, 0.80, 0.15)),  # plain yellow
     _water,
     _two_colour(  # dots
-        lambda x, y, f, p: (np.sin(x * f + p) > 0.6) & (np.sin(y * f + p) > 0.6), (0.10, 0.10, 0.12), (0.85, 0.85, 0.70)
+        lambda x, y, f, p: (np.sin(x * f + p) > 0.6) & (np.sin(y * f + p) > 0.6),
+        (0.10, 0.10, 0.12),
+        (0.85, 0.85, 0.70),
     ),
 )
 
@@ -171,8 +198,10 @@ def _waterbirds_rows(root: Path) -> list[dict[str, str]]:
             reader = csv.DictReader(fh)
             missing = [c for c in WATERBIRDS_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
-                raise src.DataError(f"{meta} lacks the column(s) {', '.join(missing)} (expected "
-                                    f"{', '.join(WATERBIRDS_COLUMNS)})")
+                raise src.DataError(
+                    f"{meta} lacks the column(s) {', '.join(missing)} (expected "
+                    f"{', '.join(WATERBIRDS_COLUMNS)})"
+                )
             return list(reader)
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise src.DataError(f"{meta} cannot be read: {e}") from None

@@ -19,8 +19,14 @@ from .inputs import EvalError, as_labels, validate_features
 from .probe import linear_probe, stratified_split
 
 __all__ = [
-    "KIND_MARGIN", "KINDS", "BackgroundShared", "group_lift", "dimension_kinds", "background_metrics",
-    "background_probe", "gate_closure",
+    "KIND_MARGIN",
+    "KINDS",
+    "BackgroundShared",
+    "group_lift",
+    "dimension_kinds",
+    "background_metrics",
+    "background_probe",
+    "gate_closure",
 ]
 
 KIND_MARGIN = 0.1  # δ of docs/metrics.md: the lift difference that makes a dim object or background
@@ -150,7 +156,10 @@ def background_probe(
     """``background_probe_acc1`` (paper Table 6), percent: :func:`linear_probe` on frozen features
     predicting the place; returns ``{"background_probe_acc1", "background_probe_protocol"}``."""
     lp = linear_probe(train_h, train_places, test_h, test_places, seeds=seed)
-    return {"background_probe_acc1": lp["acc1"], "background_probe_protocol": "train -> test: " + lp["protocol"]}
+    return {
+        "background_probe_acc1": lp["acc1"],
+        "background_probe_protocol": "train -> test: " + lp["protocol"],
+    }
 
 
 def background_probe_one_split(h: Any, places: Any, *, seed: int = 0) -> dict[str, Any]:

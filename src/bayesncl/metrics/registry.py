@@ -20,7 +20,10 @@ from .retrieval import check_dims, retrieval_metrics
 from .semantic import SemanticStats, undefined_note
 from .spectral import active_mask, spectrum
 
-__all__ = ["BACKGROUND_METRICS", "METRICS", "METRIC_KEYS", "Metric", "Shared", "column", "compute_all", "format_metrics_table"]
+__all__ = [
+    "BACKGROUND_METRICS", "METRICS", "METRIC_KEYS", "Metric", "Shared", "column", "compute_all",
+    "format_metrics_table",
+]
 
 NO_ACTIVE_NOTE = "no active dimensions"
 
@@ -95,16 +98,16 @@ METRICS = (
 #: :class:`bayesncl.metrics.background.BackgroundShared` (features with places); computed by
 #: :func:`bayesncl.metrics.background.background_metrics`, not by :func:`compute_all`.
 BACKGROUND_METRICS = (
-    Metric("background_dims_fraction", "Background dims (of active)", "fraction", "{:.4f}", "bg dims", "{:.3f}",
-           lambda s: s.kind_fraction(1)),
+    Metric("background_dims_fraction", "Background dims (of active)", "fraction", "{:.4f}", "bg dims",
+           "{:.3f}", lambda s: s.kind_fraction(1)),
     Metric("object_dims_fraction", "Object dims (of active)", "fraction", "{:.4f}", "obj dims", "{:.3f}",
            lambda s: s.kind_fraction(0)),
     Metric("background_mass_fraction", "Activation mass on background dims", "fraction", "{:.4f}",
            "bg mass", "{:.3f}", lambda s: s.mass_fraction(1)),
-    Metric("class_lift_mean", "Class lift (mean over active dims)", "[0, 1]", "{:.4f}", "class lift", "{:.3f}",
-           lambda s: _nanmean(s.lifts[0])),
-    Metric("place_lift_mean", "Place lift (mean over active dims)", "[0, 1]", "{:.4f}", "place lift", "{:.3f}",
-           lambda s: _nanmean(s.lifts[1])),
+    Metric("class_lift_mean", "Class lift (mean over active dims)", "[0, 1]", "{:.4f}", "class lift",
+           "{:.3f}", lambda s: _nanmean(s.lifts[0])),
+    Metric("place_lift_mean", "Place lift (mean over active dims)", "[0, 1]", "{:.4f}", "place lift",
+           "{:.3f}", lambda s: _nanmean(s.lifts[1])),
     Metric("gate_closure_background", "Gate closure on background dims", "fraction", "{:.4f}", "closed bg",
            "{:.3f}", lambda s: s.closure[0]),
     Metric("gate_closure_object", "Gate closure on object dims", "fraction", "{:.4f}", "closed obj", "{:.3f}",
