@@ -540,7 +540,8 @@ def _check_method(m: MethodConfig, mo: ModelConfig) -> None:
     _check(
         not (m.ipw and m.gate != "none"),
         f"method.ipw=true (method.name={m.name}) with method.gate={m.gate}: the inverse-prevalence "
-        "similarity replaces the gate it approximates; use method.gate=none (or method.name=bayesncl for the gate)",
+        "similarity replaces the gate it approximates; use method.gate=none (or method.name=bayesncl "
+        "for the gate)",
     )
     _check(mo.proj_dim >= 1, f"model.proj_dim={mo.proj_dim}: expected >= 1")
     _check(mo.proj_hidden >= 1, f"model.proj_hidden={mo.proj_hidden}: expected >= 1")
