@@ -35,7 +35,7 @@ def test_presets_set_the_parts_of_each_method() -> None:
     assert topk.topk and topk.gate == "none" and topk.nonneg == "rep_relu"
     gs = build_config(overrides=["method.name=bayesncl-gs"]).method
     assert gs.gate == "gumbel"
-    assert set(METHOD_PRESETS) == {"cl", "ncl", "ncl-topk", "bayesncl", "bayesncl-gs"}
+    assert set(METHOD_PRESETS) == {"cl", "ncl", "ncl-topk", "bayesncl", "bayesncl-gs", "ncl-ipw"}
 
 
 def test_overrides_win_over_preset_and_yaml(tmp_path: Path) -> None:

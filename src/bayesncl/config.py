@@ -52,6 +52,7 @@ class DataConfig:
     skip_corrupt: bool = False  # imagefolder: skip unreadable images instead of failing
     classes: str | None = None  # imagefolder: a file listing the class folders to use (e.g. ImageNet-100)
     labels: str = "auto"  # auto | none; none: pretrain without labels (no online probe; stl10: + unlabeled)
+    bg_correlation: float = 0.0  # fashion-mnist-bg: P(train place follows the class); test stays independent
 
 
 @dataclass
@@ -83,6 +84,9 @@ class MethodConfig:
     gumbel_noise: str = "gumbel"  # a name of bayesncl.core.parts.NOISES ("gumbel": the authors' code)
     rho: float = 0.8  # Bernoulli prior; also the TopK keep fraction
     lam: float = 3e-5  # KL weight lambda
+    ipw: bool = False  # InfoNCE on the inverse-prevalence similarity (Definition 4.4; method ncl-ipw)
+    ipw_momentum: float = 0.99  # EMA momentum of the prevalence pi_k (batch activation frequency of z_k)
+    ipw_eps: float = 0.01  # floor of pi_k in the weights pi_k^(-1/2)
 
 
 @dataclass
@@ -500,14 +504,14 @@ def preset_of(method: MethodConfig) -> str:
     """The preset whose defining parts ``method`` has (:func:`bayesncl.core.methods.closest`), e.g.
     ncl for ``method.name=ncl-topk method.topk=false``; ablations (a soft gate, another
     non-negativity map, no detach, ...) keep their preset."""
-    return methods.closest(method.name, method.nonneg, method.topk, method.gate)
+    return methods.closest(method.name, method.nonneg, method.topk, method.gate, method.ipw)
 
 
 def inert_method_keys(method: MethodConfig, keys: typing.Iterable[str]) -> list[str]:
     """Those of ``keys`` (dotted) that cannot change a run of ``method``: the gating head's settings
     when ``method.gate=none``, ``method.rho`` when there is neither gate nor TopK, the Gumbel noise
     without the Gumbel gate. E.g. ``method.lam`` for ``cl``."""
-    inert = methods.unread_keys(method.topk, method.gate)
+    inert = methods.unread_keys(method.topk, method.gate, method.ipw)
     return [k for k in keys if k.startswith("method.") and k.split(".", 1)[1] in inert]
 
 
@@ -582,6 +586,14 @@ def _check_method(m: MethodConfig, mo: ModelConfig) -> None:
     _check(m.gate_depth in (1, 2, 3), f"method.gate_depth={m.gate_depth}: expected 1, 2 or 3")
     _check(m.gate_hidden >= 0, f"method.gate_hidden={m.gate_hidden}: expected >= 0")
     _check(m.gate_lr_ratio >= 0, f"method.gate_lr_ratio={m.gate_lr_ratio}: expected >= 0")
+    _check(0.0 <= m.ipw_momentum < 1.0, f"method.ipw_momentum={m.ipw_momentum}: expected 0 <= momentum < 1")
+    _check(0.0 < m.ipw_eps <= 1.0, f"method.ipw_eps={m.ipw_eps}: expected 0 < eps <= 1")
+    _check(
+        not (m.ipw and m.gate != "none"),
+        f"method.ipw=true (method.name={m.name}) with method.gate={m.gate}: the inverse-prevalence "
+        "similarity replaces the gate it approximates; use method.gate=none (or method.name=bayesncl "
+        "for the gate)",
+    )
     _check(mo.proj_dim >= 1, f"model.proj_dim={mo.proj_dim}: expected >= 1")
     _check(mo.proj_hidden >= 1, f"model.proj_hidden={mo.proj_hidden}: expected >= 1")
     hidden = m.gate_hidden or mo.proj_hidden
@@ -712,6 +724,12 @@ def validate(cfg: Config) -> None:
     _check(d.test_subset >= 0, f"data.test_subset={d.test_subset}: expected >= 0")
     _check(0.0 < d.crop_min_scale <= 1.0, f"data.crop_min_scale={d.crop_min_scale}: expected (0, 1]")
     _check(d.num_workers >= 0, f"data.num_workers={d.num_workers}: expected >= 0")
+    _check(0.0 <= d.bg_correlation <= 1.0, f"data.bg_correlation={d.bg_correlation}: expected 0 <= p <= 1")
+    _check(
+        d.bg_correlation == 0.0 or d.name == "fashion-mnist-bg",
+        f"data.bg_correlation={d.bg_correlation}: only data.name=fashion-mnist-bg has backgrounds to "
+        f"correlate, not {d.name}",
+    )
     _check(
         not d.classes or d.name == "imagefolder",
         f"data.classes={d.classes}: a class list selects folders of data.name=imagefolder, not {d.name}",

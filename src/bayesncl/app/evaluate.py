@@ -33,6 +33,7 @@ from bayesncl.config import (
 )
 from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.data import build_eval_loader, dataset_info, image_geometry
+from bayesncl.data.backgrounds import place_names, places_of
 from bayesncl.metrics import (
     EvalError,
     EvalWarning,
@@ -41,6 +42,7 @@ from bayesncl.metrics import (
     knn_accuracy,
     linear_probe,
 )
+from bayesncl.metrics.background import background_metrics, background_probe, background_probe_one_split
 from bayesncl.metrics.paper_probe import paper_linear_probe
 from bayesncl.runs.features import load_features, save_features
 from bayesncl.runs.official import load_official_checkpoint, load_state_strict, looks_official
@@ -94,9 +96,14 @@ def extract_split(
     device: torch.device,
     keys: tuple[str, ...] = FEATURE_KEYS,
 ) -> dict[str, np.ndarray]:
-    """:func:`extract_features` over ``split`` of the run's data (eval transforms, eval batch size)."""
+    """:func:`extract_features` over ``split`` of the run's data (eval transforms, eval batch size),
+    plus ``places`` (N,) int64 for a dataset with backgrounds (:mod:`bayesncl.data.backgrounds`)."""
     loader = build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device)
-    return extract_features(model, loader, device, keys=keys)
+    out = extract_features(model, loader, device, keys=keys)
+    places = places_of(cfg.data, split)
+    if places is not None:
+        out["places"] = places[out["indices"]]
+    return out
 
 
 def evaluate_model(
@@ -148,7 +155,7 @@ def score(
     """
     test = extract_split(model, cfg, "test", device)
     train: dict[str, np.ndarray] = {}
-    if knn or (probe != "none" and (probe == "fast" or selection_probe)):
+    if knn or "places" in test or (probe != "none" and (probe == "fast" or selection_probe)):
         keys = ("h", "features") if selection_probe else ("h",)
         train = extract_split(model, cfg, "train", device, keys=keys)
     n_test, d = test["features"].shape
@@ -181,6 +188,11 @@ def score(
         result["feature_selection_probe"] = {"k": k_sel, "acc1": fs["acc1"], "acc5": fs["acc5"]}
     if knn:
         result["knn_acc1"] = knn_accuracy(train["h"], train["labels"], test["h"], test["labels"])["acc1"]
+    if "places" in test:  # docs/metrics.md, "Background metrics"
+        result.update(background_metrics(
+            test["features"], test["labels"], test["places"], z=test.get("z"), mask=test.get("mask")
+        ))
+        result.update(background_probe(train["h"], train["places"], test["h"], test["places"], seed=cfg.seed))
     return test, result
 
 
@@ -431,6 +443,8 @@ def save_split_features(
         "class_names": list(dataset_info(cfg.data).class_names),
         "source": str(source),
     }
+    if "places" in arrays:
+        meta["place_names"] = list(place_names(cfg.data.name))
     save_features(path, meta=meta, **arrays)
 
 
@@ -543,6 +557,14 @@ def metrics_command(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", EvalWarning)  # the dict carries the note
         out = compute_all(fs.features, fs.labels, retrieval_dims)
+    if fs.places is not None:  # docs/metrics.md, "Background metrics"
+        gated = fs.mask is not None and fs.z is not None
+        out.update(background_metrics(
+            fs.features, fs.labels, fs.places, z=fs.z if gated else None, mask=fs.mask if gated else None
+        ))
+        probe_on = "h" if fs.h is not None else "features"
+        out.update(background_probe_one_split(fs.h if fs.h is not None else fs.features, fs.places))
+        out["background_probe_protocol"] += f" (on {probe_on})"
     source: dict[str, Any] = {"path": str(path), "num_samples": fs.num_samples, "dim": fs.dim}
     for key in ("method", "dataset", "split"):
         if key in fs.meta:

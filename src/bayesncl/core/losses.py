@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bayesncl.core.parts import fp32_math, safe_normalize
+from bayesncl.core.parts import fp32_math, ipw_features, safe_normalize
 
-__all__ = ["info_nce", "bernoulli_kl"]
+__all__ = ["info_nce", "ipw_info_nce", "bernoulli_kl"]
 
 
 def info_nce(z: Tensor, temperature: float = 0.2, *, keys: Tensor | None = None, offset: int = 0) -> Tensor:
@@ -57,6 +57,28 @@ def info_nce(z: Tensor, temperature: float = 0.2, *, keys: Tensor | None = None,
         logits = logits.masked_fill(self_mask, float("-inf"))
         targets = offset + (rows + n) % two_n
         return F.cross_entropy(logits, targets)
+
+
+def ipw_info_nce(z: Tensor, weights: Tensor, temperature: float = 0.2) -> Tensor:
+    """InfoNCE on the inverse-prevalence similarity (BayesNCL paper Definition 4.4), one process.
+
+    With ``w_k = π_k^(-1/2)`` the similarity ``Σ_k z_k z'_k / π_k`` is the dot product of ``z ⊙ w``
+    and ``z' ⊙ w``; as NCL's, it is taken between unit rows: this is :func:`info_nce` of
+    :func:`~bayesncl.core.parts.ipw_features` ``= normalize(z ⊙ w)``, i.e. logits
+    ``cos(z ⊙ w, z' ⊙ w) / T``. A uniform ``w`` = 1 gives NCL's loss ``info_nce(normalize(z))``
+    bit for bit (any other uniform ``w`` up to rounding). :func:`bayesncl.core.model.contrastive_loss`
+    uses the same features, with the negatives gathered over processes.
+
+    Args:
+        z: (2n, D) local non-negative views ``[view1; view2]``, as :func:`info_nce`.
+        weights: (D,) positive per-dimension scales, e.g.
+            :meth:`bayesncl.core.parts.Prevalence.weights` (detached: no gradient reaches π).
+        temperature: T > 0.
+
+    Returns:
+        A 0-d float32 tensor (nats).
+    """
+    return info_nce(ipw_features(z, weights), temperature)
 
 
 def bernoulli_kl(alpha: Tensor, rho: float, eps: float = 0.01) -> Tensor:

@@ -22,6 +22,8 @@ class MethodSpec:
     nonneg: φ, a key of :data:`bayesncl.core.parts.NONNEG`. topk: keep the k = round(ρ·D) largest
     entries of z (else none). gate: a kind of :data:`bayesncl.core.parts.GATE_KINDS` ("none": no
     gating head). gate_depth, detach: the gating head's depth and whether it reads sg(h).
+    ipw: InfoNCE on the inverse-prevalence similarity of Definition 4.4 (features scaled by
+    π_k^(-1/2), π an EMA of the activation frequency: :class:`bayesncl.core.parts.Prevalence`).
     loss: the loss terms, ``info_nce`` and (gated methods) ``kl`` = λ·KL(Bern(α) ‖ Bern(ρ)).
     stats: the training statistics that mean something for the method (``bayesncl.core.engine``
     logs them all; the gate's are constant without a gate).
@@ -32,6 +34,7 @@ class MethodSpec:
     gate: str = "none"
     gate_depth: int = 2
     detach: bool = True
+    ipw: bool = False
     loss: tuple[str, ...] = ("info_nce",)
     stats: tuple[str, ...] = ("loss", "info_nce", "online_acc")
 
@@ -51,6 +54,7 @@ METHODS: dict[str, MethodSpec] = {
     "ncl-topk": MethodSpec(nonneg="rep_relu", topk=True),  # NCL with the TopK baseline
     "bayesncl": MethodSpec(nonneg="rep_relu", gate="ste", **_GATED),  # the paper's method
     "bayesncl-gs": MethodSpec(nonneg="rep_relu", gate="gumbel", **_GATED),  # Gumbel-sigmoid gate
+    "ncl-ipw": MethodSpec(nonneg="rep_relu", ipw=True),  # NCL on Definition 4.4's explicit similarity
 }
 """The methods by name, in the order tables list them."""
 
@@ -61,15 +65,17 @@ def preset(name: str) -> dict[str, Any]:
     s = METHODS[name]
     out: dict[str, Any] = {
         "nonneg": s.nonneg, "topk": s.topk, "gate": s.gate, "gate_depth": s.gate_depth, "detach": s.detach,
+        "ipw": s.ipw,
     }
     if "kl" not in s.loss:
         out["lam"] = 0.0
     return out
 
 
-def closest(name: str, nonneg: str, topk: bool, gate: str) -> str:
+def closest(name: str, nonneg: str, topk: bool, gate: str, ipw: bool = False) -> str:
     """The method a configuration of parts is: the registered spec that agrees on, in this order,
-    having a gate, TopK, and a non-negativity map (φ ≠ identity); ties go to ``name`` (the
+    having a gate, TopK, the inverse-prevalence similarity, and a non-negativity map (φ ≠
+    identity); ties go to ``name`` (the
     configured method), then to the spec with the same gate kind, then to the first registered.
 
     So the ablations of a method (a soft gate, another φ, another head depth, no detach) stay that
@@ -82,6 +88,7 @@ def closest(name: str, nonneg: str, topk: bool, gate: str) -> str:
         return (
             s.gated != (gate != "none"),
             s.topk != topk,
+            s.ipw != ipw,
             (s.nonneg == "identity") != (nonneg == "identity"),
             key != name,
             s.gate != gate,
@@ -94,14 +101,15 @@ PART_KEYS: dict[str, tuple[str, ...]] = {
     "gate": ("lam", "gate_depth", "gate_hidden", "detach", "gate_lr_ratio", "threshold", "gate_tau", "rho"),
     "topk": ("rho",),
     "gumbel": ("gumbel_noise",),
+    "ipw": ("ipw_momentum", "ipw_eps"),
 }
 """The ``method.*`` keys (without the prefix) that only one optional part reads: the gating head
-with its gate and KL term, TopK (k = round(ρ·D)), the Gumbel gate's noise."""
+with its gate and KL term, TopK (k = round(ρ·D)), the Gumbel gate's noise, the prevalence EMA."""
 
 
-def unread_keys(topk: bool, gate: str) -> set[str]:
+def unread_keys(topk: bool, gate: str, ipw: bool = False) -> set[str]:
     """The keys of :data:`PART_KEYS` that no part of a method with ``topk`` and ``gate`` reads,
     e.g. ``{"gumbel_noise"}`` for the STE gate; every other ``method.*`` key is always read."""
-    present = {"gate": gate != "none", "topk": topk, "gumbel": gate == "gumbel"}
+    present = {"gate": gate != "none", "topk": topk, "gumbel": gate == "gumbel", "ipw": ipw}
     every = {k for keys in PART_KEYS.values() for k in keys}
     return every - {k for part, keys in PART_KEYS.items() if present[part] for k in keys}

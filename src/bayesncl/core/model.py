@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from bayesncl.core import parts
 from bayesncl.core.losses import bernoulli_kl, info_nce
-from bayesncl.core.parts import Gate, GatingHead, NonNegative, Projector
+from bayesncl.core.parts import Gate, GatingHead, NonNegative, Prevalence, Projector
 
 if TYPE_CHECKING:  # config imports this module's registry
     from bayesncl.config import Config, MethodConfig, ModelConfig
@@ -145,7 +145,8 @@ class ModelOutput:
     h: (B, H) backbone features; p: (B, D) raw projector output; z: (B, D) after φ (and TopK);
     logits: (B, D) gate logits / τ_s or None; alpha: (B, D) noise-free σ(logits) or None;
     mask: (B, D) gate mask (hard in forward) or None; z_tilde: (B, D) the features fed to InfoNCE,
-    which are also the evaluation features in eval mode (PAPER-NOTES §3).
+    which are also the evaluation features in eval mode (PAPER-NOTES §3); ipw_weights: (D,)
+    π^(-1/2) of ``method.ipw`` (the loss then runs on z ⊙ ipw_weights, z̃ stays normalize(z)) or None.
     """
 
     h: Tensor
@@ -155,6 +156,7 @@ class ModelOutput:
     alpha: Tensor | None
     mask: Tensor | None
     z_tilde: Tensor
+    ipw_weights: Tensor | None = None
 
 
 class ContrastiveModel(nn.Module):
@@ -183,6 +185,7 @@ class ContrastiveModel(nn.Module):
                 h_dim, hidden, d, depth=method.gate_depth, detach=method.detach, tau=method.gate_tau
             )
             self.gate = Gate(method.gate, threshold=method.threshold, gumbel_noise=method.gumbel_noise)
+        self.prevalence = Prevalence(d, method.ipw_momentum, method.ipw_eps) if method.ipw else None
         self.classifier = nn.Linear(h_dim, num_classes)
 
     def project(self, h: Tensor) -> ModelOutput:
@@ -201,7 +204,14 @@ class ContrastiveModel(nn.Module):
             z_tilde = parts.gated_features(z, mask)
         else:
             z_tilde = parts.eval_features(z)
-        return ModelOutput(h=h, p=p, z=z, logits=logits, alpha=alpha, mask=mask, z_tilde=z_tilde)
+        weights = None
+        if self.prevalence is not None:
+            if self.training:
+                self.prevalence.update(z)  # this batch enters π before π weighs it
+            weights = self.prevalence.weights()
+        return ModelOutput(
+            h=h, p=p, z=z, logits=logits, alpha=alpha, mask=mask, z_tilde=z_tilde, ipw_weights=weights
+        )
 
     def forward(self, x: Tensor) -> ModelOutput:
         """x: (B, C, S, S) normalised images → :class:`ModelOutput`."""
@@ -217,7 +227,9 @@ def build_model(cfg: Config, in_channels: int, image_size: int, num_classes: int
 def contrastive_loss(
     out: ModelOutput, method: MethodConfig, *, gather: bool | None = None
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Loss = InfoNCE(z̃ over 2N views, τ) + λ·KL(Bern(α) ‖ Bern(ρ)) (PAPER-NOTES §1).
+    """Loss = InfoNCE(z̃ over 2N views, τ) + λ·KL(Bern(α) ‖ Bern(ρ)) (PAPER-NOTES §1); with
+    ``method.ipw`` it runs on :func:`~bayesncl.core.parts.ipw_features` of z instead of z̃
+    (:func:`~bayesncl.core.losses.ipw_info_nce`).
 
     out.z_tilde must hold this process's 2n views laid out ``[view1; view2]``. Returns the fp32 loss
     and its detached parts ``{"info_nce", "kl"}`` (kl is 0 for methods without a gate); both are
@@ -231,7 +243,7 @@ def contrastive_loss(
     """
     from bayesncl.core import distributed
 
-    z = out.z_tilde
+    z = out.z_tilde if out.ipw_weights is None else parts.ipw_features(out.z, out.ipw_weights)
     if gather is None:
         gather = distributed.is_distributed()
     if gather and distributed.is_distributed():

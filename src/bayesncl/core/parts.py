@@ -37,10 +37,12 @@ __all__ = [
     "topk_mask",
     "gated_features",
     "eval_features",
+    "ipw_features",
     "Projector",
     "GatingHead",
     "NonNegative",
     "Gate",
+    "Prevalence",
 ]
 
 _NORM_EPS = 1e-12
@@ -214,6 +216,15 @@ def eval_features(z: Tensor, mask: Tensor | None = None) -> Tensor:
     return safe_normalize(z) if mask is None else gated_features(z, mask)
 
 
+def ipw_features(z: Tensor, weights: Tensor) -> Tensor:
+    """The features of the inverse-prevalence similarity (Definition 4.4): ``normalize(z ⊙ w)``.
+
+    z: (M, D); weights: (D,) positive, ``π^(-1/2)`` (detached here: no gradient reaches π).
+    Returns (M, D) float32 unit rows (zero rows stay zero, as :func:`safe_normalize`)."""
+    with fp32_math(z.device):
+        return safe_normalize(z.float() * weights.detach().float())
+
+
 # ----------------------------------------------------------------------------- modules
 class Projector(nn.Module):
     """Projection head: Linear(in_dim, hidden) → ReLU → Linear(hidden, out_dim).
@@ -341,3 +352,39 @@ class Gate(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, threshold={self.threshold}, gumbel_noise={self.gumbel_noise!r}"
+
+
+class Prevalence(nn.Module):
+    """π, the prevalence of each feature of z (Definition 4.4's π_k), for ``method.ipw``.
+
+    A registered buffer ``pi`` (D,) float32, starting at 1 (uniform: the loss is then NCL's
+    exactly), saved in checkpoints so that a resumed run continues bit-identically. Each training
+    forward :meth:`update` s it with the batch activation frequency f_k = #{rows with z_k > 0} / M:
+    ``π ← m·π + (1 − m)·f`` (averaged over processes under torch.distributed, so every rank holds
+    the same π). :meth:`weights` gives ``max(π, ε)^(-1/2)``, the per-dimension scale that turns the
+    cosine of InfoNCE into the inverse-prevalence similarity ``Σ_k z_k z'_k / π_k`` before the
+    normalisation. No gradient flows into π (a buffer, updated under ``no_grad``).
+    """
+
+    pi: Tensor
+
+    def __init__(self, dim: int, momentum: float = 0.99, eps: float = 0.01) -> None:
+        super().__init__()
+        self.momentum, self.eps = momentum, eps
+        self.register_buffer("pi", torch.ones(dim))
+
+    @torch.no_grad()
+    def update(self, z: Tensor) -> None:
+        """z: (M, D) non-negative features of one batch (both views)."""
+        freq = (z.detach() > 0).float().mean(0)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(freq)
+            freq /= torch.distributed.get_world_size()
+        self.pi.mul_(self.momentum).add_(freq, alpha=1.0 - self.momentum)
+
+    def weights(self) -> Tensor:
+        """(D,) float32 ``max(π, ε)^(-1/2)``, detached."""
+        return self.pi.detach().clamp_min(self.eps).rsqrt()
+
+    def extra_repr(self) -> str:
+        return f"dim={self.pi.numel()}, momentum={self.momentum}, eps={self.eps}"

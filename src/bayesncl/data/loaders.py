@@ -42,7 +42,8 @@ Batches = Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 def uses_resident(cfg: Any) -> bool:
     """Whether ``cfg`` selects the resident (batched, on-device) training path."""
-    return cfg.resident == "true" or (cfg.resident == "auto" and cfg.name != "imagefolder")
+    folders = ("imagefolder", "waterbirds")  # datasets of image files
+    return cfg.resident == "true" or (cfg.resident == "auto" and cfg.name not in folders)
 
 
 def augment_spec(cfg: Any, info: DatasetInfo | None = None) -> AugmentSpec:

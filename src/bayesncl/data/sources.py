@@ -18,6 +18,9 @@ Datasets (``data.name``, one of :data:`DATASETS`):
   positions and sizes on a noisy background, 32x32 RGB, 5000 train / 1000 test, generated
   deterministically (fixed seed) in about a second. The shape, not the colour, carries the label,
   so it survives colour jitter and grayscale: learnable, for tests and timing.
+* ``fashion-mnist-bg`` (Fashion-MNIST on procedural backgrounds, with a ``place`` label;
+  ``data.bg_correlation``) and ``waterbirds`` (``metadata.csv`` + images): readers in
+  :mod:`bayesncl.data.backgrounds`.
 
 Gray images (Fashion-MNIST) keep ONE channel (``DatasetInfo.channels == 1``).
 
@@ -61,6 +64,7 @@ logger = logging.getLogger("bayesncl.data")
 
 NATIVE_SIZE = {
     "fashion-mnist": 28, "cifar10": 32, "cifar100": 32, "imagefolder": 224, "synthetic": 32, "stl10": 96,
+    "fashion-mnist-bg": 32, "waterbirds": 224,
 }
 UNLABELED = "(unlabeled)"  # the one class name of a split without labels (data.labels=none, a flat folder)
 SUBSET_SEED = 20240601  # fixed: the same subset for every method and run seed
@@ -74,6 +78,8 @@ STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "imagefolder": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "fashion-mnist-bg": ((0.6009, 0.5550, 0.5019), (0.3020, 0.2823, 0.3191)),  # bg_correlation=0
+    "waterbirds": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
 }
 
 FMNIST_CLASSES = (
@@ -161,6 +167,7 @@ class Split:
     skipped: list[str] = field(default_factory=list)
     labeled: bool = True  # False: ``labels`` are all 0, ``class_names`` is (UNLABELED,)
     stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None  # image_stats, once measured
+    places: np.ndarray | None = None  # (N,) int64 background labels (bayesncl.data.backgrounds)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -176,6 +183,7 @@ class _Key(NamedTuple):
     skip_corrupt: bool
     classes: str | None
     labels: str = "auto"  # "none": the pretraining split without its labels (stl10: + unlabeled_X)
+    bg_correlation: float = 0.0  # fashion-mnist-bg only (0.0 for every other dataset)
 
 
 def _expand(p: str | Path) -> Path:
@@ -644,7 +652,8 @@ READERS: dict[str, Callable[[_Key], Split]] = {
     "synthetic": _read_synthetic,
 }
 """data.name -> reader. Readers in modules of their own add their row when imported (bayesncl.data
-imports them): ``stl10`` (:mod:`bayesncl.data.stl10`), ``python`` (:mod:`bayesncl.data.provided`)."""
+imports them): ``stl10`` (:mod:`bayesncl.data.stl10`), ``fashion-mnist-bg`` and ``waterbirds``
+(:mod:`bayesncl.data.backgrounds`), ``python`` (:mod:`bayesncl.data.provided`)."""
 GEOMETRY: dict[str, Callable[[Any], tuple[int, int]]] = {}
 """data.name -> (channels, native side) of a dataset whose geometry the config alone cannot tell
 (``python``: the images handed over); others: :data:`NATIVE_SIZE`, 1 channel for fashion-mnist."""
@@ -660,7 +669,10 @@ def _load_full(cfg: Any, split: str) -> Split:
     """The full (not subset) ``split`` ("train" or "test") of ``cfg``, cached in-process."""
     root = str(cfg.root) if cfg.root else None
     labels = getattr(cfg, "labels", "auto") if split == "train" else "auto"
-    key = _Key(cfg.name, root, bool(cfg.download), split, bool(cfg.skip_corrupt), cfg.classes or None, labels)
+    corr = float(cfg.bg_correlation) if cfg.name == "fashion-mnist-bg" else 0.0
+    key = _Key(
+        cfg.name, root, bool(cfg.download), split, bool(cfg.skip_corrupt), cfg.classes or None, labels, corr
+    )
     return _read_cached(key)
 
 
@@ -732,6 +744,7 @@ def load_split(cfg: Any, split: str) -> Split:
         images=full.images[torch.from_numpy(idx)] if full.images is not None else None,
         paths=[full.paths[i] for i in idx] if full.paths is not None else None,
         skipped=full.skipped,
+        places=full.places[idx] if full.places is not None else None,
     )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import torch
 
 from .inputs import needs_labels, validate_features, warn_degenerate
@@ -19,7 +20,10 @@ from .retrieval import check_dims, retrieval_metrics
 from .semantic import SemanticStats, undefined_note
 from .spectral import active_mask, spectrum
 
-__all__ = ["METRICS", "METRIC_KEYS", "Metric", "Shared", "column", "compute_all", "format_metrics_table"]
+__all__ = [
+    "BACKGROUND_METRICS", "METRICS", "METRIC_KEYS", "Metric", "Shared", "column", "compute_all",
+    "format_metrics_table",
+]
 
 NO_ACTIVE_NOTE = "no active dimensions"
 
@@ -60,10 +64,12 @@ class Metric:
     fmt: str
     short: str
     short_fmt: str
-    value: Callable[[Shared], float]
+    value: Callable[[Any], float | None]
 
     def text(self, value: Any) -> str:
-        """``value`` formatted with :attr:`fmt` (an integer format takes ``int(value)``)."""
+        """``value`` formatted with :attr:`fmt` (an integer format takes ``int(value)``; None is "n/a")."""
+        if value is None:
+            return "n/a"
         return self.fmt.format(int(value) if self.fmt == "{:d}" else float(value))
 
 
@@ -88,9 +94,35 @@ METRICS = (
            lambda s: s.spectrum[1]),
 )  # fmt: skip
 
+#: The background metrics (docs/metrics.md, "Background metrics"): their ``value`` takes a
+#: :class:`bayesncl.metrics.background.BackgroundShared` (features with places); computed by
+#: :func:`bayesncl.metrics.background.background_metrics`, not by :func:`compute_all`.
+BACKGROUND_METRICS = (
+    Metric("background_dims_fraction", "Background dims (of active)", "fraction", "{:.4f}", "bg dims",
+           "{:.3f}", lambda s: s.kind_fraction(1)),
+    Metric("object_dims_fraction", "Object dims (of active)", "fraction", "{:.4f}", "obj dims", "{:.3f}",
+           lambda s: s.kind_fraction(0)),
+    Metric("background_mass_fraction", "Activation mass on background dims", "fraction", "{:.4f}",
+           "bg mass", "{:.3f}", lambda s: s.mass_fraction(1)),
+    Metric("class_lift_mean", "Class lift (mean over active dims)", "[0, 1]", "{:.4f}", "class lift",
+           "{:.3f}", lambda s: _nanmean(s.lifts[0])),
+    Metric("place_lift_mean", "Place lift (mean over active dims)", "[0, 1]", "{:.4f}", "place lift",
+           "{:.3f}", lambda s: _nanmean(s.lifts[1])),
+    Metric("gate_closure_background", "Gate closure on background dims", "fraction", "{:.4f}", "closed bg",
+           "{:.3f}", lambda s: s.closure[0]),
+    Metric("gate_closure_object", "Gate closure on object dims", "fraction", "{:.4f}", "closed obj", "{:.3f}",
+           lambda s: s.closure[1]),
+)  # fmt: skip
+
+
+def _nanmean(values: Any) -> float:
+    kept = values[np.isfinite(values)]
+    return float(kept.mean()) if kept.size else 0.0
+
+
 #: The keys of :func:`compute_all`, in order (``retrieval`` and ``note`` are added when present).
 METRIC_KEYS = tuple(m.key for m in METRICS)
-_BY_KEY = {m.key: m for m in METRICS}
+_BY_KEY = {m.key: m for m in (*METRICS, *BACKGROUND_METRICS)}
 
 
 def column(key: str) -> tuple[str, str, str]:
@@ -140,7 +172,10 @@ def format_metrics_table(result: dict[str, Any]) -> str:
         )
         lines.append("")
     lines += ["| metric | value | unit |", "|---|---:|---|"]
-    lines += [f"| {m.label} | {m.text(result[m.key])} | {m.unit} |" for m in METRICS if m.key in result]
+    rows = (*METRICS, *BACKGROUND_METRICS)
+    lines += [f"| {m.label} | {m.text(result[m.key])} | {m.unit} |" for m in rows if m.key in result]
+    if "background_probe_acc1" in result:
+        lines.append(f"| Background probe (place) | {float(result['background_probe_acc1']):.2f} | % |")
     retrieval = result.get("retrieval")
     if retrieval:
         cols = list(next(iter(retrieval.values())).keys())

@@ -13,6 +13,7 @@ p           (N, D)     raw projector output (optional)
 z           (N, D)     non-negative output (optional)
 alpha       (N, D)     gate probabilities, gated methods only (optional)
 mask        (N, D)     hard gate, gated methods only (optional)
+places      (N,)       integer background (place) labels, datasets with places only (optional)
 meta        ()         0-d string array holding JSON (optional)
 =========== ========== ====================================================================
 
@@ -39,7 +40,7 @@ from bayesncl.metrics.inputs import EvalError, validate_features
 from bayesncl.runs.fileio import atomic_path, write_failure_reason
 
 #: Optional per-row arrays of a features file, in the order they are stored.
-OPTIONAL_ARRAYS = ("indices", "h", "p", "z", "alpha", "mask")
+OPTIONAL_ARRAYS = ("indices", "h", "p", "z", "alpha", "mask", "places")
 
 
 @dataclass
@@ -54,6 +55,7 @@ class FeatureSet:
     z: np.ndarray | None = None
     alpha: np.ndarray | None = None
     mask: np.ndarray | None = None
+    places: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
