@@ -66,7 +66,8 @@ def study_configs(
     for v in study.variants:
         recipe = studies.recipe_for(dataset, v.method)
         for s in range(seeds):
-            given = [f"method.name={v.method}", *v.overrides, *overrides, f"seed={s}"]
+            # the user's overrides set the base, the variant its own keys (a sweep's value wins)
+            given = [f"method.name={v.method}", *overrides, *v.overrides, f"seed={s}"]
             out[v.name, s] = build_config(recipe, given)
     return out
 
@@ -447,10 +448,12 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
         _link(run_dir, f"{_slug(name)}-s{s}", store / h)
     if study.panels:
         _figure(study, rows, run_dir / f"{study.stem}.png", seeds)
-    logged = {f"{n} s{s}": store / h for (n, s), h in cells.items() if s == 0 and (store / h / "log.csv").exists()}
+    logged = {f"{n} s{s}": store / h for (n, s), h in cells.items() if s == 0}
+    logged = {k: p for k, p in logged.items() if (p / "log.csv").exists()}
     if logged and len(logged) <= 12:
         write_training_curves(list(logged.values()), run_dir / "curves.png", labels=list(logged))
     print(header)
     print(md)
-    print(f"wrote {run_dir / (study.stem + '.md')} and .json" + (f", {study.stem}.png" if study.panels else ""))
+    figure = f", {study.stem}.png" if study.panels else ""
+    print(f"wrote {run_dir / (study.stem + '.md')} and .json{figure}")
     return result

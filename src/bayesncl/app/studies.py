@@ -137,7 +137,8 @@ def _table1(dataset: str, overrides: list[str]) -> Study:
 
 def _table2(dataset: str, overrides: list[str]) -> Study:
     variants = [Variant("CL", "cl"), Variant("NCL", "ncl"), Variant("BayesNCL", "bayesncl")]
-    lp1 = {"cifar10": (87.88, 87.80, 88.02), "cifar100": (59.72, 60.67, 60.69), "imagenet100": (68.31, 69.63, 70.44)}
+    lp1 = {"cifar10": (87.88, 87.80, 88.02), "cifar100": (59.72, 60.67, 60.69),
+           "imagenet100": (68.31, 69.63, 70.44)}  # fmt: skip
     lp5 = {"imagenet100": (90.24, 91.23, 91.71)}
     paper: dict[str, dict[str, float]] = {v.name: {} for v in variants}
     for key, table in (("lp3_acc1", lp1), ("lp3_acc5", lp5)):
@@ -178,9 +179,10 @@ def _table5(dataset: str, overrides: list[str]) -> Study:
 def _table15(dataset: str, overrides: list[str]) -> Study:
     ratios = GATE_LR_RATIOS
     variants = [Variant(f"gate lr ×{r:g}", "bayesncl", (f"method.gate_lr_ratio={r}",)) for r in ratios]
-    panels = [Panel(c.header, "gating-head lr / backbone lr", c.header + (" (%)" if "%" not in c.header else ""),
-                    (Series("BayesNCL", tuple((r, v.name, c.key) for r, v in zip(ratios, variants, strict=True))),),
-                    xscale="log") for c in (SC, LP1)]  # fmt: skip
+    pairs = list(zip(ratios, variants, strict=True))
+    panels = [Panel(c.header, "gating-head lr / backbone lr", "SC (%)" if c is SC else "LP@1 (%)",
+                    (Series("BayesNCL", tuple((r, v.name, c.key) for r, v in pairs)),), xscale="log")
+              for c in (SC, LP1)]  # fmt: skip
     return Study("15", "Table 15: gating-head learning rate (× the backbone's)", "table15", variants,
                  [("base", ())], [SC, LP1], _rows(variants), panels=panels,
                  defines=("method.name", "method.gate_lr_ratio"),
@@ -210,7 +212,8 @@ def _fig3(dataset: str, overrides: list[str]) -> Study:
         Series(v.name, tuple((k, f"{v.name} K={k}", m) for k in ks)) for v in variants)) for m in metrics]
     return Study("fig3", "Fig. 3: retrieval with feature selection against K", "fig3", variants,
                  [("retrieval", ks)], columns, rows, panels=panels,
-                 notes=[f"K = {', '.join(map(str, ks))} of D={d} (top-K dims by expected activation)"])  # fmt: skip
+                 notes=[f"K = {', '.join(map(str, ks))} of D={d} (top-K dims by expected activation)"],
+                 )  # fmt: skip
 
 
 def _fig4a(dataset: str, overrides: list[str]) -> Study:
@@ -224,7 +227,7 @@ def _fig4a(dataset: str, overrides: list[str]) -> Study:
         for n in ("NCL", "BayesNCL")), xscale="log")]  # fmt: skip
     return Study("fig4a", "Fig. 4(a): semantic consistency against the latent width D", "fig4a", variants,
                  [("base", ())], [SC, LP1], _rows(variants), panels=panels,
-                 defines=("method.name", "model.proj_dim"))  # fmt: skip
+                 )  # fmt: skip
 
 
 def _fig4b(dataset: str, overrides: list[str]) -> Study:
@@ -243,7 +246,7 @@ def _fig4b(dataset: str, overrides: list[str]) -> Study:
     notes = [f"ρ swept at λ={cfg.method.lam:g}, λ swept at ρ={cfg.method.rho:g} (the recipe's values)"]
     return Study("fig4b", "Fig. 4(b): SC and LP@1 against ρ and λ", "fig4b", variants, [("base", ())],
                  [SC, LP1], _rows(variants), panels=panels,
-                 defines=("method.name", "method.rho", "method.lam"), notes=notes)  # fmt: skip
+                 notes=notes)  # fmt: skip
 
 
 def _ncl_fs(dataset: str, overrides: list[str]) -> Study:
@@ -256,11 +259,11 @@ def _ncl_fs(dataset: str, overrides: list[str]) -> Study:
              if dataset == "imagenet100" and 512 in ks else {})  # fmt: skip
     panels = [Panel("feature selection", "selected dims K", "linear probe Acc@1 (%)", tuple(
         Series(f"{v.name} {c.header}", tuple((k, f"{v.name} K={k}", c.key) for k in ks),
-               tuple((512.0, p[c.key]) for r, p in paper.items() if r.startswith(f"{v.name} ") and c.key in p))
+               tuple((512.0, p[c.key]) for r, p in paper.items() if r.startswith(v.name) and c.key in p))
         for v in variants for c in columns), xscale="log")]  # fmt: skip
     notes = ["fast linear probe on the top-K train-ranked dims of z̃ vs K random dims (seed = run seed)"]
     title = "NCL paper: feature selection (top-K by expected activation vs random K)"
-    return Study("ncl-fs", title, "ncl-fs", variants, [("fs", ks)], columns, rows, paper, panels, notes=notes)  # fmt: skip
+    return Study("ncl-fs", title, "ncl-fs", variants, [("fs", ks)], columns, rows, paper, panels, notes=notes)
 
 
 def _ncl_sepin(dataset: str, overrides: list[str]) -> Study:

@@ -55,7 +55,10 @@ def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, 
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        else:  # no seed produced a value (e.g. a correlation over too few dims)
+            ax.text(0.5, 0.5, "no values", transform=ax.transAxes, ha="center", color="gray")
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     spread = f"mean ± std over {seeds} seeds" if seeds > 1 else "1 seed"
