@@ -106,7 +106,8 @@ def test_variant_hash_is_the_resolved_config_and_seed() -> None:
                                 "eval.retrieval_dims=8", "data.num_workers=1"])  # fmt: skip
     )
     assert variants.variant_hash(a) != variants.variant_hash(build_config(overrides=[*TINY, "seed=1"]))
-    assert variants.variant_hash(a) != variants.variant_hash(build_config(overrides=[*TINY, "method.rho=0.5"]))
+    rho = build_config(overrides=[*TINY, "method.rho=0.5"])
+    assert variants.variant_hash(a) != variants.variant_hash(rho)
     # a method.name's preset resolves to the same config as its parts given one by one
     assert variants.variant_hash(build_config(overrides=[*TINY, "method.name=ncl"])) == variants.variant_hash(
         build_config(overrides=[*TINY, "method.name=ncl", "method.gate=none"])
@@ -118,7 +119,8 @@ def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> No
     check_cells(table1, rows=5, columns=4)
     assert table1["rows"]["CL"]["activation_ratio"]["mean"] == pytest.approx(1.0)  # CL: every dim active
     assert len(table1["trained"]) == 10 and table1["reused"] == []
-    assert (bench.root / "1" / "bayesncl-ste-s1").resolve() == (bench.store / table1["runs"]["BayesNCL (STE) seed 1"])
+    link = bench.root / "1" / "bayesncl-ste-s1"  # the table's folder links to its stored runs
+    assert link.resolve() == bench.store / table1["runs"]["BayesNCL (STE) seed 1"]
     out, calls, _ = bench.run("1")
     assert calls == [] and len(out["reused"]) == 10
     assert out["rows"] == table1["rows"]
@@ -139,7 +141,8 @@ def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, A
             assert all(0 <= v <= 100 for v in r["knn_acc1"]["values"])
     elif study == "3":
         assert set(rows) == {"NCL epoch 1", "BayesNCL epoch 1"}
-        assert all(-1 <= v <= 1 for r in rows.values() for c in r.values() for v in c["values"] if v is not None)
+        values = [v for r in rows.values() for c in r.values() for v in c["values"]]
+        assert all(-1 <= v <= 1 for v in values if v is not None)
     elif study == "7":
         assert all(v > 0 for r in rows.values() for c in r.values() for v in c["values"])
     elif study == "fig3":  # D=16: K = 2, 4, ..., 16; at K = D every dim is used
@@ -171,7 +174,9 @@ def test_table5_warns_on_cpu_before_training(bench: Bench, table1: dict[str, Any
     check_cells(out, rows=1, columns=4)
 
 
-def test_an_interrupted_run_continues(bench: Bench, table1: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_interrupted_run_continues(
+    bench: Bench, table1: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
     sub = bench.store / table1["runs"]["CL seed 0"]
     (sub / "metrics.json").unlink()  # killed after its last checkpoint, before the evaluation
     capsys.readouterr()
@@ -185,12 +190,13 @@ def test_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["--dataset", "fashion-mnist", "--run-dir", str(tmp_path / "t"), *TINY]
     assert main(["reproduce", "6", *base]) == 2
     assert error_line(capsys) == (
-        "bayesncl: error: reproduce '6': no such table or figure; expected one of 1, 2, 3, 4, 5, 7, 15, fig3, "
-        "fig4a, fig4b, ncl-fs, ncl-sepin"
+        "bayesncl: error: reproduce '6': no such table or figure; expected one of 1, 2, 3, 4, 5, 7, 15, "
+        "fig3, fig4a, fig4b, ncl-fs, ncl-sepin"
     )
     for n in ("0", "-1"):
         assert main(["reproduce", "1", "--seeds", n, *base]) == 2
-        assert error_line(capsys) == f"bayesncl: error: --seeds {n}: expected >= 1 (the number of pretraining seeds, 0..N-1)"
+        expected = f"--seeds {n}: expected >= 1 (the number of pretraining seeds, 0..N-1)"
+        assert error_line(capsys) == f"bayesncl: error: {expected}"
     assert main(["reproduce", "1", *base, "seed=3"]) == 2
     assert "seed defines the runs' seeds (--seeds N trains seeds 0..N-1)" in error_line(capsys)
     assert main(["reproduce", "5", *base, "model.backbone=resnet18"]) == 2

@@ -85,11 +85,15 @@ def _status(sub: Path) -> str:
 def _check_dirs(run_dir: Path, store: Path, study: Study, runs: dict[str, tuple[Config, str]]) -> None:
     """Raise RunDirError for a run dir or store that is a file, cannot be written or holds a pretrain
     run, and for a stored run of the same hash with other settings; before any output."""
-    from bayesncl.runs.rundir import _check_writable, refuse_a_run_in
+    from bayesncl.runs.rundir import RunDirError, _check_writable, refuse_a_run_in
 
-    for d in (run_dir, store):
-        _check_writable(d)
-        refuse_a_run_in(d, _what(study))
+    _check_writable(run_dir)
+    refuse_a_run_in(run_dir, _what(study))
+    try:
+        _check_writable(store)
+        refuse_a_run_in(store, _what(study))
+    except RunDirError as e:  # the same checks, named for the store
+        raise RunDirError(str(e).replace("run dir", "store", 1).replace("--run-dir", "--store")) from None
     for h, (cfg, status) in runs.items():
         sub = store / h
         if status == "reuse":
