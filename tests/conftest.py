@@ -24,6 +24,7 @@ TINY_BASE = [
     "train.progress=false",
     "train.device=cpu",
     "eval.batch_size=64",
+    "train.checkpoint_every=1",  # epoch-NNNN.pt every epoch, as `dynamics` and the resume tests expect
 ]
 TINY = [*TINY_BASE, "train.epochs=1"]
 ERROR = "bayesncl: error: "

@@ -51,4 +51,4 @@ def test_pretrain_evaluate_load_encoder_and_metrics(tmp_path: Path) -> None:
     x = torch.zeros(2, 3, 16, 16)
     assert model(x).z.shape == (2, cfg.model.proj_dim)
     assert bayesncl.metrics.semantic_consistency is not None
-    assert bayesncl.metrics.compute_all is bayesncl.metrics.interpretability.compute_all
+    assert bayesncl.metrics.compute_all is bayesncl.metrics.registry.compute_all

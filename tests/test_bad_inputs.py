@@ -23,7 +23,7 @@ from bayesncl.app.cli import main
 from bayesncl.app.train import pretrain
 from bayesncl.config import build_config, load_yaml
 from bayesncl.data import build_train_loader
-from bayesncl.runs.rundir import load_checkpoint_file
+from bayesncl.runs.safe_load import load_checkpoint_file
 
 from .conftest import TINY, TINY_BASE, image_folder, tiny_checkpoint
 
@@ -666,12 +666,12 @@ def test_a_run_written_while_this_one_set_up_is_not_overwritten(
     """The run dir is checked before the data is loaded and the model built, and locked only after:
     another command that wrote a whole run in between (and ended, dropping its lock) used to be
     trained over without --overwrite. Now the check is repeated under the lock (R4)."""
-    import bayesncl.app.train as train_module
+    import bayesncl.runs.rundir as rundir_module
 
     run = tmp_path / "run"
     other = tmp_path / "other"
     assert main(["pretrain", "--run-dir", str(other), *TINY, "--no-eval"]) == 0
-    real_lock = train_module.lock_run_dir
+    real_lock = rundir_module.lock_run_dir
 
     def the_other_command_finishes_first(run_dir: Path) -> Any:
         for p in other.iterdir():
@@ -679,7 +679,7 @@ def test_a_run_written_while_this_one_set_up_is_not_overwritten(
                 (run_dir / p.name).write_bytes(p.read_bytes())
         return real_lock(run_dir)
 
-    monkeypatch.setattr(train_module, "lock_run_dir", the_other_command_finishes_first)
+    monkeypatch.setattr(rundir_module, "lock_run_dir", the_other_command_finishes_first)
     before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file() and not p.name.startswith(".")}
     expect("R4", cli_error(["pretrain", "--run-dir", str(run), *TINY, "seed=7"], capsys), tmp_path)
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # no lock file left either
@@ -771,7 +771,7 @@ def test_out_of_memory_is_one_line(
     expect("B7", cli_error(["pretrain", "--run-dir", str(run), *TINY, "data.image_size=100000"], capsys),
            tmp_path)
     assert not run.exists()
-    import bayesncl.app.train as train_module
+    import bayesncl.core.engine as engine_module
 
     def cuda_oom(*args: object, **kwargs: object) -> None:
         raise torch.OutOfMemoryError(
@@ -779,7 +779,7 @@ def test_out_of_memory_is_one_line(
             "which 3.06 GiB is free. Including non-PyTorch memory, this process has 76.12 GiB memory in use."
         )
 
-    monkeypatch.setattr(train_module, "train_step", cuda_oom)
+    monkeypatch.setattr(engine_module, "train_step", cuda_oom)
     err = cli_error(["pretrain", "--run-dir", str(run), *TINY], capsys)
     assert err == E + (
         "out of memory on the GPU (tried to allocate 20.00 GiB): lower train.batch_size, data.image_size or "
@@ -831,11 +831,11 @@ def test_a_full_disk_in_a_later_epoch_leaves_log_csv_as_the_checkpoint(
     listed epoch 2, which has no checkpoint, until a --resume rewrote it). A full disk that stops the
     log itself, after last.pt of epoch 3, leaves it behind last.pt; the --resume after it, with nothing
     left to train, rewrites it from last.pt (it stayed short: only a trained epoch wrote it)."""
-    import bayesncl.app.train as train_module
+    import bayesncl.runs.rundir as rundir_module
     from bayesncl.runs.fileio import DiskFullError
 
     run = tmp_path / "run"
-    real_save, real_log = train_module.save_checkpoint, train_module.write_log
+    real_save, real_log = rundir_module.save_checkpoint, rundir_module.write_log
 
     def full(path: Path) -> DiskFullError:
         return DiskFullError(f"{path} cannot be written: no space left on the file system of {run}; …")
@@ -853,20 +853,20 @@ def test_a_full_disk_in_a_later_epoch_leaves_log_csv_as_the_checkpoint(
     def epochs_logged() -> list[str]:
         return [r.split(",")[0] for r in (run / "log.csv").read_text().splitlines()]
 
-    monkeypatch.setattr(train_module, "save_checkpoint", save)
+    monkeypatch.setattr(rundir_module, "save_checkpoint", save)
     args = ["pretrain", "--run-dir", str(run), *TINY_BASE, "train.epochs=3", "--no-eval"]
     assert cli_error(args, capsys).startswith(E + f"{run / 'last.pt'} cannot be written: no space left")
     assert torch.load(run / "last.pt", weights_only=True)["epoch"] == 1
     assert epochs_logged() == ["epoch", "1"]
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "epoch-0001.pt", "last.pt", "log.csv"]
 
-    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
-    monkeypatch.setattr(train_module, "write_log", write_log)
+    monkeypatch.setattr(rundir_module, "save_checkpoint", real_save)
+    monkeypatch.setattr(rundir_module, "write_log", write_log)
     assert cli_error([*args, "--resume"], capsys).startswith(E + f"{run / 'log.csv'} cannot be written")
     assert torch.load(run / "last.pt", weights_only=True)["epoch"] == 3
     assert epochs_logged() == ["epoch", "1", "2"]
 
-    monkeypatch.setattr(train_module, "write_log", real_log)
+    monkeypatch.setattr(rundir_module, "write_log", real_log)
     assert main([*args, "--resume"]) == 0
     assert epochs_logged() == ["epoch", "1", "2", "3"]
 

@@ -392,7 +392,7 @@ def test_pretrain_minutes_sum_the_logged_epochs(tmp_path: Path) -> None:
     """Table 7's minutes: 30 s + 90 s of epochs = 2 min, whatever happened around them (a resume
     rewrites log.csv with every epoch of the run, so a resumed variant counts all of them)."""
     from bayesncl.app.reproduce import pretrain_minutes
-    from bayesncl.runs.rundir import LOG_FIELDS, write_log
+    from bayesncl.runs.logs import LOG_FIELDS, write_log
 
     rows = [{k: 0 for k in LOG_FIELDS} | {"epoch": e, "epoch_time_s": t} for e, t in ((1, 30.0), (2, 90.0))]
     write_log(tmp_path, rows)
@@ -419,26 +419,8 @@ def test_pretrain_into_a_folder_with_an_unreadable_subfolder_trains(
     assert (run / "last.pt").is_file()
 
 
-def test_resume_of_a_run_whose_min_lr_is_above_its_peak_warns(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """train.min_lr above the peak is refused for a new run (F3); a run begun before that check was
-    refused on --resume too, and --resume cannot change train.min_lr: no way to continue it. It
-    continues as it began, with a warning."""
-    import torch
-
-    run = tmp_path / "run"
-    assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 0
-    ckpt = torch.load(run / "last.pt", weights_only=False)
-    ckpt["config"]["train"]["min_lr"] = 0.5  # peak: 0.4 x 32 / 256 = 0.05
-    torch.save(ckpt, run / "last.pt")
-    text = (run / "config.yaml").read_text()
-    (run / "config.yaml").write_text(text.replace("min_lr: 0.0", "min_lr: 0.5"))
-    capsys.readouterr()
-    with pytest.warns(UserWarning, match=r"min_lr=0.5: expected <= the peak .* continues with"):
-        assert main(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=2", "--no-eval"]) == 0
-    assert torch.load(run / "last.pt", weights_only=False)["epoch"] == 2
-    # a new run with it is still refused
+def test_a_min_lr_above_the_peak_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """train.min_lr above the peak (0.4 x 32 / 256 = 0.05) is refused (F3)."""
     assert main(["pretrain", "--run-dir", str(tmp_path / "new"), *TINY, "train.min_lr=0.5"]) == 2
     assert "bayesncl: error: train.min_lr=0.5: expected <= the peak" in capsys.readouterr().err
 

@@ -395,7 +395,7 @@ _RACE_HOOK = textwrap.dedent(
     # pretrain's first run-dir check and just before this one takes the run dir's lock.
     import os
     if os.environ.get("RANK") == "0":
-        import bayesncl.app.train as _t
+        import bayesncl.runs.rundir as _t
 
         _real = _t.lock_run_dir
 
@@ -426,7 +426,7 @@ _DISK_FULL_HOOK = textwrap.dedent(
     # Test-only: on rank 0, the disk fills up while epoch 2's last.pt is saved.
     import os
     if os.environ.get("RANK") == "0":
-        import bayesncl.app.train as _t
+        import bayesncl.runs.rundir as _t
         from bayesncl.runs.fileio import DiskFullError
 
         _real = _t.save_checkpoint
@@ -537,7 +537,7 @@ _SIGNAL_HOOK = textwrap.dedent(
     _rank = os.environ.get("BAYESNCL_SIGNAL_RANK", "0")
     if os.environ.get("BAYESNCL_SIGNAL_AT") and os.environ.get("RANK") == _rank:
         import signal
-        import bayesncl.app.train as _t
+        import bayesncl.core.engine as _t
 
         _real, _n = _t.train_step, [0]
 

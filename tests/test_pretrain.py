@@ -132,5 +132,6 @@ def test_help_lists_every_key(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["pretrain", "--help"])
     out = capsys.readouterr().out
-    for key in ("method.rho=0.8", "method.lam=3e-05", "data.root=None", "train.epochs=200", "seed=0"):
+    for key in ("method.rho=0.8", "method.lam=3e-05", "data.root=None", "train.epochs=200", "seed=0",
+                "train.checkpoint_every=10"):
         assert key in out

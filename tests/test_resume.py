@@ -28,12 +28,13 @@ import torch
 
 import bayesncl.app.train as train_module
 import bayesncl.core.engine as engine_module
+import bayesncl.runs.rundir as rundir_module
 from bayesncl.app.cli import main
 from bayesncl.app.evaluate import load_trained
 from bayesncl.app.train import pretrain
 from bayesncl.config import build_config
 from bayesncl.core.engine import TrainingError
-from bayesncl.runs.rundir import load_checkpoint_file
+from bayesncl.runs.safe_load import load_checkpoint_file
 
 from .conftest import TINY_BASE
 
@@ -189,7 +190,7 @@ def test_step_log_rows_and_a_mid_epoch_resume(tmp_path: Path, monkeypatch: pytes
     steps since the previous row, and a run interrupted between two rows resumes to the same rows."""
     from bayesncl.app.report.curves import read_log, read_steps
 
-    monkeypatch.setattr(train_module, "STEP_LOG_EVERY", 2)
+    monkeypatch.setattr(engine_module, "STEP_LOG_EVERY", 2)
     args = [*TINY, "train.epochs=2"]  # 96 images, batch 32: 3 steps an epoch
     straight = tmp_path / "straight"
     pretrain(build_config(overrides=args), straight, evaluate=False)
@@ -211,7 +212,7 @@ def test_step_log_rows_and_a_mid_epoch_resume(tmp_path: Path, monkeypatch: pytes
 
     run = tmp_path / "run"
     monkeypatch.setattr(engine_module, "contrastive_loss", ctrl_c_in_step_5)
-    with pytest.raises(train_module.TrainingInterrupted, match="stopped in epoch 2 after 2 of its 3 steps"):
+    with pytest.raises(rundir_module.TrainingInterrupted, match="stopped in epoch 2 after 2 of its 3 steps"):
         pretrain(build_config(overrides=args), run, evaluate=False)
     assert [r["step"] for r in read_steps(run)] == [2, 4]
     monkeypatch.setattr(engine_module, "contrastive_loss", real)
@@ -233,7 +234,7 @@ def test_resume_that_changes_the_length_of_an_unfinished_run_warns(
 
     run = tmp_path / "run"
     monkeypatch.setattr(engine_module, "contrastive_loss", ctrl_c_in_step_4)
-    with pytest.raises(train_module.TrainingInterrupted):
+    with pytest.raises(rundir_module.TrainingInterrupted):
         pretrain(build_config(overrides=[*TINY, "train.epochs=3"]), run, evaluate=False)
     monkeypatch.setattr(engine_module, "contrastive_loss", real)
     with pytest.warns(UserWarning) as record:
@@ -354,7 +355,7 @@ def test_non_finite_weights_with_a_finite_loss_stop_and_keep_the_last_good_check
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = tmp_path / "run"
-    real, calls = train_module.train_step, {"n": 0}
+    real, calls = engine_module.train_step, {"n": 0}
 
     def train_step(step_model: Any, *args: Any, **kwargs: Any) -> Any:
         stats = real(step_model, *args, **kwargs)
@@ -364,7 +365,7 @@ def test_non_finite_weights_with_a_finite_loss_stop_and_keep_the_last_good_check
             bn.running_var.fill_(float("inf"))
         return stats
 
-    monkeypatch.setattr(train_module, "train_step", train_step)
+    monkeypatch.setattr(engine_module, "train_step", train_step)
     with pytest.raises(TrainingError) as info:
         pretrain(build_config(overrides=[*TINY, "train.epochs=3"]), run, evaluate=False)
     msg = str(info.value)
@@ -497,9 +498,9 @@ def ctrl_c() -> None:
         time.sleep(0.001)
 
 
-def _signal_at(monkeypatch: pytest.MonkeyPatch, target: str, calls: tuple[int, ...]) -> None:
-    """Send SIGINT to this process during the listed calls (1-based) of ``bayesncl.app.train.<target>``."""
-    real = getattr(train_module, target)
+def _signal_at(monkeypatch: pytest.MonkeyPatch, module: Any, target: str, calls: tuple[int, ...]) -> None:
+    """Send SIGINT to this process during the listed calls (1-based) of ``module.<target>``."""
+    real = getattr(module, target)
     count = {"n": 0}
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -509,7 +510,7 @@ def _signal_at(monkeypatch: pytest.MonkeyPatch, target: str, calls: tuple[int, .
             ctrl_c()
         return out
 
-    monkeypatch.setattr(train_module, target, wrapped)
+    monkeypatch.setattr(module, target, wrapped)
 
 
 def test_a_stop_after_an_epochs_last_step_resumes_bit_identically(
@@ -518,7 +519,7 @@ def test_a_stop_after_an_epochs_last_step_resumes_bit_identically(
     args = [*TINY, "train.epochs=2", "--no-eval"]  # 3 steps per epoch
     assert main(["pretrain", "--run-dir", str(tmp_path / "straight"), *args]) == 0
     with monkeypatch.context() as m:
-        _signal_at(m, "train_step", (3,))  # the last step of epoch 1
+        _signal_at(m, engine_module, "train_step", (3,))  # the last step of epoch 1
         assert main(["pretrain", "--run-dir", str(tmp_path / "run"), *args]) == 130
     assert "stopped in epoch 1 after 3 of its 3 steps" in capsys.readouterr().err
     assert main(["pretrain", "--run-dir", str(tmp_path / "run"), "--resume"]) == 0
@@ -534,7 +535,7 @@ def test_a_signal_during_the_last_epochs_saves_stops_before_export(
 ) -> None:
     run = tmp_path / "run"
     with monkeypatch.context() as m:
-        _signal_at(m, "write_log", (1,))  # epoch 1 of 1: the log is written, then the checkpoint
+        _signal_at(m, rundir_module, "write_log", (1,))  # epoch 1 of 1: the checkpoint, then the log
         assert main(["pretrain", "--run-dir", str(run), *TINY, "train.epochs=1"]) == 130
     assert capsys.readouterr().err.strip() == (
         f"bayesncl: interrupted: stopped after the last epoch (1), before the export and evaluation; "
@@ -557,7 +558,7 @@ def test_a_hard_stop_in_epoch_1_leaves_a_dir_the_same_command_can_reuse(
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     with monkeypatch.context() as m:
-        _signal_at(m, "train_step", (2, 2))  # a second Ctrl-C stops at once: no checkpoint
+        _signal_at(m, engine_module, "train_step", (2, 2))  # a second Ctrl-C stops at once: no checkpoint
         assert main(args) == 130
     assert capsys.readouterr().err.strip() == "bayesncl: interrupted"
     assert not run.exists()

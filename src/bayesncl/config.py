@@ -104,7 +104,7 @@ class TrainConfig:
     channels_last: bool = False
     compile: bool = False
     sync_bn: bool = False
-    checkpoint_every: int = 1  # also write epoch-NNNN.pt every this many epochs (0: only last)
+    checkpoint_every: int = 10  # also write epoch-NNNN.pt every this many epochs (0: only last)
     progress: bool = True
 
 

@@ -1,6 +1,6 @@
 """``bayesncl benchmark``: training throughput of CL, NCL and BayesNCL from one run.
 
-What one *step* is: exactly the training loop's step (:func:`bayesncl.app.train.train_step`): the
+What one *step* is: exactly the training loop's step (:func:`bayesncl.core.engine.train_step`): the
 next batch from the training loader (both views augmented), forward, InfoNCE + λ·KL + online
 probe, backward, LARS step. An *image* is one source image, i.e. one two-view pair (a batch of
 256 is 512 augmented views). Data: the built-in synthetic 32×32 RGB set (``data.name=synthetic``),
@@ -22,7 +22,7 @@ Measured, in ONE process and ONE run so the ratios are fair on a noisy machine:
   (``data.resident=false``, ``--workers`` workers): the ratio of their images/s, median over rounds.
 * ``augment_only_speedup``: the two loaders alone, without a model (the data path's own ratio).
 * ``breakdown``: each loader alone, and the BayesNCL step on a fixed batch alone (to see which
-  part limits the step); on CUDA also BayesNCL without :func:`bayesncl.app.train.prefetch_to_device`
+  part limits the step); on CUDA also BayesNCL without :func:`bayesncl.core.engine.prefetch_to_device`
   (the loader on the main stream).
 
 Defaults: CPU: ResNet-18 with the ImageNet stem, 32 px, batch 64, fp32 (about 25 s on 2 idle

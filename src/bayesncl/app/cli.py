@@ -13,10 +13,10 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NoReturn
 
-from bayesncl import __version__
 from bayesncl.app.errors import readers_may_go, run_command, shorten
 from bayesncl.config import Config, ConfigError, build_config, valid_keys
 
@@ -415,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bayesncl",
         description="Interpretable self-supervised learning: CL, NCL, NCL+TopK and BayesNCL.",
     )
-    parser.add_argument("--version", action="version", version=f"bayesncl {__version__}")
+    parser.add_argument("--version", action="version", version=f"bayesncl {version('bayesncl')}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (help, description, options, arguments) in COMMANDS.items():
         epilog = options.get("epilog")

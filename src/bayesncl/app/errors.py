@@ -104,7 +104,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from bayesncl.data import DataError
     from bayesncl.metrics.inputs import EvalError
     from bayesncl.runs.fileio import DiskFullError
-    from bayesncl.runs.rundir import CheckpointError, RunDirError
+    from bayesncl.runs.rundir import RunDirError
+    from bayesncl.runs.safe_load import CheckpointError
 
     return (DiskFullError, ConfigError, DataError, EvalError, RunDirError, CheckpointError, TrainingError)
 
@@ -132,7 +133,8 @@ def met_by_every_rank(e: BaseException) -> bool:
     from bayesncl.data import DataError
     from bayesncl.data.sources import ShardDataError
     from bayesncl.runs.fileio import DiskFullError
-    from bayesncl.runs.rundir import CheckpointError, RunDirError
+    from bayesncl.runs.rundir import RunDirError
+    from bayesncl.runs.safe_load import CheckpointError
 
     alike = (ConfigError, DataError, RunDirError, CheckpointError, TrainingError, DiskFullError)
     return isinstance(e, alike) and not isinstance(e, ShardDataError)

@@ -44,12 +44,12 @@ from bayesncl.metrics import (
 from bayesncl.metrics.paper_probe import paper_linear_probe
 from bayesncl.runs.features import load_features, save_features
 from bayesncl.runs.official import load_official_checkpoint, load_state_strict, looks_official
-from bayesncl.runs.rundir import (
+from bayesncl.runs.rundir import set_aside_hint
+from bayesncl.runs.safe_load import (
     CheckpointError,
     check_checkpoint_entries,
     is_bayesncl_checkpoint,
     load_checkpoint_file,
-    set_aside_hint,
 )
 
 FEATURE_KEYS = ("h", "p", "z", "features", "alpha", "mask")

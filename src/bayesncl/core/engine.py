@@ -1,19 +1,35 @@
-"""TODO docstring."""
+"""The training loop without a disk or a screen: one step (:func:`train_step`), one epoch
+(:func:`train_one_epoch`, which returns named statistics), and what wraps the model for DDP.
+
+What leaves the loop goes through callbacks (the step log, a progress display) and through
+:class:`EpochResult`; ``app.train`` runs the epochs and ``runs.rundir`` saves them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import math
+import signal
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from bayesncl.config import Config, MethodConfig
 from bayesncl.core import distributed
 from bayesncl.core.model import ContrastiveModel, ModelOutput, contrastive_loss
+from bayesncl.core.optim import set_lr
 
 B = TypeVar("B")
+
+# The step statistics, in the order of :func:`step_stats`' tensor; online_acc is a fraction.
+STATS = ("loss", "info_nce", "kl", "gate_open", "rows_all_closed", "online_acc")
+STEP_LOG_EVERY = 25  # the CUDA loop's host-sync period, and steps.csv's: rows cost no extra sync
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; a cluster scheduler's preemption notice
 
 
 class TrainingError(RuntimeError):
@@ -59,7 +75,7 @@ def forward_loss(
     autocast: Any = None,
     channels_last: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """This process's loss on one batch, and the batch's (6,) detached statistics (:func:`step_stats`).
+    """This process's loss on one batch, and the batch's (6,) detached statistics (:data:`STATS`).
 
     x1, x2: (n, C, S, S) the two views of n images; y: (n,) labels, used by the online probe only.
     The loss is InfoNCE + λ·KL over the 2n local rows (under DDP the negatives are gathered from
@@ -139,10 +155,138 @@ def step_stats(
     class_logits: torch.Tensor,
     y: torch.Tensor,
 ) -> torch.Tensor:
-    """(6,) tensor: loss, InfoNCE, KL, gate-open rate, fraction of rows with every gate closed,
-    online-probe accuracy. Stays on the device: no host sync inside the step."""
+    """(6,) tensor in :data:`STATS` order: loss, InfoNCE, KL, gate-open rate, fraction of rows with
+    every gate closed, online-probe accuracy. Stays on the device: no host sync inside the step."""
     one = torch.ones((), device=loss.device)
     open_rate = mask.float().mean() if mask is not None else one
     closed = (mask.sum(1) == 0).float().mean() if mask is not None else 0 * one
     correct = (class_logits.argmax(1) == y).float().mean()
     return torch.stack([loss.detach(), parts["info_nce"], parts["kl"], open_rate, closed, correct])
+
+
+# ----------------------------------------------------------------------------- one epoch
+@dataclass
+class Training:
+    """What every step of a run uses, built once by ``app.train``."""
+
+    step_model: nn.Module  # :func:`wrap_for_training`'s
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    method: MethodConfig
+    schedule: np.ndarray  # (total_steps,) learning rate of each step (core.optim.warmup_cosine)
+    lr_base: float  # the peak rate; param groups scale with lr / lr_base (core.optim.set_lr)
+    device: torch.device
+    distributed: bool  # several processes: a stop is decided at a host sync, by all together
+    autocast: Any = None
+    channels_last: bool = False
+
+
+@dataclass
+class EpochResult:
+    """One epoch of :func:`train_one_epoch`."""
+
+    stats: dict[str, float]  # :data:`STATS` means over the epoch's steps and processes ({} if stopped)
+    step: int  # optimiser steps of the run done after it
+    lr: float  # its last step's learning rate
+    seconds: float  # its training time (a resumed epoch: with the time before its stop)
+    stop_signal: int | None = None  # a stop was asked for: the epoch ended early, see ``partial``
+    # then, what a mid-epoch checkpoint keeps to resume it: {"n_seen": steps done, "sums": (6,) sums
+    # of the step statistics (means over processes, CPU), "elapsed": seconds, "window": (running
+    # means, n_seen) at the epoch's last step-log row}
+    partial: dict[str, Any] | None = None
+
+
+def train_one_epoch(
+    t: Training,
+    batches: Iterable[tuple[Tensor, Tensor, Tensor]],
+    *,
+    epoch: int,
+    step: int,
+    steps_per_epoch: int,
+    partial: dict[str, Any] | None = None,
+    stop_requested: Callable[[], int | None] = lambda: None,
+    on_sync: Callable[[int, dict[str, float]], None] | None = None,
+    on_step_log: Callable[[int, dict[str, float], float], None] | None = None,
+    kept: str = "",
+) -> EpochResult:
+    """Train over ``batches`` (this process's (x1, x2, y) of epoch ``epoch``, 0-based), from the
+    run's optimiser step ``step``, or from inside the epoch where ``partial`` (an earlier
+    :attr:`EpochResult.partial`) stopped.
+
+    The one host sync (every step on the CPU, every :data:`STEP_LOG_EVERY` steps and at the epoch's
+    end on CUDA) averages the running means over processes, with the stop signal any process got
+    (``stop_requested()``: this one's, or None); it calls ``on_sync(step, running means)`` and, every
+    STEP_LOG_EVERY steps, ``on_step_log(step, means since the previous row, lr)``. A stop ends the
+    epoch after the current step (several processes: after the same one, at a sync).
+    Raises TrainingError on a non-finite loss (its message ends with ``kept``).
+    """
+    n_seen = partial["n_seen"] if partial else 0
+    start = time.time() - (partial["elapsed"] if partial else 0.0)
+    sums = partial["sums"].to(t.device) if partial else torch.zeros(len(STATS), device=t.device)
+    window = partial["window"] if partial else ([0.0] * len(STATS), 0)  # at the last steps.csv row
+    lr = float(t.schedule[max(step - 1, 0)]) if len(t.schedule) else 0.0  # a stop after an epoch's end
+    stop_signal = None
+    t.step_model.train()
+    for x1, x2, y in prefetch_to_device(batches, t.device):
+        lr = float(t.schedule[step])
+        set_lr(t.optimizer, lr, lr / t.lr_base if t.lr_base > 0 else 1.0)
+        stats = train_step(
+            t.step_model, t.optimizer, t.scaler, x1, x2, y, t.method,
+            autocast=t.autocast, channels_last=t.channels_last,
+        )
+        sums += stats
+        n_seen += 1
+        step += 1
+        if t.device.type == "cpu" or step % STEP_LOG_EVERY == 0 or n_seen == steps_per_epoch:
+            means, stop_signal = _global_means(sums / n_seen, stop_requested())
+            if not math.isfinite(means[0]):
+                raise TrainingError(
+                    # CPU checks every step; CUDA every STEP_LOG_EVERY steps (no per-step host sync)
+                    f"non-finite loss {'at' if t.device.type == 'cpu' else 'detected by'} step {step} "
+                    f"(epoch {epoch + 1}): InfoNCE={float(stats[1]):.4g}, KL={float(stats[2]):.4g}; {kept}"
+                )
+            if on_sync is not None:
+                on_sync(step, dict(zip(STATS, means, strict=True)))
+            if step % STEP_LOG_EVERY == 0:
+                base, n0 = window
+                since = [(a * n_seen - b * n0) / (n_seen - n0) for a, b in zip(means, base, strict=True)]
+                if on_step_log is not None:
+                    on_step_log(step, dict(zip(STATS, since, strict=True)), lr)
+                window = (means, n_seen)
+        if stop_signal is not None or (stop_requested() is not None and not t.distributed):
+            stop_signal = stop_signal or stop_requested() or signal.SIGINT
+            partial = {
+                "n_seen": n_seen,
+                "sums": distributed.all_reduce_mean(sums.clone()).cpu(),  # every rank's share
+                "elapsed": time.time() - start,
+                "window": window,
+            }
+            return EpochResult({}, step, lr, time.time() - start, stop_signal, partial)
+    means, _ = _global_means(sums / max(n_seen, 1), None)
+    return EpochResult(dict(zip(STATS, means, strict=True)), step, lr, time.time() - start)
+
+
+def _global_means(local_means: Tensor, signum: int | None) -> tuple[list[float], int | None]:
+    """The loop's host sync point: the running means averaged over processes (every rank gets the
+    same numbers, so a non-finite loss stops every rank) and the stop signal any process received
+    (``signum``: this one's, or None): SIGTERM if any got one (a preemption), else SIGINT, else None."""
+    flags = torch.tensor([float(signum == s) for s in STOP_SIGNALS], device=local_means.device)
+    values = distributed.all_reduce_mean(torch.cat([local_means, flags])).tolist()
+    received = [s for s, v in zip(STOP_SIGNALS, values[-len(flags):], strict=True) if v > 0]
+    return values[: -len(flags)], max(received, default=None)
+
+
+def first_non_finite(model: nn.Module, rank: int = 0) -> str | None:
+    """The name of a floating-point parameter or buffer of ``model`` holding NaN or inf on any
+    process (a collective under DDP), or None. Checked at each epoch's end, before the checkpoint:
+    a diverged BatchNorm running variance leaves the training loss finite (training mode uses the
+    batch's statistics) but makes every evaluation feature constant. One host sync."""
+    tensors = {k: v for k, v in model.state_dict().items() if v.is_floating_point()}
+    if not tensors:
+        return None
+    finite = torch.stack([torch.isfinite(v).all() for v in tensors.values()]).all()
+    bad_here = (~finite).float().reshape(1)
+    if float(distributed.all_reduce_mean(bad_here)[0]) == 0:
+        return None
+    names = [k for k, v in tensors.items() if not bool(torch.isfinite(v).all())]
+    return names[0] if names else f"a tensor of another process than rank {rank}"

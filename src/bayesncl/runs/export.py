@@ -1,4 +1,14 @@
-"""TODO docstring."""
+"""The end-of-training export, which loads elsewhere without bayesncl, and a run's config.
+
+- ``encoder.safetensors``: ``safetensors.torch.load_file(path)`` → the model's full state dict;
+  its metadata holds the resolved config as JSON (``safe_open(path, "pt").metadata()["config"]``).
+- ``backbone_torchvision.pt`` (ResNet backbones): torchvision names without ``fc``. Load it with
+  ``net = torchvision.models.resnet18(); net.fc = torch.nn.Identity();
+  net.load_state_dict(torch.load(path, weights_only=True))`` (strict), or keep the fc and pass
+  ``strict=False`` (the only missing keys are then ``fc.weight`` and ``fc.bias``). A CIFAR-stem or
+  1-channel backbone first needs the same ``conv1`` (and, CIFAR stem, ``maxpool = Identity()``)
+  as :func:`bayesncl.core.model.build_backbone` uses, else conv1's shape does not match.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +19,9 @@ import torchvision
 from bayesncl.config import Config, config_from_dict, load_run_yaml
 from bayesncl.core.model import ContrastiveModel
 from bayesncl.runs.fileio import atomic_path
-from bayesncl.runs.rundir import (
-    RunDirError,
-    atomic_save,
-)
+from bayesncl.runs.rundir import RunDirError
+from bayesncl.runs.safe_load import check_checkpoint_entries, load_checkpoint_file
+from bayesncl.runs.state import atomic_save
 
 ENCODER_FORMAT = "bayesncl-encoder-v1"
 
@@ -45,8 +54,6 @@ def load_run_config(run_dir: Path) -> Config:
     """The resolved config of an existing run dir: its ``config.yaml``, or the one inside its
     ``last.pt`` where the YAML is missing (e.g. deleted by hand)."""
     if not (run_dir / "config.yaml").exists() and (run_dir / "last.pt").exists():
-        from bayesncl.runs.rundir import check_checkpoint_entries, load_checkpoint_file
-
         ckpt = load_checkpoint_file(run_dir / "last.pt")
         if not isinstance(ckpt, dict):
             what = type(ckpt).__name__

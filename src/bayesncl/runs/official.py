@@ -26,7 +26,7 @@ What the weights cannot say is given by overrides (``key=value`` as for ``bayesn
   for a SimCLR checkpoint, ``method.name=ncl-topk`` for TopK);
 - the data (``data.name=cifar100 data.root=DIR``): needed by ``bayesncl extract`` / ``evaluate``.
 
-The file is read with :func:`bayesncl.runs.rundir.load_checkpoint_file` (``weights_only=True``).
+The file is read with :func:`bayesncl.runs.safe_load.load_checkpoint_file` (``weights_only=True``).
 A Lightning checkpoint whose extra entries (hyper-parameters, callbacks) hold Python objects is
 refused by that safe loader; if you trust it, save its weights once with
 ``torch.save(torch.load(path, weights_only=False)["state_dict"], "weights.pt")`` and pass that
@@ -44,7 +44,7 @@ from torch import nn
 
 from bayesncl.config import Config, build_config, parse_overrides
 from bayesncl.core.model import ContrastiveModel, build_model
-from bayesncl.runs.rundir import CheckpointError, load_checkpoint_file
+from bayesncl.runs.safe_load import CheckpointError, load_checkpoint_file
 
 __all__ = [
     "OFFICIAL_PARTS",

@@ -1,303 +1,47 @@
-"""Run directory and checkpoint state: atomic saves, RNG capture, safe loading, resume checks.
+"""The run directory of a pretraining run: what it holds, the checks before a run, and the
+:class:`RunDir` that owns it while training (lock, claim, ``--overwrite``'s set-aside, archived
+results, restore, Ctrl-C/SIGTERM, the saves at an epoch's end and mid-epoch).
 
-Everything a bit-identical resume needs lives in one checkpoint dict (format
-:data:`CHECKPOINT_FORMAT`): model, optimiser, grad scaler, every RNG, epoch, step and the per-epoch
-log. What is *not* stored, and why it need not be:
-
-- the learning-rate schedule: a precomputed per-step array, a pure function of the config and
-  ``step`` (``train.warmup_cosine``);
-- the data order and augmentation: a function of ``(seed, epoch, rank)`` only
-  (``TwoViewLoader.set_epoch``), also inside DataLoader workers, so worker RNGs need no state.
-
-RNG states are stored as tensors and plain Python values so checkpoints load with
-``torch.load(weights_only=True)``.
-
-Reading files a user passes (:func:`load_checkpoint_file`) never runs code: ``.safetensors`` files
-are read with safetensors, everything else with ``torch.load(weights_only=True)``; a pickle that
-would import anything beyond tensors and plain values is refused with a one-line
-:class:`CheckpointError`.
-
-The files written at the end of training load elsewhere without bayesncl:
-
-- ``encoder.safetensors``: ``safetensors.torch.load_file(path)`` → the model's full state dict;
-  its metadata holds the resolved config as JSON (``safe_open(path, "pt").metadata()["config"]``).
-- ``backbone_torchvision.pt`` (ResNet backbones): torchvision names without ``fc``. Load it with
-  ``net = torchvision.models.resnet18(); net.fc = torch.nn.Identity();
-  net.load_state_dict(torch.load(path, weights_only=True))`` (strict), or keep the fc and pass
-  ``strict=False`` (the only missing keys are then ``fc.weight`` and ``fc.bias``). A CIFAR-stem or
-  1-channel backbone first needs the same ``conv1`` (and, CIFAR stem, ``maxpool = Identity()``)
-  as :func:`bayesncl.core.model.build_backbone` uses, else conv1's shape does not match.
+Layout: ``config.yaml`` (the resolved config), ``log.csv`` and ``steps.csv`` (``runs.logs``, written
+after their checkpoint), ``last.pt`` (``runs.state``, atomic), ``epoch-NNNN.pt`` every
+``train.checkpoint_every`` epochs, then the results (:data:`RESULT_ARTIFACTS`: the export, metrics,
+figures).
 """
 
 from __future__ import annotations
 
-import csv
 import errno
 import os
-import pickle
-import random
 import re
 import shutil
+import signal
 import warnings
-from dataclasses import dataclass, field
+from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-import numpy as np
 import torch
 from torch import nn
 
-from bayesncl.config import Config, config_from_dict, diff_configs
+from bayesncl.config import Config, config_from_dict, diff_configs, dump_yaml
+from bayesncl.core import distributed
+from bayesncl.core.engine import STOP_SIGNALS, EpochResult
+from bayesncl.data import mix_seed
 from bayesncl.runs.fileio import atomic_path, default_file_mode, remove_stale_temporaries
-
-LOG_FIELDS = [
-    "epoch",
-    "step",
-    "loss",
-    "info_nce",
-    "kl",
-    "gate_open",
-    "rho",
-    "rows_all_closed",
-    "online_acc",
-    "lr",
-    "epoch_time_s",
-]
-# steps.csv: one row every STEP_LOG_EVERY optimiser steps, the means over the steps since the
-# previous row of the same epoch (epoch = step / steps per epoch, fractional)
-STEP_LOG_FIELDS = ["step", "epoch", "loss", "info_nce", "kl", "gate_open", "online_acc", "lr"]
-STEP_LOG_EVERY = 25  # also the CUDA loop's host-sync period: rows cost no extra synchronisation
-
-
-CHECKPOINT_FORMAT = "bayesncl-checkpoint-v1"
+from bayesncl.runs.logs import write_log
+from bayesncl.runs.safe_load import (
+    CHECKPOINT_FORMAT,
+    CheckpointError,
+    check_checkpoint_entries,
+    is_bayesncl_checkpoint,
+    load_checkpoint_file,
+)
+from bayesncl.runs.state import TrainState, rng_state, save_checkpoint, seed_everything, set_rng_state
 
 
 class RunDirError(ValueError):
     """The run directory cannot be used as asked (exists, unwritable, config differs)."""
-
-
-class CheckpointError(ValueError):
-    """A file cannot be read as a checkpoint (missing, not a checkpoint, unsafe); one line."""
-
-
-def rng_state() -> dict[str, Any]:
-    # Only tensors and plain Python values, so checkpoints load with torch.load(weights_only=True).
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def atomic_save(obj: Any, path: Path) -> None:
-    """torch.save to a temporary file in the same dir, then rename: never a half-written file."""
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
-
-
-@dataclass
-class TrainState:
-    epoch: int = 0  # epochs completed
-    step: int = 0  # optimiser steps completed
-    log: list[dict[str, Any]] = field(default_factory=list)
-    step_log: list[dict[str, Any]] = field(default_factory=list)  # the rows of steps.csv
-    # A run stopped inside an epoch (Ctrl-C, SIGTERM): {"n_seen": steps done in epoch+1, "sums": (6,)
-    # running sums of the step statistics (means over processes), "elapsed": seconds, "window":
-    # [means, n] at the last steps.csv row of the epoch}; else None.
-    partial: dict[str, Any] | None = None
-    steps_per_epoch: int = 0
-    # Under DDP: every rank's RNG state (rank order), gathered at the save; rank 0's is also "rng".
-    rng_ranks: list[dict[str, Any]] | None = None
-
-
-def save_checkpoint(
-    path: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    state: TrainState,
-    cfg: Config,
-) -> None:
-    """Everything needed for a bit-identical resume, in one file (written atomically)."""
-    atomic_save(
-        {
-            "format": CHECKPOINT_FORMAT,
-            "config": cfg.to_dict(),
-            "state_dict": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(),
-            "epoch": state.epoch,
-            "step": state.step,
-            "log": state.log,
-            "step_log": state.step_log,
-            "partial": state.partial,
-            "steps_per_epoch": state.steps_per_epoch,
-            "rng_ranks": state.rng_ranks,
-            "rng": rng_state(),
-        },
-        path,
-    )
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0].strip() if text else type(e).__name__
-
-
-def _refusal(path: Path, e: BaseException) -> CheckpointError:
-    """Turn torch's multi-paragraph weights_only error into one line saying what was refused."""
-    text = str(e)
-    found = re.search(r"GLOBAL ([\w.]+)", text)
-    if found:
-        what = f"it would import and call {found.group(1)}, which can run code"
-    elif (op := re.search(r"Unsupported operand (\d+)", text)) is not None:
-        what = f"it holds pickle opcode {op.group(1)}, which plain tensor checkpoints do not use"
-    else:
-        what = _first_line(e).replace("WeightsUnpickler error: ", "")
-    return CheckpointError(
-        f"{path} was refused by the safe loader (torch.load weights_only=True): {what}; nothing in it "
-        f"was run. Only tensors and plain values are accepted"
-    )
-
-
-def load_checkpoint_file(path: str | Path) -> Any:
-    """Read a file a user passed, without ever running code from it.
-
-    ``.safetensors`` → ``{name: tensor}`` (safetensors); anything else → the object stored by
-    ``torch.save`` read with ``torch.load(weights_only=True, map_location="cpu")``.
-    Raises CheckpointError (one line) if the file is missing, empty, not a checkpoint, truncated,
-    damaged (a ``torch.save`` zip archive whose CRC-32 checksums do not match: a bad copy or disk
-    error, which ``torch.load`` alone would read as wrong weights), or a pickle that would import
-    anything beyond tensors and plain values.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such file")
-    if path.is_dir():
-        raise CheckpointError(f"{path} is a directory, not a checkpoint file")
-    try:
-        with path.open("rb") as f:
-            head = f.read(8)
-    except OSError as e:
-        raise CheckpointError(f"cannot read {path}: {_first_line(e)}") from None
-    if not head:
-        raise CheckpointError(f"{path} is empty, not a checkpoint")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(path), device="cpu")
-        except Exception as e:  # noqa: BLE001 - safetensors raises several types for bad files
-            raise CheckpointError(f"{path} is not a readable safetensors file ({_first_line(e)})") from None
-    is_zip, is_pickle = head.startswith(b"PK\x03\x04"), head[:1] == b"\x80"
-    if not (is_zip or is_pickle):
-        raise CheckpointError(
-            f"{path} is not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle "
-            f"(it starts with {head!r})"
-        )
-    if is_zip and _is_npz(path):
-        raise CheckpointError(
-            f"{path} is a NumPy .npz (a features file?), not a checkpoint: use `bayesncl metrics {path}`"
-        )
-    if is_zip and (bad := _damaged_member(path)) is not None:
-        raise CheckpointError(
-            f"{path} is damaged: the checksum of its record {bad} does not match (a partial copy or a "
-            "disk error); use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
-        )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the error below says it all
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as e:
-            raise _refusal(path, e) from None
-        except Exception as e:  # noqa: BLE001 - truncated zips, bad records, ... all mean "unreadable"
-            raise CheckpointError(
-                f"{path} is not a readable PyTorch checkpoint (truncated or damaged? {_first_line(e)})"
-            ) from None
-
-
-def _damaged_member(path: Path) -> str | None:
-    """The first record of a zip archive whose CRC-32 does not match its data (zipfile.testzip), or
-    None. An archive zipfile cannot open is left to torch.load, which names what is wrong."""
-    import zipfile
-    import zlib
-
-    try:
-        with zipfile.ZipFile(path) as z:
-            return z.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError, UnicodeDecodeError):
-        return None
-
-
-def _is_npz(path: Path) -> bool:
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(path) as z:
-            names = z.namelist()
-    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, UnicodeDecodeError):
-        return False  # a damaged archive: torch.load names what is wrong
-    return bool(names) and all(n.endswith(".npy") for n in names)
-
-
-def is_bayesncl_checkpoint(obj: Any) -> bool:
-    return isinstance(obj, dict) and obj.get("format") == CHECKPOINT_FORMAT
-
-
-# What a bayesncl checkpoint holds: for its model (extract, evaluate), and also to resume from it.
-_MODEL_ENTRIES: dict[str, type | tuple[type, ...]] = {"config": dict, "state_dict": dict}
-_RESUME_ENTRIES: dict[str, type | tuple[type, ...]] = {
-    "optimizer": dict, "scaler": dict, "epoch": int, "step": int, "log": list, "rng": dict,
-}
-
-
-def _a(noun: str) -> str:
-    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
-
-
-def check_checkpoint_entries(obj: dict[str, Any], path: Path, *, resume: bool = False) -> None:
-    """Raise CheckpointError (one line) unless the bayesncl checkpoint ``obj`` read from ``path`` has
-    the entries its model (and, ``resume``, a resume) needs, of the right kinds. A file with the
-    format marker but a missing or edited entry used to end in a KeyError or TypeError traceback."""
-    entries = {**_MODEL_ENTRIES, **(_RESUME_ENTRIES if resume else {})}
-    for key, kind in entries.items():
-        if key not in obj:
-            raise CheckpointError(
-                f"{path} is a {CHECKPOINT_FORMAT} checkpoint without its '{key}' entry (damaged or edited): "
-                "use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
-            )
-        if not isinstance(obj[key], kind) or (kind is int and isinstance(obj[key], bool)):
-            expected = "a mapping" if kind is dict else f"a {kind.__name__}"  # type: ignore[union-attr]
-            raise CheckpointError(
-                f"{path}: its '{key}' entry is {_a(type(obj[key]).__name__)}, expected {expected} "
-                "(damaged or edited): use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
-            )
-    odd = [k for k, v in obj["state_dict"].items() if not isinstance(v, torch.Tensor)]
-    if odd:
-        raise CheckpointError(
-            f"{path}: its 'state_dict' entry {odd[0]!r} is {_a(type(obj['state_dict'][odd[0]]).__name__)}, "
-            "expected a tensor (damaged or edited): use another copy, or an earlier checkpoint of the run "
-            "(epoch-NNNN.pt)"
-        )
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -349,7 +93,7 @@ def _check_writable(run_dir: Path) -> None:
             raise RunDirError(
                 f"run dir {run_dir} cannot be created: {probe} does not accept new folders ({virtual})"
             ) from None
-        reason = e.strerror or _first_line(e)
+        reason = e.strerror or str(e)
         raise RunDirError(f"run dir {run_dir} is not writable ({reason}: {probe})") from None
 
 
@@ -397,11 +141,8 @@ RESULT_ARTIFACTS = (
     "dynamics.json",
     "dynamics.md",
 )
-# What a run writes into its run dir (interrupted.pt: older versions); --overwrite sets these, and
-# nothing else, aside first.
-RUN_ARTIFACTS = (
-    "config.yaml", "log.csv", "steps.csv", "last.pt", "interrupted.pt", "epoch-*.pt", *RESULT_ARTIFACTS
-)
+# What a run writes into its run dir; --overwrite sets these, and nothing else, aside first.
+RUN_ARTIFACTS = ("config.yaml", "log.csv", "steps.csv", "last.pt", "epoch-*.pt", *RESULT_ARTIFACTS)
 # Folders of results a run dir holds: archived by a longer --resume, and those of `evaluate`/`extract`
 # on an earlier checkpoint (RUN/epoch-NNNN.pt -> RUN/eval-epoch-NNNN/); --overwrite sets them aside too.
 RESULT_FOLDERS = ("results-epoch-*", "eval-epoch-*")
@@ -487,9 +228,8 @@ def recover_interrupted_overwrite(run_dir: Path, *, owner_gone: bool = False) ->
     process is overwriting it; without it (no file locks here) folders whose process id is alive on
     this machine are left alone. Returns one message per folder handled."""
     done = []
-    for aside in sorted(Path(run_dir).glob(".replaced-*")):
-        pid = aside.name.removeprefix(".replaced-")
-        if not (aside.is_dir() and pid.isdigit()) or (not owner_gone and _process_alive(int(pid))):
+    for aside, pid in _asides(run_dir):
+        if not owner_gone and _process_alive(pid):
             continue
         complete = (aside / _ASIDE_COMPLETE).exists()
         keep_new = complete and (aside.parent / "last.pt").exists()
@@ -506,18 +246,19 @@ def set_aside_hint(run_dir: Path) -> str:
     """For commands that only read a run dir (evaluate, extract, curves, dynamics) and find it empty:
     ``"; ..."`` naming the previous run an interrupted ``--overwrite`` left set aside in it (the files
     they look for are there), else ``""``."""
-    run_dir = Path(run_dir)
-    asides = [
-        p for p in sorted(run_dir.glob(".replaced-*")) if p.is_dir()
-        and p.name.removeprefix(".replaced-").isdigit()
-        and not _process_alive(int(p.name.removeprefix(".replaced-")))  # not an --overwrite under way
-    ] if run_dir.is_dir() else []
+    asides = [p for p, pid in _asides(run_dir) if not _process_alive(pid)]  # not an --overwrite under way
     if not asides:
         return ""
     return (
         f" (an --overwrite that was killed left the previous run in {asides[-1]}/: `bayesncl pretrain "
         f"--run-dir {run_dir} --resume` puts it back)"
     )
+
+
+def _asides(run_dir: Path) -> list[tuple[Path, int]]:
+    """The ``.replaced-PID/`` folders of ``run_dir`` (an ``--overwrite``'s set-aside), with their PID."""
+    found = sorted(Path(run_dir).glob(".replaced-*"))
+    return [(p, int(p.name[10:])) for p in found if p.is_dir() and p.name[10:].isdigit()]
 
 
 def _process_alive(pid: int) -> bool:
@@ -782,12 +523,220 @@ def occupied_run_dir(run_dir: Path) -> RunDirError:
     )
 
 
-def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") -> None:
-    """Write ``run_dir/log.csv`` (one row per epoch, ``LOG_FIELDS``) or, with ``name="steps.csv"``,
-    the per-step log (``STEP_LOG_FIELDS``), atomically, with ``\\n`` line ends."""
-    fields = STEP_LOG_FIELDS if name == "steps.csv" else LOG_FIELDS
-    with atomic_path(run_dir / name) as tmp, tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in fields})
+# ----------------------------------------------------------------------------- a run's run dir
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training stopped by Ctrl-C or SIGTERM after saving a resumable ``last.pt`` (one-line message);
+    ``exit_code`` is 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
+
+
+class RunDir:
+    """The run dir of one pretraining run, from its checks to the end of training; every process
+    makes one (under ``torchrun`` rank 0 alone writes, the others wait: ``distributed.run_on_main``)::
+
+        with RunDir(path, cfg, world, resume=..., overwrite=...) as run:  # checks, reads last.pt
+            state = run.restore(model, optimizer, scaler, steps_per_epoch)
+            run.claim(state)  # lock, --overwrite's set-aside, config.yaml, Ctrl-C/SIGTERM handlers
+            ... run.save(state) / run.save_mid_epoch(state, stopped)
+            run.finish()
+
+    Entering raises RunDirError before anything is written (:func:`prepare_run_dir`). A fresh run
+    that fails after its claim and before its first checkpoint leaves no trace, and the run an
+    ``--overwrite`` set aside comes back. The lock is held until the ``with`` ends.
+    """
+
+    def __init__(
+        self, path: str | Path, cfg: Config, world: distributed.World, *, resume: bool, overwrite: bool
+    ) -> None:
+        self.path, self.cfg, self.world = Path(path), cfg, world
+        self.resume, self.overwrite = resume, overwrite
+        self.checkpoint: dict[str, Any] | None = None  # the one to resume from
+        self.stop_signal: int | None = None  # the first Ctrl-C/SIGTERM since claim()
+        self._existed = self.path.exists()
+        self._claimed = False
+        self._lock: RunDirLock | None = None
+        self._aside: Path | None = None  # --overwrite: where the previous run waits
+        self._handlers: list[tuple[int, Any]] = []
+        self._trained: tuple[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler]  # by restore()
+
+    def __enter__(self) -> RunDir:
+        self.checkpoint = distributed.run_on_main(
+            lambda: prepare_run_dir(self.path, self.cfg, resume=self.resume, overwrite=self.overwrite)
+        )
+        if self.world.is_main:
+            print(f"run dir: {self.path}", flush=True)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        try:  # an error, or a second Ctrl-C that stopped at once
+            if exc_type is not None and self._claimed and not self.resume:
+                discard_unstarted_run(self.path, self._existed)  # a run without a checkpoint: no trace
+                if self._aside is not None:
+                    finish_overwrite(self._aside, keep_new=False)
+                    print(f"put the previous run back in {self.path} (the new one had no checkpoint)",
+                          flush=True)
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+            self._restore_handlers()
+
+    def restore(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+        steps_per_epoch: int,
+    ) -> TrainState:
+        """The training state to start from: a fresh one, or :attr:`checkpoint` loaded into
+        ``model``, ``optimizer``, ``scaler`` and the RNGs; the ``save_*`` methods save these three.
+        Raises RunDirError if this launch takes another number of steps per epoch (another number of
+        processes); warns when ``train.epochs`` changes a run that had not finished."""
+        ckpt, cfg, world = self.checkpoint, self.cfg, self.world
+        self._trained = (model, optimizer, scaler)
+        if ckpt is None:
+            return TrainState(steps_per_epoch=steps_per_epoch)
+        partial = ckpt.get("partial")
+        done = ckpt["steps_per_epoch"]
+        in_epoch = ckpt["step"] - ckpt["epoch"] * done
+        if done != steps_per_epoch or in_epoch != (partial["n_seen"] if partial else 0):
+            raise RunDirError(
+                f"--resume: the run took {done} steps per epoch, this launch takes {steps_per_epoch} "
+                f"({world.world_size} process(es) x batch {cfg.train.batch_size}); relaunch with as "
+                "many processes as the run had"
+            )
+        planned = ckpt["config"]["train"]["epochs"]
+        if world.is_main and ckpt["epoch"] < planned != cfg.train.epochs:
+            warnings.warn(
+                f"--resume with train.epochs={cfg.train.epochs} changes a {planned}-epoch run that stopped "
+                f"after epoch {ckpt['epoch']}{' (inside the next)' if partial else ''}: the "
+                f"learning-rate schedule is recomputed for {cfg.train.epochs} epochs from here, so the "
+                f"result matches neither an uninterrupted {planned}- nor {cfg.train.epochs}-epoch run",
+                stacklevel=3,
+            )
+        model.load_state_dict(ckpt["state_dict"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scaler.load_state_dict(ckpt["scaler"])
+        state = TrainState(
+            epoch=ckpt["epoch"], step=ckpt["step"], log=list(ckpt["log"]), partial=partial,
+            steps_per_epoch=steps_per_epoch, step_log=list(ckpt["step_log"]),
+        )
+        ranks = ckpt.get("rng_ranks")
+        if ranks and len(ranks) == world.world_size:  # each rank continues its own RNG stream
+            set_rng_state(ranks[world.rank])
+        elif world.is_main:
+            set_rng_state(ckpt["rng"])
+        else:  # the run had another number of processes: the other ranks restart their own stream
+            seed_everything(mix_seed(distributed.rank_seed(cfg.seed, world.rank), state.step))
+        return state
+
+    def claim(self, state: TrainState) -> None:
+        """Take the run dir (rank 0; every rank gets its error): lock it, re-check it under the lock,
+        set a previous run aside (``--overwrite``), archive the results of a shorter run a
+        ``--resume`` extends, write ``config.yaml`` and the logs as ``state`` holds them. Then catch
+        the first Ctrl-C or SIGTERM (:attr:`stop_signal`) until :meth:`finish`."""
+        distributed.run_on_main(lambda: self._claim(state))
+        self._install_handlers()
+
+    def _claim(self, state: TrainState) -> None:
+        run_dir, ckpt, cfg = self.path, self.checkpoint, self.cfg
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = lock_run_dir(run_dir)  # the first write; None where there are no file locks
+        if ckpt is None and not self.overwrite and holds_run(run_dir):
+            # another command wrote a run here after prepare_run_dir: refuse, as it did, touching nothing
+            if lock is not None:
+                lock.release()
+            raise occupied_run_dir(run_dir)
+        self._lock, self._claimed = lock, True
+        if ckpt is None and self.overwrite:  # the previous run waits aside until this one has a checkpoint
+            self._aside = set_aside_run_artifacts(run_dir)
+        if ckpt is None:  # a run killed before its first checkpoint may have left its step log
+            (run_dir / "steps.csv").unlink(missing_ok=True)
+        if ckpt is not None and ckpt["epoch"] < cfg.train.epochs:
+            moved = archive_results(run_dir, ckpt["epoch"])
+            if moved is not None:
+                print(f"moved the results of the {ckpt['epoch']}-epoch run to {moved}/ (they would be stale)")
+        every, done = cfg.train.checkpoint_every, state.epoch
+        periodic = run_dir / f"epoch-{done:04d}.pt"
+        at_boundary = ckpt is not None and not state.partial and done > 0
+        if at_boundary and every and done % every == 0 and not periodic.exists():
+            # killed between last.pt and the periodic copy of the same epoch: write the copy now
+            with atomic_path(periodic) as tmp:
+                shutil.copyfile(run_dir / "last.pt", tmp)
+        with atomic_path(run_dir / "config.yaml") as tmp:  # a kill mid-write must not leave it empty
+            tmp.write_text(dump_yaml(cfg))
+        if ckpt is not None:  # the logs as last.pt holds them: a save cut short after it left them short
+            self._write_logs(state)
+
+    def kept(self, nothing: str = "no epoch had finished, so nothing was kept") -> str:
+        """The end of an error message that stops training: what the run dir still holds."""
+        if (self.path / "last.pt").exists():
+            return f"the last good checkpoint {self.path / 'last.pt'} is kept"
+        return f"{nothing}: fix the cause and rerun"
+
+    def save(self, state: TrainState) -> None:
+        """``last.pt``, then the logs (no row without its checkpoint); at an epoch's end (no
+        ``state.partial``) also ``epoch-NNNN.pt`` every ``train.checkpoint_every`` epochs. Every rank
+        calls it; rank 0 saves while the others wait, so that its error (a full disk) stops them all."""
+        state.rng_ranks = distributed.all_gather_objects(rng_state())  # None for one process
+        distributed.run_on_main(lambda: self._save(state))
+
+    def save_mid_epoch(self, state: TrainState, stopped: EpochResult) -> NoReturn:
+        """A stop inside an epoch (``stopped``, from ``core.engine.train_one_epoch``): save the
+        resumable state to ``last.pt`` and raise TrainingInterrupted (every rank calls it)."""
+        state.partial = stopped.partial
+        self.save(state)
+        n_seen = stopped.partial["n_seen"] if stopped.partial else 0
+        raise TrainingInterrupted(
+            f"stopped in epoch {state.epoch + 1} after {n_seen} of its {state.steps_per_epoch} steps; state "
+            f"saved to {self.path / 'last.pt'}; --resume continues from that step",
+            signum=stopped.stop_signal or signal.SIGINT,
+        )
+
+    def finish(self) -> None:
+        """After the last epoch: Ctrl-C acts at once again; raises TrainingInterrupted (rank 0) if a
+        stop came during the last epoch's saves, before the export."""
+        self._restore_handlers()
+        if self.stop_signal is not None and self.world.is_main:
+            raise TrainingInterrupted(
+                f"stopped after the last epoch ({self.cfg.train.epochs}), before the export and evaluation; "
+                f"{self.path / 'last.pt'} holds the trained model: --resume exports and evaluates it",
+                signum=self.stop_signal,
+            )
+
+    def _save(self, state: TrainState) -> None:
+        save_checkpoint(self.path / "last.pt", *self._trained, state, self.cfg)
+        finish_overwrite(self._aside, keep_new=True)  # the new run has its checkpoint
+        self._aside = None
+        self._write_logs(state)
+        every = self.cfg.train.checkpoint_every
+        if state.partial is None and every and state.epoch % every == 0:
+            save_checkpoint(self.path / f"epoch-{state.epoch:04d}.pt", *self._trained, state, self.cfg)
+
+    def _write_logs(self, state: TrainState) -> None:
+        if state.log:
+            write_log(self.path, state.log)
+        if state.step_log:  # with the epoch rows, not rewritten every STEP_LOG_EVERY steps
+            write_log(self.path, state.step_log, "steps.csv")
+
+    def _install_handlers(self) -> None:
+        """The first Ctrl-C or SIGTERM sets :attr:`stop_signal` (the loop finishes its step, saves
+        and stops); a second one acts at once (the previous handler is back)."""
+        for signum in STOP_SIGNALS:
+            try:
+                previous = signal.getsignal(signum)
+
+                def handler(sig: int, frame: Any, previous: Any = previous) -> None:
+                    self.stop_signal = self.stop_signal or sig
+                    signal.signal(sig, previous)
+
+                signal.signal(signum, handler)
+                self._handlers.append((signum, previous))
+            except ValueError:  # not the main thread
+                pass
+
+    def _restore_handlers(self) -> None:
+        while self._handlers:
+            signum, previous = self._handlers.pop()
+            with suppress(ValueError):
+                signal.signal(signum, previous)
+

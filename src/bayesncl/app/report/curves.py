@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from bayesncl.runs.fileio import write_failure_reason
-from bayesncl.runs.rundir import LOG_FIELDS, STEP_LOG_FIELDS, RunDirError
+from bayesncl.runs.logs import LOG_FIELDS, STEP_LOG_FIELDS
+from bayesncl.runs.rundir import RunDirError
 
 __all__ = ["read_log", "read_steps", "run_label", "training_curves_figure", "write_training_curves"]
 

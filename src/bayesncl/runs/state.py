@@ -1,0 +1,104 @@
+"""The training state a bit-identical resume needs, and its atomic save.
+
+Everything lives in one checkpoint dict (format :data:`~bayesncl.runs.safe_load.CHECKPOINT_FORMAT`):
+model, optimiser, grad scaler, every RNG, epoch, step and the logs. What is *not* stored, and why
+it need not be:
+
+- the learning-rate schedule: a precomputed per-step array, a pure function of the config and
+  ``step`` (``core.optim.warmup_cosine``);
+- the data order and augmentation: a function of ``(seed, epoch, rank, step)`` only
+  (``TwoViewLoader.set_epoch``), also inside DataLoader workers, so worker RNGs need no state.
+
+RNG states are stored as tensors and plain Python values so checkpoints load with
+``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bayesncl.config import Config
+from bayesncl.runs.fileio import atomic_path
+from bayesncl.runs.safe_load import CHECKPOINT_FORMAT
+
+
+def rng_state() -> dict[str, Any]:
+    # Only tensors and plain Python values, so checkpoints load with torch.load(weights_only=True).
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    """torch.save to a temporary file in the same dir, then rename: never a half-written file."""
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0  # epochs completed
+    step: int = 0  # optimiser steps completed
+    log: list[dict[str, Any]] = field(default_factory=list)
+    step_log: list[dict[str, Any]] = field(default_factory=list)  # the rows of steps.csv
+    partial: dict[str, Any] | None = None  # stopped inside epoch+1: core.engine.EpochResult.partial
+    steps_per_epoch: int = 0
+    # Under DDP: every rank's RNG state (rank order), gathered at the save; rank 0's is also "rng".
+    rng_ranks: list[dict[str, Any]] | None = None
+
+
+def save_checkpoint(
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    state: TrainState,
+    cfg: Config,
+) -> None:
+    """Everything needed for a bit-identical resume, in one file (written atomically)."""
+    atomic_save(
+        {
+            "format": CHECKPOINT_FORMAT,
+            "config": cfg.to_dict(),
+            "state_dict": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(),
+            "epoch": state.epoch,
+            "step": state.step,
+            "log": state.log,
+            "step_log": state.step_log,
+            "partial": state.partial,
+            "steps_per_epoch": state.steps_per_epoch,
+            "rng_ranks": state.rng_ranks,
+            "rng": rng_state(),
+        },
+        path,
+    )
