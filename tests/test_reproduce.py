@@ -206,3 +206,17 @@ def test_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["reproduce", "fig4a", *base, "model.proj_dim=0"]) == 2  # the sweep's base out of range
     assert "model.proj_dim=0: expected >= 1" in error_line(capsys)
     assert not (tmp_path / "t").exists()
+
+
+def test_table3_refuses_stored_runs_without_its_checkpoints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Table 7 trains with the default train.checkpoint_every (10): no epoch-0001.pt, which Table 3's
+    dynamics read; said before any training, not a failure after it."""
+    base = ["--dataset", "fashion-mnist", "--store", str(tmp_path / "store"),
+            *(o for o in TINY if not o.startswith("train.checkpoint_every="))]  # fmt: skip
+    assert main(["reproduce", "7", "--run-dir", str(tmp_path / "t7"), *base]) == 0
+    capsys.readouterr()
+    assert main(["reproduce", "3", "--run-dir", str(tmp_path / "t3"), *base]) == 2
+    assert "table 3 needs epoch-NNNN.pt of epochs 1 but the stored run" in error_line(capsys)
+    assert not (tmp_path / "t3").exists()

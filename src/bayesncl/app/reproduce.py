@@ -100,6 +100,13 @@ def _check_dirs(run_dir: Path, store: Path, study: Study, runs: dict[str, tuple[
             variants.refuse_other_settings(
                 sub, cfg, f"remove {sub} (or use another --store)", ignore=variants.IDENTITY_IGNORES
             )
+        missing = [e for e in study.checkpoints if not (sub / f"epoch-{e:04d}.pt").exists()]
+        if status == "reuse" and missing:  # (a run to train or continue writes them with this config)
+            raise RunDirError(
+                f"{_what(study)} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but the stored "
+                f"run {sub} has none (another table trained it with a larger train.checkpoint_every): run "
+                f"{_what(study)} before the tables that share its runs, or use another --store"
+            )
         else:
             _check_writable(sub)
 

@@ -80,6 +80,7 @@ class Study:
     panels: list[Panel] = field(default_factory=list)
     defines: tuple[str, ...] = ("method.name",)  # keys the variants set: refused as overrides
     notes: list[str] = field(default_factory=list)  # printed with the plan (what the protocol is)
+    checkpoints: tuple[int, ...] = ()  # the epochs whose epoch-NNNN.pt every run must keep (Table 3)
 
 
 def recipe_for(dataset: str, method: str) -> Path:
@@ -167,7 +168,8 @@ def _table3(dataset: str, overrides: list[str]) -> Study:
     ]  # fmt: skip
     notes = [f"checkpoints every {every} epoch(s); protocol: bayesncl dynamics (docs/metrics.md)"]
     return Study("3", "Table 3: gradient dynamics (Spearman correlations per checkpoint)", "table3", variants,
-                 [("dynamics", (epochs, 1024))], columns, rows, panels=panels, notes=notes)  # fmt: skip
+                 [("dynamics", (epochs, 1024))], columns, rows, panels=panels, notes=notes,
+                 checkpoints=epochs)  # fmt: skip
 
 
 def _table5(dataset: str, overrides: list[str]) -> Study:
