@@ -423,12 +423,11 @@ def test_reproduce_run_dir_that_is_a_file(tmp_path: Path, capsys: pytest.Capture
     (tmp_path / "a-file").write_text("x")
     for table in ("1", "2", "4", "7"):
         expect("G1", refused(tmp_path / "a-file", table), tmp_path)
-    (tmp_path / "t7").mkdir()
-    (tmp_path / "t7" / "ncl").write_text("x")
-    expected = ROWS["G1"].replace("<tmp>/a-file", str(tmp_path / "t7" / "ncl"))  # a variant's folder
+    (tmp_path / "variants").write_text("x")  # the store of runs (default: beside the run dir) is a file
+    store = tmp_path / "variants"
+    expected = f"bayesncl: error: store {store} is a file, not a directory; choose another --store"
     assert refused(tmp_path / "t7", "7") == expected + "\n"
-    assert (tmp_path / "a-file").read_text() == "x"
-    assert sorted(p.name for p in (tmp_path / "t7").iterdir()) == ["ncl"]
+    assert (tmp_path / "a-file").read_text() == "x" and not (tmp_path / "t7").exists()
 
 
 def test_read_only_run_dir(

@@ -37,13 +37,15 @@ def test_more_range_checks(override: str, message: str) -> None:
 
 
 def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as e:
-        main(["reproduce", "3"])
-    assert e.value.code == 2
+    assert main(["reproduce", "6"]) == 2
     assert error_line(capsys) == (
-        "bayesncl: error: argument table: invalid choice: '3' (choose from '1', '2', '4', '7') "
-        "(see bayesncl reproduce --help)"
+        "bayesncl: error: reproduce '6': no such table or figure; expected one of 1, 2, 3, 4, 5, 7, 15, "
+        "fig3, fig4a, fig4b, ncl-fs, ncl-sepin"
     )
+    with pytest.raises(SystemExit) as e:
+        main(["reproduce", "1", "--seeds", "two"])
+    assert e.value.code == 2
+    assert "argument --seeds: invalid int value: 'two'" in error_line(capsys)
     # an unknown option is reported by the subcommand's parser: no doubled prefix, its own --help
     for command in ("pretrain", "demo", "benchmark"):
         with pytest.raises(SystemExit):
@@ -120,7 +122,7 @@ def test_sigint_handler_is_restored_after_training(tmp_path: Path) -> None:
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_reproduce_refuses_to_reuse_runs_of_other_settings(
+def test_reproduce_times_from_the_log_and_other_settings_are_other_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = [
@@ -135,24 +137,22 @@ def test_reproduce_refuses_to_reuse_runs_of_other_settings(
         "eval.retrieval_dims=8",
     ]
     assert main(args) == 0
-    assert (tmp_path / "t7" / "bayesncl" / "metrics.json").exists()
+    table = json.loads((tmp_path / "t7" / "table7.json").read_text())
+    runs = {name: tmp_path / "variants" / h for name, h in table["runs"].items()}
+    assert (runs["BayesNCL seed 0"] / "metrics.json").exists()  # the store: variants/ beside the run dir
     # minutes: the logged epoch times (training alone), not the wall time around pretrain + evaluation
-    for variant in ("ncl", "bayesncl"):
-        rows = (tmp_path / "t7" / variant / "log.csv").read_text().splitlines()
+    for variant in ("NCL", "BayesNCL"):
+        rows = (runs[f"{variant} seed 0"] / "log.csv").read_text().splitlines()
         col = rows[0].split(",").index("epoch_time_s")
         logged = sum(float(r.split(",")[col]) for r in rows[1:]) / 60
-        m = json.loads((tmp_path / "t7" / variant / "metrics.json").read_text())
-        assert m["pretrain_minutes"] == pytest.approx(logged, abs=1e-6) and m["pretrain_minutes"] > 0
-    # a finished variant timed by an older version (the wall time around pretrain) is re-timed from its log
-    done = tmp_path / "t7" / "ncl" / "metrics.json"
-    done.write_text(json.dumps(json.loads(done.read_text()) | {"pretrain_minutes": 99.0}))
-    assert main(args) == 0
-    assert json.loads((tmp_path / "t7" / "table7.json").read_text())["NCL"]["pretrain_minutes"] < 99
-    assert json.loads(done.read_text())["pretrain_minutes"] < 99
+        cell = table["rows"][variant]["pretrain_minutes"]
+        assert cell["values"] == [pytest.approx(logged, abs=1e-6)] and cell["mean"] > 0
     assert (tmp_path / "t7" / "curves.png").read_bytes().startswith(b"\x89PNG")  # every variant's log
-    capsys.readouterr()
-    assert main([*args, "train.epochs=2"]) == 2
-    assert "holds a finished run with other settings (train.epochs)" in error_line(capsys)
+    # other settings are other runs: trained beside the first ones, which stay as they were
+    assert main([*args, "train.epochs=2"]) == 0
+    again = json.loads((tmp_path / "t7" / "table7.json").read_text())
+    assert len(again["trained"]) == 2 and not set(again["trained"]) & set(table["runs"].values())
+    assert all((tmp_path / "variants" / h / "metrics.json").exists() for h in table["runs"].values())
 
 
 def test_checkpoint_and_features_file_swapped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -319,16 +319,16 @@ def test_reproduce_2_extracts_each_split_once_per_variant(
     args = ["reproduce", "2", "--dataset", "cifar10", "--run-dir", str(run), *TINY, "data.root=none"]
     args.append("eval.retrieval_dims=8")
     assert main(args) == 0
-    assert sorted(calls) == ["test"] * 3 + ["train"] * 3  # CL, NCL, BayesNCL: one evaluation each
+    # CL, NCL, BayesNCL: pretrain's evaluation, then the features table 2 keeps (kNN, 3 probe seeds)
+    assert sorted(calls) == ["test"] * 6 + ["train"] * 6
     table = json.loads((run / "table2.json").read_text())
     for name in ("CL", "NCL", "BayesNCL"):
-        m = table[name]
-        assert m["linear_probe_seeds"] == [0, 1, 2] and 0 <= m["knn_acc1"] <= 100
-        assert m["pretrain_minutes"] > 0
+        cells = table["rows"][name]
+        assert 0 <= cells["knn_acc1"]["mean"] <= 100 and 0 <= cells["lp3_acc1"]["mean"] <= 100
     calls.clear()
     assert main(args) == 0  # finished variants are reused, not evaluated again
     assert calls == []
-    assert "== CL: reusing" in capsys.readouterr().out
+    assert "CL seed 0: reuse" in capsys.readouterr().out
 
 
 def test_an_earlier_checkpoint_of_a_run_is_evaluated_into_its_own_folder(

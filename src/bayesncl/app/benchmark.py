@@ -227,6 +227,26 @@ def _trainer(cfg: Config, device: torch.device) -> tuple[Callable[[Batch | None]
     return step, batches
 
 
+def images_per_second(cfg: Config, steps: int = 3) -> float:
+    """Pretraining throughput of ``cfg`` on this machine (``train.device``), in images per second
+    (one image = its two views, forward and backward): the mean over ``steps`` training steps
+    after one warm-up step, with the model, optimiser and loader pretrain builds. Used by
+    ``reproduce`` to estimate a plan's time when no run of the kind has been timed yet."""
+    import time
+
+    from bayesncl.core.distributed import resolve_device
+
+    device = resolve_device(cfg.train.device)
+    step, _ = _trainer(cfg, device)
+    step(None)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step(None)
+    _sync(device)
+    return steps * cfg.train.batch_size / max(time.perf_counter() - t0, 1e-9)
+
+
 def flops_per_image(cfg: Config, *, train: bool = False, batch_size: int | None = None) -> float:
     """FLOPs of the model ``cfg`` describes, counted by ``torch.utils.flop_counter.FlopCounterMode``
     (matmuls and convolutions; a multiply-add is 2 FLOPs) on the ``meta`` device: shapes only, no

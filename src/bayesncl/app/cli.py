@@ -221,7 +221,9 @@ def cmd_curves(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from bayesncl.app.reproduce import reproduce
 
-    reproduce(args.table, args.dataset, path_arg(args.run_dir, "--run-dir", "a directory"), args.overrides)
+    run_dir = path_arg(args.run_dir, "--run-dir", "a directory")
+    store = path_arg(args.store, "--store", "a directory")
+    reproduce(args.table, args.dataset, run_dir, args.overrides, seeds=args.seeds, store=store)
     return 0
 
 
@@ -336,20 +338,31 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         ],
     ),
     "reproduce": (
-        "one command per paper table (1, 2, 4, 7): run every variant, print ours vs the paper",
-        "Pretrain and evaluate every variant a paper table needs (recipes in "
-        "src/bayesncl/configs), reusing finished variants, and write table<N>.md/.json next to the "
-        "paper's values. CIFAR/ImageNet-100 recipes are GPU-scale; --dataset fashion-mnist uses the "
-        "CPU demo budget. key=value overrides apply to every variant.",
+        "one command per table or figure of both papers, mean ± std over seeds, ours vs the paper",
+        "Pretrain every variant a table or figure needs (recipes in src/bayesncl/configs) once per "
+        "seed 0..N-1, evaluate them, and write <stem>.md/.json (each cell: mean, std, per-seed values, "
+        "the paper's value) and, for figures, <stem>.png with error bars. A run is identified by its "
+        "resolved config and seed: it is trained once into the store (STORE/<hash>/) and reused by "
+        "every table and invocation that needs it; an interrupted run continues. The plan (runs to "
+        "train, to continue, reused, estimated time) is printed first. IDs: 1, 2, 4, 7 (BayesNCL "
+        "Tables 1, 2, 4, 7), 3 (gradient dynamics), 5 (ResNet-50), 15 (gating-head lr), fig3 "
+        "(retrieval vs K), fig4a (SC vs D), fig4b (SC, LP@1 vs rho and lambda), ncl-fs (NCL feature "
+        "selection), ncl-sepin (NCL SEPIN@k). CIFAR/ImageNet-100 recipes are GPU-scale; --dataset "
+        "fashion-mnist uses the CPU demo budget. key=value overrides apply to every variant.",
         {},
         [
-            _arg("table", choices=("1", "2", "4", "7"), help="paper table number"),
+            _arg("table", metavar="ID", help="1 2 3 4 5 7 15 fig3 fig4a fig4b ncl-fs ncl-sepin"),
             _arg(
                 "--dataset",
                 default="cifar100",
                 help="cifar10 | cifar100 | imagenet100 | fashion-mnist (default cifar100)",
             ),
-            _arg("--run-dir", help="output directory (default runs/table<N>-<dataset>)"),
+            _arg("--seeds", type=int, default=1, help="pretrain every variant with seeds 0..N-1 (default 1)"),
+            _arg(
+                "--run-dir",
+                help="where the table goes (default runs/<stem>-<dataset>, e.g. runs/table1-cifar100)",
+            ),
+            _arg("--store", help="the shared store of runs (default: variants/ beside the run dir)"),
             _OVERRIDES,
         ],
     ),

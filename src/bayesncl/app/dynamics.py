@@ -21,6 +21,7 @@ Protocol (the paper gives none; this is ours, also in docs/metrics.md):
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,17 @@ def checkpoint_epochs(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1) -> dict[str, Any]:
+def dynamics_command(
+    run_dir: str | Path, *, samples: int = 1024, every: int = 1, epochs: Collection[int] | None = None
+) -> dict[str, Any]:
     """``bayesncl dynamics RUN_DIR``: the Table 3 correlations for every ``every``-th periodic
     checkpoint; writes ``dynamics.json``, ``dynamics.md`` and ``dynamics.png`` into the run dir.
 
     ``dynamics.json`` records ``samples`` (the train images the gradient variance actually used:
     ``samples`` rounded up to whole batches, capped at one epoch of the train split, so a
     ``--samples`` beyond the split records the split's size), ``every`` and the checkpoints
-    used. Raises EvalError if ``run_dir`` is a file, missing, or has no periodic checkpoints.
+    used. ``epochs``: only the checkpoints of these epochs (``reproduce 3``), before ``every``.
+    Raises EvalError if ``run_dir`` is a file, missing, or has no periodic checkpoints (of ``epochs``).
     """
     from bayesncl.app.evaluate import extract_split, load_trained
     from bayesncl.app.report import write_results
@@ -59,7 +63,8 @@ def dynamics_command(run_dir: str | Path, *, samples: int = 1024, every: int = 1
         )
     if not run.is_dir():
         raise EvalError(f"{run}: no such run dir")
-    ckpts = checkpoint_epochs(run)[:: max(every, 1)]
+    found = [(e, p) for e, p in checkpoint_epochs(run) if epochs is None or e in epochs]
+    ckpts = found[:: max(every, 1)]
     if not ckpts:
         from bayesncl.runs.rundir import set_aside_hint
 

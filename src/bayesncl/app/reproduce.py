@@ -1,152 +1,36 @@
-"""One command per paper table: ``bayesncl reproduce TABLE --dataset DS``.
+"""``bayesncl reproduce ID --dataset DS [--seeds N]``: one command per table or figure of both papers.
 
-Each table is a list of variants (a recipe plus overrides). Every variant pretrains into
-``RUN_DIR/<variant>`` and is evaluated on the test split; a variant whose ``metrics.json`` already
-exists is reused, so an interrupted reproduction continues where it stopped. The table is printed
-next to the paper's numbers and written as ``table<N>.md`` / ``table<N>.json``.
+A study (:mod:`bayesncl.app.studies`) lists variants; each is pretrained once per seed 0..N-1.
+A run is identified by its resolved config, seed included (:func:`bayesncl.app.variants.variant_hash`),
+and lives in a store shared by every study: ``STORE/<hash>/``, an ordinary pretrain run dir
+(default store: ``variants/`` beside the run dir, i.e. ``runs/variants``). So any study that
+needs a run another study (or an earlier invocation) trained reuses it; an interrupted run
+(``last.pt``, no ``metrics.json``) continues. What a study measures of a stored run beyond
+pretrain's evaluation (kNN, retrieval per K, SEPIN, dynamics, ...) is cached beside it in
+``reproduce.json``, and the features it reads in ``features_{test,train}.npz``.
 
-Paper numbers: PAPER-NOTES §4 (BayesNCL paper Tables 1, 2, 4, 7).
+Every command prints its plan first (runs to train, to continue, reused; estimated training time
+from the store's logged epoch times or a short measurement), then one line per run. Each table
+cell is the mean ± std (ddof 1) over seeds; ``<stem>.json`` keeps ``mean``, ``std``, the per-seed
+``values`` and the paper's value of every cell; figures are ``<stem>.png`` with error bars.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import os
+import time
+import warnings
 from pathlib import Path
 from typing import Any
 
-from bayesncl.app import variants
-from bayesncl.app.report import format_table
+from bayesncl.app import studies, variants
+from bayesncl.app.studies import Study
 from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
 
-RECIPES = Path(__file__).parents[1] / "configs"
-DATASETS = ("cifar10", "cifar100", "imagenet100", "fashion-mnist")
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    method: str
-    overrides: tuple[str, ...] = ()
-
-
-TABLES: dict[str, dict[str, Any]] = {
-    "1": {
-        "title": "Table 1: interpretability",
-        "variants": [
-            Variant("CL", "cl"),
-            Variant("NCL", "ncl"),
-            Variant("NCL+TopK", "ncl-topk"),
-            Variant("BayesNCL (GS)", "bayesncl-gs"),
-            Variant("BayesNCL (STE)", "bayesncl"),
-        ],
-        "columns": [
-            ("SC %", "semantic_consistency", "{:.2f}"),
-            ("H_sum", "semantic_entropy_sum", "{:.3f}"),
-            ("Act.", "activation_ratio", "{:.3f}"),
-            ("LP@1", "linear_probe_acc1", "{:.2f}"),
-        ],
-        "paper": {
-            "cifar10": {
-                "CL": 10.00,
-                "NCL": 53.82,
-                "NCL+TopK": 51.81,
-                "BayesNCL (GS)": 53.68,
-                "BayesNCL (STE)": 56.50,
-            },
-            "cifar100": {
-                "CL": 1.00,
-                "NCL": 9.91,
-                "NCL+TopK": 12.32,
-                "BayesNCL (GS)": 20.75,
-                "BayesNCL (STE)": 22.02,
-            },
-            "imagenet100": {
-                "CL": 1.00,
-                "NCL": 14.93,
-                "NCL+TopK": 14.27,
-                "BayesNCL (GS)": 11.66,
-                "BayesNCL (STE)": 36.14,
-            },
-        },
-        "paper_key": "paper SC %",
-    },
-    "2": {
-        "title": "Table 2: linear probe (fast probe on frozen h, mean of 3 seeds)",
-        "variants": [Variant("CL", "cl"), Variant("NCL", "ncl"), Variant("BayesNCL", "bayesncl")],
-        "columns": [
-            ("LP@1", "linear_probe_acc1", "{:.2f}"),
-            ("LP@5", "linear_probe_acc5", "{:.2f}"),
-            ("kNN@1", "knn_acc1", "{:.2f}"),
-        ],
-        "paper": {
-            "cifar10": {"CL": 87.88, "NCL": 87.80, "BayesNCL": 88.02},
-            "cifar100": {"CL": 59.72, "NCL": 60.67, "BayesNCL": 60.69},
-            "imagenet100": {"CL": 68.31, "NCL": 69.63, "BayesNCL": 70.44},
-        },
-        "paper_key": "paper LP@1",
-        "probe_seeds": 3,
-    },
-    "4": {
-        "title": "Table 4: BayesNCL ablations",
-        "variants": [
-            Variant("full", "bayesncl"),
-            Variant("soft gate", "bayesncl", ("method.gate=soft",)),
-            Variant("no detach", "bayesncl", ("method.detach=false",)),
-            Variant("1-layer head", "bayesncl", ("method.gate_depth=1",)),
-            Variant("3-layer head", "bayesncl", ("method.gate_depth=3",)),
-        ],
-        "columns": [
-            ("SC %", "semantic_consistency", "{:.2f}"),
-            ("LP@1", "linear_probe_acc1", "{:.2f}"),
-        ],
-        "paper": {
-            "imagenet100": {
-                "full": 36.14,
-                "soft gate": 33.15,
-                "no detach": 22.29,
-                "1-layer head": 40.85,
-                "3-layer head": 26.37,
-            },
-        },
-        "paper_key": "paper SC %",
-    },
-    "7": {
-        "title": "Table 7: compute (pretraining wall time and FLOPs per image)",
-        "variants": [Variant("NCL", "ncl"), Variant("BayesNCL", "bayesncl")],
-        "columns": [
-            ("minutes", "pretrain_minutes", "{:.2f}"),
-            ("GFLOPs/img", "gflops_per_image", "{:.3f}"),
-        ],
-        "paper": {
-            "cifar100": {"NCL": 70.95, "BayesNCL": 75.12},
-            "imagenet100": {"NCL": 193.78, "BayesNCL": 218.53},
-        },
-        "paper_key": "paper minutes",
-    },
-}
-
-
-def recipe_for(dataset: str, method: str) -> Path:
-    """The shipped recipe for ``dataset`` × ``method`` (fashion-mnist uses the demo budget)."""
-    if dataset == "fashion-mnist":
-        return RECIPES / "fashion-mnist-demo.yaml"
-    return RECIPES / f"{dataset}-{method}.yaml"
-
-
-def table_configs(table: str, dataset: str, overrides: list[str]) -> dict[str, Config]:
-    """Resolve every variant's config up front (so a typo fails before any training)."""
-    if table not in TABLES:
-        raise ConfigError(f"table {table!r}: expected one of {', '.join(TABLES)}")
-    if dataset not in DATASETS:
-        raise ConfigError(f"--dataset {dataset!r}: expected one of {', '.join(DATASETS)}")
-    defining = {"method.name"} | {o.split("=")[0] for v in TABLES[table]["variants"] for o in v.overrides}
-    refuse_fixed_keys(overrides, defining, f"the variants of table {table}")
-    return {
-        v.name: build_config(
-            recipe_for(dataset, v.method), [f"method.name={v.method}", *v.overrides, *overrides]
-        )
-        for v in TABLES[table]["variants"]
-    }
+# what decides how fast a run trains (runs that agree on these share a measured images/s)
+COST_KEYS = ("data.name", "data.image_size", "model.backbone", "model.cifar_stem", "train.batch_size",
+             "train.device", "train.precision", "train.channels_last")  # fmt: skip
 
 
 def pretrain_minutes(run_dir: Path) -> float:
@@ -160,92 +44,427 @@ def pretrain_minutes(run_dir: Path) -> float:
 
 
 def _slug(name: str) -> str:
-    """``"BayesNCL (GS)"`` → ``"bayesncl-gs"``."""
-    return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
+    """``"BayesNCL (GS)"`` → ``"bayesncl-gs"``; ``"gate lr ×0.25"`` → ``"gate-lr-0-25"``."""
+    return "-".join("".join(c if c.isascii() and c.isalnum() else " " for c in name.lower()).split())
 
 
-def _check_run_dir(run_dir: Path, configs: dict[str, Config], table: str) -> None:
-    """Raise RunDirError for a run dir (or a variant's sub-folder to train into) that is a file,
-    cannot be written, or holds a pretrain run (a table begun there goes on)."""
-    from bayesncl.runs.rundir import _check_writable, refuse_a_run_in
-
-    _check_writable(run_dir)  # e.g. a file: refused before the first variant's "== ..." line
-    if not any((run_dir / _slug(name)).exists() for name in configs):
-        refuse_a_run_in(run_dir, f"table {table}")
-    for name in configs:
-        if not variants.finished(run_dir / _slug(name)):  # a variant to train
-            _check_writable(run_dir / _slug(name))
+# ----------------------------------------------------------------------------- configs and the plan
+Cells = dict[tuple[str, int], str]  # (variant, seed) -> the run's hash
 
 
-# what table 2 takes from its own evaluation (kNN, 3 probe seeds) of a variant another table finished
-_TABLE2_KEYS = (
-    "linear_probe_acc1",
-    "linear_probe_acc5",
-    "linear_probe_acc1_std",
-    "linear_probe_acc5_std",
-    "linear_probe_seeds",
-    "linear_probe_protocol",
-    "knn_acc1",
-)
+def study_configs(
+    study: Study, dataset: str, overrides: list[str], seeds: int
+) -> dict[tuple[str, int], Config]:
+    """Every (variant, seed)'s resolved config, up front (a typo fails before any training).
+    Raises ConfigError for ``--seeds`` < 1, a key the study's variants or ``--seeds`` set, or a
+    bad override."""
+    if seeds < 1:
+        raise ConfigError(f"--seeds {seeds}: expected >= 1 (the number of pretraining seeds, 0..N-1)")
+    refuse_fixed_keys(overrides, study.defines, f"the variants of {_what(study)}")
+    refuse_fixed_keys(overrides, ("seed",), "the runs' seeds (--seeds N trains seeds 0..N-1)")
+    out: dict[tuple[str, int], Config] = {}
+    for v in study.variants:
+        recipe = studies.recipe_for(dataset, v.method)
+        for s in range(seeds):
+            # the user's overrides set the base, the variant its own keys (a sweep's value wins)
+            given = [f"method.name={v.method}", *overrides, *v.overrides, f"seed={s}"]
+            out[v.name, s] = build_config(recipe, given)
+    return out
 
 
-def _variant(table: str, name: str, cfg: Config, sub: Path) -> dict[str, Any]:
-    """Train variant ``name`` into ``sub``, or reuse it when finished with the same settings; then
-    fill in what ``table`` shows and the variant lacks (saved with it). Returns its metrics."""
-    from bayesncl.app.evaluate import evaluate_command
+def _what(study: Study) -> str:
+    return f"table {study.id}" if study.id.isdigit() else study.id
+
+
+def _status(sub: Path) -> str:
+    if variants.finished(sub):
+        return "reuse"
+    return "resume" if (sub / "last.pt").exists() else "train"
+
+
+def _check_dirs(run_dir: Path, store: Path, study: Study, runs: dict[str, tuple[Config, str]]) -> None:
+    """Raise RunDirError for a run dir or store that is a file, cannot be written or holds a pretrain
+    run, and for a stored run of the same hash with other settings; before any output."""
+    from bayesncl.runs.rundir import RunDirError, _check_writable, refuse_a_run_in
+
+    _check_writable(run_dir)
+    refuse_a_run_in(run_dir, _what(study))
+    try:
+        _check_writable(store)
+        refuse_a_run_in(store, _what(study))
+    except RunDirError as e:  # the same checks, named for the store
+        raise RunDirError(str(e).replace("run dir", "store", 1).replace("--run-dir", "--store")) from None
+    for h, (cfg, status) in runs.items():
+        sub = store / h
+        if status == "reuse":
+            variants.refuse_other_settings(
+                sub, cfg, f"remove {sub} (or use another --store)", ignore=variants.IDENTITY_IGNORES
+            )
+        missing = [e for e in study.checkpoints if not (sub / f"epoch-{e:04d}.pt").exists()]
+        if status == "reuse" and missing:  # (a run to train or continue writes them with this config)
+            raise RunDirError(
+                f"{_what(study)} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but the stored "
+                f"run {sub} has none (another table trained it with a larger train.checkpoint_every): run "
+                f"{_what(study)} before the tables that share its runs, or use another --store"
+            )
+        else:
+            _check_writable(sub)
+
+
+def _logged_rate(sub: Path) -> tuple[tuple[Any, ...], float] | None:
+    """``(cost key, images/s)`` of a stored run from its config.yaml and log.csv, else None."""
+    from bayesncl.app.report.curves import read_log
+    from bayesncl.config import load_run_yaml
+
+    try:
+        flat = load_run_yaml(sub / "config.yaml")
+        rows = read_log(sub)
+    except (ValueError, OSError):  # ConfigError / RunDirError: no usable record
+        return None
+    seconds = sum(r["epoch_time_s"] for r in rows)
+    images = rows[-1]["step"] * int(flat["train.batch_size"])
+    return (tuple(flat.get(k) for k in COST_KEYS), images / seconds) if seconds > 0 else None
+
+
+def _rates(store: Path) -> dict[tuple[Any, ...], list[float]]:
+    out: dict[tuple[Any, ...], list[float]] = {}
+    for sub in sorted(store.glob("*/log.csv")) if store.is_dir() else []:
+        if (r := _logged_rate(sub.parent)) is not None:
+            out.setdefault(r[0], []).append(r[1])
+    return out
+
+
+def estimate_seconds(to_train: dict[str, Config], store: Path) -> tuple[dict[str, float], str]:
+    """Estimated training seconds of each run (by hash) and where the rate came from: the median
+    images/s of stored runs of the same cost (:data:`COST_KEYS`), else a 3-step measurement here."""
+    from bayesncl.app.benchmark import images_per_second
+    from bayesncl.data import dataset_info
+
+    logged = _rates(store)
+    measured: dict[tuple[Any, ...], float] = {}
+    out, sources = {}, set()
+    for h, cfg in to_train.items():
+        flat = variants.identity(cfg)
+        key = tuple(flat.get(k) for k in COST_KEYS)
+        if key in logged:
+            rate = sorted(logged[key])[len(logged[key]) // 2]
+            sources.add(f"{len(logged[key])} stored run(s)' log.csv")
+        else:
+            if key not in measured:
+                measured[key] = images_per_second(cfg)
+            rate = measured[key]
+            sources.add("a 3-step measurement")
+        steps = max(1, dataset_info(cfg.data).num_train // cfg.train.batch_size)
+        done = _logged_epochs(store / h)
+        out[h] = (cfg.train.epochs - done) * steps * cfg.train.batch_size / rate
+    return out, " and ".join(sorted(sources)) or "nothing to train"
+
+
+def _logged_epochs(sub: Path) -> int:
+    log = sub / "log.csv"
+    return max(0, len(log.read_text().splitlines()) - 1) if log.exists() and (sub / "last.pt").exists() else 0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def _print_plan(study: Study, dataset: str, seeds: int, store: Path, cells: Cells,
+                runs: dict[str, tuple[Config, str]], est: dict[str, float], source: str) -> None:  # fmt: skip
+    counts = {s: sum(1 for _, st in runs.values() if st == s) for s in ("train", "resume", "reuse")}
+    print(f"reproduce {study.id} ({study.title}) on {dataset}: {len(study.variants)} variant(s) x {seeds} "
+          f"seed(s) = {len(cells)} run(s), {len(runs)} distinct; to train {counts['train']}, to continue "
+          f"{counts['resume']}, reused {counts['reuse']} (store {store})")  # fmt: skip
+    for (name, seed), h in cells.items():
+        status = runs[h][1]
+        extra = f", ~{_duration(est[h])}" if h in est else ""
+        print(f"  {name} seed {seed}: {status} {h}{extra}")
+    device = next(iter(runs.values()))[0].train.device
+    print(f"estimated training time on this device ({device}): {_duration(sum(est.values()))} "
+          f"(from {source}; evaluation not included)")  # fmt: skip
+    for note in study.notes:
+        print(f"note: {note}")
+
+
+def _warn_cpu_resnet50(study: Study, runs: dict[str, tuple[Config, str]], est: dict[str, float]) -> None:
+    """Table 5 trains ResNet-50: on a CPU say how long it would take, before any training."""
+    import torch
+
+    from bayesncl.core.distributed import resolve_device
+
+    big = [h for h, (cfg, st) in runs.items() if st != "reuse" and cfg.model.backbone == "resnet50"]
+    if big and resolve_device(runs[big[0]][0].train.device).type == "cpu":
+        warnings.warn(
+            f"{_what(study)} trains ResNet-50 on the CPU ({torch.get_num_threads()} threads): about "
+            f"{_duration(sum(est[h] for h in big))} for {len(big)} run(s); a GPU is advised",
+            stacklevel=3,
+        )
+
+
+# ----------------------------------------------------------------------------- measures
+def _features(sub: Path) -> tuple[Any, Any]:
+    """(train, test) FeatureSets of a stored run (h, z̃, labels), extracted once and kept as
+    ``features_train.npz`` / ``features_test.npz`` beside it."""
+    from bayesncl.app.evaluate import extract_split, load_trained, save_split_features
+    from bayesncl.runs.features import load_features
+
+    paths = {s: sub / f"features_{s}.npz" for s in ("train", "test")}
+    if not all(p.exists() for p in paths.values()):
+        model, cfg, _ = load_trained(sub)
+        device = next(model.parameters()).device
+        for split, path in paths.items():
+            keys = ("h", "features") if split == "train" else ("h", "features", "alpha", "mask")
+            save_split_features(path, extract_split(model, cfg, split, device, keys=keys), cfg, split, sub)
+    train, test = (load_features(paths[s]) for s in ("train", "test"))
+    if train.h is None or test.h is None:  # a features file written without h: extract again
+        for p in paths.values():
+            p.unlink()
+        return _features(sub)
+    return train, test
+
+
+def _m_base(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    m = variants.finished_metrics(sub)
+    return {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _m_flops(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    from bayesncl.app.benchmark import flops_per_image
+
+    return {"gflops_per_image": flops_per_image(cfg) / 1e9}
+
+
+def _m_probe3(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    from bayesncl.metrics import knn_accuracy, linear_probe
+
+    train, test = _features(sub)
+    lp = linear_probe(train.h, train.labels, test.h, test.labels, seeds=[cfg.seed + i for i in range(3)])
+    knn = knn_accuracy(train.h, train.labels, test.h, test.labels)
+    return {"lp3_acc1": lp["acc1"], "lp3_acc5": lp["acc5"], "knn_acc1": knn["acc1"]}
+
+
+def _m_retrieval(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
+    from bayesncl.metrics import retrieval_metrics
+
+    _, test = _features(sub)
+    r = retrieval_metrics(test.features, test.labels, dims=list(ks), topk=(1, 5, 10))
+    return {f"K{k}.{m}": v for k, row in r.items() for m, v in row.items()}
+
+
+def _m_fs(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
+    """Top-K dims by expected activation (of the train z̃) vs K random dims (seed = the run's)."""
+    import numpy as np
+
+    from bayesncl.metrics import feature_selection_probe, linear_probe
+
+    train, test = _features(sub)
+    rng = np.random.default_rng(cfg.seed)
+    out = {}
+    for k in ks:
+        out[f"K{k}.top_acc1"] = feature_selection_probe(
+            train.features, train.labels, test.features, test.labels, int(k), seeds=cfg.seed
+        )["acc1"]
+        idx = np.sort(rng.choice(train.dim, size=int(k), replace=False))
+        out[f"K{k}.random_acc1"] = linear_probe(
+            train.features[:, idx], train.labels, test.features[:, idx], test.labels, seeds=cfg.seed
+        )["acc1"]
+    return out
+
+
+def _m_sepin(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
+    from bayesncl.metrics import sepin_at_k
+
+    _, test = _features(sub)
+    return {f"sepin@{k}": 100 * sepin_at_k(test.features, test.labels, k) for k in ks}  # in 10⁻² nats
+
+
+def _m_dynamics(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    from bayesncl.app.dynamics import dynamics_command
+
+    epochs, samples = params
+    result = dynamics_command(sub, samples=int(samples), epochs=set(epochs))
+    return {f"e{r['epoch']}.{k}": r[k] for r in result["rows"] for k in ("AF-GV", "GV-SC", "AF-SC")}
+
+
+MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval": _m_retrieval,
+            "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics}  # fmt: skip
+"""What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
+
+
+def measure(sub: Path, cfg: Config, wanted: list[tuple[str, tuple[Any, ...]]]) -> dict[str, float]:
+    """The metrics ``wanted`` of the finished run in ``sub``, from its cache where computed before
+    (``reproduce.json``), plus its ``pretrain_minutes``."""
+    cache = variants.read_cache(sub)
+    out: dict[str, float] = {}
+    changed = False
+    for name, params in [("base", ()), *wanted]:
+        key = f"{name}{list(params)}"
+        if key not in cache:
+            cache[key] = MEASURES[name](sub, cfg, params)
+            changed = True
+        out.update({k: v for k, v in cache[key].items() if v is not None})
+    if changed:
+        variants.write_cache(sub, cache)
+    if (sub / "log.csv").exists():
+        out["pretrain_minutes"] = pretrain_minutes(sub)
+    return out
+
+
+# ----------------------------------------------------------------------------- the table
+def cell(values: list[float | None]) -> dict[str, Any]:
+    """``{"mean", "std", "values"}`` of one table cell over seeds: std with ddof 1 (None for one
+    value), missing values (None, NaN) left out of both; mean None when no value."""
+    ok = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    mean = sum(ok) / len(ok) if ok else None
+    std = None
+    if mean is not None and len(ok) > 1:
+        std = math.sqrt(sum((v - mean) ** 2 for v in ok) / (len(ok) - 1))
+    return {"mean": mean, "std": std, "values": values}
+
+
+def aggregate(study: Study, per_run: dict[tuple[str, int], dict[str, float]], seeds: int) -> dict[str, Any]:
+    """``{row label: {column key: cell + "paper"}}`` over seeds 0..seeds-1."""
+    rows: dict[str, Any] = {}
+    for row in study.rows:
+        paper = study.paper.get(row.label, {})
+        rows[row.label] = {
+            c.key: {**cell([per_run[row.variant, s].get(row.prefix + c.key) for s in range(seeds)]),
+                    "paper": paper.get(c.key)}
+            for c in study.columns
+        }  # fmt: skip
+    return rows
+
+
+def _fmt(c: dict[str, Any], fmt: str) -> str:
+    if c["mean"] is None:
+        return "–"
+    return fmt.format(c["mean"]) + (f" ± {fmt.format(c['std'])}" if c["std"] is not None else "")
+
+
+def format_study(study: Study, rows: dict[str, Any]) -> str:
+    """Markdown: one row per study row, ``mean ± std`` cells, then the paper's value of every column
+    the paper reports."""
+    with_paper = [c for c in study.columns if any(rows[r][c.key]["paper"] is not None for r in rows)]
+    head = ["row", *(c.header for c in study.columns), *(f"paper {c.header}" for c in with_paper)]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for label, cells in rows.items():
+        ours = [_fmt(cells[c.key], c.fmt) for c in study.columns]
+        paper = [c.fmt.format(p) if (p := cells[c.key]["paper"]) is not None else "–" for c in with_paper]
+        lines.append("| " + " | ".join([label, *ours, *paper]) + " |")
+    return "\n".join(lines)
+
+
+def _figure(study: Study, rows: dict[str, Any], path: Path, seeds: int) -> None:
+    from bayesncl.app.report.plots import write_error_bar_figure
+
+    panels = [
+        (p.title, p.xlabel, p.ylabel, p.xscale, [
+            (s.label, [(x, rows[r][k]["mean"], rows[r][k]["std"]) for x, r, k in s.points], s.paper)
+            for s in p.series
+        ])
+        for p in study.panels
+    ]  # fmt: skip
+    write_error_bar_figure(panels, path, study.title, seeds)
+
+
+def _link(run_dir: Path, name: str, target: Path) -> None:
+    """``run_dir/name`` → the stored run (a relative symlink), so the table's folder shows its runs;
+    skipped where something else is there or links cannot be made."""
+    link = run_dir / name
+    try:
+        if link.is_symlink():
+            link.unlink()
+        if not link.exists():
+            link.symlink_to(os.path.relpath(target, run_dir), target_is_directory=True)
+    except OSError:
+        pass
+
+
+# ----------------------------------------------------------------------------- the command
+def _train(h: str, cfg: Config, sub: Path, label: str, i: int, n: int, est: float | None) -> None:
     from bayesncl.app.train import pretrain
 
-    seeds = TABLES[table].get("probe_seeds", 1)
-    if variants.finished(sub):
-        variants.refuse_other_settings(sub, cfg, "use another --run-dir for the new settings")
-        print(f"== {name}: reusing {sub / 'metrics.json'}")
-        m = variants.finished_metrics(sub)
-    else:
-        print(f"== {name}: pretraining into {sub}")
-        # table 2 evaluates once, below (kNN and more probe seeds), not also at the end of training
-        m = pretrain(cfg, sub, resume=(sub / "last.pt").exists(), evaluate=table != "2")
-        if table == "2":
-            m = evaluate_command(sub, retrieval_dims=None, knn=True, probe_seeds=seeds)
-        m["pretrain_minutes"] = pretrain_minutes(sub)
-        variants.save_metrics(sub, name, m)
-    before = dict(m)
-    if table == "2" and "knn_acc1" not in m:  # finished by another table (no kNN) or an older version
-        full = evaluate_command(sub, retrieval_dims=None, knn=True, probe_seeds=seeds)
-        m.update({k: full[k] for k in _TABLE2_KEYS if k in full})
-    if table == "7":  # FLOPs (new variants too); a variant timed by an older version: re-timed
-        from bayesncl.app.benchmark import flops_per_image
-
-        if "gflops_per_image" not in m:  # (builds the model: only where it is missing)
-            m["gflops_per_image"] = flops_per_image(cfg) / 1e9
-        if (sub / "log.csv").exists():  # (a variant copied in by hand may have no log)
-            m["pretrain_minutes"] = pretrain_minutes(sub)
-    if m != before:
-        variants.save_metrics(sub, name, m)
-    return m
+    resume = (sub / "last.pt").exists()
+    what = "continuing" if resume else "training"
+    print(f"[{i}/{n}] {label}: {what} {sub}" + (f" (~{_duration(est)})" if est else ""), flush=True)
+    t = time.time()
+    metrics = pretrain(cfg, sub, resume=resume, overwrite=not resume and sub.exists())
+    variants.save_metrics(sub, label, metrics)
+    print(f"[{i}/{n}] {label}: done in {_duration(time.time() - t)}", flush=True)
 
 
-def reproduce(table: str, dataset: str, run_dir: Path | None, overrides: list[str]) -> dict[str, Any]:
-    """Run (or reuse) every variant of ``table`` on ``dataset``, print and write the table
-    (``table<N>.md``/``.json``, ``curves.png``) and return ``{variant: metrics}``; each variant's
-    row carries the paper's value (PAPER-NOTES §4) under ``TABLES[table]["paper_key"]``.
+def reproduce(
+    study_id: str,
+    dataset: str,
+    run_dir: Path | None,
+    overrides: list[str],
+    *,
+    seeds: int = 1,
+    store: Path | None = None,
+) -> dict[str, Any]:
+    """Train (or reuse) every variant of ``study_id`` on ``dataset`` for seeds 0..``seeds``-1, measure
+    them, and write ``RUN_DIR/<stem>.md`` / ``.json`` (and ``<stem>.png`` for a figure, ``curves.png``)
+    with links ``RUN_DIR/<variant>-s<seed>`` to the stored runs. Returns the JSON's dict.
 
-    Raises ConfigError for a bad table, dataset or override and RunDirError for a run dir (or a
-    variant's sub-folder to train into) that is a file or cannot be written, before any output."""
-    configs = table_configs(table, dataset, overrides)
-    spec = TABLES[table]
-    run_dir = run_dir or Path("runs") / f"table{table}-{dataset}"
-    _check_run_dir(run_dir, configs, table)
-    results: dict[str, dict[str, Any]] = {}
-    for name, cfg in configs.items():
-        m = _variant(table, name, cfg, run_dir / _slug(name))
-        m[spec["paper_key"]] = spec["paper"].get(dataset, {}).get(name)
-        results[name] = m
-    columns = [*spec["columns"], (spec["paper_key"], spec["paper_key"], "{:.2f}")]
-    md = format_table(results, columns)
-    header = f"{spec['title']} on {dataset} (ours vs the paper's reported value)."
+    ``run_dir``: default ``runs/<stem>-<dataset>``; ``store``: default ``RUN_DIR/../variants``.
+    Raises ConfigError for a bad ID (listing the valid ones), dataset, ``seeds`` or override,
+    RunDirError for an unusable run dir or store, before any training."""
+    study = studies.build(study_id, dataset, overrides)
+    configs = study_configs(study, dataset, overrides, seeds)
+    run_dir = run_dir or Path("runs") / f"{study.stem}-{dataset}"
+    store = store or run_dir.parent / "variants"
+    cells = {key: variants.variant_hash(cfg) for key, cfg in configs.items()}
+    runs: dict[str, tuple[Config, str]] = {}
+    for key, h in cells.items():
+        runs.setdefault(h, (configs[key], _status(store / h)))
+    _check_dirs(run_dir, store, study, runs)
+    from bayesncl.data import dataset_info
+
+    for data in {repr(cfg.data): cfg.data for cfg, _ in runs.values()}.values():
+        dataset_info(data)  # the data is there (DataError before any training)
+    to_train = {h: cfg for h, (cfg, st) in runs.items() if st != "reuse"}
+    est, source = estimate_seconds(to_train, store)
+    _print_plan(study, dataset, seeds, store, cells, runs, est, source)
+    _warn_cpu_resnet50(study, runs, est)
+    label = {h: f"{n} seed {s}" for (n, s), h in reversed(cells.items())}
+    for i, h in enumerate(to_train, 1):
+        _train(h, to_train[h], store / h, label[h], i, len(to_train), est.get(h))
+    per_run = {key: measure(store / h, configs[key], study.measures) for key, h in cells.items()}
+    rows = aggregate(study, per_run, seeds)
+    return _write(study, dataset, seeds, run_dir, store, cells, runs, rows)
+
+
+def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, cells: Cells,
+           runs: dict[str, tuple[Config, str]], rows: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    from bayesncl.app.report import write_results
+    from bayesncl.app.report.curves import write_training_curves
+
     run_dir.mkdir(parents=True, exist_ok=True)
-    logged = {n: run_dir / _slug(n) for n in configs if (run_dir / _slug(n) / "log.csv").exists()}
-    variants.write_table(run_dir, f"table{table}", results, md, header, logged)  # (a copy by hand: no log)
+    result = {
+        "id": study.id, "title": study.title, "dataset": dataset, "seeds": list(range(seeds)),
+        "store": str(store), "columns": [{"header": c.header, "key": c.key} for c in study.columns],
+        "rows": rows, "notes": study.notes,
+        "runs": {f"{n} seed {s}": h for (n, s), h in cells.items()},
+        "trained": sorted(h for h, (_, st) in runs.items() if st == "train"),
+        "continued": sorted(h for h, (_, st) in runs.items() if st == "resume"),
+        "reused": sorted(h for h, (_, st) in runs.items() if st == "reuse"),
+    }  # fmt: skip
+    md = format_study(study, rows)
+    spread = f"mean ± std (ddof 1) over seeds 0..{seeds - 1}" if seeds > 1 else "one seed (0)"
+    header = f"{study.title} on {dataset}: ours ({spread}) vs the paper's reported values."
+    write_results(run_dir, study.stem, result, md, header=header)
+    for (name, s), h in cells.items():
+        _link(run_dir, f"{_slug(name)}-s{s}", store / h)
+    if study.panels:
+        _figure(study, rows, run_dir / f"{study.stem}.png", seeds)
+    logged = {f"{n} s{s}": store / h for (n, s), h in cells.items() if s == 0}
+    logged = {k: p for k, p in logged.items() if (p / "log.csv").exists()}
+    if logged and len(logged) <= 12:
+        write_training_curves(list(logged.values()), run_dir / "curves.png", labels=list(logged))
     print(header)
     print(md)
-    return results
+    figure = f", {study.stem}.png" if study.panels else ""
+    print(f"wrote {run_dir / (study.stem + '.md')} and .json{figure}")
+    return result

@@ -65,3 +65,55 @@ def write_table(
     write_results(run_dir, stem, results, markdown, header=header)
     if curves:
         write_training_curves(list(curves.values()), run_dir / "curves.png", labels=list(curves))
+
+
+# ----------------------------------------------------------------------------- the store of runs
+# What a variant's identity leaves out: settings that cannot change the trained weights (how often
+# epoch-NNNN.pt is kept, the progress bar, loader workers, where the data lies) and the evaluation
+# settings (a table evaluates a stored run as it needs, caching what it computed beside the run).
+IDENTITY_IGNORES = ("train.progress", "train.checkpoint_every", "data.num_workers", "data.root", "eval.")
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def identity(cfg: Config) -> dict[str, Any]:
+    """The resolved config as flat dotted keys, without :data:`IDENTITY_IGNORES`: what makes two runs
+    the same run (the seed is one of its keys)."""
+    return {
+        k: v
+        for k, v in _flat(cfg.to_dict()).items()
+        if not any(k == i or (i.endswith(".") and k.startswith(i)) for i in IDENTITY_IGNORES)
+    }
+
+
+def variant_hash(cfg: Config) -> str:
+    """A stable 12-hex-digit name for the run ``cfg`` describes: SHA-256 of :func:`identity` as
+    sorted JSON. Equal for configs that differ only in :data:`IDENTITY_IGNORES`; the same across
+    processes and machines (no Python ``hash``)."""
+    import hashlib
+
+    text = json.dumps(identity(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def read_cache(sub: Path) -> dict[str, Any]:
+    """What tables computed from the stored run in ``sub`` (``reproduce.json``: ``{measure key:
+    {metric: value}}``); empty when none yet or unreadable (it is recomputed)."""
+    try:
+        data = json.loads((sub / "reproduce.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_cache(sub: Path, cache: dict[str, Any]) -> None:
+    """Write ``sub/reproduce.json`` atomically (see :func:`read_cache`)."""
+    from bayesncl.app.report import _json_ready, write_text_atomic
+
+    ready = _json_ready(json.loads(json.dumps(cache, default=float)))
+    write_text_atomic(sub / "reproduce.json", json.dumps(ready, indent=2, allow_nan=False) + "\n")

@@ -1,0 +1,68 @@
+"""The figures of ``bayesncl reproduce``: line plots of mean ± std over seeds, one line per method,
+the paper's points beside ours.
+
+Input is plain data, so the figure needs nothing but the study's table: ``panels`` is a list of
+``(title, xlabel, ylabel, xscale, series)`` and each series ``(label, [(x, mean, std)], [(x,
+paper value)])``; a missing mean (a cell no seed produced) is left out of its line.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+Point = tuple[float, float | None, float | None]  # (x, mean, std)
+SeriesData = tuple[str, Sequence[Point], Sequence[tuple[float, float]]]
+PanelData = tuple[str, str, str, str, Sequence[SeriesData]]
+
+
+def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, seeds: int) -> Path:
+    """Draw ``panels`` side by side (up to 2 per row for 4, else up to 3) into the PNG ``path``:
+    per series a line through the means, error bars and a shaded band of ± 1 std over ``seeds``
+    seeds (none for one seed), and the paper's points as open black-edged markers labelled
+    "(paper)". Returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bayesncl.app.report.figures import save_figure
+
+    n = len(panels)
+    cols = 2 if n == 4 else min(n, 3)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+    for ax, (ptitle, xlabel, ylabel, xscale, series) in zip(axes.flat, panels, strict=False):
+        for i, (label, points, paper) in enumerate(series):
+            color = f"C{i}"
+            pts = [(x, m, s) for x, m, s in points if m is not None and math.isfinite(m)]
+            if pts:
+                xs = [p[0] for p in pts]
+                ms = [p[1] for p in pts]
+                ss = [p[2] if p[2] is not None and math.isfinite(p[2]) else 0.0 for p in pts]
+                ax.errorbar(xs, ms, yerr=ss if seeds > 1 else None, marker="o", ms=4, capsize=3,
+                            color=color, label=label)  # fmt: skip
+                if seeds > 1:
+                    lo = [m - s for m, s in zip(ms, ss, strict=True)]
+                    hi = [m + s for m, s in zip(ms, ss, strict=True)]
+                    ax.fill_between(xs, lo, hi, color=color, alpha=0.15, lw=0)
+            if paper:
+                ax.scatter([p[0] for p in paper], [p[1] for p in paper], marker="D", s=36, facecolors="none",
+                           edgecolors=color, linewidths=1.5, label=f"{label} (paper)", zorder=3)  # fmt: skip
+        ax.set_xscale(xscale)
+        ax.set_title(ptitle, fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        else:  # no seed produced a value (e.g. a correlation over too few dims)
+            ax.text(0.5, 0.5, "no values", transform=ax.transAxes, ha="center", color="gray")
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    spread = f"mean ± std over {seeds} seeds" if seeds > 1 else "1 seed"
+    fig.suptitle(f"{title} ({spread})", fontsize=11)
+    fig.tight_layout()
+    save_figure(fig, path)
+    return path
