@@ -452,3 +452,23 @@ def test_mechanism_study_end_to_end(tmp_path: Path, fm_root: Path, monkeypatch):
     assert set(saved) == {"means", "runs"} and len(saved["runs"]) == 2
     again = mech.mechanism("fashion-mnist-bg", tmp_path / "study", tiny, seeds=1, samples=64)  # reused
     assert again == json.loads(json.dumps(means))
+
+
+def test_reproduce_dispatches_table_6_and_the_mechanism_study(monkeypatch, capsys):
+    import bayesncl.app.mechanism as mech
+    from bayesncl.app.cli import main
+
+    calls = []
+    monkeypatch.setattr(mech, "table6", lambda *a: calls.append(("6", a)))
+    monkeypatch.setattr(mech, "mechanism", lambda *a, **k: calls.append(("mechanism", a, k)))
+    assert main(["reproduce", "6", "--dataset", "waterbirds", "runA", "data.root=W", "ckpt.pt"]) == 0
+    study = ["reproduce", "mechanism", "--dataset", "fashion-mnist-bg"]
+    assert main([*study, "--seeds", "3", "train.epochs=1"]) == 0
+    assert calls == [
+        ("6", (["runA", "ckpt.pt"], "waterbirds", None, ["data.root=W"])),
+        ("mechanism", ("fashion-mnist-bg", None, ["train.epochs=1"]), {"seeds": 3}),
+    ]
+    assert main([*study, "--seeds", "0"]) == 2
+    assert "--seeds 0: expected >= 1" in capsys.readouterr().err
+    assert main(["reproduce", "nope", "--dataset", "fashion-mnist"]) == 2
+    assert "6, mechanism" in capsys.readouterr().err

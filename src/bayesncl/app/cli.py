@@ -220,8 +220,21 @@ def cmd_curves(args: argparse.Namespace) -> int:
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from bayesncl.app.reproduce import reproduce
+    from bayesncl.app.studies import MECHANISM_IDS
 
     run_dir = path_arg(args.run_dir, "--run-dir", "a directory")
+    if args.table in MECHANISM_IDS:  # issue 15: the background probe (6) and the mechanism study
+        from bayesncl.app import mechanism
+
+        if args.seeds < 1:
+            raise ConfigError(f"--seeds {args.seeds}: expected >= 1 (the number of pretraining seeds)")
+        settings = [o for o in args.overrides if "=" in o]
+        if args.table == "6":  # the other words are the encoders: checkpoints or run dirs
+            sources = [o for o in args.overrides if "=" not in o]
+            mechanism.table6(sources, args.dataset, run_dir, settings)
+        else:
+            mechanism.mechanism(args.dataset, run_dir, settings, seeds=args.seeds)
+        return 0
     store = path_arg(args.store, "--store", "a directory")
     reproduce(args.table, args.dataset, run_dir, args.overrides, seeds=args.seeds, store=store)
     return 0
@@ -347,11 +360,13 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "train, to continue, reused, estimated time) is printed first. IDs: 1, 2, 4, 7 (BayesNCL "
         "Tables 1, 2, 4, 7), 3 (gradient dynamics), 5 (ResNet-50), 15 (gating-head lr), fig3 "
         "(retrieval vs K), fig4a (SC vs D), fig4b (SC, LP@1 vs rho and lambda), ncl-fs (NCL feature "
-        "selection), ncl-sepin (NCL SEPIN@k). CIFAR/ImageNet-100 recipes are GPU-scale; --dataset "
+        "selection), ncl-sepin (NCL SEPIN@k), 6 (background probe of CHECKPOINT_OR_RUN... on waterbirds "
+        "or fashion-mnist-bg), mechanism (CL, NCL, BayesNCL, NCL-IPW on fashion-mnist-bg). "
+        "CIFAR/ImageNet-100 recipes are GPU-scale; --dataset "
         "fashion-mnist uses the CPU demo budget. key=value overrides apply to every variant.",
         {},
         [
-            _arg("table", metavar="ID", help="1 2 3 4 5 7 15 fig3 fig4a fig4b ncl-fs ncl-sepin"),
+            _arg("table", metavar="ID", help="1 2 3 4 5 7 15 fig3 fig4a fig4b ncl-fs ncl-sepin 6 mechanism"),
             _arg(
                 "--dataset",
                 default="cifar100",
@@ -445,7 +460,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # key=value overrides may appear before or after options: argparse leaves the later ones over.
         args, extra = parser.parse_known_args(argv)
         if extra:
-            if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+            sources = getattr(args, "table", None) == "6"  # reproduce 6 also takes CHECKPOINT_OR_RUN words
+            words = all(("=" in e or sources) and not e.startswith("-") for e in extra)
+            if hasattr(args, "overrides") and words:
                 args.overrides = [*args.overrides, *extra]
             else:  # the subcommand's parser, so that the hint points to its --help
                 _subparser(parser, getattr(args, "command", None)).error(

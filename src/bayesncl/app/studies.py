@@ -321,15 +321,17 @@ def _keys(overrides: list[str]) -> set[str]:
     return {o.split("=", 1)[0].strip() for o in overrides}
 
 
+MECHANISM_IDS = ("6", "mechanism")  # issue 15's tables: bayesncl.app.mechanism (dispatched by the CLI)
+
+
 def build(study_id: str, dataset: str, overrides: list[str]) -> Study:
     """The concrete study ``study_id`` on ``dataset`` with the user's ``overrides``.
 
     Raises ConfigError (one line) for an unknown ID (listing the valid ones), an unknown dataset,
     or a bad override."""
     if study_id not in STUDIES:
-        raise ConfigError(
-            f"reproduce {study_id!r}: no such table or figure; expected one of {', '.join(STUDIES)}"
-        )
+        valid = ", ".join([*STUDIES, *MECHANISM_IDS])
+        raise ConfigError(f"reproduce {study_id!r}: no such table or figure; expected one of {valid}")
     if dataset not in DATASETS:
         raise ConfigError(f"--dataset {dataset!r}: expected one of {', '.join(DATASETS)}")
     return STUDIES[study_id](dataset, overrides)
