@@ -15,13 +15,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from bayesncl.core import distributed
 from bayesncl.core.model import ContrastiveModel, ModelOutput, contrastive_loss
-from bayesncl.core.optim import set_lr
+from bayesncl.core.optim import LrSchedule
 
 if TYPE_CHECKING:  # config imports core's registries; core reads a checked config
     from bayesncl.config import Config, MethodConfig
@@ -175,8 +174,7 @@ class Training:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     method: MethodConfig
-    schedule: np.ndarray  # (total_steps,) learning rate of each step (core.optim.warmup_cosine)
-    lr_base: float  # the peak rate; param groups scale with lr / lr_base (core.optim.set_lr)
+    schedule: LrSchedule  # every group's rate at each step, from its peak_lr (core.optim.param_groups)
     device: torch.device
     distributed: bool  # several processes: a stop is decided at a host sync, by all together
     autocast: Any = None
@@ -226,12 +224,12 @@ def train_one_epoch(
     start = time.time() - (partial["elapsed"] if partial else 0.0)
     sums = partial["sums"].to(t.device) if partial else torch.zeros(len(STATS), device=t.device)
     window = partial["window"] if partial else ([0.0] * len(STATS), 0)  # at the last steps.csv row
-    lr = float(t.schedule[max(step - 1, 0)]) if len(t.schedule) else 0.0  # a stop after an epoch's end
+    peak = t.optimizer.param_groups[0]["peak_lr"]  # the encoder's, the rate logged
+    lr = t.schedule.at(max(step - 1, 0), peak) if t.schedule.total_steps else 0.0  # a stop after an epoch
     stop_signal = None
     t.step_model.train()
     for x1, x2, y in prefetch_to_device(batches, t.device):
-        lr = float(t.schedule[step])
-        set_lr(t.optimizer, lr, lr / t.lr_base if t.lr_base > 0 else 1.0)
+        lr = t.schedule.apply(t.optimizer, step)
         stats = train_step(
             t.step_model, t.optimizer, t.scaler, x1, x2, y, t.method,
             autocast=t.autocast, channels_last=t.channels_last,
