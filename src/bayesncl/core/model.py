@@ -56,8 +56,9 @@ builder takes ``weights=None``, :func:`small_cnn` the input channels."""
 def build_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple[nn.Module, int]:
     """torchvision ResNet-18/50 (optionally with the CIFAR stem) or :func:`small_cnn`.
 
-    The CIFAR stem (3×3 stride-1 conv1, no max-pool; PAPER-NOTES §1) is used when
-    ``cifar_stem`` is ``true``, or ``auto`` and ``image_size <= 64``.
+    The CIFAR stem (3×3 stride-1 conv1 with padding ``stem_padding``, no max-pool; PAPER-NOTES §1)
+    is used when ``cifar_stem`` is ``true``, or ``auto`` and ``image_size <= 64``. Its padding is 2
+    in the authors' code (solo/methods/base.py:197-200: 34×34 maps after conv1 at 32 px).
     Returns ``(module mapping (B, C, S, S) → h: (B, h_dim), h_dim)``.
     """
     build, h_dim = BACKBONES[cfg.backbone]
@@ -66,7 +67,7 @@ def build_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple
     net = build(weights=None)
     cifar = cfg.cifar_stem == "true" or (cfg.cifar_stem == "auto" and image_size <= 64)
     if cifar:
-        net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=cfg.stem_padding, bias=False)
         net.maxpool = nn.Identity()
     elif in_channels != 3:
         net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
