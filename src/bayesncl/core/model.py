@@ -121,6 +121,7 @@ class ContrastiveModel(nn.Module):
             )
             self.gate = Gate(method.gate, threshold=method.threshold, gumbel_noise=method.gumbel_noise)
         self.classifier = nn.Linear(h_dim, num_classes)
+        self.bn_views = model_cfg.bn_views
 
     def project(self, h: Tensor) -> ModelOutput:
         """Run everything after the backbone on h: (B, H)."""
@@ -140,8 +141,17 @@ class ContrastiveModel(nn.Module):
             z_tilde = parts.eval_features(z)
         return ModelOutput(h=h, p=p, z=z, logits=logits, alpha=alpha, mask=mask, z_tilde=z_tilde)
 
-    def forward(self, x: Tensor) -> ModelOutput:
-        """x: (B, C, S, S) normalised images → :class:`ModelOutput`."""
+    def forward(self, x: Tensor, views: int = 1) -> ModelOutput:
+        """x: (B, C, S, S) normalised images → :class:`ModelOutput`.
+
+        views: x holds that many equal blocks, e.g. 2 for the training step's ``[view1; view2]``.
+        With ``model.bn_views=per_view`` each block goes through the backbone alone, so BatchNorm
+        normalises over one view's images, as the authors' training step does (solo/methods/
+        base.py:494); the rest is row-wise, so one call on the concatenated h equals theirs per view.
+        ``joint``: one backbone call on all B images.
+        """
+        if views > 1 and self.bn_views == "per_view":
+            return self.project(torch.cat([self.backbone(v) for v in x.chunk(views)]))
         return self.project(self.backbone(x))
 
 
