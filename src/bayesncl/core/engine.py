@@ -47,7 +47,7 @@ class TrainForward(nn.Module):
         self.model = model
 
     def forward(self, x: Tensor) -> tuple[ModelOutput, Tensor]:
-        out = self.model(x)
+        out = self.model(x, views=2)  # x: [view1; view2]
         return out, self.model.classifier(out.h.detach())
 
 
