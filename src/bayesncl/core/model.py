@@ -119,7 +119,7 @@ class ContrastiveModel(nn.Module):
             self.gating_head = GatingHead(
                 h_dim, hidden, d, depth=method.gate_depth, detach=method.detach, tau=method.gate_tau
             )
-            self.gate = Gate(method.gate, threshold=method.threshold, gumbel_noise=method.gumbel_noise)
+            self.gate = Gate(method.gate, method.threshold, method.gumbel_noise, tau=method.gate_tau)
         self.classifier = nn.Linear(h_dim, num_classes)
         self.bn_views = model_cfg.bn_views
 
