@@ -75,6 +75,7 @@ def forward_loss(
     *,
     autocast: Any = None,
     channels_last: bool = False,
+    index: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """This process's loss on one batch, and the batch's (6,) detached statistics (:data:`STATS`).
 
@@ -82,13 +83,14 @@ def forward_loss(
     The loss is InfoNCE + λ·KL over the 2n local rows (under DDP the negatives are gathered from
     every rank, see :func:`bayesncl.core.model.contrastive_loss`) plus the probe's cross-entropy on
     sg(h). Each term is a mean over local rows, so DDP's gradient average is the global mean.
+    index: (n,) dataset indices: the views of one image are all positives (a repeated image).
     """
     x = torch.cat([x1, x2])
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     with autocast if autocast is not None else nullcontext():
         out, logits_cls = step_model(x)
-    loss, parts = contrastive_loss(out, method)
+    loss, parts = contrastive_loss(out, method, index=index)
     yy = torch.cat([y, y])
     probe_loss = nn.functional.cross_entropy(logits_cls.float(), yy)
     with torch.no_grad():
@@ -107,11 +109,14 @@ def train_step(
     *,
     autocast: Any = None,
     channels_last: bool = False,
+    index: Tensor | None = None,
 ) -> Tensor:
     """:func:`forward_loss`, backward, optimiser step. Returns the (6,) statistics, on the device:
     nothing here waits for the device (fp16's GradScaler does, once per step, to skip inf steps;
     bf16 and fp32 need no scaler)."""
-    loss, stats = forward_loss(step_model, x1, x2, y, method, autocast=autocast, channels_last=channels_last)
+    loss, stats = forward_loss(
+        step_model, x1, x2, y, method, autocast=autocast, channels_last=channels_last, index=index
+    )
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     scaler.step(optimizer)

@@ -162,7 +162,7 @@ def build_model(cfg: Config, in_channels: int, image_size: int, num_classes: int
 
 
 def contrastive_loss(
-    out: ModelOutput, method: MethodConfig, *, gather: bool | None = None
+    out: ModelOutput, method: MethodConfig, *, gather: bool | None = None, index: Tensor | None = None
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss = InfoNCE(z̃ over 2N views, τ) + λ·KL(Bern(α) ‖ Bern(ρ)) (PAPER-NOTES §1).
 
@@ -175,17 +175,26 @@ def contrastive_loss(
     (default): gather whenever torch.distributed runs with more than one process. ``False``: local
     negatives only (not the paper's objective under DDP). With DDP averaging the gradients, the
     gradient equals the single-process gradient over the concatenated batch (docs/scaling.md).
+
+    index: (n,) the dataset index of each image; given, every view of the same image anywhere in
+    the (global) batch is a positive, as the authors' loss (:func:`bayesncl.core.losses.info_nce`).
     """
     from bayesncl.core import distributed
 
     z = out.z_tilde
+    idx = None if index is None else torch.cat([index, index])
     if gather is None:
         gather = distributed.is_distributed()
     if gather and distributed.is_distributed():
         keys = distributed.gather_with_grad(z)
-        nce = info_nce(z, method.temperature, keys=keys, offset=torch.distributed.get_rank() * len(z))
+        key_idx = None
+        if idx is not None:
+            key_idx = idx.new_empty(len(keys))
+            torch.distributed.all_gather_into_tensor(key_idx, idx.contiguous())
+        offset = torch.distributed.get_rank() * len(z)
+        nce = info_nce(z, method.temperature, keys=keys, offset=offset, index=idx, key_index=key_idx)
     else:
-        nce = info_nce(z, method.temperature)
+        nce = info_nce(z, method.temperature, index=idx)
     if out.alpha is not None:
         kl = bernoulli_kl(out.alpha, method.rho)
         loss = nce + method.lam * kl
