@@ -14,7 +14,7 @@ Public API::
 :mod:`~bayesncl.data.loaders` (training and eval loaders, determinism), :mod:`~bayesncl.data.augment`.
 """
 
-from bayesncl.data.augment import AugmentSpec, BatchAugment, blur_kernel_size, mix_seed, sample_transform
+from bayesncl.data.augment import AugmentSpec, BatchAugment, mix_seed, sample_transform
 from bayesncl.data.images import LazyImages, load_split_images
 from bayesncl.data.loaders import (
     EvalLoader,
@@ -49,7 +49,6 @@ __all__ = [
     "ResidentTwoViewLoader",
     "TwoViewLoader",
     "augment_spec",
-    "blur_kernel_size",
     "build_eval_loader",
     "build_train_loader",
     "clear_cache",
