@@ -254,8 +254,8 @@ def test_every_recipe_is_valid(path: Path) -> None:
 def test_warmup_cosine_schedule() -> None:
     s = warmup_cosine(1.0, total_steps=110, warmup_steps=10, start=0.0, final=0.0)
     assert s.shape == (110,)
-    assert s[0] == 0.0 and s[5] == pytest.approx(0.5)  # linear warmup
-    assert s[10] == pytest.approx(1.0)  # peak right after warmup
+    assert s[0] == 0.0 and s[5] == pytest.approx(5 / 9)  # linear warmup, pl_bolts': start -> peak at W-1
+    assert s[9] == pytest.approx(1.0) and s[10] == pytest.approx(1.0)  # peak at W-1 and at W (issue 13)
     assert s[60] == pytest.approx(0.5)  # cosine midpoint
     assert s[-1] == pytest.approx((1 + __import__("math").cos(__import__("math").pi * 99 / 100)) / 2)
     assert all(a >= b for a, b in zip(s[10:], s[11:], strict=False))

@@ -25,7 +25,6 @@ from bayesncl.data import (
     DataError,
     LazyImages,
     augment_spec,
-    blur_kernel_size,
     build_eval_loader,
     build_train_loader,
     clear_cache,
@@ -35,7 +34,7 @@ from bayesncl.data import (
     sample_transform,
     stratified_subset,
 )
-from bayesncl.data.augment import seeded
+from bayesncl.data.augment import pil_box_kernels, seeded
 from bayesncl.data.sources import _read_cached
 
 CPU = torch.device("cpu")
@@ -520,8 +519,11 @@ def test_spec_gray_and_blur_kernel(fmnist):
     spec = augment_spec(cfg)
     assert spec.channels == 1 and spec.saturation == 0 and spec.hue == 0 and spec.gray_p == 0
     assert spec.brightness == spec.contrast == 0.8 and spec.jitter_p == 0.8 and spec.flip_p == 0.5
-    assert spec.kernel == 3
-    assert [blur_kernel_size(s) for s in (28, 32, 64, 96, 224)] == [3, 3, 7, 11, 23]
+    assert spec.blur_sigma == (0.1, 2.0)  # PIL's blur at any size (issue 13 item 8; was 3x3 at 28 px)
+    boxes = pil_box_kernels(torch.tensor([0.1, 1.0, 2.0]), 2.0)  # PIL blurs 3 times with the box
+    assert boxes.shape == (3, 5) and torch.allclose(boxes.sum(1), torch.ones(3, dtype=torch.float64))
+    var = (boxes * torch.arange(-2, 3, dtype=torch.float64) ** 2).sum(1)
+    torch.testing.assert_close(3 * var, torch.tensor([0.01, 1.0, 4.0], dtype=torch.float64))  # sigma^2
     rgb = augment_spec(DataConfig(name="synthetic", blur_prob=0.0, crop_min_scale=0.2))
     assert rgb.gray_p == 0.2 and rgb.hue == 0.2 and rgb.blur_p == 0.0 and rgb.crop_min_scale == 0.2
     assert mix_seed(1, 2) != mix_seed(2, 1) and mix_seed(0) == mix_seed(0) >= 0

@@ -323,8 +323,8 @@ def _nan_at(step: int) -> Any:
     real = engine_module.contrastive_loss
     calls = {"n": 0}
 
-    def loss_fn(out: Any, method: Any) -> Any:
-        loss, parts = real(out, method)
+    def loss_fn(out: Any, method: Any, **kwargs: Any) -> Any:
+        loss, parts = real(out, method, **kwargs)
         calls["n"] += 1
         if calls["n"] == step:
             nan = torch.tensor(float("nan"))

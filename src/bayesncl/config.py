@@ -62,6 +62,8 @@ class ModelConfig:
     backbone: str = "resnet18"  # a name of bayesncl.core.model.BACKBONES, or timm:NAME (any timm model)
     backbone_kwargs: dict[str, Any] = field(default_factory=dict)  # timm: create_model's keyword arguments
     cifar_stem: str = "auto"  # auto | true | false; auto: true for images <= 64 px
+    stem_padding: int = 2  # the CIFAR stem's conv1 padding: 2 as the authors' code, 1 the usual CIFAR ResNet
+    bn_views: str = "per_view"  # per_view: BatchNorm over each view's n images (authors); joint: over 2n
     proj_hidden: int = 2048
     proj_dim: int = 256
 
@@ -78,7 +80,8 @@ class MethodConfig:
     gate_depth: int = 2  # 1, 2 or 3 linear layers
     gate_hidden: int = 0  # 0: same as model.proj_hidden
     detach: bool = True  # gate input is sg(h); false is the "no detach" ablation
-    gate_lr_ratio: float = 0.25  # gate lr = ratio * backbone lr (paper Table 15)
+    gate_lr: float = 0.0  # > 0: the gate's peak lr, not scaled with the batch (authors' code, recipes: 0.1)
+    gate_lr_ratio: float = 0.25  # used when gate_lr=0: gate lr = ratio * backbone lr (paper Table 15)
     threshold: float = 0.5  # hard mask 1[alpha > threshold]
     gate_tau: float = 1.0  # sigmoid temperature tau_s
     gumbel_noise: str = "gumbel"  # a name of bayesncl.core.parts.NOISES ("gumbel": the authors' code)
@@ -176,6 +179,7 @@ def choices() -> dict[str, tuple[str, ...]]:
         "data.labels": ("auto", "none"),
         "model.backbone": tuple(BACKBONES),
         "model.cifar_stem": ("auto", "true", "false"),
+        "model.bn_views": ("per_view", "joint"),
         "method.name": tuple(methods.METHODS),
         "method.nonneg": tuple(NONNEG),
         "method.gate": GATE_KINDS,
@@ -594,6 +598,8 @@ def _check_method(m: MethodConfig, mo: ModelConfig) -> None:
         "similarity replaces the gate it approximates; use method.gate=none (or method.name=bayesncl "
         "for the gate)",
     )
+    _check(m.gate_lr >= 0, f"method.gate_lr={m.gate_lr}: expected >= 0 (0: gate_lr_ratio x the backbone lr)")
+    _check(0 <= mo.stem_padding <= 3, f"model.stem_padding={mo.stem_padding}: expected 0 to 3")
     _check(mo.proj_dim >= 1, f"model.proj_dim={mo.proj_dim}: expected >= 1")
     _check(mo.proj_hidden >= 1, f"model.proj_hidden={mo.proj_hidden}: expected >= 1")
     hidden = m.gate_hidden or mo.proj_hidden

@@ -196,10 +196,10 @@ def _trainer(cfg: Config, device: torch.device) -> tuple[Callable[[Batch | None]
     builds (:mod:`bayesncl.core.engine`, :mod:`bayesncl.core.optim`) at the peak learning rate."""
     import torch
 
-    from bayesncl.core.distributed import World, scaled_lr
+    from bayesncl.core.distributed import World
     from bayesncl.core.engine import prefetch_to_device, train_step, wrap_for_training
     from bayesncl.core.model import build_model
-    from bayesncl.core.optim import build_optimizer, param_groups, resolve_precision, set_lr
+    from bayesncl.core.optim import build_optimizer, param_groups, resolve_precision
     from bayesncl.data import build_train_loader, dataset_info
 
     info = dataset_info(cfg.data)
@@ -207,8 +207,7 @@ def _trainer(cfg: Config, device: torch.device) -> tuple[Callable[[Batch | None]
     model = build_model(cfg, info.channels, info.image_size, info.num_classes).to(device)
     if cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = build_optimizer(param_groups(model, cfg), cfg)
-    set_lr(optimizer, scaled_lr(cfg.train.base_lr, cfg.train.batch_size), 1.0)
+    optimizer = build_optimizer(param_groups(model, cfg, cfg.train.batch_size), cfg)  # at the peak lrs
     amp = resolve_precision(cfg.train.precision, device)
     autocast = torch.autocast(device.type, dtype=amp) if amp is not None else None
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)

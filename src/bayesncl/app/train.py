@@ -30,7 +30,7 @@ from bayesncl.core.engine import (
     wrap_for_training,
 )
 from bayesncl.core.model import ContrastiveModel, build_model
-from bayesncl.core.optim import build_optimizer, param_groups, resolve_precision, warmup_cosine
+from bayesncl.core.optim import LrSchedule, build_optimizer, param_groups, resolve_precision
 from bayesncl.data import DataError, DatasetInfo, build_train_loader, dataset_info
 from bayesncl.runs.export import export_encoder
 from bayesncl.runs.logs import epoch_row, step_row
@@ -131,9 +131,8 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
     # model, optimiser (LARS) and schedule: lr scaled by the global batch, warmup then cosine per step
     model, optimizer, scaler = _model_and_optimizer(cfg, world, info, amp_dtype)
     steps_per_epoch = len(loader)
-    lr_base = distributed.scaled_lr(cfg.train.base_lr, cfg.train.batch_size * world.world_size)
-    schedule = warmup_cosine(
-        lr_base, cfg.train.epochs * steps_per_epoch, round(cfg.train.warmup_epochs * steps_per_epoch),
+    schedule = LrSchedule(
+        cfg.train.epochs * steps_per_epoch, round(cfg.train.warmup_epochs * steps_per_epoch),
         start=cfg.train.warmup_start_lr, final=cfg.train.min_lr,
     )
     # restore, then take the run dir (fresh run, or a resume that may have extended train.epochs)
@@ -141,11 +140,11 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
     run.claim(state)
 
     training = Training(
-        wrap_for_training(model, cfg, world), optimizer, scaler, cfg.method, schedule, lr_base, device,
+        wrap_for_training(model, cfg, world), optimizer, scaler, cfg.method, schedule, device,
         world.distributed, torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None,
         cfg.train.channels_last,
     )
-    on_sync = _cpu_time_warning(cfg, device, state.step, len(schedule)) if world.is_main else None
+    on_sync = _cpu_time_warning(cfg, device, state.step, schedule.total_steps) if world.is_main else None
 
     def log_step(step: int, means: dict[str, float], lr: float) -> None:
         state.step_log.append(_no_probe(step_row(step, steps_per_epoch, means, lr), info))
@@ -198,7 +197,7 @@ def _model_and_optimizer(
     model = distributed.convert_sync_bn(model, cfg.train.sync_bn, world)
     if cfg.train.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = build_optimizer(param_groups(model, cfg), cfg)
+    optimizer = build_optimizer(param_groups(model, cfg, cfg.train.batch_size * world.world_size), cfg)
     scaler = torch.amp.GradScaler(world.device.type, enabled=amp_dtype == torch.float16)
     return model, optimizer, scaler
 

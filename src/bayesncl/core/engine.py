@@ -15,13 +15,12 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from bayesncl.core import distributed
 from bayesncl.core.model import ContrastiveModel, ModelOutput, contrastive_loss
-from bayesncl.core.optim import set_lr
+from bayesncl.core.optim import LrSchedule
 
 if TYPE_CHECKING:  # config imports core's registries; core reads a checked config
     from bayesncl.config import Config, MethodConfig
@@ -48,7 +47,7 @@ class TrainForward(nn.Module):
         self.model = model
 
     def forward(self, x: Tensor) -> tuple[ModelOutput, Tensor]:
-        out = self.model(x)
+        out = self.model(x, views=2)  # x: [view1; view2]
         return out, self.model.classifier(out.h.detach())
 
 
@@ -76,6 +75,7 @@ def forward_loss(
     *,
     autocast: Any = None,
     channels_last: bool = False,
+    index: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """This process's loss on one batch, and the batch's (6,) detached statistics (:data:`STATS`).
 
@@ -83,13 +83,14 @@ def forward_loss(
     The loss is InfoNCE + λ·KL over the 2n local rows (under DDP the negatives are gathered from
     every rank, see :func:`bayesncl.core.model.contrastive_loss`) plus the probe's cross-entropy on
     sg(h). Each term is a mean over local rows, so DDP's gradient average is the global mean.
+    index: (n,) dataset indices: the views of one image are all positives (a repeated image).
     """
     x = torch.cat([x1, x2])
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     with autocast if autocast is not None else nullcontext():
         out, logits_cls = step_model(x)
-    loss, parts = contrastive_loss(out, method)
+    loss, parts = contrastive_loss(out, method, index=index)
     yy = torch.cat([y, y])
     probe_loss = nn.functional.cross_entropy(logits_cls.float(), yy)
     with torch.no_grad():
@@ -108,11 +109,14 @@ def train_step(
     *,
     autocast: Any = None,
     channels_last: bool = False,
+    index: Tensor | None = None,
 ) -> Tensor:
     """:func:`forward_loss`, backward, optimiser step. Returns the (6,) statistics, on the device:
     nothing here waits for the device (fp16's GradScaler does, once per step, to skip inf steps;
     bf16 and fp32 need no scaler)."""
-    loss, stats = forward_loss(step_model, x1, x2, y, method, autocast=autocast, channels_last=channels_last)
+    loss, stats = forward_loss(
+        step_model, x1, x2, y, method, autocast=autocast, channels_last=channels_last, index=index
+    )
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     scaler.step(optimizer)
@@ -175,8 +179,7 @@ class Training:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     method: MethodConfig
-    schedule: np.ndarray  # (total_steps,) learning rate of each step (core.optim.warmup_cosine)
-    lr_base: float  # the peak rate; param groups scale with lr / lr_base (core.optim.set_lr)
+    schedule: LrSchedule  # every group's rate at each step, from its peak_lr (core.optim.param_groups)
     device: torch.device
     distributed: bool  # several processes: a stop is decided at a host sync, by all together
     autocast: Any = None
@@ -226,12 +229,12 @@ def train_one_epoch(
     start = time.time() - (partial["elapsed"] if partial else 0.0)
     sums = partial["sums"].to(t.device) if partial else torch.zeros(len(STATS), device=t.device)
     window = partial["window"] if partial else ([0.0] * len(STATS), 0)  # at the last steps.csv row
-    lr = float(t.schedule[max(step - 1, 0)]) if len(t.schedule) else 0.0  # a stop after an epoch's end
+    peak = t.optimizer.param_groups[0]["peak_lr"]  # the encoder's, the rate logged
+    lr = t.schedule.at(max(step - 1, 0), peak) if t.schedule.total_steps else 0.0  # a stop after an epoch
     stop_signal = None
     t.step_model.train()
     for x1, x2, y in prefetch_to_device(batches, t.device):
-        lr = float(t.schedule[step])
-        set_lr(t.optimizer, lr, lr / t.lr_base if t.lr_base > 0 else 1.0)
+        lr = t.schedule.apply(t.optimizer, step)
         stats = train_step(
             t.step_model, t.optimizer, t.scaler, x1, x2, y, t.method,
             autocast=t.autocast, channels_last=t.channels_last,

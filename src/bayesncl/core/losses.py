@@ -17,7 +17,10 @@ from bayesncl.core.parts import fp32_math, ipw_features, safe_normalize
 __all__ = ["info_nce", "ipw_info_nce", "bernoulli_kl"]
 
 
-def info_nce(z: Tensor, temperature: float = 0.2, *, keys: Tensor | None = None, offset: int = 0) -> Tensor:
+def info_nce(
+    z: Tensor, temperature: float = 0.2, *, keys: Tensor | None = None, offset: int = 0,
+    index: Tensor | None = None, key_index: Tensor | None = None,
+) -> Tensor:
     """NT-Xent (InfoNCE over 2n views with cosine similarity), mean over the 2n local rows.
 
     PAPER-NOTES §1 ("Loss"); SimCLR's NT-Xent. For local row ``i`` (query ``q_i = ẑ_i``, rows
@@ -39,6 +42,11 @@ def info_nce(z: Tensor, temperature: float = 0.2, *, keys: Tensor | None = None,
         offset: the integer row of ``z[0]`` inside ``keys`` (``rank * 2n`` for equal per-rank
             batches; 0 without ``keys``). Local row ``i``'s self-similarity is masked at column
             ``offset + i``; its positive is column ``offset + (i + n) mod 2n``.
+        index: (2n,) integer dataset index of each local row's image. Given, row ``i``'s positives
+            are all other keys of its image, ``loss_i = −log(Σ_pos e^{q_i·k_j/T} / Σ_{j≠self}
+            e^{q_i·k_j/T})`` (the authors' solo/losses/simclr.py:30-37): the same as the default
+            when no image appears twice in the batch, right when one does.
+        key_index: (2N,) the index of each row of ``keys`` (with ``keys`` and ``index``).
 
     Returns:
         A 0-d float32 tensor (nats). With n = 1 and no other keys each row has only its positive,
@@ -55,8 +63,11 @@ def info_nce(z: Tensor, temperature: float = 0.2, *, keys: Tensor | None = None,
         self_mask = torch.zeros_like(logits, dtype=torch.bool)
         self_mask[rows, offset + rows] = True
         logits = logits.masked_fill(self_mask, float("-inf"))
-        targets = offset + (rows + n) % two_n
-        return F.cross_entropy(logits, targets)
+        if index is None:
+            return F.cross_entropy(logits, offset + (rows + n) % two_n)
+        kidx = index if keys is None else key_index
+        pos = (index[:, None] == kidx[None, :]) & ~self_mask
+        return (logits.logsumexp(1) - logits.masked_fill(~pos, float("-inf")).logsumexp(1)).mean()
 
 
 def ipw_info_nce(z: Tensor, weights: Tensor, temperature: float = 0.2) -> Tensor:

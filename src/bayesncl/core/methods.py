@@ -98,7 +98,10 @@ def closest(name: str, nonneg: str, topk: bool, gate: str, ipw: bool = False) ->
 
 
 PART_KEYS: dict[str, tuple[str, ...]] = {
-    "gate": ("lam", "gate_depth", "gate_hidden", "detach", "gate_lr_ratio", "threshold", "gate_tau", "rho"),
+    "gate": (
+        "lam", "gate_depth", "gate_hidden", "detach", "gate_lr", "gate_lr_ratio", "threshold", "gate_tau",
+        "rho",
+    ),
     "topk": ("rho",),
     "gumbel": ("gumbel_noise",),
     "ipw": ("ipw_momentum", "ipw_eps"),

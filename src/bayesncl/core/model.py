@@ -117,8 +117,9 @@ BACKBONE_FAMILIES: dict[str, Callable[[ModelConfig, int, int], tuple[nn.Module, 
 def build_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple[nn.Module, int]:
     """torchvision ResNet-18/50 (optionally with the CIFAR stem) or :func:`small_cnn`.
 
-    The CIFAR stem (3×3 stride-1 conv1, no max-pool; PAPER-NOTES §1) is used when
-    ``cifar_stem`` is ``true``, or ``auto`` and ``image_size <= 64``.
+    The CIFAR stem (3×3 stride-1 conv1 with padding ``stem_padding``, no max-pool; PAPER-NOTES §1)
+    is used when ``cifar_stem`` is ``true``, or ``auto`` and ``image_size <= 64``. Its padding is 2
+    in the authors' code (solo/methods/base.py:197-200: 34×34 maps after conv1 at 32 px).
     Returns ``(module mapping (B, C, S, S) → h: (B, h_dim), h_dim)``.
     """
     for prefix, family in BACKBONE_FAMILIES.items():
@@ -130,7 +131,7 @@ def build_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple
     net = build(weights=None)
     cifar = cfg.cifar_stem == "true" or (cfg.cifar_stem == "auto" and image_size <= 64)
     if cifar:
-        net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=cfg.stem_padding, bias=False)
         net.maxpool = nn.Identity()
     elif in_channels != 3:
         net.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
@@ -184,9 +185,10 @@ class ContrastiveModel(nn.Module):
             self.gating_head = GatingHead(
                 h_dim, hidden, d, depth=method.gate_depth, detach=method.detach, tau=method.gate_tau
             )
-            self.gate = Gate(method.gate, threshold=method.threshold, gumbel_noise=method.gumbel_noise)
+            self.gate = Gate(method.gate, method.threshold, method.gumbel_noise, tau=method.gate_tau)
         self.prevalence = Prevalence(d, method.ipw_momentum, method.ipw_eps) if method.ipw else None
         self.classifier = nn.Linear(h_dim, num_classes)
+        self.bn_views = model_cfg.bn_views
 
     def project(self, h: Tensor) -> ModelOutput:
         """Run everything after the backbone on h: (B, H)."""
@@ -213,8 +215,17 @@ class ContrastiveModel(nn.Module):
             h=h, p=p, z=z, logits=logits, alpha=alpha, mask=mask, z_tilde=z_tilde, ipw_weights=weights
         )
 
-    def forward(self, x: Tensor) -> ModelOutput:
-        """x: (B, C, S, S) normalised images → :class:`ModelOutput`."""
+    def forward(self, x: Tensor, views: int = 1) -> ModelOutput:
+        """x: (B, C, S, S) normalised images → :class:`ModelOutput`.
+
+        views: x holds that many equal blocks, e.g. 2 for the training step's ``[view1; view2]``.
+        With ``model.bn_views=per_view`` each block goes through the backbone alone, so BatchNorm
+        normalises over one view's images, as the authors' training step does (solo/methods/
+        base.py:494); the rest is row-wise, so one call on the concatenated h equals theirs per view.
+        ``joint``: one backbone call on all B images.
+        """
+        if views > 1 and self.bn_views == "per_view":
+            return self.project(torch.cat([self.backbone(v) for v in x.chunk(views)]))
         return self.project(self.backbone(x))
 
 
@@ -225,7 +236,7 @@ def build_model(cfg: Config, in_channels: int, image_size: int, num_classes: int
 
 
 def contrastive_loss(
-    out: ModelOutput, method: MethodConfig, *, gather: bool | None = None
+    out: ModelOutput, method: MethodConfig, *, gather: bool | None = None, index: Tensor | None = None
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss = InfoNCE(z̃ over 2N views, τ) + λ·KL(Bern(α) ‖ Bern(ρ)) (PAPER-NOTES §1); with
     ``method.ipw`` it runs on :func:`~bayesncl.core.parts.ipw_features` of z instead of z̃
@@ -240,17 +251,26 @@ def contrastive_loss(
     (default): gather whenever torch.distributed runs with more than one process. ``False``: local
     negatives only (not the paper's objective under DDP). With DDP averaging the gradients, the
     gradient equals the single-process gradient over the concatenated batch (docs/scaling.md).
+
+    index: (n,) the dataset index of each image; given, every view of the same image anywhere in
+    the (global) batch is a positive, as the authors' loss (:func:`bayesncl.core.losses.info_nce`).
     """
     from bayesncl.core import distributed
 
     z = out.z_tilde if out.ipw_weights is None else parts.ipw_features(out.z, out.ipw_weights)
+    idx = None if index is None else torch.cat([index, index])
     if gather is None:
         gather = distributed.is_distributed()
     if gather and distributed.is_distributed():
         keys = distributed.gather_with_grad(z)
-        nce = info_nce(z, method.temperature, keys=keys, offset=torch.distributed.get_rank() * len(z))
+        key_idx = None
+        if idx is not None:
+            key_idx = idx.new_empty(len(keys))
+            torch.distributed.all_gather_into_tensor(key_idx, idx.contiguous())
+        offset = torch.distributed.get_rank() * len(z)
+        nce = info_nce(z, method.temperature, keys=keys, offset=offset, index=idx, key_index=key_idx)
     else:
-        nce = info_nce(z, method.temperature)
+        nce = info_nce(z, method.temperature, index=idx)
     if out.alpha is not None:
         kl = bernoulli_kl(out.alpha, method.rho)
         loss = nce + method.lam * kl

@@ -166,8 +166,8 @@ def gumbel_sigmoid_gate(
 ) -> tuple[Tensor, Tensor]:
     """Stochastic hard gate: ``y = σ((logits + G)/τ)``, ``m = 1[y > thr]`` with STE on y.
 
-    PAPER-NOTES §1 ("Gumbel-Sigmoid gate"). logits: (M, D) gate logits (already divided by τ_s
-    when they come from ``GatingHead``); tau: relaxation temperature τ > 0; threshold in (0, 1);
+    PAPER-NOTES §1 ("Gumbel-Sigmoid gate"). logits: (M, D) raw gate logits (:class:`Gate` undoes
+    ``GatingHead``'s division by τ_s); tau: relaxation temperature τ > 0; threshold in (0, 1);
     noise: a key of :data:`NOISES`; generator: optional, on logits' device, for reproducible noise.
 
     Returns ``(mask, y)``, both (M, D) float32: ``mask`` is exactly 0/1 in the forward pass with
@@ -314,22 +314,24 @@ class Gate(nn.Module):
     (:data:`GATE_KINDS`), with threshold in (0, 1):
 
     - ``"ste"``: ``1[α > thr]`` forward, gradient of α (:func:`ste_gate`), train and eval.
-    - ``"gumbel"``: in training, ``1[y > thr]`` with STE on ``y = σ(logits + G)``, G drawn fresh per
-      call from ``NOISES[gumbel_noise]`` (``"gumbel"``: authors' form, ``"logistic"``: binary
-      concrete). In eval mode (``not self.training``) there is no noise: the mask is the hard
-      ``1[α > thr]`` (with an STE gradient). The logits come from :class:`GatingHead` already
-      divided by τ_s, so the relaxation here uses τ = 1; this equals the paper's
-      ``σ((logits + G)/τ_s)`` at τ_s = 1 (the only value used) and otherwise scales the noise by
-      τ_s relative to it.
+    - ``"gumbel"``: in training, ``1[y > thr]`` with STE on ``y = σ((l + G)/τ_s)``, where
+      ``l = τ_s · logits`` is the head's raw output (:class:`GatingHead` returns ``l / τ_s``) and G
+      is drawn fresh per call from ``NOISES[gumbel_noise]`` (``"gumbel"``: authors' form,
+      ``"logistic"``: binary concrete); the noise is divided by τ_s too, as in the authors' code
+      (bayesncl_helper_functions.py:29). In eval mode (``not self.training``) there is no noise:
+      the mask is the hard ``1[α > thr]`` (with an STE gradient).
     - ``"soft"``: ``mask = α`` in train and eval (the soft-gate ablation).
     - ``"none"``: returns ``(None, None)``, so callers may build a Gate for every method.
     """
 
-    def __init__(self, kind: str, threshold: float = 0.5, gumbel_noise: str = "gumbel") -> None:
+    def __init__(
+        self, kind: str, threshold: float = 0.5, gumbel_noise: str = "gumbel", tau: float = 1.0
+    ) -> None:
         super().__init__()
         self.kind = kind
         self.threshold = threshold
         self.gumbel_noise = gumbel_noise
+        self.tau = tau
 
     def forward(
         self, logits: Tensor, generator: torch.Generator | None = None
@@ -345,13 +347,15 @@ class Gate(nn.Module):
             return ste_gate(alpha, self.threshold), alpha
         if self.kind == "gumbel":
             mask, _ = gumbel_sigmoid_gate(
-                logits, tau=1.0, threshold=self.threshold, noise=self.gumbel_noise, generator=generator
+                logits * self.tau, tau=self.tau, threshold=self.threshold, noise=self.gumbel_noise,
+                generator=generator,
             )
             return mask, alpha
         return soft_gate(alpha), alpha
 
     def extra_repr(self) -> str:
-        return f"kind={self.kind!r}, threshold={self.threshold}, gumbel_noise={self.gumbel_noise!r}"
+        noise = f"gumbel_noise={self.gumbel_noise!r}, tau={self.tau}"
+        return f"kind={self.kind!r}, threshold={self.threshold}, {noise}"
 
 
 class Prevalence(nn.Module):

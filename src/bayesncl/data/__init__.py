@@ -15,7 +15,7 @@ Public API::
 """
 
 from bayesncl.data import backgrounds, provided, stl10  # noqa: F401 - each adds its reader to sources.READERS
-from bayesncl.data.augment import AugmentSpec, BatchAugment, blur_kernel_size, mix_seed, sample_transform
+from bayesncl.data.augment import AugmentSpec, BatchAugment, mix_seed, sample_transform
 from bayesncl.data.images import LazyImages, load_split_images
 from bayesncl.data.loaders import (
     EvalLoader,
@@ -52,7 +52,6 @@ __all__ = [
     "ResidentTwoViewLoader",
     "TwoViewLoader",
     "augment_spec",
-    "blur_kernel_size",
     "build_eval_loader",
     "build_train_loader",
     "clear_cache",

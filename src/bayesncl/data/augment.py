@@ -14,8 +14,9 @@ The pipeline, in order:
 2. colour jitter with p 0.8: brightness 0.8, contrast 0.8, saturation 0.8, hue 0.2 (torchvision's
    formulas: a factor ``b`` draws from [max(0, 1-b), 1+b], hue from [-h, h]);
 3. grayscale with p 0.2;
-4. Gaussian blur with p ``blur_prob``, kernel :func:`blur_kernel_size` (about 10 % of the image,
-   odd, >= 3), sigma U(0.1, 2.0);
+4. Gaussian blur with p ``blur_prob``, sigma U(0.1, 2.0): PIL's ``GaussianBlur(radius=sigma)``, as
+   the authors' loader (solo/data/pretrain_dataloader.py:77-100; CIFAR too), i.e. three extended
+   box blurs of variance sigma²/3 each (:func:`pil_box_kernels`), so the blur grows with sigma;
 5. horizontal flip with p 0.5;
 6. normalisation with the dataset mean/std.
 
@@ -29,8 +30,8 @@ Known differences between the two executors (same distribution of parameters oth
   call per step for both views), torchvision one per image; the factors are drawn per image in
   both;
 * kornia crops by one batched bilinear warp of the float tensor (no antialias), torchvision
-  resizes the PIL crop (bilinear with antialias); the blur runs on float tensors vs on the
-  uint8 PIL image.
+  resizes the PIL crop (bilinear with antialias); the blur runs on float tensors (PIL's kernel,
+  edges replicated) vs PIL's own filter on the uint8 image (which rounds after each box pass).
 
 Randomness: both executors draw from the *global* torch RNG, so callers wrap them in
 ``torch.random.fork_rng`` + an explicit seed (see :mod:`bayesncl.data.datasets`); kornia samples
@@ -50,7 +51,7 @@ from torch import nn
 __all__ = [
     "AugmentSpec",
     "BatchAugment",
-    "blur_kernel_size",
+    "pil_box_kernels",
     "eval_folder_transform",
     "mix_seed",
     "sample_transform",
@@ -100,12 +101,65 @@ def seeded(seed: int, device: torch.device | str | None = None) -> Iterator[None
             yield
 
 
-def blur_kernel_size(size: int) -> int:
-    """Gaussian-blur kernel: about 10 % of the image side, odd, at least 3 (32 → 3, 224 → 23)."""
-    k = int(round(0.1 * size))
-    if k % 2 == 0:
-        k += 1
-    return max(3, k)
+_BLUR_PASSES = 3  # Pillow's ImagingGaussianBlur: three box passes
+
+
+def _box_radius(sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Integer part l and fractional weight a of the extended box whose variance is sigma²/3
+    (Gwosdek et al. 2011, the formula of Pillow's BoxBlur.c)."""
+    s2 = sigma.double() ** 2 / _BLUR_PASSES
+    l = torch.floor((torch.sqrt(12 * s2 + 1) - 1) / 2)  # noqa: E741 - the paper's name
+    return l, (2 * l + 1) * (l * (l + 1) - 3 * s2) / (6 * (s2 - (l + 1) ** 2))
+
+
+def pil_box_kernels(sigma: torch.Tensor, sigma_max: float) -> torch.Tensor:
+    """The box of PIL's ``GaussianBlur(radius=sigma)``, which blurs each axis three times with it:
+    an extended box of variance sigma²/3 (total variance sigma²). sigma: (B,) in (0, sigma_max].
+    Returns (B, 2R + 1) float64 kernels summing to 1, R = the box support at sigma_max (5 taps at 2)."""
+    r = int(_box_radius(torch.tensor([float(sigma_max)]))[0]) + 1
+    l, a = _box_radius(sigma)
+    k = torch.arange(-r, r + 1, dtype=torch.float64).abs()
+    box = (k <= l[:, None]).double() + a[:, None] * (k == l[:, None] + 1)
+    return box / (2 * l + 1 + 2 * a)[:, None]
+
+
+class _PilBlur(nn.Module):
+    """Batched PIL-equivalent Gaussian blur: per sample, with p ``p``, sigma ~ U(lo, hi) drawn
+    from the global CPU RNG (as kornia draws its parameters); edges replicated as PIL does."""
+
+    def __init__(self, sigma: tuple[float, float], p: float) -> None:
+        super().__init__()
+        self.sigma, self.p = sigma, p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        chosen = torch.rand(b) < self.p
+        sigma = torch.empty(b, dtype=torch.float64).uniform_(*self.sigma)
+        if not chosen.any():
+            return x
+        box = pil_box_kernels(sigma[chosen], self.sigma[1]).to(x).repeat_interleave(c, 0)
+        r, g = box.shape[1] // 2, len(box)
+        idx = chosen.nonzero()[:, 0].to(x.device)
+        pad, conv = nn.functional.pad, nn.functional.conv2d
+        y = x[idx].reshape(1, -1, h, w)  # one group per (sample, channel)
+        for _ in range(_BLUR_PASSES):  # as PIL: three passes along rows, then three along columns,
+            y = conv(pad(y, (r, r, 0, 0), mode="replicate"), box[:, None, None], groups=g)  # each
+        for _ in range(_BLUR_PASSES):  # pass replicating the edge pixels
+            y = conv(pad(y, (0, 0, r, r), mode="replicate"), box[:, None, :, None], groups=g)
+        return x.index_copy(0, idx, y.reshape(-1, c, h, w))
+
+
+class _PilBlurImage:
+    """Per-image blur: PIL's own ``GaussianBlur(radius=sigma)``, sigma ~ U(lo, hi) from the torch RNG."""
+
+    def __init__(self, sigma: tuple[float, float]) -> None:
+        self.sigma = sigma
+
+    def __call__(self, img):  # PIL image -> PIL image
+        from PIL import ImageFilter
+
+        s = float(torch.empty((), dtype=torch.float64).uniform_(*self.sigma))
+        return img.filter(ImageFilter.GaussianBlur(radius=s))
 
 
 @dataclass(frozen=True)
@@ -130,7 +184,6 @@ class AugmentSpec:
     hue: float = 0.2
     gray_p: float = 0.2
     blur_p: float = 0.5
-    blur_kernel: int = 0  # 0: blur_kernel_size(size)
     blur_sigma: tuple[float, float] = (0.1, 2.0)
     flip_p: float = 0.5
 
@@ -173,9 +226,6 @@ class AugmentSpec:
             return replace(self, saturation=0.0, hue=0.0, gray_p=0.0)
         return self
 
-    @property
-    def kernel(self) -> int:
-        return self.blur_kernel or blur_kernel_size(self.size)
 
 
 class BatchAugment(nn.Module):
@@ -202,7 +252,7 @@ class BatchAugment(nn.Module):
         if spec.gray_p > 0 and spec.channels == 3:
             ops.append(K.RandomGrayscale(p=spec.gray_p))
         if spec.blur_p > 0:
-            ops.append(K.RandomGaussianBlur((spec.kernel, spec.kernel), spec.blur_sigma, p=spec.blur_p))
+            ops.append(_PilBlur(spec.blur_sigma, spec.blur_p))
         if spec.flip_p > 0:
             ops.append(K.RandomHorizontalFlip(p=spec.flip_p))
         self.ops = nn.Sequential(*ops)
@@ -245,7 +295,7 @@ def sample_transform(spec: AugmentSpec):  # -> torchvision.transforms.v2.Compose
     if spec.gray_p > 0 and spec.channels == 3:
         ts.append(T.RandomGrayscale(p=spec.gray_p))
     if spec.blur_p > 0:
-        ts.append(T.RandomApply([T.GaussianBlur(spec.kernel, sigma=spec.blur_sigma)], p=spec.blur_p))
+        ts.append(T.RandomApply([_PilBlurImage(spec.blur_sigma)], p=spec.blur_p))
     if spec.flip_p > 0:
         ts.append(T.RandomHorizontalFlip(p=spec.flip_p))
     ts += [T.ToImage(), T.ToDtype(torch.float32, scale=True), T.Normalize(list(spec.mean), list(spec.std))]

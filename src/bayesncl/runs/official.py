@@ -48,7 +48,6 @@ from bayesncl.runs.safe_load import CheckpointError, load_checkpoint_file
 
 __all__ = [
     "OFFICIAL_PARTS",
-    "SOLO_CIFAR_STEM_PADDING",
     "infer_official_config",
     "load_official_checkpoint",
     "looks_official",
@@ -56,7 +55,6 @@ __all__ = [
 ]
 
 OFFICIAL_PARTS = ("backbone", "projector", "gating_head", "classifier")
-SOLO_CIFAR_STEM_PADDING = 2  # solo-learn's CIFAR conv1: Conv2d(3, 64, 3, stride=1, padding=2)
 RESNET_BLOCKS = {"resnet18": ((2, 2, 2, 2), False), "resnet50": ((3, 4, 6, 3), True)}  # blocks, bottleneck
 _SHOW = 4  # keys listed per category in an error
 
@@ -248,7 +246,6 @@ def load_official_checkpoint(
     overrides: list[str] | dict[str, Any] | None = None,
     *,
     num_classes: int | None = None,
-    stem_padding: int | None = SOLO_CIFAR_STEM_PADDING,
     obj: Any = None,
 ) -> tuple[ContrastiveModel, Config]:
     """Load an authors'-layout checkpoint (BayesNCL / NCL / SimCLR from solo-learn) as our model.
@@ -257,8 +254,8 @@ def load_official_checkpoint(
     safely (``obj``: the already-loaded file, to avoid reading it twice). overrides: ``key=value``
     strings or a dict, applied on top of the inferred config (method, data, ...). num_classes: the
     classifier size when the file has no ``classifier.*`` (it is then freshly initialised; the
-    online probe is not used by extract/evaluate). stem_padding: padding of a CIFAR-stem conv1;
-    solo-learn uses 2 (bayesncl's own CIFAR stem uses 1), ``None`` keeps bayesncl's.
+    online probe is not used by extract/evaluate). A CIFAR-stem conv1 has ``model.stem_padding``'s
+    padding: by default 2, solo-learn's (their conv1 weights fit any padding).
 
     returns: ``(model in eval mode on CPU, config)``. Raises CheckpointError (one line) when the
     file is unsafe or unreadable, when the weights have another layout, or when a tensor's shape
@@ -283,7 +280,5 @@ def load_official_checkpoint(
     except CheckpointError as e:
         # name the tensors as the file does (projector.0.weight, not projector.net.0.weight)
         raise CheckpointError(_to_official(str(e))) from None
-    if cfg.model.cifar_stem == "true" and stem_padding is not None and hasattr(model.backbone, "conv1"):
-        model.backbone.conv1.padding = (stem_padding, stem_padding)
     return model.eval(), cfg
 

@@ -4,8 +4,8 @@ Everything lives in one checkpoint dict (format :data:`~bayesncl.runs.safe_load.
 model, optimiser, grad scaler, every RNG, epoch, step and the logs. What is *not* stored, and why
 it need not be:
 
-- the learning-rate schedule: a precomputed per-step array, a pure function of the config and
-  ``step`` (``core.optim.warmup_cosine``);
+- the learning-rate schedule: a pure function of the config, the parameter group and ``step``
+  (``core.optim.LrSchedule``);
 - the data order and augmentation: a function of ``(seed, epoch, rank, step)`` only
   (``TwoViewLoader.set_epoch``), also inside DataLoader workers, so worker RNGs need no state.
 
