@@ -1,0 +1,194 @@
+"""The HTML report: hand-checked dimension numbers, a site whose every link and image resolves, and
+(where Chromium is installed) a real browser opening it from file://."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import numpy as np
+import pytest
+
+from bayesncl.app.report import dimensions as dm
+
+from .conftest import ERROR, TINY
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+# ----------------------------------------------------------------------------- the numbers
+def _feats() -> dict[str, np.ndarray]:
+    f = np.zeros((6, 4), dtype=np.float32)
+    f[:, 0] = [3, 2, 1, 0, 0, 0]  # fires on rows 0-2: labels 0, 0, 1
+    f[:, 1] = [0, 0, 0, 1, 2, 4]  # rows 3-5: labels 1, 2, 2
+    f[:, 3] = -f[:, 0]  # |z̃| fires where dim 0 does; r(0, 3) = -1
+    mask = np.ones((6, 4), dtype=np.float32)
+    mask[[3, 4], 0] = 0  # dim 0's gate closed on rows 3 and 4
+    z = f.copy()
+    z[3, 0], z[4, 0] = 0.5, 2.0  # pre-gate values of the closed rows: row 4 first
+    return {"features": f, "labels": np.array([0, 0, 1, 1, 2, 2]), "indices": np.arange(6) + 10,
+            "mask": mask, "z": z}
+
+
+def test_summary_by_hand() -> None:
+    rows = dm.summarise(_feats(), 3)
+    assert [r.dim for r in rows] == [0, 1, 3]  # dim 2 never fires
+    r0 = rows[0]
+    assert r0.majority == 0 and r0.majority_share == pytest.approx(2 / 3)
+    assert r0.sc == pytest.approx(2 / 3)  # the largest class share among its firing images
+    assert r0.firing_rate == pytest.approx(0.5)
+    assert r0.mean_activation == pytest.approx(1.0)
+    assert r0.gate_open == pytest.approx(4 / 6)
+    assert rows[1].majority == 2 and rows[1].majority_share == pytest.approx(2 / 3)
+    assert dm.summarise({k: v for k, v in _feats().items() if k != "mask"}, 3)[0].gate_open is None
+
+
+def test_correlations_by_hand() -> None:
+    corr = dm.correlations(_feats()["features"], [0, 1, 3], n=2)
+    assert corr[0][0] == (3, pytest.approx(-1.0))
+    # dims 0 and 1: centred [2,1,0,-1,-1,-1] and [-7/6,-7/6,-7/6,-1/6,5/6,17/6]
+    a = np.array([3, 2, 1, 0, 0, 0.0]) - 1
+    b = np.array([0, 0, 0, 1, 2, 4.0]) - 7 / 6
+    assert corr[0][1] == (1, pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b)))
+    assert dm.correlations(np.zeros((3, 2)), [1]) == {1: []}
+
+
+def test_detail_by_hand() -> None:
+    feats = _feats()
+    counts = dm.class_fire_counts(np.abs(feats["features"]) > dm.EPS, feats["labels"], 3)
+    assert counts[:, 1].tolist() == [0, 1, 2]
+    d = dm.detail(feats, 1, counts, [])
+    assert d.top == [5, 4, 3] and d.zeros == 3 and sum(d.hist[0]) == 3
+    assert [r for _, r in d.quantiles] == [3, 4, 5] and d.quantiles[0][0] == 0 and d.quantiles[-1][0] == 1
+    assert d.classes == [(2, pytest.approx(2 / 3)), (1, pytest.approx(1 / 3))]
+    d0 = dm.detail(feats, 0, counts, [])
+    assert d0.closed == [4, 3] and d0.n_closed == 2  # largest pre-gate z first
+    assert dm.images_used([d, d0]).tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_quantile_sample_spreads_and_dedups() -> None:
+    values = np.arange(100.0)
+    picks = dm.quantile_sample(values, np.arange(100), n=5)
+    assert [r for _, r in picks] == [0, 25, 50, 74, 99]  # round(q * 99)
+    assert dm.quantile_sample(values, np.array([7]), n=5) == [(0.0, 7)]
+    assert dm.quantile_sample(values, np.array([], dtype=int)) == []
+
+
+def test_svg_bars_scale_to_the_box() -> None:
+    bars = dm.svg_bars([1, 2, 0], width=30, height=10)
+    assert [b["h"] for b in bars] == [5.0, 10.0, 0.0] and [b["x"] for b in bars] == [0, 10, 20]
+
+
+# ----------------------------------------------------------------------------- a real site
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A demo-like run dir: a bayesncl and an ncl sub-run, 1 epoch of the tiny settings."""
+    from bayesncl.app.train import pretrain
+    from bayesncl.config import build_config
+
+    root = tmp_path_factory.mktemp("demo")
+    for m in ("bayesncl", "ncl"):
+        pretrain(build_config(overrides=[*TINY, f"method.name={m}"]), root / m)
+    return root
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for k, v in attrs:
+            if k in ("href", "src") and v and not v.startswith(("data:", "#")):
+                self.refs.append(v)
+
+
+def _missing(page: Path, html: str) -> list[str]:
+    """The links and images of ``html`` (page ``page``) that lead to no file; remote ones count."""
+    parser = _Links()
+    parser.feed(html)
+    bad = []
+    for ref in parser.refs:
+        url = urlparse(ref)
+        if url.scheme and url.scheme != "file":
+            bad.append(ref)  # the site must work with no network
+        elif not (Path(unquote(url.path)) if url.scheme else page.parent / unquote(url.path)).is_file():
+            bad.append(ref)
+    return bad
+
+
+def test_every_link_and_image_of_every_page_resolves(demo_dir: Path) -> None:
+    from bayesncl.app.report.html import report_command
+
+    index = report_command([demo_dir])
+    assert index == demo_dir / "report" / "index.html"
+    site = index.parent
+    pages = sorted(site.rglob("*.html"))
+    dims = sorted((site / "bayesncl").glob("dim-*.html"))
+    assert len(dims) > 0 and (site / "ncl" / "dims.html").is_file() and (site / "curves.png").is_file()
+    for page in pages:
+        text = page.read_text()
+        assert _missing(page, text) == [], page
+        assert "<script src" not in text and "@import" not in text  # nothing fetched from elsewhere
+    index_html = index.read_text()
+    assert 'id="comparison"' in index_html and index_html.count("<tr><td class=\"l\"><a href=\"#run-") == 2
+    # the dimension index lists every active dim, each linked; gated runs get the gate column
+    table = (site / "bayesncl" / "dims.html").read_text()
+    assert len(re.findall(r'href="dim-\d+\.html"', table)) == len(dims)
+    assert "gate open %" in table and "gate open %" not in (site / "ncl" / "dims.html").read_text()
+    assert "Where the gate closed it" in dims[0].read_text()
+    # thumbnails: one per shown test image, shared by both runs (same data)
+    thumbs = list((site / "thumbs").rglob("*.png"))
+    assert len(list((site / "thumbs").iterdir())) == 1 and 0 < len(thumbs) <= 60
+    # a second report into the same folder replaces it; a foreign folder is refused
+    assert report_command([demo_dir]) == index
+
+
+def test_bad_inputs_are_one_line(tmp_path: Path, demo_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bayesncl.app.cli import main
+
+    from .conftest import error_line
+
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "holds no run" in error_line(capsys)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert main(["report", str(demo_dir / "ncl"), "--out", str(tmp_path / "other")]) == 2
+    assert "not an earlier report" in error_line(capsys)
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert error_line(capsys).startswith(ERROR) and capsys.readouterr().out == ""
+
+
+def _chromium(url: str, user_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={user_dir}",
+        "--enable-logging=stderr", "--v=0", "--window-size=1100,1400",
+    ]
+    return subprocess.run([CHROMIUM, *flags, *extra, url], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (.ci/run installs Debian's chromium)")
+def test_chromium_opens_the_pages_from_file(demo_dir: Path, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from bayesncl.app.report.html import report_command
+
+    index = report_command([demo_dir / "bayesncl"], out=tmp_path / "site")
+    dim = sorted((tmp_path / "site" / "bayesncl").glob("dim-*.html"))[0]
+    for n, page in enumerate([index, dim, index.parent / "bayesncl" / "dims.html"]):
+        shot = tmp_path / f"shot{n}.png"
+        done = _chromium(page.as_uri(), tmp_path / f"profile{n}", f"--screenshot={shot}")
+        console = [ln for ln in done.stderr.splitlines() if ":CONSOLE" in ln]
+        assert console == [], console  # no script error, no failed load logged
+        pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)
+        assert pixels.std() > 5 and (pixels < 128).mean() > 0.001, page  # not blank
+        dom = _chromium(page.as_uri(), tmp_path / f"profile{n}", "--dump-dom")
+        assert "</table>" in dom.stdout or "<img" in dom.stdout
+        assert _missing(page, dom.stdout) == [], page
