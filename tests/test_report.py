@@ -192,3 +192,45 @@ def test_chromium_opens_the_pages_from_file(demo_dir: Path, tmp_path: Path) -> N
         dom = _chromium(page.as_uri(), tmp_path / f"profile{n}", "--dump-dom")
         assert "</table>" in dom.stdout or "<img" in dom.stdout
         assert _missing(page, dom.stdout) == [], page
+
+
+# ----------------------------------------------------------------------------- the figure fixes
+def test_suppressed_figure_shows_dims_the_gate_filters(tmp_path: Path) -> None:
+    from bayesncl.app.report.figures import filtered_dims, suppressed_features_figure
+
+    mask = np.ones((10, 4), dtype=np.float32)
+    mask[:, 0] = 0  # closed on every image: filters nothing (a dead dim)
+    mask[:5, 1] = 0  # closed on half: the most mixed
+    mask[:2, 2] = 0  # closed on 2
+    assert filtered_dims(mask, 5).tolist() == [1, 2]  # dim 3 always open, dim 0 always closed
+    feats = _feats()
+    feats["mask"][:, 2] = 0  # this features dict: dim 2 closed everywhere, dim 0 on rows 3 and 4
+    feats["indices"] = np.arange(6)
+    assert filtered_dims(feats["mask"], 5).tolist() == [0]
+    images = np.arange(6, dtype=np.uint8).reshape(6, 1, 1, 1).repeat(8, 2).repeat(8, 3)
+    import torch
+
+    out = suppressed_features_figure(feats, torch.from_numpy(images), ["a", "b", "c"], tmp_path / "s.png")
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    feats["mask"][:] = 1
+    with pytest.raises(ValueError, match="filters no dimension"):
+        suppressed_features_figure(feats, torch.from_numpy(images), ["a", "b", "c"], tmp_path / "t.png")
+
+
+def test_retrieval_rows_past_the_active_dims_are_marked() -> None:
+    from bayesncl.app.report import format_retrieval
+
+    row = {"P@1": 1.0, "P@3": 1.0, "P@5": 1.0, "P@10": 1.0, "mAP@10": 1.0}
+    md = format_retrieval({"32": row, "64": row, "96": row}, active=40)
+    lines = md.splitlines()
+    assert [ln.split("|")[1].strip() for ln in lines[2:5]] == ["32", "64*", "96*"]
+    assert "exceeds the 40 active dims" in lines[-1]
+    assert "*" not in format_retrieval({"32": row}, active=40)
+    assert "*" not in format_retrieval({"64": row})  # active unknown: nothing marked
+
+
+def test_top_activation_rows_say_the_share_is_of_the_images_shown() -> None:
+    from bayesncl.app.report.figures import _majority, run_label
+
+    assert _majority(np.array([1, 1, 0, 1]), ["cat", "dog"]) == "dog: 3 of the\n4 shown"
+    assert run_label("bayesncl", Path("runs/demo-1/bayesncl")) == "bayesncl, run demo-1/bayesncl"

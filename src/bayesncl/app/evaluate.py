@@ -98,9 +98,9 @@ def evaluate_model(
         metrics["rows_all_closed"] = float((test["mask"].sum(1) == 0).mean())
     metrics["method"] = cfg.method.name
     metrics["n_test"] = int(len(test["labels"]))
-    from bayesncl.app.report.figures import write_figures
+    from bayesncl.app.report.figures import run_label, write_figures
 
-    write_figures(test, cfg.data, run_dir)
+    write_figures(test, cfg.data, run_dir, label=run_label(cfg.method.name, run_dir))
     write_results(run_dir, "metrics", metrics, format_table({cfg.method.name: metrics}))
     return metrics
 
@@ -496,17 +496,21 @@ def evaluate_command(
         md += "\n\nNo linear probe (eval.probe=none)."
     if result.get("retrieval"):
         md += "\n\nRetrieval with feature selection (top-K dims by expected activation), %:\n\n"
-        md += format_retrieval(result["retrieval"])
+        md += format_retrieval(result["retrieval"], active=result.get("active_dims"))
     if retrieval_note:
         md += f"\n\nNote: {retrieval_note}."
     # everything is computed: only now write the files
     save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
     write_results(out_dir, "evaluation", result, md)
-    from bayesncl.app.report.figures import write_figures
+    from bayesncl.app.report.figures import run_label, write_figures
 
-    write_figures(test, cfg.data, out_dir)
+    write_figures(test, cfg.data, out_dir, label=run_label(cfg.method.name, out_dir))
     print(md)
     print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
+    from bayesncl.app.report.html import RunInput, write_report_or_warn
+
+    run = RunInput(out_dir, out_dir.name or "run", test, cfg, result)
+    write_report_or_warn([out_dir], out_dir / "report", run=run)
     return result
 
 

@@ -160,7 +160,8 @@ def training_curves_figure(
         ax.grid(alpha=0.3)
         if key == "gate_open":
             ax.set_ylim(0, 1.02)
-    axes[0, 0].legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # every panel names its runs
+            ax.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -182,7 +183,10 @@ def write_training_curves(
     names = list(labels) if labels is not None else run_label(dirs)
     runs = {name: read_log(s) for name, s in zip(names, sources, strict=True)}
     steps = {name: read_steps(d) for name, d in zip(names, dirs, strict=True)}
-    title = "Training curves" if len(runs) > 1 else f"Training curves: {names[0]}"
+    if len(runs) > 1:
+        title = "Training curves: " + ", ".join(names)
+    else:  # the method (the label pretrain gives) and the run
+        title = f"Training curves: {names[0]}" + (f", run {dirs[0].name}" if dirs[0].name != names[0] else "")
     fig = training_curves_figure(runs, title, steps)
     try:
         return save_figure(fig, out)

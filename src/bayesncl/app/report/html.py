@@ -50,7 +50,8 @@ class RunInput:
 
 # ----------------------------------------------------------------------------- finding the runs
 def _is_run(path: Path) -> bool:
-    return any((path / n).exists() for n in ("last.pt", "features_test.npz", "log.csv"))
+    """A run the report can show: it has test features, or a checkpoint to extract them from."""
+    return any((path / n).is_file() for n in ("last.pt", "features_test.npz"))
 
 
 def find_runs(sources: Sequence[str | Path]) -> list[Path]:
@@ -69,7 +70,7 @@ def find_runs(sources: Sequence[str | Path]) -> list[Path]:
         subs = sorted(p for p in s.iterdir() if p.is_dir() and not p.name.startswith(".") and _is_run(p))
         if not subs:
             raise RunDirError(
-                f"{s} holds no run (no last.pt, features_test.npz or log.csv, nor sub-folders with one)"
+                f"{s} holds no run to report on (no last.pt or features_test.npz, nor sub-folders with one)"
             )
         runs.extend(subs)
     return runs
@@ -287,3 +288,20 @@ def report_command(sources: Sequence[str | Path], out: str | Path | None = None)
     dest = Path(out) if out is not None else (Path(sources[0]) if len(sources) == 1 else Path()) / "report"
     runs = [load_run(p, label) for p, label in zip(paths, _labels(paths), strict=True)]
     return write_report(runs, dest)
+
+
+def write_report_or_warn(
+    sources: Sequence[str | Path], out: Path, run: RunInput | None = None
+) -> Path | None:
+    """:func:`report_command` for ``demo``, ``evaluate`` and ``reproduce`` (``run``: one run
+    already in memory, written as it is): prints the index's path; a report that cannot be
+    written is a one-line warning, never the command's failure."""
+    from bayesncl.app.errors import user_errors
+
+    try:
+        index = write_report([run], out) if run is not None else report_command(sources, out)
+    except (*user_errors(), OSError) as e:
+        print(f"warning: no HTML report: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        return None
+    print(f"HTML report: {index}")
+    return index
