@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from bayesncl.app.errors import out_of_memory
+from bayesncl.app.heldout import build_heldout
 from bayesncl.app.report.curves import write_training_curves
 from bayesncl.config import Config, ConfigError, dump_yaml
 from bayesncl.core import distributed
@@ -43,6 +44,8 @@ from bayesncl.core.optim import build_optimizer, param_groups, resolve_precision
 from bayesncl.data import DataError, build_train_loader, dataset_info, mix_seed
 from bayesncl.runs.export import export_encoder
 from bayesncl.runs.fileio import atomic_path
+from bayesncl.runs.loggers import RunLoggers
+from bayesncl.runs.loggers import require as require_loggers
 from bayesncl.runs.rundir import (
     STEP_LOG_EVERY,
     RunDirError,
@@ -100,6 +103,8 @@ def pretrain(
                 print(f"put the previous run back in {run_dir} (the new one had no checkpoint)", flush=True)
         raise
     finally:
+        if claim.get("loggers") is not None:
+            claim["loggers"].close()
         if claim.get("lock") is not None:
             claim["lock"].release()
         _restore_stop_handlers()
@@ -143,6 +148,8 @@ def _pretrain(
             f"strength); {'raise data.train_subset' if k else 'add images'}, or pass --no-eval or "
             "eval.probe=none"
         )
+    if world.is_main:
+        require_loggers(cfg.train.loggers)  # a missing package: one line, before the run dir is touched
     ckpt = distributed.run_on_main(lambda: prepare_run_dir(run_dir, cfg, resume=resume, overwrite=overwrite))
     if world.is_main:
         print(f"run dir: {run_dir}", flush=True)
@@ -244,6 +251,10 @@ def _pretrain(
                 write_log(run_dir, state.step_log, "steps.csv")
 
     distributed.run_on_main(claim_run_dir)  # fresh run, or a resume that may have extended train.epochs
+    # rank 0: the held-out batch scored at each epoch's end (log.csv's heldout_*), the loggers
+    heldout = build_heldout(cfg) if world.is_main else None
+    if world.is_main:
+        claim["loggers"] = RunLoggers(cfg.train.loggers, run_dir, cfg.to_dict(), state.epoch)
 
     step_model = wrap_for_training(model, cfg, world)
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
@@ -337,6 +348,8 @@ def _pretrain(
             "lr": lr,
             "epoch_time_s": round(time.time() - t0, 2),
         }
+        if heldout is not None:
+            row.update(heldout.measure(model, device))
         state.log.append(row)
         state.epoch = epoch + 1
         state.rng_ranks = _rng_of_every_rank(world)  # collective: before rank 0 alone saves
@@ -356,6 +369,8 @@ def _pretrain(
 
         # rank 0 saves while the others wait, so that its error (a full disk) stops every rank alike
         distributed.run_on_main(save_epoch)
+        if world.is_main:
+            claim["loggers"].log_epoch(row)
 
     _restore_stop_handlers()
     if interrupted["signal"] is not None and world.is_main:  # it came during the last epoch's saves
@@ -373,11 +388,14 @@ def _pretrain(
             warnings.warn(f"no training curves: {e}", stacklevel=2)
     export_encoder(model, run_dir, cfg)
     if not evaluate:
+        claim["loggers"].finish(state.epoch)
         return {}
     from bayesncl.app.evaluate import evaluate_model
 
     try:
-        return evaluate_model(model, cfg, run_dir, device=device)
+        metrics = evaluate_model(model, cfg, run_dir, device=device)
+        claim["loggers"].finish(state.epoch, metrics)
+        return metrics
     except KeyboardInterrupt:
         raise TrainingInterrupted(
             f"stopped during the end-of-training evaluation; training is complete ({run_dir / 'last.pt'}): "

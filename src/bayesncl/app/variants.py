@@ -15,7 +15,7 @@ from bayesncl.app.report import format_table, write_results
 from bayesncl.config import Config
 
 # what may differ between a finished variant and this command's config for it to be reused
-REUSE_IGNORES = ("train.progress", "eval.")
+REUSE_IGNORES = ("train.progress", "eval.", "train.loggers", "train.monitor_samples")
 
 
 def finished(sub: Path) -> bool:

@@ -62,6 +62,13 @@ LOG_FIELDS = [
     "online_acc",
     "lr",
     "epoch_time_s",
+    # the held-out batch scored at the epoch's end (train.monitor_samples; empty when 0):
+    # bayesncl.app.heldout.HELDOUT_FIELDS
+    "heldout_sc",
+    "heldout_h_sum",
+    "heldout_active_dims",
+    "heldout_effective_rank",
+    "heldout_gate_open",
 ]
 # steps.csv: one row every STEP_LOG_EVERY optimiser steps, the means over the steps since the
 # previous row of the same epoch (epoch = step / steps per epoch, fractional)
