@@ -234,3 +234,91 @@ def test_top_activation_rows_say_the_share_is_of_the_images_shown() -> None:
 
     assert _majority(np.array([1, 1, 0, 1]), ["cat", "dog"]) == "dog: 3 of the\n4 shown"
     assert run_label("bayesncl", Path("runs/demo-1/bayesncl")) == "bayesncl, run demo-1/bayesncl"
+
+
+# ----------------------------------------------------------------------------- while it trains
+def test_heldout_indices_spread_over_the_split() -> None:
+    from bayesncl.app.heldout import heldout_indices
+
+    assert heldout_indices(10, 4).tolist() == [0, 3, 6, 9]
+    assert heldout_indices(5, 2000).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_heldout_columns_match_the_final_evaluation_and_change_no_weight(demo_dir: Path, tmp_path: Path) -> None:
+    """With at least as many held-out images as the test split has, the last epoch's held-out SC,
+    H_sum and active dims are the final evaluation's; with the monitor off, the weights are the same."""
+    import torch
+
+    from bayesncl.app.report.curves import read_log
+    from bayesncl.app.train import pretrain
+    from bayesncl.config import build_config
+
+    run = demo_dir / "bayesncl"
+    last = read_log(run)[-1]
+    final = __import__("json").loads((run / "metrics.json").read_text())
+    assert last["heldout_sc"] == pytest.approx(final["semantic_consistency"], abs=1e-3)
+    assert last["heldout_h_sum"] == pytest.approx(final["semantic_entropy_sum"], abs=1e-5)
+    assert last["heldout_active_dims"] == final["active_dims"]
+    assert last["heldout_gate_open"] == pytest.approx(final["gate_open_rate"], abs=1e-5)
+    assert last["heldout_effective_rank"] == pytest.approx(final["effective_rank"], abs=1e-3)
+    off = tmp_path / "off"
+    pretrain(build_config(overrides=[*TINY, "method.name=bayesncl", "train.monitor_samples=0"]), off,
+             evaluate=False)
+    assert all(np.isnan(r["heldout_sc"]) for r in read_log(off))
+    a = torch.load(run / "last.pt", weights_only=True)["state_dict"]
+    b = torch.load(off / "last.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_missing_logger_package_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import builtins
+
+    from bayesncl.app.cli import main
+
+    from .conftest import error_line
+
+    real = builtins.__import__
+
+    def no_wandb(name: str, *args: object, **kwargs: object) -> object:
+        if name == "wandb":
+            raise ImportError("No module named 'wandb'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    run = tmp_path / "r"
+    assert main(["pretrain", "--run-dir", str(run), *TINY, "train.loggers=csv,wandb"]) == 2
+    assert "pip install 'bayesncl[wandb]'" in error_line(capsys)
+    assert not run.exists()  # refused before the run dir is touched
+
+
+def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_tensorboard_gets_the_log_rows_and_resume_continues_it(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from bayesncl.app.report.curves import read_log
+    from bayesncl.app.train import pretrain
+    from bayesncl.config import build_config
+
+    run = tmp_path / "tb"
+    cfg = build_config(overrides=[*TINY, "method.name=bayesncl", "train.loggers=[csv,tensorboard]"])
+    pretrain(cfg, run, evaluate=False)
+    cfg.train.epochs = 2
+    pretrain(cfg, run, resume=True)
+    rows = read_log(run)
+    for col in ("info_nce", "heldout_sc", "gate_open"):
+        got = _scalars(run / "tensorboard", f"train/{col}")
+        assert got == [(r["epoch"], pytest.approx(r[col])) for r in rows], col
+    assert _scalars(run / "tensorboard", "eval/semantic_consistency")[0][0] == 2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    assert "figures/training_curves" in acc.Tags()["images"]
