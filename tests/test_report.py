@@ -244,7 +244,9 @@ def test_heldout_indices_spread_over_the_split() -> None:
     assert heldout_indices(5, 2000).tolist() == [0, 1, 2, 3, 4]
 
 
-def test_heldout_columns_match_the_final_evaluation_and_change_no_weight(demo_dir: Path, tmp_path: Path) -> None:
+def test_heldout_columns_match_the_final_evaluation_and_change_no_weight(
+    demo_dir: Path, tmp_path: Path
+) -> None:
     """With at least as many held-out images as the test split has, the last epoch's held-out SC,
     H_sum and active dims are the final evaluation's; with the monitor off, the weights are the same."""
     import torch
@@ -322,3 +324,47 @@ def test_tensorboard_gets_the_log_rows_and_resume_continues_it(tmp_path: Path) -
     acc = EventAccumulator(str(run / "tensorboard"))
     acc.Reload()
     assert "figures/training_curves" in acc.Tags()["images"]
+
+
+def test_wandb_gets_the_log_rows_and_resume_keeps_its_run_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in ``wandb`` module records what the logger sends (the real one, offline, writes
+    protobuf files only ``wandb sync`` reads)."""
+    import sys
+    import types
+
+    from bayesncl.app.report.curves import read_log
+    from bayesncl.app.train import pretrain
+    from bayesncl.config import build_config
+
+    calls: list[tuple[str, object]] = []
+
+    class _Run:
+        def log(self, values: dict[str, object], step: int) -> None:
+            calls.append(("log", (step, values)))
+
+        def finish(self) -> None:
+            calls.append(("finish", None))
+
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kw: calls.append(("init", kw)) or _Run()  # type: ignore[attr-defined]
+    fake.Image = lambda path: ("image", Path(path).name)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run = tmp_path / "wb"
+    cfg = build_config(overrides=[*TINY, "method.name=bayesncl", "train.loggers=csv,wandb"])
+    pretrain(cfg, run, evaluate=False)
+    cfg.train.epochs = 2
+    pretrain(cfg, run, resume=True)
+    inits = [kw for what, kw in calls if what == "init"]
+    assert len(inits) == 2 and inits[0]["id"] == inits[1]["id"] == (run / "wandb-id.txt").read_text().strip()
+    assert inits[0]["mode"] == "offline" and inits[1]["resume"] == "allow"
+    logs = [v for what, v in calls if what == "log"]
+    rows = read_log(run)
+    epoch_logs = [(step, values) for step, values in logs if "train/info_nce" in values]
+    expected = [(r["epoch"], pytest.approx(r["info_nce"])) for r in rows]
+    assert [(s, v["train/info_nce"]) for s, v in epoch_logs] == expected
+    final_step, final = logs[-1]
+    assert final_step == 2 and final["figures/training_curves"] == ("image", "training_curves.png")
+    assert final["eval/semantic_consistency"] == pytest.approx(read_log(run)[-1]["heldout_sc"], abs=1e-3)
