@@ -426,7 +426,8 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
             raise RunDirError(
                 f"--resume: the config differs from the run's in: {diff} (run's -> now); resume with "
                 "the run's config (only train.epochs, train.progress, train.checkpoint_every, "
-                "data.num_workers, data.root and eval.* may change) or start a new --run-dir"
+                "train.loggers, train.monitor_samples, data.num_workers, data.root and eval.* may change) "
+                "or start a new --run-dir"
             )
         remove_stale_temporaries(run_dir)
         return ckpt
