@@ -60,7 +60,7 @@ def test_a_list_key_takes_a_single_value_on_the_command_line_only(tmp_path: Path
     y.write_text("eval:\n  retrieval_dims:\n    - 32\n    - 64\n")
     assert build_config(y).eval.retrieval_dims == [32, 64]
     assert build_config(y, ["eval.retrieval_dims=16"]).eval.retrieval_dims == [16]  # CLI beats YAML
-    assert list_keys() == ["eval.retrieval_dims"]
+    assert list_keys() == ["train.loggers", "eval.retrieval_dims"]
 
 
 def test_required_keys_exist() -> None:

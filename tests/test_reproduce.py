@@ -188,10 +188,15 @@ def test_an_interrupted_run_continues(
 
 def test_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["--dataset", "fashion-mnist", "--run-dir", str(tmp_path / "t"), *TINY]
-    assert main(["reproduce", "6", *base]) == 2
+    assert main(["reproduce", "66", *base]) == 2
     assert error_line(capsys) == (
-        "bayesncl: error: reproduce '6': no such table or figure; expected one of 1, 2, 3, 4, 5, 7, 15, "
-        "fig3, fig4a, fig4b, ncl-fs, ncl-sepin"
+        "bayesncl: error: reproduce '66': no such table or figure; expected one of 1, 2, 3, 4, 5, 7, 15, "
+        "fig3, fig4a, fig4b, ncl-fs, ncl-sepin, 6, mechanism"
+    )
+    assert main(["reproduce", "6", *base]) == 2  # table 6 exists: it needs a dataset with places
+    assert error_line(capsys) == (
+        "bayesncl: error: --dataset 'fashion-mnist': table 6 needs places; expected one of waterbirds, "
+        "fashion-mnist-bg"
     )
     for n in ("0", "-1"):
         assert main(["reproduce", "1", "--seeds", n, *base]) == 2

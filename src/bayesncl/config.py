@@ -115,6 +115,14 @@ class TrainConfig:
     sync_bn: bool = False
     checkpoint_every: int = 10  # also write epoch-NNNN.pt every this many epochs (0: only last)
     progress: bool = True
+    # held-out test images scored every epoch (SC, H_sum, active dims, effective rank, open rate) into
+    # log.csv's heldout_* columns (bayesncl.app.heldout); 0: none
+    monitor_samples: int = 2000
+    loggers: list[str] = field(default_factory=lambda: ["csv"])  # some of LOGGERS (runs.loggers)
+
+
+#: The allowed ``train.loggers`` names (``bayesncl.runs.loggers`` runs them).
+LOGGERS: tuple[str, ...] = ("csv", "tensorboard", "wandb")
 
 
 @dataclass
@@ -722,6 +730,10 @@ def validate(cfg: Config) -> None:
     _check(0.0 <= d.blur_prob <= 1.0, f"data.blur_prob={d.blur_prob}: expected 0 <= p <= 1")
     _check(cfg.eval.batch_size >= 1, f"eval.batch_size={cfg.eval.batch_size}: expected >= 1")
     _check(t.checkpoint_every >= 0, f"train.checkpoint_every={t.checkpoint_every}: expected >= 0")
+    _check(t.monitor_samples >= 0, f"train.monitor_samples={t.monitor_samples}: expected >= 0 (0: off)")
+    bad = [name for name in t.loggers if name not in LOGGERS]
+    _check(not bad, f"train.loggers={t.loggers}: unknown {', '.join(map(str, bad))}; expected some of "
+           f"{', '.join(LOGGERS)}")
     _check(
         d.image_size == 0 or d.image_size >= MIN_IMAGE_SIZE,
         f"data.image_size={d.image_size}: expected 0 (the dataset's native size) or >= {MIN_IMAGE_SIZE} px",
@@ -767,6 +779,7 @@ def dump_yaml(cfg: Config) -> str:
 # a larger train.epochs is the way to train longer (the lr schedule is recomputed for the new length).
 RESUME_FREE_KEYS: tuple[str, ...] = (
     "train.epochs", "train.progress", "train.checkpoint_every", "data.num_workers", "data.root", "eval.",
+    "train.loggers", "train.monitor_samples",
 )
 
 

@@ -21,6 +21,9 @@ Measured, in ONE process and ONE run so the ratios are fair on a noisy machine:
   (``data.resident=true``, kornia) against the per-sample torchvision/PIL DataLoader path
   (``data.resident=false``, ``--workers`` workers): the ratio of their images/s, median over rounds.
 * ``augment_only_speedup``: the two loaders alone, without a model (the data path's own ratio).
+* ``heldout_monitor_s`` / ``heldout_monitor_pct_of_demo_epoch``: one epoch-end measurement of the
+  held-out batch (:mod:`bayesncl.app.heldout`, the default 2,000 images at this size) and its share
+  of a demo epoch (the demo recipe's 20,000 train images at the BayesNCL images/s measured here).
 * ``breakdown``: each loader alone, and the BayesNCL step on a fixed batch alone (to see which
   part limits the step); on CUDA also BayesNCL without :func:`bayesncl.core.engine.prefetch_to_device`
   (the loader on the main stream).
@@ -58,6 +61,7 @@ __all__ = [
 ]
 
 METHODS = ("cl", "ncl", "bayesncl")
+HELDOUT_TARGET_PCT = 5.0  # the epoch-end held-out monitor, as a share of a demo epoch (issue 16)
 GPU_TARGET_IMAGES_PER_S = 11_200  # 200 CIFAR-100 epochs (10 M pairs) in 15 min on one H200
 CPU_AUGMENT_TARGET = 2.0
 GATE_OVERHEAD_TARGET_PCT = 3.0
@@ -313,7 +317,8 @@ def _median_ratio(a: list[float], b: list[float]) -> float:
 
 def _arms(s: BenchmarkSettings, device: torch.device, configs: dict[str, Config]) -> list[_Arm]:
     """What the rounds time: each method's step, the loaders alone, the BayesNCL step on a fixed
-    batch, the per-sample data path (``s.augment_compare``) and, on CUDA, no prefetch."""
+    batch, the held-out monitor, the per-sample data path (``s.augment_compare``) and, on CUDA, no
+    prefetch."""
     from bayesncl.data import build_train_loader
 
     b, steps = int(s.batch_size or 0), int(s.steps or 0)
@@ -331,6 +336,7 @@ def _arms(s: BenchmarkSettings, device: torch.device, configs: dict[str, Config]
         ps_batches = _endless(build_train_loader(per_sample_cfg.data, b, seed=1, device=device))
         arms.append(_Arm("per-sample-only", lambda: _next(ps_batches), b, min(steps, 3)))
     arms.append(_Arm("step-only", lambda: bayes(fixed), b, steps))
+    arms.append(_heldout_arm(configs["bayesncl"], device))
     if device.type == "cuda":  # what prefetch_to_device buys: the loader on the main stream
         plain = _endless(build_train_loader(data, b, seed=2, device=device))
         arms.append(_Arm("no-prefetch", lambda: bayes(next(plain)), b, steps))
@@ -356,6 +362,39 @@ def _time_rounds(
                 arm.run()
             _sync(device)
             arm.times.append((time.perf_counter() - t0) / arm.steps)
+
+
+def _heldout_arm(cfg: Config, device: torch.device) -> _Arm:
+    """One epoch-end measurement of :class:`bayesncl.app.heldout.HeldOut` as an arm of the rounds
+    (timed beside the training steps, so the share of an epoch is fair on a busy machine): the
+    default ``train.monitor_samples`` images at the benchmark's size through a BayesNCL model."""
+    import torch
+
+    from bayesncl.app.heldout import HeldOut
+    from bayesncl.core.model import build_model
+    from bayesncl.data import dataset_info
+
+    n = Config().train.monitor_samples
+    info = dataset_info(cfg.data)
+    model = build_model(cfg, info.channels, info.image_size, info.num_classes).to(device)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, info.channels, info.image_size, info.image_size, generator=gen)
+    held = HeldOut(x, torch.arange(n) % info.num_classes, cfg.eval.batch_size)
+    return _Arm("heldout", lambda: held.measure(model, device), n, 1)
+
+
+def _heldout_figures(seconds: float, n: int, bayes_rate: float) -> dict[str, Any]:
+    """The held-out monitor's cost as a share of a demo epoch (the demo recipe's train images at
+    the BayesNCL images/s measured here): the bound is 5 % (issue 16)."""
+    from bayesncl.app.demo import DEMO_CONFIG
+
+    demo_images = build_config(DEMO_CONFIG).data.train_subset
+    epoch_s = demo_images / bayes_rate
+    return {
+        "heldout_monitor_s": round(seconds, 3),
+        "heldout_monitor_images": n,
+        "heldout_monitor_pct_of_demo_epoch": round(100 * seconds / epoch_s, 2),
+    }
 
 
 def _optional(key: str, value: float | None) -> dict[str, float]:
@@ -412,6 +451,7 @@ def run_benchmark(
             **_optional("bayesncl_no_prefetch_images_per_s", rate.get("no-prefetch")),
         },
         "gate_flops_pct": round(100 * (train_flops["bayesncl"] / train_flops["ncl"] - 1), 2),
+        **_heldout_figures(statistics.median(by["heldout"].times), by["heldout"].images, rate["bayesncl"]),
         "settings": {
             "backbone": s.backbone,
             "cifar_stem": s.cifar_stem,
@@ -471,6 +511,12 @@ def format_report(r: dict[str, Any]) -> str:
             f"augmentation alone, no model: batched {r['breakdown']['augment_images_per_s']:,.1f} vs "
             f"per-sample {r['breakdown']['per_sample_augment_images_per_s']:,.1f} images/s = "
             f"{r['augment_only_speedup']:.2f}x"
+        )
+    if "heldout_monitor_s" in r:
+        lines.append(
+            f"held-out monitor (train.monitor_samples={r['heldout_monitor_images']:,}, once per epoch): "
+            f"{r['heldout_monitor_s']:.2f} s = {r['heldout_monitor_pct_of_demo_epoch']:.2f} % of a demo "
+            f"epoch at the BayesNCL rate above (target < {HELDOUT_TARGET_PCT:g} %)"
         )
     bd = r["breakdown"]
     lines.append(

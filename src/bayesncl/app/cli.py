@@ -165,6 +165,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from bayesncl.app.evaluate import evaluate_command
+    from bayesncl.app.report.html import write_run_report
 
     path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
     dims = parse_dims(args.retrieval_dims)
@@ -181,6 +182,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         probe=args.probe,
         probe_epochs=50 if args.probe_epochs is None else args.probe_epochs,
         given=[k for k in ("probe_seeds", "probe_epochs") if getattr(args, k) is not None],
+        report=write_run_report,
     )
     return 0
 
@@ -215,6 +217,14 @@ def cmd_curves(args: argparse.Namespace) -> int:
     if out.suffix.lower() != ".png":
         raise ConfigError(f"--out {out}: expected a .png file path")
     print(f"wrote {write_training_curves(runs, out)}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from bayesncl.app.report.html import report_command
+
+    runs = [path_arg(r, "RUN_DIR", "a run dir") or Path(r) for r in args.runs]
+    print(f"report: {report_command(runs, path_arg(args.out, '--out', 'a folder'))}")
     return 0
 
 
@@ -418,6 +428,21 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
                 help="output .png (default: RUN_DIR/training_curves.png for one run, ./training_curves.png "
                 "for several)",
             ),
+        ],
+    ),
+    "report": (
+        "a static HTML report (opens from disk): metrics, curves, figures, a page per dimension",
+        "Write a browsable HTML site of one or more runs (demo and reproduce run dirs: the runs in "
+        "their sub-folders): config, metrics, training curves and figures; several runs side by side; "
+        "every active dimension in one sortable table (SC_k, majority class, firing rate, mean "
+        "activation, gate-open rate), each with a page of its top-activating test images, images "
+        "across its activation quantiles, histograms, where the gate closed it, and its most correlated "
+        "dimensions. Reads features_test.npz (from evaluate or extract), else extracts the features "
+        "from last.pt. Opens from file:// with no server and no network.",
+        {},
+        [
+            _arg("runs", nargs="+", metavar="RUN_DIR", help="run dirs, or demo/reproduce run dirs"),
+            _arg("--out", help="output folder (default RUN_DIR/report for one, ./report for several)"),
         ],
     ),
 }

@@ -103,27 +103,39 @@ def dynamics_command(
     write_results(
         run, "dynamics", result, md, header="Gradient dynamics: Spearman correlations per checkpoint"
     )
-    _plot(rows, run / "dynamics.png")
+    from bayesncl.app.report.figures import run_label
+
+    _plot(rows, run / "dynamics.png", run_label(cfg.method.name, run.resolve()))
     print(md)
     return result
 
 
-def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+DYNAMICS_LABELS = {
+    "AF-GV": "activation frequency vs gradient variance",
+    "GV-SC": "gradient variance vs semantic consistency",
+    "AF-SC": "activation frequency vs semantic consistency",
+}
+
+
+def _plot(rows: list[dict[str, Any]], path: Path, label: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     from bayesncl.app.report.figures import save_figure
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+    fig, ax = plt.subplots(figsize=(6, 3.6))
     epochs = [r["epoch"] for r in rows]
-    for key in ("AF-GV", "GV-SC", "AF-SC"):
-        ax.plot(epochs, [r[key] for r in rows], marker="o", label=key)
+    for key, text in DYNAMICS_LABELS.items():
+        ax.plot(epochs, [r[key] for r in rows], marker="o", label=f"{key}: {text}")
     ax.axhline(0, color="gray", lw=0.5)
     ax.set_xlabel("epoch")
-    ax.set_ylabel("Spearman ρ")
-    ax.set_title("Gradient dynamics")
-    ax.legend(fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("Spearman rank correlation")  # (not ρ: that is the gate's prior)
+    ax.set_ylim(-1.05, 1.05)
+    ax.set_title("Gradient dynamics per dimension" + (f"\n{label}" if label else ""), fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path)

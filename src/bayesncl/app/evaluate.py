@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from bayesncl.app.report import format_retrieval, format_table, write_results
-from bayesncl.app.report.figures import write_figures
+from bayesncl.app.report.figures import run_label, write_figures
 from bayesncl.config import (
     Config,
     ConfigError,
@@ -126,7 +126,7 @@ def evaluate_model(
         metrics["rows_all_closed"] = float((test["mask"].sum(1) == 0).mean())
     metrics["method"] = cfg.method.name
     metrics["n_test"] = int(len(test["labels"]))
-    write_figures(test, cfg.data, run_dir)
+    write_figures(test, cfg.data, run_dir, label=run_label(cfg.method.name, run_dir))
     write_results(run_dir, "metrics", metrics, format_table({cfg.method.name: metrics}))
     return metrics
 
@@ -475,6 +475,7 @@ def evaluate_command(
     probe: str | None = None,
     probe_epochs: int = 50,
     given: Collection[str] = (),
+    report: Callable[[Path, dict[str, np.ndarray], Config, dict[str, Any]], object] | None = None,
 ) -> dict[str, Any]:
     """``bayesncl evaluate``: load the model, then :func:`score` (metrics, linear probe with mean ± std
     over ``probe_seeds``, kNN, retrieval, feature-selection probe) and the figures.
@@ -489,7 +490,10 @@ def evaluate_command(
     Everything is computed before anything is written: a failure leaves no file behind. Then
     ``features_test.npz``, ``evaluation.json`` / ``evaluation.md`` and the PNGs are written next to
     the checkpoint. Raises EvalError (one line) for unusable input, ConfigError for an ``--probe``
-    that contradicts an ``eval.probe=`` override or a ``given`` option it does not use."""
+    that contradicts an ``eval.probe=`` override or a ``given`` option it does not use.
+    ``report``: called last with (the folder written, the test features, the config, the result):
+    the CLI passes ``app.report.html.write_run_report`` (the HTML report; this module does not
+    import it, which imports this one)."""
     asked = parse_overrides(list(overrides or [])).get("eval.probe")
     if probe is not None and asked is not None and str(asked) != probe:
         raise ConfigError(f"--probe {probe} contradicts eval.probe={asked}: give one of them")
@@ -522,9 +526,11 @@ def evaluate_command(
     # everything is computed: only now write the files
     save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
     write_results(out_dir, "evaluation", result, md)
-    write_figures(test, cfg.data, out_dir)
+    write_figures(test, cfg.data, out_dir, label=run_label(cfg.method.name, out_dir))
     print(md)
     print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
+    if report is not None:
+        report(out_dir, test, cfg, result)
     return result
 
 
@@ -537,7 +543,7 @@ def _evaluation_markdown(result: dict[str, Any]) -> str:
         md += "\n\nNo linear probe (eval.probe=none)."
     if result.get("retrieval"):
         md += "\n\nRetrieval with feature selection (top-K dims by expected activation), %:\n\n"
-        md += format_retrieval(result["retrieval"])
+        md += format_retrieval(result["retrieval"], active=result.get("active_dims"))
     if "retrieval_note" in result:
         md += f"\n\nNote: {result['retrieval_note']}."
     return md

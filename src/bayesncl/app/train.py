@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from bayesncl.app.errors import out_of_memory
+from bayesncl.app.heldout import build_heldout
 from bayesncl.app.report.curves import write_training_curves
 from bayesncl.config import Config, ConfigError
 from bayesncl.core import distributed
@@ -33,6 +34,7 @@ from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.core.optim import LrSchedule, build_optimizer, param_groups, resolve_precision
 from bayesncl.data import DataError, DatasetInfo, build_train_loader, dataset_info
 from bayesncl.runs.export import export_encoder
+from bayesncl.runs.loggers import require as require_loggers
 from bayesncl.runs.logs import epoch_row, step_row
 from bayesncl.runs.rundir import RunDir, RunDirError, TrainingInterrupted
 from bayesncl.runs.state import TrainState, seed_everything
@@ -67,6 +69,7 @@ def pretrain(
         with RunDir(run_dir, cfg, world, resume=resume, overwrite=overwrite) as run:
             model = train(cfg, run, info)
             metrics = _evaluate(model, cfg, run.path, world.device) if evaluate and world.is_main else {}
+            run.log_results(metrics)
         if world.is_main:
             _report_written(run.path, time.time() - started)
         return metrics
@@ -77,6 +80,8 @@ def pretrain(
 def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> DatasetInfo:
     """What is refused before the run dir is looked at; returns the dataset's facts."""
     distributed.check_sync_bn(cfg.train.sync_bn, world)
+    if world.is_main:
+        require_loggers(cfg.train.loggers)  # a missing package: one line, before the run dir is touched
     global_batch = cfg.train.batch_size * world.world_size
     peak = distributed.scaled_lr(cfg.train.base_lr, global_batch)
     if cfg.train.min_lr > peak:  # the cosine "decay" would raise the rate to min_lr
@@ -128,6 +133,8 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
         cfg.data, cfg.train.batch_size, seed=cfg.seed, device=device,
         rank=world.rank, world_size=world.world_size,
     )
+    # rank 0: the held-out batch scored at each epoch's end (log.csv's heldout_*; no RNG draw)
+    heldout = build_heldout(cfg) if world.is_main else None
     # model, optimiser (LARS) and schedule: lr scaled by the global batch, warmup then cosine per step
     model, optimizer, scaler = _model_and_optimizer(cfg, world, info, amp_dtype)
     steps_per_epoch = len(loader)
@@ -165,6 +172,8 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
         _check_weights(model, cfg, run, epoch + 1, state.step)
         rho = cfg.method.rho if model.gate is not None else ""
         row = epoch_row(epoch + 1, state.step, result.stats, result.lr, result.seconds, rho)
+        if heldout is not None:
+            row.update(heldout.measure(model, device))
         state.log.append(_no_probe(row, info))
         state.epoch = epoch + 1
         closed = result.stats["rows_all_closed"]

@@ -15,7 +15,7 @@ from bayesncl.app.report import format_table, write_results
 from bayesncl.config import Config
 
 # what may differ between a finished variant and this command's config for it to be reused
-REUSE_IGNORES = ("train.progress", "eval.")
+REUSE_IGNORES = ("train.progress", "eval.", "train.loggers", "train.monitor_samples")
 
 
 def finished(sub: Path) -> bool:
@@ -58,13 +58,17 @@ def write_table(
     header: str,
     curves: dict[str, Path],
 ) -> None:
-    """Write the variants' table ``run_dir/{stem}.md``/``.json`` and the training curves of
-    ``curves`` (``{label: sub-run with a log.csv}``), if any, as ``run_dir/curves.png``."""
+    """Write the variants' table ``run_dir/{stem}.md``/``.json``, the training curves of
+    ``curves`` (``{label: sub-run with a log.csv}``), if any, as ``run_dir/curves.png``, and the
+    HTML report of the variants as ``run_dir/report/`` (its path printed)."""
     from bayesncl.app.report.curves import write_training_curves
 
     write_results(run_dir, stem, results, markdown, header=header)
     if curves:
         write_training_curves(list(curves.values()), run_dir / "curves.png", labels=list(curves))
+    from bayesncl.app.report.html import write_report_or_warn
+
+    write_report_or_warn([run_dir], run_dir / "report")
 
 
 # ----------------------------------------------------------------------------- the store of runs

@@ -12,6 +12,9 @@ from bayesncl.runs.fileio import atomic_path
 LOG_FIELDS = [
     "epoch", "step", "loss", "info_nce", "kl", "gate_open", "rho", "rows_all_closed", "online_acc", "lr",
     "epoch_time_s",
+    # the held-out batch scored at the epoch's end (train.monitor_samples; empty when 0):
+    # bayesncl.app.heldout.HELDOUT_FIELDS
+    "heldout_sc", "heldout_h_sum", "heldout_active_dims", "heldout_effective_rank", "heldout_gate_open",
 ]
 # steps.csv: one row every STEP_LOG_EVERY optimiser steps, the means over the steps since the
 # previous row of the same epoch (epoch = step / steps per epoch, fractional)

@@ -29,6 +29,7 @@ from bayesncl.core import distributed
 from bayesncl.core.engine import STOP_SIGNALS, EpochResult
 from bayesncl.data import mix_seed
 from bayesncl.runs.fileio import atomic_path, default_file_mode, remove_stale_temporaries
+from bayesncl.runs.loggers import RunLoggers
 from bayesncl.runs.logs import write_log
 from bayesncl.runs.safe_load import (
     CHECKPOINT_FORMAT,
@@ -425,7 +426,8 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
             raise RunDirError(
                 f"--resume: the config differs from the run's in: {diff} (run's -> now); resume with "
                 "the run's config (only train.epochs, train.progress, train.checkpoint_every, "
-                "data.num_workers, data.root and eval.* may change) or start a new --run-dir"
+                "train.loggers, train.monitor_samples, data.num_workers, data.root and eval.* may change) "
+                "or start a new --run-dir"
             )
         remove_stale_temporaries(run_dir)
         return ckpt
@@ -542,10 +544,13 @@ class RunDir:
             run.claim(state)  # lock, --overwrite's set-aside, config.yaml, Ctrl-C/SIGTERM handlers
             ... run.save(state) / run.save_mid_epoch(state, stopped)
             run.finish()
+        run.log_results(metrics)  # (rank 0) the train.loggers get the final metrics and figures
 
     Entering raises RunDirError before anything is written (:func:`prepare_run_dir`). A fresh run
     that fails after its claim and before its first checkpoint leaves no trace, and the run an
-    ``--overwrite`` set aside comes back. The lock is held until the ``with`` ends.
+    ``--overwrite`` set aside comes back. The lock is held, and the ``train.loggers``
+(``runs.loggers``, rank 0, opened by the claim, fed each epoch's log.csv row by :meth:`save`) are
+open, until the ``with`` ends.
     """
 
     def __init__(
@@ -560,6 +565,7 @@ class RunDir:
         self._lock: RunDirLock | None = None
         self._aside: Path | None = None  # --overwrite: where the previous run waits
         self._handlers: list[tuple[int, Any]] = []
+        self.loggers: RunLoggers | None = None  # rank 0, from claim() to the end of the ``with``
         self._trained: tuple[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler]  # by restore()
 
     def __enter__(self) -> RunDir:
@@ -579,6 +585,8 @@ class RunDir:
                     print(f"put the previous run back in {self.path} (the new one had no checkpoint)",
                           flush=True)
         finally:
+            if self.loggers is not None:
+                self.loggers.close()
             if self._lock is not None:
                 self._lock.release()
             self._restore_handlers()
@@ -666,6 +674,8 @@ class RunDir:
             tmp.write_text(dump_yaml(cfg))
         if ckpt is not None:  # the logs as last.pt holds them: a save cut short after it left them short
             self._write_logs(state)
+        # a resume continues the TensorBoard run from the checkpoint's epoch, and the W&B run id
+        self.loggers = RunLoggers(cfg.train.loggers, run_dir, cfg.to_dict(), state.epoch)
 
     def kept(self, nothing: str = "no epoch had finished, so nothing was kept") -> str:
         """The end of an error message that stops training: what the run dir still holds."""
@@ -692,6 +702,12 @@ class RunDir:
             signum=stopped.stop_signal or signal.SIGINT,
         )
 
+    def log_results(self, metrics: dict[str, Any]) -> None:
+        """After training (and the evaluation, if any: ``metrics``, else {}): the ``train.loggers``
+        get the metrics and the run dir's figures at x = ``train.epochs``, then close (rank 0)."""
+        if self.loggers is not None:
+            self.loggers.finish(self.cfg.train.epochs, metrics)
+
     def finish(self) -> None:
         """After the last epoch: Ctrl-C acts at once again; raises TrainingInterrupted (rank 0) if a
         stop came during the last epoch's saves, before the export."""
@@ -708,6 +724,8 @@ class RunDir:
         finish_overwrite(self._aside, keep_new=True)  # the new run has its checkpoint
         self._aside = None
         self._write_logs(state)
+        if state.partial is None and state.log and self.loggers is not None:
+            self.loggers.log_epoch(state.log[-1])  # the epoch's row, once it is on disk
         every = self.cfg.train.checkpoint_every
         if state.partial is None and every and state.epoch % every == 0:
             save_checkpoint(self.path / f"epoch-{state.epoch:04d}.pt", *self._trained, state, self.cfg)

@@ -63,9 +63,22 @@ def write_results(out_dir: Path, stem: str, results: dict[str, Any], markdown: s
     write_text_atomic(out_dir / f"{stem}.md", (header + "\n\n" if header else "") + markdown + "\n")
 
 
-def format_retrieval(retrieval: dict[str, dict[str, float]]) -> str:
-    """Markdown table of retrieval with feature selection: one row per K (PAPER-NOTES §3), in %."""
+def format_retrieval(retrieval: dict[str, dict[str, float]], active: int | None = None) -> str:
+    """Markdown table of retrieval with feature selection: one row per K (PAPER-NOTES §3), in %.
+
+    ``active``: the number of active dims. Every K above it selects the same dims (all active
+    ones plus dims that are zero on every image), so its row repeats K = ``active``'s: such rows
+    are marked ``K*`` and a note under the table says so."""
     keys = ("P@1", "P@3", "P@5", "P@10", "mAP@10")
     head = "| K | " + " | ".join(keys) + " |\n|---:|" + "---:|" * len(keys)
-    rows = [f"| {k} | " + " | ".join(f"{v[m]:.2f}" for m in keys) + " |" for k, v in retrieval.items()]
-    return "\n".join([head, *rows])
+    over = [k for k in retrieval if active is not None and int(k) > active]
+    rows = [
+        f"| {k}{'*' if k in over else ''} | " + " | ".join(f"{v[m]:.2f}" for m in keys) + " |"
+        for k, v in retrieval.items()
+    ]
+    note = (
+        [f"\n\\* K exceeds the {active} active dims: the same dims as K = {active}, so the same values."]
+        if over
+        else []
+    )
+    return "\n".join([head, *rows, *note])

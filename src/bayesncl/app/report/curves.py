@@ -37,6 +37,13 @@ PANELS = (
     ("gate_open", "gate open rate vs ρ (dashed)"),
 )
 GATED_PANELS = ("kl", "gate_open")
+# the held-out batch scored at each epoch's end (bayesncl.app.heldout), a second row where logged
+HELDOUT_PANELS = (
+    ("heldout_sc", "held-out SC (%)"),
+    ("heldout_h_sum", "held-out H_sum (nats)"),
+    ("heldout_active_dims", "held-out active dims"),
+    ("heldout_effective_rank", "held-out effective rank"),
+)
 
 
 def read_log(source: str | Path) -> list[dict[str, float]]:
@@ -112,6 +119,11 @@ def run_label(paths: Sequence[Path]) -> list[str]:
     return [n if names.count(n) == 1 else str(p) for n, p in zip(names, paths, strict=True)]
 
 
+def _has(rows: Sequence[Mapping[str, float]], key: str) -> bool:
+    """Whether some row of ``rows`` holds a number in column ``key``."""
+    return any(not math.isnan(r.get(key, math.nan)) for r in rows)
+
+
 def _is_gated(rows: Sequence[Mapping[str, float]]) -> bool:
     return any(not math.isnan(r.get("rho", math.nan)) for r in rows)
 
@@ -137,7 +149,16 @@ def training_curves_figure(
         raise ValueError("training_curves_figure: expected at least one run, each with >= 1 logged epoch")
     gated = any(_is_gated(rows) for rows in runs.values())
     panels = [(k, t) for k, t in PANELS if gated or k not in GATED_PANELS]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.0), squeeze=False)
+    logged = [(k, t) for k, t in HELDOUT_PANELS if any(_has(rows, k) for rows in runs.values())]
+    layout = [panels, logged] if logged else [panels]
+    cols = max(map(len, layout))
+    fig, grid = plt.subplots(len(layout), cols, figsize=(3.3 * cols, 3.0 * len(layout)), squeeze=False)
+    flat = []
+    for r, row in enumerate(layout):
+        flat += list(grid[r, : len(row)])
+        for ax in grid[r, len(row) :]:
+            ax.axis("off")
+    panels, axes = panels + logged, [flat]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (label, rows) in enumerate(runs.items()):
         colour = colours[i % len(colours)]
@@ -145,13 +166,16 @@ def training_curves_figure(
         run_gated = _is_gated(rows)
         fine = (steps or {}).get(label, [])
         for ax, (key, _) in zip(axes[0], panels, strict=True):
-            if key in GATED_PANELS and not run_gated:
-                continue  # an ungated run has no KL and no gate
+            if (key in GATED_PANELS and not run_gated) or not _has(rows, key):
+                continue  # an ungated run has no KL and no gate; an older log no held-out columns
             ax.plot(epochs, [r[key] for r in rows], marker="o", ms=3, color=colour, label=label)
-            if fine:
+            if fine and key in fine[0]:
                 ax.plot([r["epoch"] for r in fine], [r[key] for r in fine], color=colour, lw=0.7, alpha=0.45)
             if key == "gate_open":
                 ax.axhline(rows[-1]["rho"], color=colour, ls="--", lw=1)
+                if _has(rows, "heldout_gate_open"):
+                    ax.plot(epochs, [r["heldout_gate_open"] for r in rows], color=colour, ls=":", marker="x",
+                            ms=3, label=f"{label}, held-out")
     last = max(r["epoch"] for rows in runs.values() for r in rows)
     for ax, (key, text) in zip(axes[0], panels, strict=True):
         ax.set_title(text, fontsize=9)
@@ -161,7 +185,8 @@ def training_curves_figure(
         ax.grid(alpha=0.3)
         if key == "gate_open":
             ax.set_ylim(0, 1.02)
-    axes[0, 0].legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # every panel names its runs
+            ax.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -183,7 +208,10 @@ def write_training_curves(
     names = list(labels) if labels is not None else run_label(dirs)
     runs = {name: read_log(s) for name, s in zip(names, sources, strict=True)}
     steps = {name: read_steps(d) for name, d in zip(names, dirs, strict=True)}
-    title = "Training curves" if len(runs) > 1 else f"Training curves: {names[0]}"
+    if len(runs) > 1:
+        title = "Training curves: " + ", ".join(names)
+    else:  # the method (the label pretrain gives) and the run
+        title = f"Training curves: {names[0]}" + (f", run {dirs[0].name}" if dirs[0].name != names[0] else "")
     fig = training_curves_figure(runs, title, steps)
     try:
         return save_figure(fig, out)

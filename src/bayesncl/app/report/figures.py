@@ -70,13 +70,14 @@ def image_grid_figure(
 
 
 def _majority(labels: np.ndarray, class_names: Sequence[str]) -> str:
-    """``"75% Bag"``: the share of the most frequent class among ``labels`` and its name."""
+    """``"Bag: 6 of the\n8 shown"``: the most frequent class among ``labels`` (the images shown in
+    a row) and how many of them it holds."""
     if not len(labels):
         return ""
     counts = np.bincount(labels)
     c = int(counts.argmax())
     name = class_names[c] if c < len(class_names) else str(c)
-    return f"{100 * counts[c] / len(labels):.0f}% {name}"
+    return f"{name}: {counts[c]} of the\n{len(labels)} shown"
 
 
 def top_activations_figure(
@@ -109,24 +110,51 @@ def top_activations_figure(
     )
 
 
-def write_figures(feats: dict[str, np.ndarray], data_cfg: Any, out_dir: Path) -> list[Path]:
+def figure_title(what: str, label: str) -> str:
+    """``what``, then the method and run it shows (``label``: ``"bayesncl, run demo/bayesncl"``)."""
+    return f"{what}\n{label}" if label else what
+
+
+def write_figures(
+    feats: dict[str, np.ndarray], data_cfg: Any, out_dir: Path, label: str = ""
+) -> list[Path]:
     """Write ``top_activations.png`` (and ``suppressed_features.png`` for gated methods) for the
-    test split into ``out_dir``; returns the paths written. Figures are skipped (with a message),
-    never fatal, when there is nothing to draw."""
+    test split into ``out_dir``; returns the paths written. ``label``: the method and run, in each
+    title. Figures are skipped (with a message), never fatal, when there is nothing to draw."""
     from bayesncl.data import dataset_info, load_split_images
 
     images, _ = load_split_images(data_cfg, "test")
     names = dataset_info(data_cfg).class_names
     written = []
+    top = figure_title("Top-activating test images for the most active dimensions", label)
     try:
-        written.append(top_activations_figure(feats, images, names, out_dir / "top_activations.png"))
-        if feats.get("mask") is not None:
-            written.append(
-                suppressed_features_figure(feats, images, names, out_dir / "suppressed_features.png")
-            )
+        path = out_dir / "top_activations.png"
+        written.append(top_activations_figure(feats, images, names, path, title=top))
     except ValueError as e:
         print(f"figure skipped: {e}")
+    if feats.get("mask") is not None:
+        try:
+            path = out_dir / "suppressed_features.png"
+            written.append(suppressed_features_figure(feats, images, names, path, label=label))
+        except ValueError as e:
+            print(f"figure skipped: {e}")
     return written
+
+
+def run_label(method: str, run_dir: Path) -> str:
+    """The method and run a figure shows: ``"bayesncl, run demo/bayesncl"``."""
+    run_dir = Path(run_dir)
+    return f"{method}, run {run_dir.parent.name + '/' if run_dir.parent.name else ''}{run_dir.name}"
+
+
+def filtered_dims(mask: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` dims the gate closes on some images and opens on others, the most mixed first
+    (largest min(#open, #closed); ties: lower dim). A dim closed (or open) on every image filters
+    nothing and is never chosen. mask: (N, D), open where >= 0.5. returns (<= n,) int64."""
+    closed = (mask < 0.5).sum(0)
+    mixed = np.minimum(closed, len(mask) - closed)
+    order = np.argsort(-mixed, kind="stable")
+    return order[mixed[order] > 0][:n]
 
 
 def suppressed_features_figure(
@@ -134,34 +162,37 @@ def suppressed_features_figure(
     images: Any,
     class_names: Sequence[str],
     path: Path,
-    n_dims: int = 6,
+    n_dims: int = 4,
     n_images: int = 8,
+    label: str = "",
 ) -> Path:
-    """What the gate filters out: for the dims the gate closes most often while the non-negative
-    feature z is active, the images with the largest z_k among samples whose gate for k is closed.
+    """What the gate filters: for each of the ``n_dims`` dims it closes on some images and opens on
+    others (:func:`filtered_dims`), two rows: the images where its gate is open with the largest
+    z̃_k, then those where it is closed with the largest pre-gate z_k (what the gate removed).
 
-    feats needs ``z``, ``mask`` (N, D), ``labels``, ``indices``. Raises ValueError without a gate.
-    """
+    feats needs ``z``, ``features``, ``mask`` (N, D), ``labels``, ``indices``. Raises ValueError
+    without a gate, or when every dim's gate is open on every image or closed on every image."""
     if feats.get("mask") is None:
         raise ValueError("suppressed-features figure needs a gated method (features file has no mask)")
-    z, mask, lab = feats["z"], feats["mask"], feats["labels"]
-    suppressed = np.where(mask < 0.5, np.abs(z), 0.0)
-    count = (suppressed > 1e-5).sum(0)
-    dims = np.argsort(-count, kind="stable")[:n_dims]
-    dims = dims[count[dims] > 0]
+    z, f, mask, lab = feats["z"], feats["features"], feats["mask"], feats["labels"]
+    dims = filtered_dims(mask, n_dims)
     if len(dims) == 0:
-        raise ValueError("the gate suppressed no active feature on this split")
-    top = top_samples(suppressed, dims, n_images)
-    row_titles = [f"dim {k}\nsuppressed on\n{count[k]}/{len(lab)}" for k in dims]
-    cells = [[class_names[lab[i]] for i in t] for t in top]
-    return image_grid_figure(
-        images,
-        feats["indices"][top],
-        row_titles,
-        cells,
-        path,
-        "Gate-suppressed features: active z_k with a closed gate (largest z_k shown)",
-    )
+        raise ValueError(
+            "the gate filters no dimension on this split: each is open on every image or on none"
+        )
+    n = min(n_images, int(np.minimum((mask[:, dims] < 0.5).sum(0), (mask[:, dims] >= 0.5).sum(0)).min()))
+    rows, titles = [], []
+    for k in dims:
+        closed = mask[:, k] < 0.5
+        sides = (("open", np.where(closed, -np.inf, f[:, k])), ("closed", np.where(closed, z[:, k], -np.inf)))
+        for side, score in sides:
+            rows.append(np.argsort(-score, kind="stable")[:n])
+            count = int((~closed).sum() if side == "open" else closed.sum())
+            titles.append(f"dim {k} {side}\non {count}/{len(lab)}")
+    top = np.stack(rows)
+    cells = [[class_names[lab[i]] if lab[i] < len(class_names) else str(lab[i]) for i in t] for t in top]
+    what = "What the gate filters: per dim, images with its gate open (largest z̃_k) and closed (largest z_k)"
+    return image_grid_figure(images, feats["indices"][top], titles, cells, path, figure_title(what, label))
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:

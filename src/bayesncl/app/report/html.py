@@ -1,0 +1,316 @@
+"""``bayesncl report``: a static HTML site of one or more runs that opens from disk (file://).
+
+Layout of the site ``OUT/``::
+
+    index.html              config, metrics, training curves and figures of each run; for several
+                            runs a comparison table and the overlaid curves (curves.png)
+    .bayesncl-report        marks the folder as a report (a later report may replace it)
+    thumbs/<data>/<i>.png   one thumbnail per test image that some page shows, shared by every run
+                            on the same data (longest side at most THUMB_PX)
+    <run>/dims.html         every active dimension in one sortable table
+    <run>/dim-<k>.html      one page per active dimension k
+    <run>/figures/*.png     the run's figures, copied
+
+No server, no network: no script or font from elsewhere, one small inline sort script. Pages are
+Jinja2 templates (package data ``templates/``). Inputs: each run's features file
+``features_test.npz`` (from ``evaluate``/``extract``), else features extracted from its
+checkpoint, and the split's images (:func:`bayesncl.data.load_split_images`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bayesncl.app.report import dimensions as dm
+
+THUMB_PX = 64  # thumbnails: the split's images at their size, shrunk to this longest side if larger
+MARKER = ".bayesncl-report"
+FIGURES = ("training_curves.png", "top_activations.png", "suppressed_features.png", "dynamics.png")
+REPORT_FEATURE_KEYS = ("z", "features", "alpha", "mask")
+
+
+@dataclass
+class RunInput:
+    """One run as the report sees it: ``feats`` (a features dict), its data config and metrics."""
+
+    path: Path
+    label: str
+    feats: dict[str, np.ndarray]
+    cfg: Any  # bayesncl.config.Config
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- finding the runs
+def _is_run(path: Path) -> bool:
+    """A run the report can show: it has test features, or a checkpoint to extract them from."""
+    return any((path / n).is_file() for n in ("last.pt", "features_test.npz"))
+
+
+def find_runs(sources: Sequence[str | Path]) -> list[Path]:
+    """The run dirs of ``sources``: a run dir itself, or (a demo or reproduce run dir) the runs in
+    its sub-folders, sorted. Raises RunDirError (one line) for a source holding neither."""
+    from bayesncl.runs.rundir import RunDirError
+
+    runs: list[Path] = []
+    for s in map(Path, sources):
+        if not s.is_dir():
+            why = "is a file, expected a run dir" if s.exists() else "no such run dir"
+            raise RunDirError(f"{s}: {why}")
+        if _is_run(s):
+            runs.append(s)
+            continue
+        subs = sorted(p for p in s.iterdir() if p.is_dir() and not p.name.startswith(".") and _is_run(p))
+        if not subs:
+            raise RunDirError(
+                f"{s} holds no run to report on (no last.pt or features_test.npz, nor sub-folders with one)"
+            )
+        runs.extend(subs)
+    return runs
+
+
+def _labels(runs: Sequence[Path]) -> list[str]:
+    """Folder-safe unique labels: the folder name, or parent-folder where names repeat."""
+    names = [p.name for p in runs]
+    out = [n if names.count(n) == 1 else f"{p.parent.name}-{n}" for n, p in zip(names, runs, strict=True)]
+    return [o if out.count(o) == 1 else f"{o}-{i}" for i, o in enumerate(out)]
+
+
+def load_run(path: Path, label: str) -> RunInput:
+    """The features (its ``features_test.npz``, else extracted from its checkpoint), config and
+    metrics (``evaluation.json``, else ``metrics.json``) of the run in ``path``."""
+    from bayesncl.metrics.inputs import EvalError
+    from bayesncl.runs.export import load_run_config
+    from bayesncl.runs.features import load_features
+
+    cfg = load_run_config(path)
+    file = path / "features_test.npz"
+    if file.is_file():
+        fs = load_features(file)
+        feats = {k: getattr(fs, k) for k in ("features", "labels", "indices", "z", "mask")}
+        feats = {k: v for k, v in feats.items() if v is not None}
+    elif (path / "last.pt").is_file():
+        from bayesncl.app.evaluate import extract_split, load_trained
+
+        model, cfg, _ = load_trained(path)
+        feats = extract_split(model, cfg, "test", next(model.parameters()).device, keys=REPORT_FEATURE_KEYS)
+    else:
+        raise EvalError(f"{path} has no features_test.npz and no last.pt: nothing to report on")
+    if "indices" not in feats:
+        feats["indices"] = np.arange(len(feats["labels"]))
+    metrics: dict[str, Any] = {}
+    for name in ("evaluation.json", "metrics.json"):
+        if (path / name).is_file():
+            metrics = json.loads((path / name).read_text())
+            break
+    return RunInput(path, label, feats, cfg, metrics)
+
+
+# ----------------------------------------------------------------------------- the site
+def _env() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("bayesncl.app.report", "templates"),
+        autoescape=jinja2.select_autoescape(("html",)),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["pct"] = lambda v: "–" if v is None or v != v else f"{100 * v:.1f}"
+    env.filters["num"] = lambda v, fmt="{:.3f}": "–" if v is None or v != v else fmt.format(v)
+    return env
+
+
+def prepare_out(out: Path) -> None:
+    """Create ``out``, refusing a non-empty folder that is not an earlier report (RunDirError)."""
+    from bayesncl.runs.rundir import RunDirError
+
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"--out {out} is a file, expected a folder for the report")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).exists():
+        raise RunDirError(
+            f"--out {out} is a folder that holds other files, not an earlier report: choose another"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("written by bayesncl report; a later report may replace this folder\n")
+
+
+def _data_key(cfg: Any) -> str:
+    d = cfg.data
+    raw = f"{d.name}|{d.root}|{d.image_size}|{d.test_subset}"
+    return f"{d.name}-{hashlib.sha1(raw.encode()).hexdigest()[:8]}"
+
+
+def write_thumbnails(images: Any, split_indices: np.ndarray, folder: Path) -> None:
+    """``folder/<i>.png`` for each split index ``i`` not already there: the image (uint8 (C, S, S)
+    of ``images[i]``), shrunk to THUMB_PX on its longest side if larger."""
+    import torch
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    todo = [int(i) for i in split_indices if not (folder / f"{int(i)}.png").exists()]
+    for start in range(0, len(todo), 256):
+        chunk = todo[start : start + 256]
+        batch = images[torch.as_tensor(chunk)].numpy()
+        for i, a in zip(chunk, batch, strict=True):
+            gray = a.shape[0] == 1
+            img = Image.fromarray(a[0], "L") if gray else Image.fromarray(a.transpose(1, 2, 0), "RGB")
+            if max(img.size) > THUMB_PX:
+                img.thumbnail((THUMB_PX, THUMB_PX))
+            img.save(folder / f"{i}.png", optimize=True)
+
+
+def _run_pages(env: Any, run: RunInput, out: Path, class_names: Sequence[str], images: Any) -> dict[str, Any]:
+    """Write the run's dimension index and pages (and their thumbnails); returns the index row."""
+    feats = run.feats
+    n_classes = max(len(class_names), int(feats["labels"].max()) + 1)
+    rows = dm.summarise(feats, n_classes)
+    dims = [r.dim for r in rows]
+    corr = dm.correlations(feats["features"], dims)
+    counts = dm.class_fire_counts(np.abs(feats["features"]) > dm.EPS, feats["labels"], n_classes)
+    details = [dm.detail(feats, k, counts, corr[k]) for k in dims]
+    thumbs = f"thumbs/{_data_key(run.cfg)}"
+    write_thumbnails(images, feats["indices"][dm.images_used(details)], out / thumbs)
+    folder = out / run.label
+    folder.mkdir(parents=True, exist_ok=True)
+    common = {"run": run, "gated": feats.get("mask") is not None, "names": class_names, "root": "../"}
+    cell = _cell_maker(feats, class_names, f"../{thumbs}")
+    (folder / "dims.html").write_text(env.get_template("dims.html").render(rows=rows, **common))
+    page = env.get_template("dim.html")
+    by_dim = {r.dim: r for r in rows}
+    for d in details:
+        html = page.render(
+            d=d, s=by_dim[d.dim], cell=cell, bars=dm.svg_bars(d.hist[0]), f=feats["features"], **common
+        )
+        (folder / f"dim-{d.dim}.html").write_text(html)
+    return {"n_dims": feats["features"].shape[1], "n_active": len(rows), "n_images": len(feats["labels"])}
+
+
+def _cell_maker(feats: dict[str, np.ndarray], class_names: Sequence[str], thumbs: str) -> Any:
+    """A template helper: ``cell(row)`` → thumbnail path and class name of a feature row."""
+
+    def cell(row: int) -> dict[str, Any]:
+        c = int(feats["labels"][row])
+        return {
+            "src": f"{thumbs}/{int(feats['indices'][row])}.png",
+            "cls": class_names[c] if c < len(class_names) else str(c),
+        }
+
+    return cell
+
+
+def _copy_figures(run: RunInput, out: Path) -> list[str]:
+    """Copy the run's figures into ``out/<run>/figures/`` (training curves redrawn from log.csv);
+    returns their paths relative to ``out``."""
+    from bayesncl.app.report.curves import write_training_curves
+    from bayesncl.runs.rundir import RunDirError
+
+    dest = out / run.label / "figures"
+    dest.mkdir(parents=True, exist_ok=True)
+    found = []
+    for name in FIGURES:
+        if name == "training_curves.png" and (run.path / "log.csv").is_file():
+            try:
+                write_training_curves([run.path], dest / name, labels=[run.label])
+            except RunDirError:
+                continue
+        elif (run.path / name).is_file():
+            shutil.copyfile(run.path / name, dest / name)
+        else:
+            continue
+        found.append(f"{run.label}/figures/{name}")
+    return found
+
+
+def write_report(runs: Sequence[RunInput], out: Path) -> Path:
+    """Write the site of ``runs`` into ``out`` (see the module doc); returns ``out/index.html``."""
+    from bayesncl.app.report import MAIN_COLUMNS
+    from bayesncl.config import dump_yaml
+    from bayesncl.data import dataset_info, load_split_images
+
+    prepare_out(out)
+    env = _env()
+    sections = []
+    for run in runs:
+        names = list(dataset_info(run.cfg.data).class_names)
+        images, _ = load_split_images(run.cfg.data, "test")
+        facts = _run_pages(env, run, out, names, images)
+        sections.append(
+            {"run": run, "facts": facts, "figures": _copy_figures(run, out), "config": dump_yaml(run.cfg),
+             "scalars": _scalars(run.metrics)}
+        )
+    curves = _overlaid_curves(runs, out) if len(runs) > 1 else None
+    html = env.get_template("index.html").render(
+        sections=sections, columns=MAIN_COLUMNS, curves=curves, root="", thumb_px=THUMB_PX
+    )
+    (out / "index.html").write_text(html)
+    return out / "index.html"
+
+
+def _scalars(metrics: dict[str, Any]) -> list[tuple[str, str]]:
+    """The metrics dict's numbers and short strings as (key, text) rows, in its order."""
+    rows = []
+    for k, v in metrics.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            continue
+        if isinstance(v, str) and len(v) > 80:
+            v = v[:77] + "..."
+        rows.append((k, f"{v:.4g}" if isinstance(v, float) else str(v)))
+    return rows
+
+
+def _overlaid_curves(runs: Sequence[RunInput], out: Path) -> str | None:
+    from bayesncl.app.report.curves import write_training_curves
+    from bayesncl.runs.rundir import RunDirError
+
+    logged = [r for r in runs if (r.path / "log.csv").is_file()]
+    if not logged:
+        return None
+    try:
+        write_training_curves([r.path for r in logged], out / "curves.png", labels=[r.label for r in logged])
+    except RunDirError:
+        return None
+    return "curves.png"
+
+
+def report_command(sources: Sequence[str | Path], out: str | Path | None = None) -> Path:
+    """``bayesncl report``: find the runs of ``sources`` (:func:`find_runs`), load each and write
+    the site into ``out`` (default: ``SOURCE/report`` for one source, ``./report`` for several).
+    Returns the index page. Raises RunDirError / EvalError (one line) for unusable input."""
+    paths = find_runs(sources)
+    dest = Path(out) if out is not None else (Path(sources[0]) if len(sources) == 1 else Path()) / "report"
+    runs = [load_run(p, label) for p, label in zip(paths, _labels(paths), strict=True)]
+    return write_report(runs, dest)
+
+
+def write_run_report(
+    out_dir: Path, test: dict[str, np.ndarray], cfg: Any, result: dict[str, Any]
+) -> Path | None:
+    """``evaluate``'s report (its ``report`` hook): the run just evaluated, from memory (``test``:
+    the features dict, ``cfg`` its Config, ``result`` the evaluation), into ``out_dir/report/``."""
+    run = RunInput(out_dir, out_dir.name or "run", test, cfg, result)
+    return write_report_or_warn([out_dir], out_dir / "report", run=run)
+
+
+def write_report_or_warn(
+    sources: Sequence[str | Path], out: Path, run: RunInput | None = None
+) -> Path | None:
+    """:func:`report_command` for ``demo``, ``evaluate`` and ``reproduce`` (``run``: one run
+    already in memory, written as it is): prints the index's path; a report that cannot be
+    written is a one-line warning, never the command's failure."""
+    from bayesncl.app.errors import user_errors
+
+    try:
+        index = write_report([run], out) if run is not None else report_command(sources, out)
+    except (*user_errors(), OSError) as e:
+        print(f"warning: no HTML report: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        return None
+    print(f"HTML report: {index}")
+    return index
