@@ -93,6 +93,8 @@ def build_heldout(cfg: Any) -> HeldOut | None:
     if n <= 0:
         return None
     keep = heldout_indices(dataset_info(cfg.data).num_test, n)
+    if len(keep) == 0:  # no test split to hold out (a dataset handed over from Python, say)
+        return None
     wanted = torch.zeros(int(keep[-1]) + 1, dtype=torch.bool)
     wanted[torch.from_numpy(keep)] = True
     xs, ys = [], []

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from bayesncl.core.model import ContrastiveModel, ModelOutput, contrastive_loss
-from bayesncl.core.parts import Gate, GatingHead, NonNegative, Projector
+from bayesncl.core.parts import Gate, GatingHead, NonNegative, Prevalence, Projector
 
 if TYPE_CHECKING:
     from bayesncl.config import Config
@@ -49,7 +49,8 @@ class ContrastiveHead(nn.Module):
             hidden = m.gate_hidden or mo.proj_hidden
             self.gating_head = GatingHead(h_dim, hidden, mo.proj_dim, depth=m.gate_depth, detach=m.detach,
                                           tau=m.gate_tau)
-            self.gate = Gate(m.gate, threshold=m.threshold, gumbel_noise=m.gumbel_noise)
+            self.gate = Gate(m.gate, m.threshold, m.gumbel_noise, tau=m.gate_tau)
+        self.prevalence = Prevalence(mo.proj_dim, m.ipw_momentum, m.ipw_eps) if m.ipw else None
 
     def forward(
         self, h1: Tensor, h2: Tensor, *, gather: bool | None = None
