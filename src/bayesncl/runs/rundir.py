@@ -365,6 +365,25 @@ def archive_results(run_dir: Path, epoch: int) -> Path | None:
     return _move_into(found, dest)
 
 
+def _no_last_pt(run_dir: Path, has_run: bool) -> str:
+    """The end of --resume's "no checkpoint" message: why there is no last.pt and what to do."""
+    ckpt_path = run_dir / "last.pt"
+    if has_run:  # a log or export, no last.pt: killed while writing it, or deleted (not unstarted)
+        found = run_markers(run_dir)[0]  # (no last.pt here)
+        periodic = sorted(run_dir.glob("epoch-[0-9]*.pt"))
+        how = (
+            f"copy {periodic[-1]} to {ckpt_path} to resume from there, or pass --overwrite "
+            "instead of --resume to start the run again"
+            if periodic
+            else "pass --overwrite instead of --resume to start the run again"
+        )
+        why = f"{run_dir} holds {found} but no last.pt, killed while saving it or deleted"
+        return f" ({why}: {how})"  # (without --resume: "already holds a run; pass --resume")
+    if (run_dir / "config.yaml").exists():
+        return " (the run stopped before its first checkpoint: run the same command without --resume)"
+    return ""
+
+
 def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
     """Check the run dir *before* anything is written. Returns the checkpoint to resume from or None.
 
@@ -382,24 +401,8 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     if resume:
         ckpt_path = run_dir / "last.pt"
         if not ckpt_path.exists():
-            if has_run:  # a log or export, no last.pt: killed while writing it, or deleted (not unstarted)
-                found = run_markers(run_dir)[0]  # (no last.pt here)
-                periodic = sorted(run_dir.glob("epoch-[0-9]*.pt"))
-                how = (
-                    f"copy {periodic[-1]} to {ckpt_path} to resume from there, or pass --overwrite "
-                    "instead of --resume to start the run again"
-                    if periodic
-                    else "pass --overwrite instead of --resume to start the run again"
-                )
-                why = f"{run_dir} holds {found} but no last.pt, killed while saving it or deleted"
-                unstarted = f" ({why}: {how})"  # (without --resume: "already holds a run; pass --resume")
-            elif (run_dir / "config.yaml").exists():
-                unstarted = (
-                    " (the run stopped before its first checkpoint: run the same command without --resume)"
-                )
-            else:
-                unstarted = ""
-            raise RunDirError(f"--resume: no checkpoint {ckpt_path} to resume from{unstarted}")
+            why = _no_last_pt(run_dir, has_run)
+            raise RunDirError(f"--resume: no checkpoint {ckpt_path} to resume from{why}")
         try:
             ckpt = load_checkpoint_file(ckpt_path)
         except CheckpointError as e:
