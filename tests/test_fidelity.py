@@ -156,6 +156,42 @@ def test_an_image_twice_in_a_batch_has_every_view_of_it_as_positive() -> None:
     assert float(local) == pytest.approx(np.mean(want), rel=1e-5)
 
 
+@pytest.mark.parametrize(("n", "batch", "world"), [(300, 16, 3), (301, 16, 4), (1000, 64, 8), (37, 4, 1)])
+def test_our_sampler_never_repeats_an_image_in_a_global_batch(n: int, batch: int, world: int) -> None:
+    """Why training passes no index: the epoch order is one permutation, truncated (not padded) to a
+    multiple of world_size and rank-strided (data/loaders.py ``_epoch_order``, used by both train
+    loaders), so at every step the global batch of world × batch images holds distinct dataset
+    indices, and the authors' index-based positives are exactly rows i+n."""
+    from bayesncl.data.loaders import _epoch_order
+
+    for epoch in range(3):
+        orders = [_epoch_order(n, 5, epoch, r, world) for r in range(world)]
+        assert {len(o) for o in orders} == {n // world}
+        for step in range((n // world) // batch):
+            step_idx = torch.cat([o[step * batch : (step + 1) * batch] for o in orders])
+            assert len(step_idx.unique()) == len(step_idx) == world * batch
+            image = step_idx[:batch]  # one rank's images: their positives by index are rows i+n
+            z = torch.randn(2 * batch, 6, generator=torch.Generator().manual_seed(step))
+            assert float(info_nce(z, 0.2, index=torch.cat([image, image]))) == pytest.approx(
+                float(info_nce(z, 0.2)), rel=1e-6)
+
+
+def test_contrastive_head_passes_dataset_indices_to_the_loss() -> None:
+    """A user loop with a padding sampler (e.g. DistributedSampler) gives the head its indices."""
+    from bayesncl.core.head import ContrastiveHead
+
+    torch.manual_seed(0)
+    head = ContrastiveHead(10, _cfg("method.name=ncl"))
+    h1, h2 = torch.randn(4, 10), torch.randn(4, 10)
+    image = torch.tensor([3, 8, 3, 1])  # image 3 twice
+    with torch.no_grad():
+        loss, _ = head(h1, h2, index=image)
+        out = head.project(torch.cat([h1, h2]))
+        want = info_nce(out.z_tilde, 0.2, index=torch.cat([image, image]))
+        assert float(loss) == pytest.approx(float(want), rel=1e-6)
+        assert abs(float(loss) - float(head(h1, h2)[0])) > 1e-3
+
+
 # ----------------------------------------------------------------------------- 7. Gumbel at tau_s = 2
 def test_gumbel_gate_divides_logits_and_noise_by_tau() -> None:
     raw = torch.tensor([[0.3, -0.2, 1.0, -1.5, 0.05, 0.6]] * 64)  # the head's output l

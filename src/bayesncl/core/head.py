@@ -53,7 +53,7 @@ class ContrastiveHead(nn.Module):
         self.prevalence = Prevalence(mo.proj_dim, m.ipw_momentum, m.ipw_eps) if m.ipw else None
 
     def forward(
-        self, h1: Tensor, h2: Tensor, *, gather: bool | None = None
+        self, h1: Tensor, h2: Tensor, *, index: Tensor | None = None, gather: bool | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss of a batch of n images from their two views' features ``h1``, ``h2``: (n, H).
 
@@ -62,9 +62,12 @@ class ContrastiveHead(nn.Module):
         means over the 2n rows, gate_open the fraction of open gates (1 without a gate),
         rows_all_closed the fraction of rows with every gate closed. ``gather``: InfoNCE negatives
         from every process under torch.distributed (default: whenever it runs with > 1 process;
-        :func:`bayesncl.core.model.contrastive_loss`)."""
+        :func:`bayesncl.core.model.contrastive_loss`). ``index``: (n,) dataset indices, for loaders
+        that can put one image twice in a (global) batch, e.g. a padding ``DistributedSampler``:
+        every view of the same index is then a positive (the authors' rule); without it row i's
+        positive is row i+n, the same when no index repeats."""
         out = self.project(torch.cat([h1, h2]))
-        loss, parts = contrastive_loss(out, self.method, gather=gather)
+        loss, parts = contrastive_loss(out, self.method, gather=gather, index=index)
         one = torch.ones((), device=loss.device)
         mask = out.mask
         stats = {
