@@ -55,6 +55,10 @@ def test_values_are_sane(result: dict[str, Any]) -> None:
     assert result["per_sample_images_per_s"] > 0
     assert math.isfinite(result["augment_only_speedup"]) and result["augment_only_speedup"] > 0
     assert all(v > 0 for v in result["breakdown"].values())
+    # the held-out monitor at the demo's settings: its share of a demo epoch (20,000 images)
+    share = 100 * result["heldout_monitor_s"] / (20_000 / result["demo_images_per_s"])
+    assert result["heldout_monitor_images"] == 2000 and result["demo_images_per_s"] > 0
+    assert result["heldout_monitor_pct_of_demo_epoch"] == pytest.approx(share, abs=0.01)
     st = result["settings"]
     assert (st["backbone"], st["image_size"], st["batch_size"]) == ("small_cnn", 16, 8)
     assert st["precision"] == "fp32"
