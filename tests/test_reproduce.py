@@ -121,6 +121,9 @@ def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> No
     assert len(table1["trained"]) == 10 and table1["reused"] == []
     link = bench.root / "1" / "bayesncl-ste-s1"  # the table's folder links to its stored runs
     assert link.resolve() == bench.store / table1["runs"]["BayesNCL (STE) seed 1"]
+    index = (bench.root / "1" / "report" / "index.html").read_text()  # the HTML report: seed 0 of each
+    assert all(f"{v}-s0" in index for v in ("cl", "ncl", "ncl-topk", "bayesncl-ste", "bayesncl-gs"))
+    assert "-s1" not in index
     out, calls, _ = bench.run("1")
     assert calls == [] and len(out["reused"]) == 10
     assert out["rows"] == table1["rows"]
