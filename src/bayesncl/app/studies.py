@@ -152,6 +152,8 @@ def _table2(dataset: str, overrides: list[str]) -> Study:
 
 
 def _table3(dataset: str, overrides: list[str]) -> Study:
+    from bayesncl.app.dynamics import DYNAMICS_LABELS  # (not ρ in the labels: that is the gate's prior)
+
     cfg = base_config(dataset, "bayesncl", overrides)
     every = max(1, cfg.train.epochs // 10)  # the paper looks every 10 of 200 epochs: ~10 points
     epochs = tuple(range(every, cfg.train.epochs + 1, every))
@@ -161,7 +163,7 @@ def _table3(dataset: str, overrides: list[str]) -> Study:
     columns = [Column("AF–GV", "AF-GV", "{:.3f}"), Column("GV–SC", "GV-SC", "{:.3f}"),
                Column("AF–SC", "AF-SC", "{:.3f}")]  # fmt: skip
     panels = [
-        Panel(f"{c.header}", "epoch", "Spearman ρ", tuple(
+        Panel(f"{c.header}: {DYNAMICS_LABELS[c.key]}", "epoch", "Spearman rank correlation", tuple(
             Series(v.name, tuple((e, f"{v.name} epoch {e}", c.key) for e in epochs)) for v in variants
         ))
         for c in columns

@@ -26,6 +26,7 @@ def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     from bayesncl.app.report.figures import save_figure
 
@@ -51,6 +52,8 @@ def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, 
                 ax.scatter([p[0] for p in paper], [p[1] for p in paper], marker="D", s=36, facecolors="none",
                            edgecolors=color, linewidths=1.5, label=f"{label} (paper)", zorder=3)  # fmt: skip
         ax.set_xscale(xscale)
+        if xlabel == "epoch":  # whole epochs only
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(ptitle, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
