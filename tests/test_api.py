@@ -113,8 +113,9 @@ def test_pretrain_on_a_uint8_tensor_evaluate_and_load_encoder(tmp_path: Path) ->
     with pytest.raises(DataError) as e:
         bayesncl.evaluate(tmp_path / "run")  # the images are gone: one line saying how to give them
     expect("Y22", str(e.value), tmp_path)
-    other = bayesncl.evaluate(tmp_path / "run", ["eval.data.name=synthetic", "eval.data.test_subset=30",
-                                                 "eval.data.train_subset=60"], knn=False)
+    with pytest.warns(UserWarning, match="4 classes but eval.data.name=synthetic has 10;"):  # not data.name
+        other = bayesncl.evaluate(tmp_path / "run", ["eval.data.name=synthetic", "eval.data.test_subset=30",
+                                                     "eval.data.train_subset=60"], knn=False)
     assert other["linear_probe_acc1"] >= 0  # eval.data.* alone: the training data need not be here
 
 
