@@ -1,11 +1,13 @@
 """What the tests share: tiny CPU settings (synthetic 16 px images, a small CNN, a few steps per
-epoch), a tiny untrained checkpoint, a small image folder, and the one-line error check.
+epoch), a tiny untrained checkpoint, a small image folder, the one-line error check, and the
+messages of docs/bad-inputs.md (:func:`expect` checks a text against a row's message).
 
 Test modules import the helpers (``from .conftest import TINY_BASE``); each adds its own
 ``train.epochs`` where it needs another than :data:`TINY`'s one epoch."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -65,3 +67,33 @@ def error_line(capsys: pytest.CaptureFixture[str]) -> str:
     assert err.count("\n") == 1 and err.endswith("\n") and err.startswith(ERROR), err
     return err.strip()
 
+
+# ----------------------------------------------------------------------------- docs/bad-inputs.md
+# Its table is the one copy of each user-facing message outside the code: a test checks a message with
+# ``expect(ROW_ID, text, tmp_path)`` (``<tmp>`` stands for the test's tmp dir, ``…`` for a part that varies).
+TESTS = Path(__file__).parent
+DOC = TESTS.parent / "docs" / "bad-inputs.md"
+
+
+def doc_rows() -> dict[str, tuple[str, str]]:
+    """``{id: (message, test reference)}`` from the table in docs/bad-inputs.md."""
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) == 5 and re.fullmatch(r"[A-Z]\d+", cells[0]):
+            msg = cells[3]
+            assert msg.startswith("`` ") and msg.endswith(" ``"), line
+            assert cells[0] not in rows, f"row {cells[0]} twice"
+            rows[cells[0]] = (msg[3:-3], cells[4].strip("`"))
+    return rows
+
+
+ROWS = {row: message for row, (message, _) in doc_rows().items()}
+
+
+def expect(row: str, text: str, tmp: Path) -> None:
+    """``text`` (stripped) is exactly row ``row``'s message, with <tmp> and … filled in."""
+    pattern = re.escape(ROWS[row]).replace(re.escape("<tmp>"), re.escape(str(tmp))).replace(
+        re.escape("…"), ".+?"
+    )
+    assert re.fullmatch(pattern, text.strip()), f"\n got: {text.strip()}\nwant: {ROWS[row]}"

@@ -342,8 +342,9 @@ def _load_own(
     head = state_dict.get("classifier.weight")
     num_classes = int(head.shape[0]) if head is not None and head.ndim == 2 else info.num_classes
     if num_classes != info.num_classes:
+        read = f"eval.data.name={cfg.eval.data.name}" if cfg.eval.data.name else f"data.name={cfg.data.name}"
         warnings.warn(
-            f"{path}: its online classifier has {num_classes} classes but data.name={cfg.data.name} has "
+            f"{path}: its online classifier has {num_classes} classes but {read} has "
             f"{info.num_classes}; features are extracted anyway (the classifier is not used)",
             stacklevel=2,
         )
