@@ -211,14 +211,23 @@ def valid_keys() -> list[str]:
     return _keys_of(Config)
 
 
-def dict_keys() -> list[str]:
-    """The dotted keys whose value is a dict of free entries, e.g. ``model.backbone_kwargs``."""
+def _keys_of_kind(origin: type) -> list[str]:
     hints = typing.get_type_hints(Config)
     return [
         f"{sec}.{name}"
         for sec, tp in hints.items() if dataclasses.is_dataclass(tp)
-        for name, ftp in typing.get_type_hints(tp).items() if typing.get_origin(ftp) is dict
+        for name, ftp in typing.get_type_hints(tp).items() if typing.get_origin(ftp) is origin
     ]
+
+
+def dict_keys() -> list[str]:
+    """The dotted keys whose value is a dict of free entries, e.g. ``model.backbone_kwargs``."""
+    return _keys_of_kind(dict)
+
+
+def list_keys() -> list[str]:
+    """The dotted keys whose value is a list, e.g. ``eval.retrieval_dims``."""
+    return _keys_of_kind(list)
 
 
 def _dict_entry(key: str) -> tuple[str, str] | None:
@@ -345,16 +354,6 @@ def refuse_fixed_keys(overrides: typing.Iterable[str], fixed: typing.Iterable[st
             f"{', '.join(clash)} {'defines' if one else 'define'} {what}; "
             f"{'it' if one else 'they'} cannot be overridden here"
         )
-
-
-def list_keys() -> list[str]:
-    """The dotted keys whose value is a list, e.g. ``eval.retrieval_dims``."""
-    hints = typing.get_type_hints(Config)
-    return [
-        f"{sec}.{name}"
-        for sec, tp in hints.items() if dataclasses.is_dataclass(tp)
-        for name, ftp in typing.get_type_hints(tp).items() if typing.get_origin(ftp) is list
-    ]
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
