@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesncl.app.report import format_table, write_results
-from bayesncl.config import Config
+from bayesncl.config import Config, flatten
 
 # what may differ between a finished variant and this command's config for it to be reused
 REUSE_IGNORES = ("train.progress", "eval.", "train.loggers", "train.monitor_samples")
@@ -78,19 +78,12 @@ def write_table(
 IDENTITY_IGNORES = ("train.progress", "train.checkpoint_every", "data.num_workers", "data.root", "eval.")
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def identity(cfg: Config) -> dict[str, Any]:
     """The resolved config as flat dotted keys, without :data:`IDENTITY_IGNORES`: what makes two runs
     the same run (the seed is one of its keys)."""
     return {
         k: v
-        for k, v in _flat(cfg.to_dict()).items()
+        for k, v in flatten(cfg.to_dict()).items()
         if not any(k == i or (i.endswith(".") and k.startswith(i)) for i in IDENTITY_IGNORES)
     }
 
