@@ -43,7 +43,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from bayesncl.config import Config, ConfigError, build_config
@@ -539,23 +539,9 @@ def format_report(r: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- command line
 def _cmd_benchmark(args: argparse.Namespace) -> int:
-    settings = BenchmarkSettings(
-        device=args.device,
-        backbone=args.backbone,
-        cifar_stem=args.cifar_stem,
-        image_size=args.image_size,
-        batch_size=args.batch_size,
-        steps=args.steps,
-        rounds=args.rounds,
-        warmup=args.warmup,
-        precision=args.precision,
-        channels_last=args.channels_last,
-        compile=args.compile,
-        augment_compare=not args.no_augment_compare,
-        workers=args.workers,
-        threads=args.threads,
-        extra=list(args.overrides),
-    )
+    given = {f.name: getattr(args, f.name) for f in fields(BenchmarkSettings) if hasattr(args, f.name)}
+    given.update(augment_compare=not args.no_augment_compare, extra=list(args.overrides))
+    settings = BenchmarkSettings(**given)
     log = None if args.json else (lambda msg: print(f"... {msg}", flush=True))
     result = run_benchmark(settings, log=log)
     print(json.dumps(result, indent=2) if args.json else format_report(result))

@@ -100,8 +100,6 @@ class TwoViewLoader:
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Select ``epoch``; ``start_step`` > 0 skips the first steps (mid-epoch resume)."""
-        if start_step < 0 or start_step > len(self):
-            raise ValueError(f"start_step={start_step}: expected 0..{len(self)}")
         self.epoch = int(epoch)
         self.start_step = int(start_step)
 
