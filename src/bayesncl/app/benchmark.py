@@ -52,12 +52,8 @@ if TYPE_CHECKING:  # torch and the training code load only when a benchmark runs
     import torch
 
 __all__ = [
-    "BenchmarkSettings",
-    "add_benchmark_parser",
-    "default_settings",
-    "flops_per_image",
-    "format_report",
-    "run_benchmark",
+    "BenchmarkSettings", "add_benchmark_parser", "default_settings", "flops_per_image", "format_report",
+    "run_benchmark"
 ]
 
 METHODS = ("cl", "ncl", "bayesncl")

@@ -18,15 +18,8 @@ from bayesncl.app.report import format_table
 from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
 
 __all__ = [
-    "TABLE6_PAPER",
-    "MECHANISM_METHODS",
-    "MECHANISM_COLUMNS",
-    "SPURIOUS",
-    "table6",
-    "mechanism_configs",
-    "mechanism",
-    "final_dynamics",
-    "aggregate",
+    "TABLE6_PAPER", "MECHANISM_METHODS", "MECHANISM_COLUMNS", "SPURIOUS", "table6", "mechanism_configs",
+    "mechanism", "final_dynamics", "aggregate"
 ]
 
 RECIPE = Path(__file__).parents[1] / "configs" / "fashion-mnist-demo.yaml"

@@ -35,21 +35,9 @@ from torch import Tensor, nn
 from bayesncl.data.augment import mix_seed
 
 __all__ = [
-    "DistributedError",
-    "World",
-    "all_reduce_mean",
-    "check_sync_bn",
-    "convert_sync_bn",
-    "gather_with_grad",
-    "is_distributed",
-    "is_main_process",
-    "local_main_first",
-    "rank_seed",
-    "resolve_device",
-    "run_on_main",
-    "scaled_lr",
-    "setup",
-    "split_batch",
+    "DistributedError", "World", "all_reduce_mean", "check_sync_bn", "convert_sync_bn", "gather_with_grad",
+    "is_distributed", "is_main_process", "local_main_first", "rank_seed", "resolve_device", "run_on_main",
+    "scaled_lr", "setup", "split_batch"
 ]
 
 T = TypeVar("T")

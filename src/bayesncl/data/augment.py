@@ -49,13 +49,8 @@ import torch
 from torch import nn
 
 __all__ = [
-    "AugmentSpec",
-    "BatchAugment",
-    "pil_box_kernels",
-    "eval_folder_transform",
-    "mix_seed",
-    "sample_transform",
-    "seeded",
+    "AugmentSpec", "BatchAugment", "pil_box_kernels", "eval_folder_transform", "mix_seed", "sample_transform",
+    "seeded"
 ]
 
 _M64 = (1 << 64) - 1

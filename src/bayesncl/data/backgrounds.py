@@ -33,14 +33,8 @@ import torch
 from bayesncl.data import sources as src
 
 __all__ = [
-    "PLACE_NAMES",
-    "WATERBIRDS_PLACES",
-    "BG_SEED",
-    "places_of",
-    "place_names",
-    "read_fmnist_bg",
-    "read_waterbirds",
-    "backgrounds",
+    "PLACE_NAMES", "WATERBIRDS_PLACES", "BG_SEED", "places_of", "place_names", "read_fmnist_bg",
+    "read_waterbirds", "backgrounds"
 ]
 
 BG_SEED = 15  # fixed: the same composite images for every run
