@@ -85,18 +85,13 @@ class BenchmarkSettings:
 
 
 # Config keys the benchmark sets itself: the arms (method.name), the two data paths (data.resident) on
-# the synthetic set (data.name), and the keys its options set.
+# the synthetic set (data.name), and the keys its options set (key -> the BenchmarkSettings field; the
+# option is --FIELD, with "-" for "_").
 ARM_KEYS = ("method.name", "data.resident", "data.name")
 OPTION_KEYS = {
-    "data.image_size": "--image-size",
-    "data.num_workers": "--workers",
-    "model.backbone": "--backbone",
-    "model.cifar_stem": "--cifar-stem",
-    "train.batch_size": "--batch-size",
-    "train.precision": "--precision",
-    "train.channels_last": "--channels-last",
-    "train.compile": "--compile",
-    "train.device": "--device",
+    "data.image_size": "image_size", "data.num_workers": "workers", "model.backbone": "backbone",
+    "model.cifar_stem": "cifar_stem", "train.batch_size": "batch_size", "train.precision": "precision",
+    "train.channels_last": "channels_last", "train.compile": "compile", "train.device": "device",
 }
 
 
@@ -113,7 +108,8 @@ def default_settings(settings: BenchmarkSettings) -> tuple[BenchmarkSettings, to
     for o in settings.extra:
         key = o.split("=", 1)[0].strip()
         if key in OPTION_KEYS:
-            raise ConfigError(f"{key} is set by benchmark {OPTION_KEYS[key]}; pass that option instead")
+            option = "--" + OPTION_KEYS[key].replace("_", "-")
+            raise ConfigError(f"{key} is set by benchmark {option}; pass that option instead")
     check_device(settings.device, "benchmark --device")
     for name, value, low in (("--threads", settings.threads, 0), ("--workers", settings.workers, 0)):
         if value < low:
@@ -169,22 +165,9 @@ def _endless(loader: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Te
 
 
 def _config(s: BenchmarkSettings, method: str, resident: bool) -> Config:
-    overrides = [
-        "data.name=synthetic",
-        f"data.image_size={s.image_size}",
-        f"data.resident={'true' if resident else 'false'}",
-        f"data.num_workers={s.workers}",
-        f"model.backbone={s.backbone}",
-        f"model.cifar_stem={s.cifar_stem}",
-        f"method.name={method}",
-        f"train.batch_size={s.batch_size}",
-        f"train.precision={s.precision}",
-        f"train.channels_last={s.channels_last}",
-        f"train.compile={s.compile}",
-        f"train.device={s.device}",
-        *s.extra,
-    ]
-    return build_config(overrides=overrides)
+    options = [f"{key}={getattr(s, name)}" for key, name in OPTION_KEYS.items()]
+    arms = ["data.name=synthetic", f"data.resident={str(resident).lower()}", f"method.name={method}"]
+    return build_config(overrides=[*arms, *options, *s.extra])
 
 
 Batch = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
