@@ -40,15 +40,7 @@ __all__ = [
 BG_SEED = 15  # fixed: the same composite images for every run
 SIZE = 32
 PLACE_NAMES = (
-    "sky",
-    "grass",
-    "h-stripes",
-    "v-stripes",
-    "checker",
-    "sunset",
-    "plain-red",
-    "plain-yellow",
-    "water",
+    "sky", "grass", "h-stripes", "v-stripes", "checker", "sunset", "plain-red", "plain-yellow", "water",
     "dots",
 )
 WATERBIRDS_CLASSES = ("landbird", "waterbird")

@@ -50,11 +50,7 @@ def augment_spec(cfg: Any, info: DatasetInfo | None = None) -> AugmentSpec:
     """The training augmentation distribution for ``cfg`` (PAPER-NOTES §2)."""
     info = info or dataset_info(cfg)
     return AugmentSpec.simclr(
-        info.image_size,
-        info.channels,
-        info.mean,
-        info.std,
-        crop_min_scale=float(cfg.crop_min_scale),
+        info.image_size, info.channels, info.mean, info.std, crop_min_scale=float(cfg.crop_min_scale),
         blur_prob=float(cfg.blur_prob),
     )
 

@@ -734,9 +734,7 @@ def load_split(cfg: Any, split: str) -> Split:
         return full
     idx = stratified_subset(full.labels, k)
     return Split(
-        full.labels[idx],
-        full.class_names,
-        full.source,
+        full.labels[idx], full.class_names, full.source,
         images=full.images[torch.from_numpy(idx)] if full.images is not None else None,
         paths=[full.paths[i] for i in idx] if full.paths is not None else None,
         skipped=full.skipped,
