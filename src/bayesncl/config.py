@@ -787,8 +787,9 @@ def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = RESUME_FREE_KEY
 
     ``ignore``: keys, or prefixes ending in ``.``, left out of the comparison."""
     fa, fb = flatten(a.to_dict()), flatten(b.to_dict())
+    return [k for k in fa if not ignored(k, ignore) and fa[k] != fb.get(k)]
 
-    def ignored(k: str) -> bool:
-        return any(k == i or (i.endswith(".") and k.startswith(i)) for i in ignore)
 
-    return [k for k in fa if not ignored(k) and fa[k] != fb.get(k)]
+def ignored(key: str, ignore: tuple[str, ...]) -> bool:
+    """Whether dotted ``key`` is one of ``ignore``: a key, or a prefix ending in ``.``."""
+    return any(key == i or (i.endswith(".") and key.startswith(i)) for i in ignore)
