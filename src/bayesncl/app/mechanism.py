@@ -98,10 +98,6 @@ def table6(
 
 
 # ============================================================================ the mechanism study
-def _slug(name: str) -> str:
-    return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
-
-
 def mechanism_configs(
     dataset: str, seeds: int, overrides: list[str], spurious: float = SPURIOUS
 ) -> dict[str, Config]:
@@ -176,7 +172,7 @@ def mechanism(
     run_dir = run_dir or Path("runs") / f"mechanism-{dataset}"
     results: dict[str, dict[str, Any]] = {}
     for name, cfg in configs.items():
-        sub = run_dir / _slug(name)
+        sub = run_dir / variants.slug(name)
         if variants.finished(sub):
             variants.refuse_other_settings(sub, cfg, "use another --run-dir for the new settings")
             print(f"== {name}: reusing {sub / 'metrics.json'}")
@@ -196,7 +192,8 @@ def mechanism(
         "dims; closed bg/obj: the gate's closure of firing entries on background/object dims (kinds on z)."
     )
     run_dir.mkdir(parents=True, exist_ok=True)
-    logged = {n: run_dir / _slug(n) for n in configs if (run_dir / _slug(n) / "log.csv").exists()}
+    logged = {n: run_dir / variants.slug(n) for n in configs}
+    logged = {n: sub for n, sub in logged.items() if (sub / "log.csv").exists()}
     variants.write_table(run_dir, "mechanism", {"means": means, "runs": results}, md, header, logged)
     print(header)
     print(md)

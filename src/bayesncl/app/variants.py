@@ -18,6 +18,12 @@ from bayesncl.config import Config, flatten, ignored
 REUSE_IGNORES = ("train.progress", "eval.", "train.loggers", "train.monitor_samples")
 
 
+def slug(name: str) -> str:
+    """A variant's folder name: ``"BayesNCL (GS)"`` → ``"bayesncl-gs"``; ``"gate lr ×0.25"`` →
+    ``"gate-lr-0-25"``."""
+    return "-".join("".join(c if c.isascii() and c.isalnum() else " " for c in name.lower()).split())
+
+
 def finished(sub: Path) -> bool:
     """Whether the variant in ``sub`` finished (trained and evaluated)."""
     return (sub / "metrics.json").exists()
