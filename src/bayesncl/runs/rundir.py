@@ -253,6 +253,8 @@ def _asides(run_dir: Path) -> list[tuple[Path, int]]:
 
 
 def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
