@@ -211,14 +211,23 @@ def valid_keys() -> list[str]:
     return _keys_of(Config)
 
 
-def dict_keys() -> list[str]:
-    """The dotted keys whose value is a dict of free entries, e.g. ``model.backbone_kwargs``."""
+def _keys_of_kind(origin: type) -> list[str]:
     hints = typing.get_type_hints(Config)
     return [
         f"{sec}.{name}"
         for sec, tp in hints.items() if dataclasses.is_dataclass(tp)
-        for name, ftp in typing.get_type_hints(tp).items() if typing.get_origin(ftp) is dict
+        for name, ftp in typing.get_type_hints(tp).items() if typing.get_origin(ftp) is origin
     ]
+
+
+def dict_keys() -> list[str]:
+    """The dotted keys whose value is a dict of free entries, e.g. ``model.backbone_kwargs``."""
+    return _keys_of_kind(dict)
+
+
+def list_keys() -> list[str]:
+    """The dotted keys whose value is a list, e.g. ``eval.retrieval_dims``."""
+    return _keys_of_kind(list)
 
 
 def _dict_entry(key: str) -> tuple[str, str] | None:
@@ -297,13 +306,13 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     raise ConfigError(f"{key}: unsupported type {tp}")
 
 
-def _flatten(d: dict[str, Any], prefix: str = "", source: Path | None = None) -> dict[str, Any]:
+def flatten(d: dict[str, Any], prefix: str = "", source: Path | None = None) -> dict[str, Any]:
     """``{"train": {"epochs": 2}}`` -> ``{"train.epochs": 2}``. ``source``: the config file ``d`` was
     read from, where a key given twice (``train: {epochs: 2}`` and ``train.epochs: 3``) is an error."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        items = _flatten(v, key + ".", source) if isinstance(v, dict) else {key: v}
+        items = flatten(v, key + ".", source) if isinstance(v, dict) else {key: v}
         if source is not None and (twice := sorted(items.keys() & out.keys())):
             raise ConfigError(
                 f"config file '{source}': {twice[0]} is given twice (in its section and as a dotted key); "
@@ -345,16 +354,6 @@ def refuse_fixed_keys(overrides: typing.Iterable[str], fixed: typing.Iterable[st
             f"{', '.join(clash)} {'defines' if one else 'define'} {what}; "
             f"{'it' if one else 'they'} cannot be overridden here"
         )
-
-
-def list_keys() -> list[str]:
-    """The dotted keys whose value is a list, e.g. ``eval.retrieval_dims``."""
-    hints = typing.get_type_hints(Config)
-    return [
-        f"{sec}.{name}"
-        for sec, tp in hints.items() if dataclasses.is_dataclass(tp)
-        for name, ftp in typing.get_type_hints(tp).items() if typing.get_origin(ftp) is list
-    ]
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -423,7 +422,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
                 f"config file '{p}': section '{section}' must be a mapping of keys "
                 f"(e.g. {_SECTION_EXAMPLES[section]}), got {value!r}"
             )
-    flat = _flatten(raw, source=p)
+    flat = flatten(raw, source=p)
     for key in list_keys():
         if key in flat and not isinstance(flat[key], list):
             example = f"{key.split('.')[-1]}: [32, 64]"
@@ -465,7 +464,7 @@ def build_config(
     if yaml_path is not None:
         user.update(load_yaml(yaml_path))
     command_line = parse_overrides(overrides) if isinstance(overrides, list) else {}
-    user.update(_flatten(overrides) if isinstance(overrides, dict) else command_line)
+    user.update(flatten(overrides) if isinstance(overrides, dict) else command_line)
     cfg = Config()
     check_keys(user)
     name = str(user.get("method.name", cfg.method.name))
@@ -560,7 +559,7 @@ def config_from_dict(d: dict[str, Any], source: str | Path | None = None) -> Con
         if not isinstance(d, dict):
             raise ConfigError(f"expected a mapping of config sections, got {type(d).__name__}")
         cfg = Config()
-        for k, v in _flatten(d).items():
+        for k, v in flatten(d).items():
             set_key(cfg, k, v)
         validate(cfg)
     except ConfigError as e:
@@ -787,9 +786,10 @@ def diff_configs(a: Config, b: Config, ignore: tuple[str, ...] = RESUME_FREE_KEY
     """Dotted keys whose values differ between two configs (used to refuse a mismatched resume).
 
     ``ignore``: keys, or prefixes ending in ``.``, left out of the comparison."""
-    fa, fb = _flatten(a.to_dict()), _flatten(b.to_dict())
+    fa, fb = flatten(a.to_dict()), flatten(b.to_dict())
+    return [k for k in fa if not ignored(k, ignore) and fa[k] != fb.get(k)]
 
-    def ignored(k: str) -> bool:
-        return any(k == i or (i.endswith(".") and k.startswith(i)) for i in ignore)
 
-    return [k for k in fa if not ignored(k) and fa[k] != fb.get(k)]
+def ignored(key: str, ignore: tuple[str, ...]) -> bool:
+    """Whether dotted ``key`` is one of ``ignore``: a key, or a prefix ending in ``.``."""
+    return any(key == i or (i.endswith(".") and key.startswith(i)) for i in ignore)

@@ -45,7 +45,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from bayesncl.config import Config, ConfigError, build_config
@@ -54,12 +54,8 @@ if TYPE_CHECKING:  # torch and the training code load only when a benchmark runs
     import torch
 
 __all__ = [
-    "BenchmarkSettings",
-    "add_benchmark_parser",
-    "default_settings",
-    "flops_per_image",
-    "format_report",
-    "run_benchmark",
+    "BenchmarkSettings", "add_benchmark_parser", "default_settings", "flops_per_image", "format_report",
+    "run_benchmark"
 ]
 
 METHODS = ("cl", "ncl", "bayesncl")
@@ -91,18 +87,13 @@ class BenchmarkSettings:
 
 
 # Config keys the benchmark sets itself: the arms (method.name), the two data paths (data.resident) on
-# the synthetic set (data.name), and the keys its options set.
+# the synthetic set (data.name), and the keys its options set (key -> the BenchmarkSettings field; the
+# option is --FIELD, with "-" for "_").
 ARM_KEYS = ("method.name", "data.resident", "data.name")
 OPTION_KEYS = {
-    "data.image_size": "--image-size",
-    "data.num_workers": "--workers",
-    "model.backbone": "--backbone",
-    "model.cifar_stem": "--cifar-stem",
-    "train.batch_size": "--batch-size",
-    "train.precision": "--precision",
-    "train.channels_last": "--channels-last",
-    "train.compile": "--compile",
-    "train.device": "--device",
+    "data.image_size": "image_size", "data.num_workers": "workers", "model.backbone": "backbone",
+    "model.cifar_stem": "cifar_stem", "train.batch_size": "batch_size", "train.precision": "precision",
+    "train.channels_last": "channels_last", "train.compile": "compile", "train.device": "device",
 }
 
 
@@ -119,7 +110,8 @@ def default_settings(settings: BenchmarkSettings) -> tuple[BenchmarkSettings, to
     for o in settings.extra:
         key = o.split("=", 1)[0].strip()
         if key in OPTION_KEYS:
-            raise ConfigError(f"{key} is set by benchmark {OPTION_KEYS[key]}; pass that option instead")
+            option = "--" + OPTION_KEYS[key].replace("_", "-")
+            raise ConfigError(f"{key} is set by benchmark {option}; pass that option instead")
     check_device(settings.device, "benchmark --device")
     for name, value, low in (("--threads", settings.threads, 0), ("--workers", settings.workers, 0)):
         if value < low:
@@ -175,22 +167,9 @@ def _endless(loader: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Te
 
 
 def _config(s: BenchmarkSettings, method: str, resident: bool) -> Config:
-    overrides = [
-        "data.name=synthetic",
-        f"data.image_size={s.image_size}",
-        f"data.resident={'true' if resident else 'false'}",
-        f"data.num_workers={s.workers}",
-        f"model.backbone={s.backbone}",
-        f"model.cifar_stem={s.cifar_stem}",
-        f"method.name={method}",
-        f"train.batch_size={s.batch_size}",
-        f"train.precision={s.precision}",
-        f"train.channels_last={s.channels_last}",
-        f"train.compile={s.compile}",
-        f"train.device={s.device}",
-        *s.extra,
-    ]
-    return build_config(overrides=overrides)
+    options = [f"{key}={getattr(s, name)}" for key, name in OPTION_KEYS.items()]
+    arms = ["data.name=synthetic", f"data.resident={str(resident).lower()}", f"method.name={method}"]
+    return build_config(overrides=[*arms, *options, *s.extra])
 
 
 Batch = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
@@ -460,16 +439,10 @@ def run_benchmark(
         **_heldout_figures(statistics.median(by["demo-heldout"].times), by["demo-heldout"].images,
                            rate["demo-step"]),
         "settings": {
-            "backbone": s.backbone,
-            "cifar_stem": s.cifar_stem,
-            "image_size": s.image_size,
-            "batch_size": b,
-            "steps": int(s.steps or 0),
-            "rounds": int(s.rounds or 0),
+            "backbone": s.backbone, "cifar_stem": s.cifar_stem, "image_size": s.image_size, "batch_size": b,
+            "steps": int(s.steps or 0), "rounds": int(s.rounds or 0),
             "precision": str(resolve_precision(str(s.precision), device) or "fp32").replace("torch.", ""),
-            "channels_last": s.channels_last,
-            "compile": s.compile,
-            "workers": s.workers,
+            "channels_last": s.channels_last, "compile": s.compile, "workers": s.workers,
             "threads": torch.get_num_threads(),
         },
         "torch": torch.__version__,
@@ -547,23 +520,9 @@ def format_report(r: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- command line
 def _cmd_benchmark(args: argparse.Namespace) -> int:
-    settings = BenchmarkSettings(
-        device=args.device,
-        backbone=args.backbone,
-        cifar_stem=args.cifar_stem,
-        image_size=args.image_size,
-        batch_size=args.batch_size,
-        steps=args.steps,
-        rounds=args.rounds,
-        warmup=args.warmup,
-        precision=args.precision,
-        channels_last=args.channels_last,
-        compile=args.compile,
-        augment_compare=not args.no_augment_compare,
-        workers=args.workers,
-        threads=args.threads,
-        extra=list(args.overrides),
-    )
+    given = {f.name: getattr(args, f.name) for f in fields(BenchmarkSettings) if hasattr(args, f.name)}
+    given.update(augment_compare=not args.no_augment_compare, extra=list(args.overrides))
+    settings = BenchmarkSettings(**given)
     log = None if args.json else (lambda msg: print(f"... {msg}", flush=True))
     result = run_benchmark(settings, log=log)
     print(json.dumps(result, indent=2) if args.json else format_report(result))

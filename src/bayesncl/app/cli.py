@@ -174,12 +174,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.probe_epochs is not None and args.probe_epochs < 1:
         raise ConfigError(f"--probe-epochs {args.probe_epochs}: expected >= 1")
     evaluate_command(
-        args.source,
-        retrieval_dims=dims,
-        knn=not args.no_knn,
-        overrides=args.overrides,
-        probe_seeds=1 if args.probe_seeds is None else args.probe_seeds,
-        probe=args.probe,
+        args.source, retrieval_dims=dims, knn=not args.no_knn, overrides=args.overrides,
+        probe_seeds=1 if args.probe_seeds is None else args.probe_seeds, probe=args.probe,
         probe_epochs=50 if args.probe_epochs is None else args.probe_epochs,
         given=[k for k in ("probe_seeds", "probe_epochs") if getattr(args, k) is not None],
         report=write_run_report,
@@ -282,10 +278,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _flag("--resume", "continue the run in --run-dir from last.pt"),
             _flag("--overwrite", "replace a run already in --run-dir"),
             _flag("--no-eval", "skip the end-of-training evaluation"),
-            _flag(
-                "--skip-corrupt",
-                "skip unreadable images in an image folder and report how many (= data.skip_corrupt=true)",
-            ),
+            _flag("--skip-corrupt",
+                  "skip unreadable images in an image folder and report how many (= data.skip_corrupt=true)"),
             _OVERRIDES,
         ],
     ),
@@ -314,11 +308,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         [
             _SOURCE,
             _arg("--split", choices=("test", "train"), default="test", help="which split (default test)"),
-            _arg(
-                "--out",
-                help="output .npz (default RUN_DIR/features_<split>.npz; for RUN/epoch-NNNN.pt "
-                "RUN/eval-epoch-NNNN/features_<split>.npz)",
-            ),
+            _arg("--out", help="output .npz (default RUN_DIR/features_<split>.npz; for RUN/epoch-NNNN.pt "
+                 "RUN/eval-epoch-NNNN/features_<split>.npz)"),
             _LOAD_OVERRIDES,
         ],
     ),
@@ -328,12 +319,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "rank, orthogonality and (optionally) retrieval with feature selection.",
         {},
         [
-            _arg(
-                "features",
-                metavar="FEATURES",
-                help="features .npz (from extract, or any npz holding 'features' (N x D float) and "
-                "'labels' (N int))",
-            ),
+            _arg("features", metavar="FEATURES", help="features .npz (from extract, or any npz holding "
+                 "'features' (N x D float) and 'labels' (N int))"),
             _flag("--json", "print JSON instead of a table"),
             _arg("--retrieval-dims", help="comma-separated K list, e.g. 32,64,128"),
         ],
@@ -350,8 +337,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _flag("--no-knn", "skip the kNN classifier"),
             _arg("--probe-seeds", type=int, help="linear probe seeds; mean ± std (default 1)"),
             _arg(
-                "--probe",
-                choices=("fast", "paper", "none"),
+                "--probe", choices=("fast", "paper", "none"),
                 help="fast: L-BFGS on precomputed h (CPU-friendly); paper: LARS, crops+flips, --probe-epochs "
                 "(GPU); none: no linear or feature-selection probe (default: the run's eval.probe, fast "
                 "unless set)",
@@ -377,16 +363,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         {},
         [
             _arg("table", metavar="ID", help="1 2 3 4 5 7 15 fig3 fig4a fig4b ncl-fs ncl-sepin 6 mechanism"),
-            _arg(
-                "--dataset",
-                default="cifar100",
-                help="cifar10 | cifar100 | imagenet100 | fashion-mnist (default cifar100)",
-            ),
+            _arg("--dataset", default="cifar100",
+                 help="cifar10 | cifar100 | imagenet100 | fashion-mnist (default cifar100)"),
             _arg("--seeds", type=int, default=1, help="pretrain every variant with seeds 0..N-1 (default 1)"),
-            _arg(
-                "--run-dir",
-                help="where the table goes (default runs/<stem>-<dataset>, e.g. runs/table1-cifar100)",
-            ),
+            _arg("--run-dir",
+                 help="where the table goes (default runs/<stem>-<dataset>, e.g. runs/table1-cifar100)"),
             _arg("--store", help="the shared store of runs (default: variants/ beside the run dir)"),
             _OVERRIDES,
         ],
@@ -400,18 +381,10 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         {},
         [
             _arg("run_dir", metavar="RUN_DIR"),
-            _arg(
-                "--samples",
-                type=int,
-                default=1024,
-                help="train images for the gradient variance (default 1024)"
-            ),
-            _arg(
-                "--every",
-                type=int,
-                default=1,
-                help="use checkpoints 1, 1+N, 1+2N, ... of the sorted periodic ones (default 1: all)",
-            ),
+            _arg("--samples", type=int, default=1024,
+                 help="train images for the gradient variance (default 1024)"),
+            _arg("--every", type=int, default=1,
+                 help="use checkpoints 1, 1+N, 1+2N, ... of the sorted periodic ones (default 1: all)"),
         ],
     ),
     "curves": (
@@ -423,11 +396,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         {},
         [
             _arg("runs", nargs="+", metavar="RUN_DIR", help="run dirs (or their log.csv files)"),
-            _arg(
-                "--out",
-                help="output .png (default: RUN_DIR/training_curves.png for one run, ./training_curves.png "
-                "for several)",
-            ),
+            _arg("--out", help="output .png (default: RUN_DIR/training_curves.png for one run, "
+                 "./training_curves.png for several)"),
         ],
     ),
     "report": (
@@ -453,8 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     from bayesncl.app.benchmark import add_benchmark_parser
 
     parser = OneLineParser(
-        prog="bayesncl",
-        description="Interpretable self-supervised learning: CL, NCL, NCL+TopK and BayesNCL.",
+        prog="bayesncl", description="Interpretable self-supervised learning: CL, NCL, NCL+TopK and BayesNCL."
     )
     parser.add_argument("--version", action="version", version=f"bayesncl {version('bayesncl')}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

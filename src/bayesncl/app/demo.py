@@ -28,10 +28,7 @@ from bayesncl.config import (
 DEMO_CONFIG = Path(__file__).parents[1] / "configs" / "fashion-mnist-demo.yaml"
 DEMO_METHODS = ("ncl", "bayesncl")
 QUICK_OVERRIDES = [
-    "data.train_subset=2000",
-    "data.test_subset=1000",
-    "train.epochs=1",
-    "train.batch_size=128",
+    "data.train_subset=2000", "data.test_subset=1000", "train.epochs=1", "train.batch_size=128",
 ]
 
 

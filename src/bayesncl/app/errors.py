@@ -133,21 +133,11 @@ def met_by_every_rank(e: BaseException) -> bool:
     files, or decided by rank 0 for all: run-dir checks, a non-finite loss, a full disk, as rank 0 alone
     writes the run dir): printed once per node, by its local rank 0. Other errors (an out-of-memory on
     one GPU, an image that cannot be decoded in one rank's shard) are printed by the rank meeting them,
-    prefixed with "(rank N)"."""
-    from bayesncl.core.distributed import DistributedError
-    from bayesncl.core.engine import TrainingError
-    from bayesncl.core.model import BackboneError
-    from bayesncl.data import DataError
+    prefixed with "(rank N)". Alike: every :func:`user_errors` type but EvalError."""
     from bayesncl.data.sources import ShardDataError
-    from bayesncl.runs.fileio import DiskFullError
-    from bayesncl.runs.rundir import RunDirError
-    from bayesncl.runs.safe_load import CheckpointError
+    from bayesncl.metrics.inputs import EvalError
 
-    alike = (
-        ConfigError, DistributedError, BackboneError, DataError, RunDirError, CheckpointError, TrainingError,
-        DiskFullError,
-    )
-    return isinstance(e, alike) and not isinstance(e, ShardDataError)
+    return isinstance(e, user_errors()) and not isinstance(e, (EvalError, ShardDataError))
 
 
 class _ReaderSafe:

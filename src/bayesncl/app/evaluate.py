@@ -63,10 +63,7 @@ RETRIEVAL_DEPTH = 10
 
 @torch.no_grad()
 def extract_features(
-    model: ContrastiveModel,
-    loader: Any,
-    device: torch.device,
-    keys: tuple[str, ...] = FEATURE_KEYS,
+    model: ContrastiveModel, loader: Any, device: torch.device, keys: tuple[str, ...] = FEATURE_KEYS
 ) -> dict[str, np.ndarray]:
     """Run ``model`` in eval mode over ``loader`` (yielding ``(x, y, idx)``).
 
@@ -90,10 +87,7 @@ def extract_features(
 
 
 def extract_split(
-    model: ContrastiveModel,
-    cfg: Config,
-    split: str,
-    device: torch.device,
+    model: ContrastiveModel, cfg: Config, split: str, device: torch.device,
     keys: tuple[str, ...] = FEATURE_KEYS,
 ) -> dict[str, np.ndarray]:
     """:func:`extract_features` over ``split`` of the run's data (eval transforms, eval batch size),
@@ -198,9 +192,7 @@ def score(
 
 # ----------------------------------------------------------------------------- loading trained runs
 def load_trained(
-    source: str | Path,
-    device: torch.device | None = None,
-    overrides: list[str] | None = None,
+    source: str | Path, device: torch.device | None = None, overrides: list[str] | None = None,
     command: str | None = None,
 ) -> tuple[ContrastiveModel, Config, Path]:
     """Load a trained model safely from a run dir or a checkpoint file.
@@ -271,10 +263,8 @@ def _what_is(obj: Any) -> str:
 
 def _is_own_encoder(path: Path, obj: Any) -> bool:
     """A run's ``encoder.safetensors`` (our key names: ``projector.net.*``)."""
-    return (
-        path.suffix == ".safetensors"
-        and isinstance(obj, dict)
-        and any(str(k).startswith("projector.net.") for k in obj)
+    return path.suffix == ".safetensors" and isinstance(obj, dict) and any(
+        str(k).startswith("projector.net.") for k in obj
     )
 
 
@@ -401,20 +391,13 @@ def _load_official(path: Path, obj: Any, overrides: list[str] | None) -> tuple[C
     if n_cls != info.num_classes:
         logging.getLogger("bayesncl").warning(
             "%s: its classifier has %d classes but data.name=%s has %d; features are extracted anyway "
-            "(the classifier is not used)",
-            path,
-            n_cls,
-            cfg.data.name,
-            info.num_classes,
+            "(the classifier is not used)", path, n_cls, cfg.data.name, info.num_classes,
         )
     return model, cfg
 
 
 def extract_command(
-    source: str | Path,
-    *,
-    split: str = "test",
-    out: str | Path | None = None,
+    source: str | Path, *, split: str = "test", out: str | Path | None = None,
     overrides: list[str] | None = None,
 ) -> Path:
     """``bayesncl extract``: write ``features_<split>.npz`` (see docs/architecture.md).
@@ -437,13 +420,8 @@ def save_split_features(
     path: Path, arrays: dict[str, np.ndarray], cfg: Config, split: str, source: str | Path
 ) -> None:
     """Write the ONE features file of a split (docs/architecture.md), with its metadata."""
-    meta = {
-        "method": cfg.method.name,
-        "dataset": cfg.data.name,
-        "split": split,
-        "class_names": list(dataset_info(cfg.data).class_names),
-        "source": str(source),
-    }
+    meta = {"method": cfg.method.name, "dataset": cfg.data.name, "split": split,
+            "class_names": list(dataset_info(cfg.data).class_names), "source": str(source)}  # fmt: skip
     if "places" in arrays:
         meta["place_names"] = list(place_names(cfg.data.name))
     save_features(path, meta=meta, **arrays)

@@ -18,15 +18,8 @@ from bayesncl.app.report import format_table
 from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
 
 __all__ = [
-    "TABLE6_PAPER",
-    "MECHANISM_METHODS",
-    "MECHANISM_COLUMNS",
-    "SPURIOUS",
-    "table6",
-    "mechanism_configs",
-    "mechanism",
-    "final_dynamics",
-    "aggregate",
+    "TABLE6_PAPER", "MECHANISM_METHODS", "MECHANISM_COLUMNS", "SPURIOUS", "table6", "mechanism_configs",
+    "mechanism", "final_dynamics", "aggregate"
 ]
 
 RECIPE = Path(__file__).parents[1] / "configs" / "fashion-mnist-demo.yaml"
@@ -105,10 +98,6 @@ def table6(
 
 
 # ============================================================================ the mechanism study
-def _slug(name: str) -> str:
-    return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
-
-
 def mechanism_configs(
     dataset: str, seeds: int, overrides: list[str], spurious: float = SPURIOUS
 ) -> dict[str, Config]:
@@ -183,7 +172,7 @@ def mechanism(
     run_dir = run_dir or Path("runs") / f"mechanism-{dataset}"
     results: dict[str, dict[str, Any]] = {}
     for name, cfg in configs.items():
-        sub = run_dir / _slug(name)
+        sub = run_dir / variants.slug(name)
         if variants.finished(sub):
             variants.refuse_other_settings(sub, cfg, "use another --run-dir for the new settings")
             print(f"== {name}: reusing {sub / 'metrics.json'}")
@@ -203,7 +192,8 @@ def mechanism(
         "dims; closed bg/obj: the gate's closure of firing entries on background/object dims (kinds on z)."
     )
     run_dir.mkdir(parents=True, exist_ok=True)
-    logged = {n: run_dir / _slug(n) for n in configs if (run_dir / _slug(n) / "log.csv").exists()}
+    logged = {n: run_dir / variants.slug(n) for n in configs}
+    logged = {n: sub for n, sub in logged.items() if (sub / "log.csv").exists()}
     variants.write_table(run_dir, "mechanism", {"means": means, "runs": results}, md, header, logged)
     print(header)
     print(md)

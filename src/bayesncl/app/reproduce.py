@@ -43,11 +43,6 @@ def pretrain_minutes(run_dir: Path) -> float:
     return sum(row["epoch_time_s"] for row in read_log(run_dir)) / 60
 
 
-def _slug(name: str) -> str:
-    """``"BayesNCL (GS)"`` → ``"bayesncl-gs"``; ``"gate lr ×0.25"`` → ``"gate-lr-0-25"``."""
-    return "-".join("".join(c if c.isascii() and c.isalnum() else " " for c in name.lower()).split())
-
-
 # ----------------------------------------------------------------------------- configs and the plan
 Cells = dict[tuple[str, int], str]  # (variant, seed) -> the run's hash
 
@@ -457,7 +452,7 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
     header = f"{study.title} on {dataset}: ours ({spread}) vs the paper's reported values."
     write_results(run_dir, study.stem, result, md, header=header)
     for (name, s), h in cells.items():
-        _link(run_dir, f"{_slug(name)}-s{s}", store / h)
+        _link(run_dir, f"{variants.slug(name)}-s{s}", store / h)
     if study.panels:
         _figure(study, rows, run_dir / f"{study.stem}.png", seeds)
     logged = {f"{n} s{s}": store / h for (n, s), h in cells.items() if s == 0}

@@ -122,10 +122,6 @@ def _rows(variants: list[Variant]) -> list[Row]:
     return [Row(v.name, v.name) for v in variants]
 
 
-def _fmt_value(v: float) -> str:
-    return f"{v:g}"
-
-
 def _table1(dataset: str, overrides: list[str]) -> Study:
     variants = [Variant(n, m) for n, m in TABLE1_METHODS]
     paper = {n: {SC.key: v} for n, v in TABLE1_PAPER.get(dataset, {}).items()}

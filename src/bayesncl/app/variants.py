@@ -12,10 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from bayesncl.app.report import format_table, write_results
-from bayesncl.config import Config
+from bayesncl.config import Config, flatten, ignored
 
 # what may differ between a finished variant and this command's config for it to be reused
 REUSE_IGNORES = ("train.progress", "eval.", "train.loggers", "train.monitor_samples")
+
+
+def slug(name: str) -> str:
+    """A variant's folder name: ``"BayesNCL (GS)"`` → ``"bayesncl-gs"``; ``"gate lr ×0.25"`` →
+    ``"gate-lr-0-25"``."""
+    return "-".join("".join(c if c.isascii() and c.isalnum() else " " for c in name.lower()).split())
 
 
 def finished(sub: Path) -> bool:
@@ -51,11 +57,7 @@ def save_metrics(sub: Path, name: str, metrics: dict[str, Any]) -> None:
 
 
 def write_table(
-    run_dir: Path,
-    stem: str,
-    results: dict[str, dict[str, Any]],
-    markdown: str,
-    header: str,
+    run_dir: Path, stem: str, results: dict[str, dict[str, Any]], markdown: str, header: str,
     curves: dict[str, Path],
 ) -> None:
     """Write the variants' table ``run_dir/{stem}.md``/``.json``, the training curves of
@@ -78,21 +80,10 @@ def write_table(
 IDENTITY_IGNORES = ("train.progress", "train.checkpoint_every", "data.num_workers", "data.root", "eval.")
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def identity(cfg: Config) -> dict[str, Any]:
     """The resolved config as flat dotted keys, without :data:`IDENTITY_IGNORES`: what makes two runs
     the same run (the seed is one of its keys)."""
-    return {
-        k: v
-        for k, v in _flat(cfg.to_dict()).items()
-        if not any(k == i or (i.endswith(".") and k.startswith(i)) for i in IDENTITY_IGNORES)
-    }
+    return {k: v for k, v in flatten(cfg.to_dict()).items() if not ignored(k, IDENTITY_IGNORES)}
 
 
 def variant_hash(cfg: Config) -> str:

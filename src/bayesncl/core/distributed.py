@@ -35,21 +35,9 @@ from torch import Tensor, nn
 from bayesncl.data.augment import mix_seed
 
 __all__ = [
-    "DistributedError",
-    "World",
-    "all_reduce_mean",
-    "check_sync_bn",
-    "convert_sync_bn",
-    "gather_with_grad",
-    "is_distributed",
-    "is_main_process",
-    "local_main_first",
-    "rank_seed",
-    "resolve_device",
-    "run_on_main",
-    "scaled_lr",
-    "setup",
-    "split_batch",
+    "DistributedError", "World", "all_reduce_mean", "check_sync_bn", "convert_sync_bn", "gather_with_grad",
+    "is_distributed", "is_main_process", "local_main_first", "rank_seed", "resolve_device", "run_on_main",
+    "scaled_lr", "setup", "split_batch"
 ]
 
 T = TypeVar("T")
@@ -293,8 +281,6 @@ def scaled_lr(base_lr: float, global_batch: int) -> float:
 def split_batch(global_batch: int, world_size: int) -> int:
     """Per-process batch of a global batch. Raises DistributedError unless ``global_batch`` is a
     multiple of ``world_size`` and leaves each process at least 2 images (InfoNCE, BatchNorm)."""
-    if world_size < 1:
-        raise DistributedError(f"world_size={world_size}: expected >= 1")
     if global_batch % world_size:
         raise DistributedError(
             f"global batch {global_batch} is not divisible by {world_size} processes: use a multiple "

@@ -99,24 +99,13 @@ def forward_loss(
 
 
 def train_step(
-    step_model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    x1: Tensor,
-    x2: Tensor,
-    y: Tensor,
-    method: MethodConfig,
-    *,
-    autocast: Any = None,
-    channels_last: bool = False,
-    index: Tensor | None = None,
+    step_model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, *args: Any,
+    **kwargs: Any,
 ) -> Tensor:
-    """:func:`forward_loss`, backward, optimiser step. Returns the (6,) statistics, on the device:
-    nothing here waits for the device (fp16's GradScaler does, once per step, to skip inf steps;
-    bf16 and fp32 need no scaler)."""
-    loss, stats = forward_loss(
-        step_model, x1, x2, y, method, autocast=autocast, channels_last=channels_last, index=index
-    )
+    """:func:`forward_loss` (``args``, ``kwargs``: its ``x1, x2, y, method`` and keywords), backward,
+    optimiser step. Returns the (6,) statistics, on the device: nothing here waits for the device
+    (fp16's GradScaler does, once per step, to skip inf steps; bf16 and fp32 need no scaler)."""
+    loss, stats = forward_loss(step_model, *args, **kwargs)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     scaler.step(optimizer)

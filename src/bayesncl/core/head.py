@@ -16,7 +16,6 @@ import torch
 from torch import Tensor, nn
 
 from bayesncl.core.model import ContrastiveModel, ModelOutput, contrastive_loss
-from bayesncl.core.parts import Gate, GatingHead, NonNegative, Prevalence, Projector
 
 if TYPE_CHECKING:
     from bayesncl.config import Config
@@ -34,23 +33,12 @@ class ContrastiveHead(nn.Module):
     """
 
     project = ContrastiveModel.project  # the same code the full model runs after its backbone
+    _build_parts = ContrastiveModel._build_parts  # and the same parts
 
     def __init__(self, h_dim: int, config: Config) -> None:
         super().__init__()
-        m, mo = config.method, config.model
-        self.method = m
-        self.h_dim = h_dim
-        self.projector = Projector(h_dim, mo.proj_hidden, mo.proj_dim)
-        self.nonneg = NonNegative(m.nonneg)
-        self.topk = round(m.rho * mo.proj_dim) if m.topk else 0
-        self.gating_head: GatingHead | None = None
-        self.gate: Gate | None = None
-        if m.gate != "none":
-            hidden = m.gate_hidden or mo.proj_hidden
-            self.gating_head = GatingHead(h_dim, hidden, mo.proj_dim, depth=m.gate_depth, detach=m.detach,
-                                          tau=m.gate_tau)
-            self.gate = Gate(m.gate, m.threshold, m.gumbel_noise, tau=m.gate_tau)
-        self.prevalence = Prevalence(mo.proj_dim, m.ipw_momentum, m.ipw_eps) if m.ipw else None
+        self.method = config.method
+        self._build_parts(h_dim, config.model, config.method)
 
     def forward(
         self, h1: Tensor, h2: Tensor, *, index: Tensor | None = None, gather: bool | None = None

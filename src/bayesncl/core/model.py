@@ -164,31 +164,31 @@ class ContrastiveModel(nn.Module):
     """Backbone + projector + non-negativity + optional TopK + optional gate + online probe."""
 
     def __init__(
-        self,
-        backbone: nn.Module,
-        h_dim: int,
-        model_cfg: ModelConfig,
-        method: MethodConfig,
-        num_classes: int,
+        self, backbone: nn.Module, h_dim: int, model_cfg: ModelConfig, method: MethodConfig, num_classes: int
     ) -> None:
         super().__init__()
         self.backbone = backbone
-        self.h_dim = h_dim
-        d = model_cfg.proj_dim
-        self.projector = Projector(h_dim, model_cfg.proj_hidden, d)
-        self.nonneg = NonNegative(method.nonneg)
-        self.topk = round(method.rho * d) if method.topk else 0
-        self.gating_head: GatingHead | None = None
-        self.gate: Gate | None = None
-        if method.gate != "none":
-            hidden = method.gate_hidden or model_cfg.proj_hidden
-            self.gating_head = GatingHead(
-                h_dim, hidden, d, depth=method.gate_depth, detach=method.detach, tau=method.gate_tau
-            )
-            self.gate = Gate(method.gate, method.threshold, method.gumbel_noise, tau=method.gate_tau)
-        self.prevalence = Prevalence(d, method.ipw_momentum, method.ipw_eps) if method.ipw else None
+        self._build_parts(h_dim, model_cfg, method)
         self.classifier = nn.Linear(h_dim, num_classes)
         self.bn_views = model_cfg.bn_views
+
+    def _build_parts(self, h_dim: int, mo: ModelConfig, m: MethodConfig) -> None:
+        """Everything after the backbone (PAPER-NOTES §1), which :class:`~bayesncl.core.head.ContrastiveHead`
+        builds too: projector, φ, TopK's k, gating head and gate, prevalence (in this order: it is the
+        order their initialisation draws from the RNG)."""
+        self.h_dim = h_dim
+        self.projector = Projector(h_dim, mo.proj_hidden, mo.proj_dim)
+        self.nonneg = NonNegative(m.nonneg)
+        self.topk = round(m.rho * mo.proj_dim) if m.topk else 0
+        self.gating_head: GatingHead | None = None
+        self.gate: Gate | None = None
+        if m.gate != "none":
+            self.gating_head = GatingHead(
+                h_dim, m.gate_hidden or mo.proj_hidden, mo.proj_dim, depth=m.gate_depth, detach=m.detach,
+                tau=m.gate_tau,
+            )
+            self.gate = Gate(m.gate, m.threshold, m.gumbel_noise, tau=m.gate_tau)
+        self.prevalence = Prevalence(mo.proj_dim, m.ipw_momentum, m.ipw_eps) if m.ipw else None
 
     def project(self, h: Tensor) -> ModelOutput:
         """Run everything after the backbone on h: (B, H)."""

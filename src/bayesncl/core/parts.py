@@ -24,25 +24,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
-    "NONNEG",
-    "GATE_KINDS",
-    "NOISES",
-    "fp32_math",
-    "safe_normalize",
-    "rep_relu",
-    "ste_gate",
-    "gumbel_noise",
-    "gumbel_sigmoid_gate",
-    "soft_gate",
-    "topk_mask",
-    "gated_features",
-    "eval_features",
-    "ipw_features",
-    "Projector",
-    "GatingHead",
-    "NonNegative",
-    "Gate",
-    "Prevalence",
+    "NONNEG", "GATE_KINDS", "NOISES", "fp32_math", "safe_normalize", "rep_relu", "ste_gate", "gumbel_noise",
+    "gumbel_sigmoid_gate", "soft_gate", "topk_mask", "gated_features", "eval_features", "ipw_features",
+    "Projector", "GatingHead", "NonNegative", "Gate", "Prevalence"
 ]
 
 _NORM_EPS = 1e-12

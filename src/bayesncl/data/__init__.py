@@ -41,26 +41,8 @@ from bayesncl.data.sources import (
 DATASETS: tuple[str, ...] = tuple(READERS)  # the allowed data.name values, the readers' registry
 
 __all__ = [
-    "DATASETS",
-    "AugmentSpec",
-    "BatchAugment",
-    "DataError",
-    "DatasetInfo",
-    "EvalLoader",
-    "LazyImages",
-    "PerSampleTwoViewLoader",
-    "ResidentTwoViewLoader",
-    "TwoViewLoader",
-    "augment_spec",
-    "build_eval_loader",
-    "build_train_loader",
-    "clear_cache",
-    "dataset_info",
-    "image_geometry",
-    "load_split_images",
-    "mix_seed",
-    "sample_transform",
-    "stratified_subset",
-    "subset_indices",
-    "uses_resident",
+    "DATASETS", "AugmentSpec", "BatchAugment", "DataError", "DatasetInfo", "EvalLoader", "LazyImages",
+    "PerSampleTwoViewLoader", "ResidentTwoViewLoader", "TwoViewLoader", "augment_spec", "build_eval_loader",
+    "build_train_loader", "clear_cache", "dataset_info", "image_geometry", "load_split_images", "mix_seed",
+    "sample_transform", "stratified_subset", "subset_indices", "uses_resident"
 ]

@@ -33,28 +33,14 @@ import torch
 from bayesncl.data import sources as src
 
 __all__ = [
-    "PLACE_NAMES",
-    "WATERBIRDS_PLACES",
-    "BG_SEED",
-    "places_of",
-    "place_names",
-    "read_fmnist_bg",
-    "read_waterbirds",
-    "backgrounds",
+    "PLACE_NAMES", "WATERBIRDS_PLACES", "BG_SEED", "places_of", "place_names", "read_fmnist_bg",
+    "read_waterbirds", "backgrounds"
 ]
 
 BG_SEED = 15  # fixed: the same composite images for every run
 SIZE = 32
 PLACE_NAMES = (
-    "sky",
-    "grass",
-    "h-stripes",
-    "v-stripes",
-    "checker",
-    "sunset",
-    "plain-red",
-    "plain-yellow",
-    "water",
+    "sky", "grass", "h-stripes", "v-stripes", "checker", "sunset", "plain-red", "plain-yellow", "water",
     "dots",
 )
 WATERBIRDS_CLASSES = ("landbird", "waterbird")

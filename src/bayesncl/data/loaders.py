@@ -50,11 +50,7 @@ def augment_spec(cfg: Any, info: DatasetInfo | None = None) -> AugmentSpec:
     """The training augmentation distribution for ``cfg`` (PAPER-NOTES §2)."""
     info = info or dataset_info(cfg)
     return AugmentSpec.simclr(
-        info.image_size,
-        info.channels,
-        info.mean,
-        info.std,
-        crop_min_scale=float(cfg.crop_min_scale),
+        info.image_size, info.channels, info.mean, info.std, crop_min_scale=float(cfg.crop_min_scale),
         blur_prob=float(cfg.blur_prob),
     )
 
@@ -100,8 +96,6 @@ class TwoViewLoader:
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Select ``epoch``; ``start_step`` > 0 skips the first steps (mid-epoch resume)."""
-        if start_step < 0 or start_step > len(self):
-            raise ValueError(f"start_step={start_step}: expected 0..{len(self)}")
         self.epoch = int(epoch)
         self.start_step = int(start_step)
 

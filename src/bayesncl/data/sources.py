@@ -556,6 +556,21 @@ def corrupt_error(path: str, reason: str, more: int = 0) -> DataError:
     )
 
 
+def _verify_split(paths: list[str], d: Path, k: _Key) -> tuple[list[bool], list[str]]:
+    """``(keep, skipped)``: which of the image ``paths`` of folder ``d`` are readable, and the corrupt
+    ones, verified upfront for a split of at most :data:`VERIFY_MAX_FILES` files (else all are kept).
+    A corrupt file raises DataError unless ``data.skip_corrupt``; so does a split of corrupt files only."""
+    if len(paths) > VERIFY_MAX_FILES:
+        return [True] * len(paths), []
+    bad = {p: why for p in paths if (why := _verify_image(p)) is not None}
+    if bad and not k.skip_corrupt:
+        first = next(iter(bad))
+        raise corrupt_error(first, bad[first], len(bad) - 1)
+    if len(bad) == len(paths):
+        raise DataError(f"every image in {d} is corrupt")
+    return [p not in bad for p in paths], list(bad)
+
+
 def _loose_images(d: Path) -> list[str]:
     """Every image file below ``d`` (sub-folders too, in sorted order)."""
     out: list[str] = []
@@ -589,16 +604,8 @@ def _read_unlabeled(d: Path, k: _Key) -> Split:
             f"image folder {d} holds no images ({', '.join(IMG_EXTENSIONS)}): expected image files "
             "(unlabeled pretraining) or train/<class>/ folders"
         )
-    skipped: list[str] = []
-    if len(paths) <= VERIFY_MAX_FILES:
-        bad = [(p, why) for p in paths if (why := _verify_image(p)) is not None]
-        if bad and not k.skip_corrupt:
-            raise corrupt_error(bad[0][0], bad[0][1], len(bad) - 1)
-        skipped = [p for p, _ in bad]
-        drop = set(skipped)
-        paths = [p for p in paths if p not in drop]
-        if not paths:
-            raise DataError(f"every image in {d} is corrupt")
+    keep, skipped = _verify_split(paths, d, k)
+    paths = [p for p, ok in zip(paths, keep, strict=True) if ok]
     return Split(np.zeros(len(paths), dtype=np.int64), (UNLABELED,), str(d), paths=paths, skipped=skipped,
                  labeled=False)
 
@@ -623,22 +630,11 @@ def _read_folder(k: _Key) -> Split:
     else:
         d = r / "val" if (r / "val").is_dir() or not (r / "test").is_dir() else r / "test"
     paths, labels, names = _scan_folder(d, class_names, subset=bool(k.classes))
-    skipped: list[str] = []
-    if len(paths) <= VERIFY_MAX_FILES:
-        bad = [(p, why) for p in paths if (why := _verify_image(p)) is not None]
-        if bad and not k.skip_corrupt:
-            raise corrupt_error(bad[0][0], bad[0][1], len(bad) - 1)
-        if bad:
-            skipped = [p for p, _ in bad]
-            drop = set(skipped)
-            labels = labels[np.asarray([p not in drop for p in paths])]
-            paths = [p for p in paths if p not in drop]
-            logger.warning(
-                "skipped %d corrupt image(s) in %s (data.skip_corrupt=true), first: %s",
-                len(skipped), d, skipped[0],
-            )
-            if not paths:
-                raise DataError(f"every image in {d} is corrupt")
+    keep, skipped = _verify_split(paths, d, k)
+    if skipped:
+        labels, paths = labels[np.asarray(keep)], [p for p, ok in zip(paths, keep, strict=True) if ok]
+        logger.warning("skipped %d corrupt image(s) in %s (data.skip_corrupt=true), first: %s",
+                       len(skipped), d, skipped[0])
     return Split(labels, names, str(d), paths=paths, skipped=skipped)
 
 
@@ -738,9 +734,7 @@ def load_split(cfg: Any, split: str) -> Split:
         return full
     idx = stratified_subset(full.labels, k)
     return Split(
-        full.labels[idx],
-        full.class_names,
-        full.source,
+        full.labels[idx], full.class_names, full.source,
         images=full.images[torch.from_numpy(idx)] if full.images is not None else None,
         paths=[full.paths[i] for i in idx] if full.paths is not None else None,
         skipped=full.skipped,
@@ -776,20 +770,11 @@ def dataset_info(cfg: Any) -> DatasetInfo:
             full.stats = image_stats(full.images)
         mean, std = full.stats or STATS["imagefolder"]
     num_classes = len(train.class_names)
+    counts = np.bincount(np.asarray(train.labels, dtype=np.int64), minlength=num_classes)
     return DatasetInfo(
-        num_classes=num_classes,
-        channels=channels,
-        image_size=image_size,
-        class_names=tuple(train.class_names),
-        num_train=len(train),
-        num_test=len(test),
-        mean=mean,
-        std=std,
-        name=name,
-        train_class_counts=tuple(
-            int(c) for c in np.bincount(np.asarray(train.labels, dtype=np.int64), minlength=num_classes)
-        ),
-        labeled=train.labeled,
+        num_classes=num_classes, channels=channels, image_size=image_size,
+        class_names=tuple(train.class_names), num_train=len(train), num_test=len(test), mean=mean, std=std,
+        name=name, train_class_counts=tuple(int(c) for c in counts), labeled=train.labeled,
     )
 
 

@@ -19,14 +19,8 @@ from .inputs import EvalError, as_labels, validate_features
 from .probe import linear_probe, stratified_split
 
 __all__ = [
-    "KIND_MARGIN",
-    "KINDS",
-    "BackgroundShared",
-    "group_lift",
-    "dimension_kinds",
-    "background_metrics",
-    "background_probe",
-    "gate_closure",
+    "KIND_MARGIN", "KINDS", "BackgroundShared", "group_lift", "dimension_kinds", "background_metrics",
+    "background_probe", "gate_closure"
 ]
 
 KIND_MARGIN = 0.1  # δ of docs/metrics.md: the lift difference that makes a dim object or background

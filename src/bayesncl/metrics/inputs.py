@@ -15,7 +15,7 @@ import torch
 
 __all__ = [
     "EvalError", "EvalWarning", "as_features", "as_labels", "needs_labels", "validate_features",
-    "warn_degenerate",
+    "validate_train_test", "warn_degenerate",
 ]
 
 
@@ -106,3 +106,26 @@ def validate_features(features: Any, labels: Any = None) -> tuple[torch.Tensor, 
     f = as_features(features)
     y = None if labels is None else as_labels(labels, f.shape[0])
     return f, y
+
+
+def validate_train_test(
+    train_features: Any, train_labels: Any, test_features: Any, test_labels: Any, who: str = ""
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """:func:`validate_features` of a train and a test split: ``(F_train, y_train, F_test, y_test)``.
+    Raises EvalError also for train and test of different D, and, with ``who`` (the caller's
+    name, e.g. ``linear_probe``), when a split's labels are None."""
+    if who and (train_labels is None or test_labels is None):
+        raise EvalError(f"{who} needs train and test labels; got None")
+    xtr, ytr = validate_features(train_features, train_labels)
+    xte, yte = validate_features(test_features, test_labels)
+    if xtr.shape[1] != xte.shape[1]:
+        raise EvalError(f"train features have D={xtr.shape[1]} but test features have D={xte.shape[1]}")
+    return xtr, ytr, xte, yte
+
+
+def class_indices(ytr: torch.Tensor, yte: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(train labels, test labels, C)`` as indices into the C sorted train classes; a test label
+    absent from the train labels becomes -1 (never predicted)."""
+    classes, ytr_idx = torch.unique(ytr, return_inverse=True)
+    pos = torch.searchsorted(classes, yte).clamp_max(classes.numel() - 1)
+    return ytr_idx, torch.where(classes[pos] == yte, pos, torch.full_like(pos, -1)), classes.numel()

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ._numerics import normalize_rows
-from .inputs import EvalError, validate_features
+from .inputs import class_indices, validate_train_test
 from .retrieval import auto_chunk_size
 
 __all__ = ["knn_accuracy"]
@@ -38,18 +38,9 @@ def knn_accuracy(
     number of classes; ``temperature`` > 0. A test label absent from the train labels always counts
     as an error. Raises EvalError for bad features or labels, or train and test of different D.
     """
-    if train_labels is None or test_labels is None:
-        raise EvalError("knn_accuracy needs train and test labels; got None")
-    xtr, ytr = validate_features(train_features, train_labels)
-    xte, yte = validate_features(test_features, test_labels)
-    if xtr.shape[1] != xte.shape[1]:
-        raise EvalError(f"train features have D={xtr.shape[1]} but test features have D={xte.shape[1]}")
-    classes, ytr_idx = torch.unique(ytr, return_inverse=True)  # type: ignore[arg-type]
-    num_classes = classes.numel()
-    # Test labels as indices into `classes`; unknown classes get -1 (never predicted).
-    pos = torch.searchsorted(classes, yte)  # type: ignore[arg-type]
-    pos_c = pos.clamp_max(num_classes - 1)
-    yte_idx = torch.where(classes[pos_c] == yte, pos_c, torch.full_like(pos_c, -1))
+    xtr, ytr, xte, yte = validate_train_test(train_features, train_labels, test_features, test_labels,
+                                             "knn_accuracy")
+    ytr_idx, yte_idx, num_classes = class_indices(ytr, yte)
 
     bank = normalize_rows(xtr).to(torch.float32)
     k_eff = min(int(k), bank.shape[0])

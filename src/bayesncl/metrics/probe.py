@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ._numerics import downscale_exponent, scaled
-from .inputs import EvalError, validate_features
+from .inputs import EvalError, class_indices, validate_train_test
 from .retrieval import select_top_dims
 
 __all__ = ["DEFAULT_L2_GRID", "feature_selection_probe", "linear_probe", "stratified_split"]
@@ -180,23 +180,16 @@ def linear_probe(
     features or labels, train and test of different D, fewer than 2 classes, an empty or negative
     ``l2_grid``, or (with 2+ L2 strengths) no class with 2 samples to hold out.
     """
-    if train_labels is None or test_labels is None:
-        raise EvalError("linear_probe needs train and test labels; got None")
-    xtr, ytr = validate_features(train_features, train_labels)
-    xte, yte = validate_features(test_features, test_labels)
-    if xtr.shape[1] != xte.shape[1]:
-        raise EvalError(f"train features have D={xtr.shape[1]} but test features have D={xte.shape[1]}")
+    xtr, ytr, xte, yte = validate_train_test(train_features, train_labels, test_features, test_labels,
+                                             "linear_probe")
     grid = sorted((float(v) for v in l2_grid), reverse=True)
     if not grid:
         raise EvalError("l2_grid is empty: give at least one non-negative L2 strength, e.g. [1e-3]")
     if not all(0 <= v < float("inf") for v in grid):
         raise EvalError(f"l2_grid must hold finite non-negative values; got {list(l2_grid)}")
-    classes, ytr_idx = torch.unique(ytr, return_inverse=True)  # type: ignore[arg-type]
-    num_classes = classes.numel()
+    ytr_idx, yte_idx, num_classes = class_indices(ytr, yte)
     if num_classes < 2:
         raise EvalError(f"linear_probe needs at least 2 classes in the train labels; got {num_classes}")
-    pos = torch.searchsorted(classes, yte).clamp_max(num_classes - 1)  # type: ignore[arg-type]
-    yte_idx = torch.where(classes[pos] == yte, pos, torch.full_like(pos, -1))
     # Standardisation is invariant to a common scale of train and test: divide huge features by a
     # power of two (exact) so that their float32 squares and sums cannot overflow.
     peak = max(float(xtr.abs().max()), float(xte.abs().max()))
@@ -245,10 +238,7 @@ def feature_selection_probe(
     the *train* features (NCL's feature-selection protocol); adds ``k`` and ``dims`` to the
     :func:`linear_probe` result. Raises :class:`EvalError` unless ``k`` is an integer with
     1 <= k <= D (the feature dimension), and for everything :func:`linear_probe` rejects."""
-    xtr, _ = validate_features(train_features, None)
-    xte, _ = validate_features(test_features, None)
-    if xtr.shape[1] != xte.shape[1]:
-        raise EvalError(f"train features have D={xtr.shape[1]} but test features have D={xte.shape[1]}")
+    xtr, _, xte, _ = validate_train_test(train_features, None, test_features, None)
     d = xtr.shape[1]
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= d:
         raise EvalError(

@@ -47,11 +47,8 @@ from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.runs.safe_load import CheckpointError, load_checkpoint_file
 
 __all__ = [
-    "OFFICIAL_PARTS",
-    "infer_official_config",
-    "load_official_checkpoint",
-    "looks_official",
-    "official_state_dict",
+    "OFFICIAL_PARTS", "infer_official_config", "load_official_checkpoint", "looks_official",
+    "official_state_dict"
 ]
 
 OFFICIAL_PARTS = ("backbone", "projector", "gating_head", "classifier")

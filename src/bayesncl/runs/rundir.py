@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 import torch
 from torch import nn
 
-from bayesncl.config import Config, config_from_dict, diff_configs, dump_yaml
+from bayesncl.config import Config, config_from_dict, diff_configs, dump_yaml, flatten
 from bayesncl.core import distributed
 from bayesncl.core.engine import STOP_SIGNALS, EpochResult
 from bayesncl.data import mix_seed
@@ -45,23 +45,13 @@ class RunDirError(ValueError):
     """The run directory cannot be used as asked (exists, unwritable, config differs)."""
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _show(v: Any) -> str:
     return repr(v) if isinstance(v, str) else str(v)
 
 
 def describe_config_diff(old: Config, new: Config) -> str:
     """``"key: old -> new; ..."`` for every key whose value differs (but the resume-free keys)."""
-    fo, fn = _flat(old.to_dict()), _flat(new.to_dict())
+    fo, fn = flatten(old.to_dict()), flatten(new.to_dict())
     return "; ".join(f"{k}: {_show(fo.get(k))} -> {_show(fn.get(k))}" for k in diff_configs(old, new))
 
 
@@ -405,11 +395,8 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
             raise RunDirError(f"--resume: no checkpoint {ckpt_path} to resume from{why}")
         try:
             ckpt = load_checkpoint_file(ckpt_path)
-        except CheckpointError as e:
-            raise RunDirError(f"--resume: {e}") from None
-        if not is_bayesncl_checkpoint(ckpt):
-            raise RunDirError(f"--resume: {ckpt_path} is not a bayesncl checkpoint ({CHECKPOINT_FORMAT})")
-        try:
+            if not is_bayesncl_checkpoint(ckpt):
+                raise RunDirError(f"--resume: {ckpt_path} is not a bayesncl checkpoint ({CHECKPOINT_FORMAT})")
             check_checkpoint_entries(ckpt, ckpt_path, resume=True)
         except CheckpointError as e:
             raise RunDirError(f"--resume: {e}") from None

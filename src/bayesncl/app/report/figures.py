@@ -36,12 +36,8 @@ def _to_hwc(img: torch.Tensor) -> np.ndarray:
 
 
 def image_grid_figure(
-    images: Any,
-    rows: np.ndarray,
-    row_titles: Sequence[str],
-    cell_titles: Sequence[Sequence[str]],
-    path: Path,
-    title: str,
+    images: Any, rows: np.ndarray, row_titles: Sequence[str], cell_titles: Sequence[Sequence[str]],
+    path: Path, title: str,
 ) -> Path:
     """Draw ``images[rows[r, c]]`` in a grid with titles; write a PNG atomically. returns ``path``."""
     import matplotlib
@@ -76,18 +72,12 @@ def _majority(labels: np.ndarray, class_names: Sequence[str]) -> str:
         return ""
     counts = np.bincount(labels)
     c = int(counts.argmax())
-    name = class_names[c] if c < len(class_names) else str(c)
-    return f"{name}: {counts[c]} of the\n{len(labels)} shown"
+    return f"{_class_name(class_names, c)}: {counts[c]} of the\n{len(labels)} shown"
 
 
 def top_activations_figure(
-    feats: dict[str, np.ndarray],
-    images: Any,
-    class_names: Sequence[str],
-    path: Path,
-    n_dims: int = 8,
-    n_images: int = 8,
-    title: str = "",
+    feats: dict[str, np.ndarray], images: Any, class_names: Sequence[str], path: Path, n_dims: int = 8,
+    n_images: int = 8, title: str = "",
 ) -> Path:
     """One row per most-active dimension of z̃, its ``n_images`` top-activating images, each titled
     with its class name; the row label gives the dim and the share of the majority class among the
@@ -99,15 +89,19 @@ def top_activations_figure(
     top = top_samples(f, dims, n_images)
     lab = feats["labels"]
     row_titles = [f"dim {k}\n{_majority(lab[t], class_names)}" for k, t in zip(dims, top, strict=True)]
-    cells = [[class_names[lab[i]] if lab[i] < len(class_names) else str(lab[i]) for i in t] for t in top]
-    return image_grid_figure(
-        images,
-        feats["indices"][top],
-        row_titles,
-        cells,
-        path,
-        title or "Top-activating test images for the most active dimensions",
-    )
+    cells = _cell_names(top, lab, class_names)
+    title = title or "Top-activating test images for the most active dimensions"
+    return image_grid_figure(images, feats["indices"][top], row_titles, cells, path, title)
+
+
+def _class_name(class_names: Sequence[str], c: int) -> str:
+    """Class ``c``'s name, or the number where it has none."""
+    return class_names[c] if c < len(class_names) else str(c)
+
+
+def _cell_names(top: np.ndarray, labels: np.ndarray, class_names: Sequence[str]) -> list[list[str]]:
+    """The class name of each image ``labels[top[r, c]]``."""
+    return [[_class_name(class_names, labels[i]) for i in t] for t in top]
 
 
 def figure_title(what: str, label: str) -> str:
@@ -158,13 +152,8 @@ def filtered_dims(mask: np.ndarray, n: int) -> np.ndarray:
 
 
 def suppressed_features_figure(
-    feats: dict[str, np.ndarray],
-    images: Any,
-    class_names: Sequence[str],
-    path: Path,
-    n_dims: int = 4,
-    n_images: int = 8,
-    label: str = "",
+    feats: dict[str, np.ndarray], images: Any, class_names: Sequence[str], path: Path, n_dims: int = 4,
+    n_images: int = 8, label: str = "",
 ) -> Path:
     """What the gate filters: for each of the ``n_dims`` dims it closes on some images and opens on
     others (:func:`filtered_dims`), two rows: the images where its gate is open with the largest
@@ -190,7 +179,7 @@ def suppressed_features_figure(
             count = int((~closed).sum() if side == "open" else closed.sum())
             titles.append(f"dim {k} {side}\non {count}/{len(lab)}")
     top = np.stack(rows)
-    cells = [[class_names[lab[i]] if lab[i] < len(class_names) else str(lab[i]) for i in t] for t in top]
+    cells = _cell_names(top, lab, class_names)
     what = "What the gate filters: per dim, images with its gate open (largest z̃_k) and closed (largest z_k)"
     return image_grid_figure(images, feats["indices"][top], titles, cells, path, figure_title(what, label))
 
