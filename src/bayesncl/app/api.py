@@ -55,7 +55,9 @@ def pretrain(
     if isinstance(dataset, (str, Path)) and run_dir is None:  # pretrain(cfg, "runs/x"): app.train's order
         dataset, run_dir = None, dataset
     if not isinstance(config, Config):
-        raise ConfigError(f"config: got a value of type {type(config).__name__}; expected bayesncl.build_config([...])")
+        raise ConfigError(
+            f"config: got a value of type {type(config).__name__}; expected bayesncl.build_config([...])"
+        )
     if dataset is None and (eval_dataset is not None or labels is not None):
         raise ConfigError("eval_dataset= and labels= go with dataset=")
     token = None

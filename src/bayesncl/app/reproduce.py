@@ -464,5 +464,5 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
     figure = f", {study.stem}.png" if study.panels else ""
     print(f"wrote {run_dir / (study.stem + '.md')} and .json{figure}")
     # the HTML report of seed 0 of every variant (the table holds the seeds' spread)
-    write_report_or_warn([run_dir / f"{_slug(n)}-s0" for n, s in cells if s == 0], run_dir / "report")
+    write_report_or_warn([run_dir / f"{variants.slug(n)}-s0" for n, s in cells if s == 0], run_dir / "report")
     return result

@@ -81,7 +81,8 @@ def as_split(obj: Any, what: str, image_size: int = 0, labels: Any = None) -> Sp
         return _tensor_split(obj, what, labels)
     if not (hasattr(obj, "__getitem__") and hasattr(obj, "__len__")):
         raise DataError(
-            f"{what}: got a value of type {type(obj).__name__}; expected a torch Dataset or a uint8 tensor N x C x H x W"
+            f"{what}: got a value of type {type(obj).__name__}; expected a torch Dataset or a uint8 tensor "
+            "N x C x H x W"
         )
     n = len(obj)
     if n == 0:
