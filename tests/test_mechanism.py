@@ -418,6 +418,7 @@ def test_table6_probes_each_encoder_on_waterbirds(tmp_path: Path):
 
 # ----------------------------------------------------------------------------- the study
 def test_mechanism_configs_and_aggregate():
+    from bayesncl.app.mechanism import _shown as mech_shown
     from bayesncl.app.mechanism import aggregate, mechanism_configs
 
     cfgs = mechanism_configs("fashion-mnist-bg", 2, ["train.epochs=1"])
@@ -434,8 +435,10 @@ def test_mechanism_configs_and_aggregate():
     })  # fmt: skip
     row = means["NCL | p=0"]
     assert (
-        row["seeds"] == 2 and row["semantic_consistency"] == 15.0 and row["semantic_consistency_std"] == 5.0
+        row["seeds"] == 2 and row["semantic_consistency"] == 15.0
+        and row["semantic_consistency_std"] == pytest.approx(50**0.5)  # ddof 1: sqrt((5^2 + 5^2) / 1)
     )
+    assert mech_shown(means)["NCL, p=0"]["semantic_consistency"] == "15.00 ± 7.07"
     assert row["AF-GV"] == 0.2 and row["gate_closure_background"] is None
 
 

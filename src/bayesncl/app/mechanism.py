@@ -143,7 +143,8 @@ def final_dynamics(run_dir: Path, samples: int = 1024) -> dict[str, float]:
 
 def aggregate(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Mean over seeds of every numeric column of :data:`MECHANISM_COLUMNS` per ``"<label> | p=<p>"``
-    (a ``<key>_std`` beside each, ddof 0; None where no seed has a value) and the seed count."""
+    (a ``<key>_std`` beside each, ddof 1 as the tables of ``reproduce``, 0 for one seed; None where no
+    seed has a value) and the seed count."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for name, m in results.items():
         groups.setdefault(name.rsplit(" | seed=", 1)[0], []).append(m)
@@ -154,8 +155,22 @@ def aggregate(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             vals = np.array([float(m[key]) for m in ms if m.get(key) is not None], dtype=float)
             vals = vals[np.isfinite(vals)]
             row[key] = float(vals.mean()) if vals.size else None
-            row[f"{key}_std"] = float(vals.std()) if vals.size else None
+            row[f"{key}_std"] = float(vals.std(ddof=1 if vals.size > 1 else 0)) if vals.size else None
         out[group] = row
+    return out
+
+
+def _shown(means: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The rows as the Markdown table shows them: "label, p=P" (no "|" inside a cell) and each cell
+    "mean ± std" (the std for more than one seed)."""
+    out: dict[str, dict[str, Any]] = {}
+    for group, row in means.items():
+        cells: dict[str, Any] = {"seeds": row["seeds"]}
+        for _, key, fmt in MECHANISM_COLUMNS:
+            m, sd = row[key], row[f"{key}_std"]
+            spread = f" ± {fmt.format(sd)}" if row["seeds"] > 1 and sd is not None else ""
+            cells[key] = None if m is None else fmt.format(m) + spread
+        out[group.replace(" | ", ", ")] = cells
     return out
 
 
@@ -185,7 +200,8 @@ def mechanism(
             variants.save_metrics(sub, name, m)
         results[name] = m
     means = aggregate(results)
-    md = format_table(means, [("seeds", "seeds", "{:d}"), *MECHANISM_COLUMNS])
+    shown_columns = [("seeds", "seeds", "{}"), *((h, k, "{}") for h, k, _ in MECHANISM_COLUMNS)]
+    md = format_table(_shown(means), shown_columns)
     header = (
         f"The mechanism on {dataset}: p = data.bg_correlation of the train split (test independent); "
         f"means over {seeds} seed(s). bg dims/mass: share of active dims (of activation mass) on background "
