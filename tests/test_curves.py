@@ -142,3 +142,17 @@ def test_curves_of_a_path_that_does_not_exist(tmp_path: Path, capsys: pytest.Cap
         "least one finished epoch\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_one_shared_legend_names_each_run_once(tmp_path: Path) -> None:
+    """Per-panel legends covered the lines of a 24-run report; one legend under the panels
+    names each run once (held-out style once) and no panel has its own."""
+    runs = {f"run-{i}": read_log(_run(tmp_path / f"r{i}", 0.3, [5.6, 5.3])) for i in range(12)}
+    for rows in runs.values():
+        for r in rows:
+            r["heldout_gate_open"] = 0.25
+    fig = training_curves_figure(runs, "Training curves of 12 runs")
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == [*runs, "held-out (dotted, ×)"]
+    assert fig.get_suptitle() == "Training curves of 12 runs"

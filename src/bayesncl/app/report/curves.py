@@ -11,6 +11,7 @@ the means over those steps:
   E[1[α > 0.5]] with the prior ρ as a dashed line of the same colour (PAPER-NOTES §1: the KL pulls
   the open rate towards ρ).
 
+One legend under the panels names each run once (its colour is the same in every panel).
 ``pretrain`` writes ``training_curves.png`` into the run dir when training ends; the demo and
 ``reproduce`` overlay their runs in ``curves.png``; ``bayesncl curves RUN_DIR ...`` draws any runs.
 """
@@ -160,6 +161,8 @@ def training_curves_figure(
             ax.axis("off")
     panels, axes = panels + logged, [flat]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if len(runs) > len(colours):  # 20 distinct colours before any repeats
+        colours = [plt.get_cmap("tab20")(i) for i in range(20)]
     for i, (label, rows) in enumerate(runs.items()):
         colour = colours[i % len(colours)]
         epochs = [r["epoch"] for r in rows]
@@ -175,7 +178,7 @@ def training_curves_figure(
                 ax.axhline(rows[-1]["rho"], color=colour, ls="--", lw=1)
                 if _has(rows, "heldout_gate_open"):
                     ax.plot(epochs, [r["heldout_gate_open"] for r in rows], color=colour, ls=":", marker="x",
-                            ms=3, label=f"{label}, held-out")
+                            ms=3, label="_held-out")
     last = max(r["epoch"] for rows in runs.values() for r in rows)
     for ax, (key, text) in zip(axes[0], panels, strict=True):
         ax.set_title(text, fontsize=9)
@@ -185,12 +188,30 @@ def training_curves_figure(
         ax.grid(alpha=0.3)
         if key == "gate_open":
             ax.set_ylim(0, 1.02)
-        if ax.get_legend_handles_labels()[0]:  # every panel names its runs
-            ax.legend(fontsize=7)
+    _shared_legend(fig, axes[0], title)
+    return fig
+
+
+def _shared_legend(fig: Any, axes: Sequence[Any], title: str) -> None:
+    """One legend under all panels (a run has one colour everywhere; per-panel legends cover the
+    lines once a report overlays a dozen runs), the held-out style once, and the title above."""
+    from matplotlib.lines import Line2D
+
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if any(line.get_label() == "_held-out" for ax in axes for line in ax.get_lines()):
+        entries["held-out (dotted, ×)"] = Line2D([], [], color="gray", ls=":", marker="x", ms=3)
+    ncol = min(len(entries), 4)
+    legend_in = 0.16 * math.ceil(len(entries) / ncol) + 0.15  # inches
+    height = fig.get_figheight() + legend_in
+    fig.set_figheight(height)
+    fig.legend(list(entries.values()), list(entries), loc="lower center", ncol=ncol, fontsize=7,
+               frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    fig.tight_layout(rect=(0, legend_in / height, 1, 1))
 
 
 def write_training_curves(
@@ -209,7 +230,7 @@ def write_training_curves(
     runs = {name: read_log(s) for name, s in zip(names, sources, strict=True)}
     steps = {name: read_steps(d) for name, d in zip(names, dirs, strict=True)}
     if len(runs) > 1:
-        title = "Training curves: " + ", ".join(names)
+        title = f"Training curves of {len(names)} runs"
     else:  # the method (the label pretrain gives) and the run
         title = f"Training curves: {names[0]}" + (f", run {dirs[0].name}" if dirs[0].name != names[0] else "")
     fig = training_curves_figure(runs, title, steps)

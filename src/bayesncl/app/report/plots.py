@@ -9,6 +9,7 @@ paper value)])``; a missing mean (a cell no seed produced) is left out of its li
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -65,7 +66,8 @@ def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, 
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     spread = f"mean ± std over {seeds} seeds" if seeds > 1 else "1 seed"
-    fig.suptitle(f"{title} ({spread})", fontsize=11)
+    # about 10 characters of an 11 pt title per inch: a 1-panel figure wraps a long title
+    fig.suptitle(textwrap.fill(f"{title} ({spread})", width=int(fig.get_figwidth() * 10)), fontsize=11)
     fig.tight_layout()
     save_figure(fig, path)
     return path
