@@ -53,6 +53,10 @@ def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, 
                 ax.scatter([p[0] for p in paper], [p[1] for p in paper], marker="D", s=36, facecolors="none",
                            edgecolors=color, linewidths=1.5, label=f"{label} (paper)", zorder=3)  # fmt: skip
         ax.set_xscale(xscale)
+        if xscale == "log":  # tick the swept values themselves (0.1, 0.25, ...), not only decades
+            ticks = sorted({p[0] for _, points, _ in series for p in points})
+            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+            ax.minorticks_off()
         if xlabel == "epoch":  # whole epochs only
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(ptitle, fontsize=10)

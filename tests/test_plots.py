@@ -1,0 +1,38 @@
+"""reproduce's error-bar figures: a log axis ticks the swept values, a long title wraps to the
+figure's width, the band is ± 1 std."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bayesncl.app.report import figures, plots
+
+
+def _draw(monkeypatch, tmp_path: Path, panels: list, title: str, seeds: int = 2) -> Any:
+    kept: list[Any] = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: kept.append(fig) or path)
+    plots.write_error_bar_figure(panels, tmp_path / "f.png", title, seeds)
+    return kept[0]
+
+
+def test_log_axis_ticks_the_swept_values(monkeypatch, tmp_path: Path) -> None:
+    points = [(0.1, 45.7, 1.67), (0.25, 38.0, 5.54), (0.5, 36.28, 4.83), (1.0, 38.41, 3.13)]
+    panel = ("SC %", "gate lr / backbone lr", "SC (%)", "log", [("B", points, [])])
+    fig = _draw(monkeypatch, tmp_path, [panel], "T")
+    (ax,) = fig.axes
+    assert list(ax.get_xticks()) == [0.1, 0.25, 0.5, 1.0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.1", "0.25", "0.5", "1"]
+    band = ax.collections[-1].get_paths()[0].vertices[:, 1]  # the ± 1 std band
+    assert band.min() == pytest.approx(36.28 - 4.83) and band.max() == pytest.approx(45.7 + 1.67)
+
+
+def test_a_long_title_wraps_on_one_panel(monkeypatch, tmp_path: Path) -> None:
+    title = "NCL feature selection: linear probe on the top-K dims by expected activation vs K random dims"
+    panel = ("P", "K", "LP@1 (%)", "linear", [("NCL", [(8, 60.0, 1.0)], [])])
+    fig = _draw(monkeypatch, tmp_path, [panel], title)
+    lines = fig.get_suptitle().split("\n")
+    assert len(lines) > 1 and " ".join(lines) == f"{title} (mean ± std over 2 seeds)"
+    assert max(map(len, lines)) <= int(fig.get_figwidth() * 10)
