@@ -1,21 +1,7 @@
-"""Gradient dynamics (BayesNCL paper Table 3): how activation frequency, gradient variance and
-semantic consistency of each feature dimension relate, checkpoint by checkpoint.
-
-Protocol (the paper gives none; this is ours, also in docs/metrics.md):
-
-- For each periodic checkpoint ``epoch-NNNN.pt`` of a run (``train.checkpoint_every``; the
-  paper looks every 10 epochs), with the model in eval mode (no BatchNorm statistics change):
-- **AF_k** (activation frequency): fraction of *test* samples with z̃_k > 0, z̃ the evaluation
-  features of PAPER-NOTES §3.
-- **GV_k** (gradient variance): variance over samples of ∂L/∂z_k, L the training loss
-  (InfoNCE + λ·KL) on two augmented views of the first ``samples`` *train* images (epoch-0
-  augmentation, batches of ``train.batch_size``; whole batches, so ``samples`` is rounded up to a
-  multiple of the batch size, and at most one epoch of the train split is used), z the
-  non-negative projector output. The loss is a mean over the 2B rows, so each row's gradient is
-  rescaled by 2B (per-sample gradients).
-- **SC_k**: per-dimension semantic consistency on the test features (``bayesncl.metrics``).
-- Spearman correlations AF–GV, GV–SC and AF–SC over the dims where all three are defined (dims
-  that fire on the test split).
+"""Gradient dynamics (BayesNCL paper Table 3): Spearman correlations of each feature dimension's
+activation frequency (AF, test split), gradient variance (GV, ∂L/∂z_k on augmented train views,
+per-sample) and semantic consistency (SC), for every periodic checkpoint ``epoch-NNNN.pt`` of a
+run in eval mode. The protocol (the paper gives none) is in docs/metrics.md, "Gradient dynamics".
 """
 
 from __future__ import annotations

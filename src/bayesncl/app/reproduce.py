@@ -1,18 +1,12 @@
 """``bayesncl reproduce ID --dataset DS [--seeds N]``: one command per table or figure of both papers.
 
-A study (:mod:`bayesncl.app.studies`) lists variants; each is pretrained once per seed 0..N-1.
-A run is identified by its resolved config, seed included (:func:`bayesncl.app.variants.variant_hash`),
-and lives in a store shared by every study: ``STORE/<hash>/``, an ordinary pretrain run dir
-(default store: ``variants/`` beside the run dir, i.e. ``runs/variants``). So any study that
-needs a run another study (or an earlier invocation) trained reuses it; an interrupted run
-(``last.pt``, no ``metrics.json``) continues. What a study measures of a stored run beyond
-pretrain's evaluation (kNN, retrieval per K, SEPIN, dynamics, ...) is cached beside it in
-``reproduce.json``, and the features it reads in ``features_{test,train}.npz``.
-
-Every command prints its plan first (runs to train, to continue, reused; estimated training time
-from the store's logged epoch times or a short measurement), then one line per run. Each table
-cell is the mean ± std (ddof 1) over seeds; ``<stem>.json`` keeps ``mean``, ``std``, the per-seed
-``values`` and the paper's value of every cell; figures are ``<stem>.png`` with error bars.
+A study (:mod:`bayesncl.app.studies`) lists variants, each pretrained once per seed 0..N-1 into a
+store shared by every study: ``STORE/<hash>/`` (:func:`bayesncl.app.variants.variant_hash`; default
+``variants/`` beside the run dir), an ordinary pretrain run dir, reused by any study that needs it
+and continued when interrupted. What a study measures beyond pretrain's evaluation is cached
+beside it (``reproduce.json``, ``features_{test,train}.npz``). The plan (and estimated time) is
+printed first; each cell is the mean ± std (ddof 1) over seeds, ``<stem>.json`` keeping the
+per-seed ``values`` and the paper's value; figures are ``<stem>.png`` with error bars.
 """
 
 from __future__ import annotations

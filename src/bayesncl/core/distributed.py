@@ -1,24 +1,13 @@
 """Processes and devices: PyTorch DDP launched by ``torchrun`` (no launcher of our own).
 
-``torchrun`` starts one process per device and sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
-``LOCAL_WORLD_SIZE``; :func:`setup` reads them, joins the process group (NCCL on CUDA, gloo on
-CPU) and picks this process's device (``cuda:LOCAL_RANK``). Without those variables, or with
-``WORLD_SIZE=1``, everything here is a no-op and the run is an ordinary single process.
-
-Semantics (docs/scaling.md):
-
-* ``train.batch_size`` is per process; the global batch is ``batch_size × world_size`` and the
-  learning rate scales with it (:func:`scaled_lr`, PAPER-NOTES §2 "×batch·devices/256").
-* InfoNCE takes its negatives from every rank with torch's autograd-aware all-gather
-  (:func:`gather_with_grad`); each rank's loss is the mean over its own ``2n`` rows, DDP averages
-  the gradients over ranks, so the gradient equals the single-process gradient over the global
-  batch. The gather's backward *sums* the key gradients over ranks and DDP divides by
-  ``world_size`` once: the two factors cancel, no extra ``1/world_size`` is needed or allowed.
-* Per-row means (KL, probe cross-entropy) need nothing more for the same reason. Logged values
-  are averaged over ranks with :func:`all_reduce_mean` (no autograd: logging only).
-* BatchNorm statistics are per rank unless ``train.sync_bn=true`` (SyncBatchNorm; CUDA only).
-* Only rank 0 writes files and prints; the others learn about its run-dir checks through
-  :func:`run_on_main`, so a bad run dir fails on every rank with the same one-line message.
+:func:`setup` reads torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``,
+joins the process group (NCCL on CUDA, gloo on CPU) and picks ``cuda:LOCAL_RANK``; without them, or
+with ``WORLD_SIZE=1``, everything here is a no-op. ``train.batch_size`` is per process and the lr
+scales with the global batch (:func:`scaled_lr`). InfoNCE takes its negatives from every rank with
+the autograd-aware :func:`gather_with_grad`, whose backward sums over ranks while DDP averages: the
+two cancel, so no extra ``1/world_size`` is needed or allowed. Logged values are averaged with
+:func:`all_reduce_mean`; only rank 0 writes, the others learn its run-dir checks through
+:func:`run_on_main`. The derivation and the rest: docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""Fast linear probe on precomputed frozen features (docs/metrics.md, "Linear probe").
+"""Fast linear probe on precomputed frozen features (protocol: docs/metrics.md, "Linear probe").
 
-Protocol ("fast probe", CPU, seconds):
-
-1. Split the train features: a stratified ``val_fraction`` (default 10 %) is held out.
-2. Standardise with the mean/std of the part being fitted (zero-variance dims: std 1).
-3. Multinomial logistic regression, mean cross-entropy + ½·λ·‖W‖² (bias unregularised), fitted by
-   full-batch L-BFGS (strong-Wolfe line search) from zero, for every λ in ``l2_grid`` in
-   decreasing order, each warm-started from the previous solution.
-4. Pick the λ with the best held-out top-1 accuracy (ties: the larger λ), refit on all train
-   features with it, report test Acc@1 and Acc@5 in percent.
-5. With several ``seeds`` (different held-out splits), report mean and std (ddof = 0).
-
-This is *not* the paper's probe (LARS, lr 0.4, batch 256, 50 epochs, augmented crops of the
-images through the frozen backbone). That protocol needs images and a GPU and is not implemented
-here; numbers from this module are "fast probe on frozen features".
+A stratified ``val_fraction`` of the train features is held out; multinomial logistic regression
+(mean cross-entropy + ½·λ·‖W‖², full-batch L-BFGS, warm-started down ``l2_grid``) on standardised
+features picks λ on it, is refitted on all train features and reports test Acc@1/Acc@5 (%);
+several ``seeds``: mean and std (ddof 0). This is *not* the paper's probe (LARS, 50 epochs on
+augmented crops: :mod:`bayesncl.metrics.paper_probe`); numbers here are "fast probe on frozen features".
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""The features file: load, validate, save (docs/architecture.md, "Features file").
+"""The features file: load, validate, save.
 
-A features file is a NumPy ``.npz`` read with ``allow_pickle=False``:
-
-=========== ========== ====================================================================
-key         shape      meaning
-=========== ========== ====================================================================
-features    (N, D)     evaluation features z̃ (PAPER-NOTES §3), float32
-labels      (N,)       integer class labels, int64
-indices     (N,)       index of each row in its split (optional)
-h           (N, H)     backbone features (optional)
-p           (N, D)     raw projector output (optional)
-z           (N, D)     non-negative output (optional)
-alpha       (N, D)     gate probabilities, gated methods only (optional)
-mask        (N, D)     hard gate, gated methods only (optional)
-places      (N,)       integer background (place) labels, datasets with places only (optional)
-meta        ()         0-d string array holding JSON (optional)
-=========== ========== ====================================================================
-
-A plain ``.npz`` with only ``features`` and ``labels`` is a valid input everywhere.
-
-Every problem with a file is an :class:`~bayesncl.metrics.EvalError` (a ``ValueError``) with
-one line that says what was found.
+A NumPy ``.npz`` read with ``allow_pickle=False``: ``features`` (N, D) float32 z̃ and ``labels``
+(N,) int64, optionally ``indices``, ``h`` (N, H), ``p``, ``z``, ``alpha``, ``mask`` (N, D),
+``places`` (N,) and ``meta`` (0-d JSON string); the keys and their meaning: docs/architecture.md,
+"Features file". A plain ``.npz`` with only ``features`` and ``labels`` is a valid input
+everywhere. Every problem with a file is an :class:`~bayesncl.metrics.EvalError` (a
+``ValueError``), one line saying what was found.
 """
 
 from __future__ import annotations

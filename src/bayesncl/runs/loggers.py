@@ -1,18 +1,12 @@
 """Where a run's per-epoch numbers go besides ``log.csv``: ``train.loggers`` (default ``[csv]``).
 
-* ``csv``: ``log.csv`` and ``steps.csv`` (always written: the run's own record, read by ``--resume``,
-  ``curves`` and ``report``);
-* ``tensorboard``: event files in ``RUN_DIR/tensorboard/`` (``torch.utils.tensorboard``; the
-  ``tensorboard`` package, ``pip install 'bayesncl[tensorboard]'``); view with
-  ``tensorboard --logdir RUN_DIR/tensorboard``;
-* ``wandb``: a Weights & Biases run in ``RUN_DIR/wandb/`` (``pip install 'bayesncl[wandb]'``), offline
-  unless ``WANDB_MODE`` says otherwise (offline needs no network; ``wandb sync`` uploads later);
-  project ``WANDB_PROJECT`` or ``bayesncl``; its id is kept in ``RUN_DIR/wandb-id.txt``.
-
-Each gets the same scalars as the log.csv row, x = the epoch (``train/<column>``), the final
-evaluation's metrics (``eval/<key>``) and the run's figures (``figures/<name>``). ``--resume``
-continues the same TensorBoard run (events after the checkpoint's epoch are purged) and the same
-W&B run id.
+``csv``: ``log.csv`` and ``steps.csv``, always written (the run's record). ``tensorboard``: event
+files in ``RUN_DIR/tensorboard/`` (extra ``[tensorboard]``). ``wandb``: a W&B run in
+``RUN_DIR/wandb/`` (extra ``[wandb]``), offline unless ``WANDB_MODE`` says otherwise, project
+``WANDB_PROJECT`` or ``bayesncl``, its id kept in ``RUN_DIR/wandb-id.txt``. Each gets the log.csv
+row's scalars at x = the epoch (``train/<column>``), the final metrics (``eval/<key>``) and the
+figures (``figures/<name>``); ``--resume`` continues the same TensorBoard run (later events purged)
+and W&B run id.
 """
 
 from __future__ import annotations

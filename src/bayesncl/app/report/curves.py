@@ -1,19 +1,11 @@
 """Training curves: the per-epoch log (``log.csv``) of one run or several, as one figure.
 
-Panels, x = epoch; markers are the epoch means of ``log.csv`` and, where the run has a
-``steps.csv`` (a row every ``STEP_LOG_EVERY`` = 25 steps), a thin line of the same colour follows
-the means over those steps:
-
-* InfoNCE (the contrastive term alone, in nats),
-* online probe accuracy (%, the linear head trained on sg(h) during pretraining),
-* for gated runs (BayesNCL): KL(Bern(α) ‖ Bern(ρ)) (nats, summed over the D dims, mean over
-  rows: :func:`bayesncl.core.losses.bernoulli_kl`), and the gate-open rate
-  E[1[α > 0.5]] with the prior ρ as a dashed line of the same colour (PAPER-NOTES §1: the KL pulls
-  the open rate towards ρ).
-
-One legend under the panels names each run once (its colour is the same in every panel).
-``pretrain`` writes ``training_curves.png`` into the run dir when training ends; the demo and
-``reproduce`` overlay their runs in ``curves.png``; ``bayesncl curves RUN_DIR ...`` draws any runs.
+Panels against the epoch: InfoNCE (nats), online probe accuracy (%) and, for gated runs, the KL
+term (:func:`bayesncl.core.losses.bernoulli_kl`, nats) and the gate-open rate with the prior ρ
+dashed (PAPER-NOTES §1). Markers are the epoch means; where the run has a ``steps.csv`` (a row
+every ``STEP_LOG_EVERY`` steps) a thin line of the same colour follows them. One legend under the
+panels names each run once. ``pretrain`` writes ``training_curves.png``, demo and ``reproduce``
+``curves.png``; ``bayesncl curves RUN_DIR ...`` draws any runs.
 """
 
 from __future__ import annotations
