@@ -60,35 +60,21 @@ def table6(
     rows: dict[str, dict[str, Any]] = {}
     for src in sources:
         # the whole dataset, whatever subsets or class list the encoder was trained with
-        data = [
-            f"data.name={dataset}",
-            "data.train_subset=0",
-            "data.test_subset=0",
-            "data.classes=null",
-            "data.bg_correlation=0",
-        ]
+        data = [f"data.name={dataset}", "data.train_subset=0", "data.test_subset=0", "data.classes=null",
+                "data.bg_correlation=0"]
         model, cfg, _ = load_trained(src, overrides=[*data, *overrides], command="reproduce 6")
         device = next(model.parameters()).device
         train = extract_split(model, cfg, "train", device, keys=("h",))
         test = extract_split(model, cfg, "test", device, keys=("h",))
         probe = background_probe(train["h"], train["places"], test["h"], test["places"], seed=cfg.seed)
         label = cfg.method.name if cfg.method.name not in rows else f"{cfg.method.name} ({src})"
-        rows[label] = {
-            "method": cfg.method.name,
-            "source": str(src),
-            **probe,
-            "paper bg probe %": TABLE6_PAPER.get(cfg.method.name),
-        }
+        rows[label] = {"method": cfg.method.name, "source": str(src), **probe,
+                       "paper bg probe %": TABLE6_PAPER.get(cfg.method.name)}
         print(f"{label}: background probe {probe['background_probe_acc1']:.2f} %")
-    cols = [
-        ("bg probe %", "background_probe_acc1", "{:.2f}"),
-        ("paper bg probe %", "paper bg probe %", "{:.2f}"),
-    ]
-    md = format_table(rows, cols)
-    header = (
-        f"Table 6: background (place) probe on frozen h, {dataset} "
-        "(paper: ImageNet-100 encoders on Waterbirds)."
-    )
+    md = format_table(rows, [("bg probe %", "background_probe_acc1", "{:.2f}"),
+                             ("paper bg probe %", "paper bg probe %", "{:.2f}")])
+    header = f"Table 6: background (place) probe on frozen h, {dataset} (paper: ImageNet-100 encoders on "
+    header += "Waterbirds)."
     out = run_dir or Path("runs") / f"table6-{dataset}"
     out.mkdir(parents=True, exist_ok=True)
     variants.write_table(out, "table6", rows, md, header, {})
@@ -208,8 +194,7 @@ def mechanism(
         "dims; closed bg/obj: the gate's closure of firing entries on background/object dims (kinds on z)."
     )
     run_dir.mkdir(parents=True, exist_ok=True)
-    logged = {n: run_dir / variants.slug(n) for n in configs}
-    logged = {n: sub for n, sub in logged.items() if (sub / "log.csv").exists()}
+    logged = {n: sub for n in configs if ((sub := run_dir / variants.slug(n)) / "log.csv").exists()}
     variants.write_table(run_dir, "mechanism", {"means": means, "runs": results}, md, header, logged)
     print(header)
     print(md)
