@@ -150,23 +150,13 @@ def load_features(path: str | os.PathLike[str]) -> FeatureSet:
 
 
 def save_features(
-    path: str | os.PathLike[str],
-    *,
-    features: Any,
-    labels: Any,
-    meta: dict[str, Any] | None = None,
-    compress: bool = False,
-    **arrays: Any,
+    path: str | os.PathLike[str], *, features: Any, labels: Any, meta: dict[str, Any] | None = None,
+    compress: bool = False, **arrays: Any,
 ) -> Path:
-    """Write a features file atomically (temporary file in the same folder, then ``os.replace``).
-
-    ``arrays`` may hold the optional per-row arrays (:data:`OPTIONAL_ARRAYS`); tensors are
-    converted to NumPy. ``features`` is stored as float32 and ``labels`` as int64. ``meta`` is
-    stored as a 0-d string array holding JSON. Returns the final path; its folder is created.
-
-    Raises :class:`EvalError` for bad arrays, and (one line naming ``path`` and the reason, e.g. a
-    parent that is a regular file, or no permission) when the file cannot be written; nothing is
-    left behind then.
+    """Write a features file atomically (``features`` float32, ``labels`` int64, the optional per-row
+    ``arrays`` of :data:`OPTIONAL_ARRAYS`, tensors or NumPy, ``meta`` as 0-d JSON); its folder is
+    created. Returns the path. Raises :class:`EvalError` for bad arrays, and (one line naming
+    ``path`` and the reason) when the file cannot be written; nothing is left behind then.
     """
     path = Path(path)
     unknown = sorted(set(arrays) - set(OPTIONAL_ARRAYS))
@@ -175,10 +165,7 @@ def save_features(
             f"unknown features-file array(s) {', '.join(unknown)}; allowed: {', '.join(OPTIONAL_ARRAYS)}"
         )
     f, y = validate_features(features, labels)
-    out: dict[str, np.ndarray] = {
-        "features": f.to(torch.float32).numpy(),
-        "labels": y.numpy(),  # type: ignore[union-attr]
-    }
+    out: dict[str, np.ndarray] = {"features": f.to(torch.float32).numpy(), "labels": y.numpy()}  # type: ignore[union-attr]
     n = f.shape[0]
     for key in OPTIONAL_ARRAYS:
         if key in arrays and arrays[key] is not None:

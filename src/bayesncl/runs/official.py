@@ -133,8 +133,7 @@ def _linear_stack(
 
 
 def infer_official_config(
-    sd: dict[str, torch.Tensor],
-    overrides: list[str] | dict[str, Any] | None = None,
+    sd: dict[str, torch.Tensor], overrides: list[str] | dict[str, Any] | None = None,
     where: str = "checkpoint",
 ) -> tuple[Config, dict[str, Any]]:
     """The Config that the weights ``sd`` (authors' layout) describe, with ``overrides`` on top.
@@ -155,12 +154,9 @@ def infer_official_config(
         sd, "projector", {(0, 2): ""}, "Linear-ReLU-Linear: projector.0.weight (hidden, H), "
         "projector.0.bias (hidden,), projector.2.weight (D, hidden), projector.2.bias (D,)", where
     )
-    flat: dict[str, Any] = {
-        "model.backbone": bb["arch"],
-        "model.cifar_stem": "true" if bb["cifar_stem"] else "false",
-        "model.proj_hidden": int(p0.shape[0]),
-        "model.proj_dim": int(p2.shape[0]),
-    }
+    stem = "true" if bb["cifar_stem"] else "false"
+    flat: dict[str, Any] = {"model.backbone": bb["arch"], "model.cifar_stem": stem,
+                            "model.proj_hidden": int(p0.shape[0]), "model.proj_dim": int(p2.shape[0])}
     if any(k.startswith("gating_head.") for k in sd):
         idx, ws = _linear_stack(
             sd, "gating_head", {(0,): "", (0, 2): "", (0, 2, 4): ""},
@@ -175,12 +171,8 @@ def infer_official_config(
     flat.update(user)
     cfg = build_config(overrides=flat)
     cls = sd.get("classifier.weight")
-    facts = {
-        "in_channels": bb["in_channels"],
-        "num_classes": int(cls.shape[0]) if cls is not None and cls.ndim == 2 else None,
-        "h_dim": int(p0.shape[1]),
-    }
-    return cfg, facts
+    n_cls = int(cls.shape[0]) if cls is not None and cls.ndim == 2 else None
+    return cfg, {"in_channels": bb["in_channels"], "num_classes": n_cls, "h_dim": int(p0.shape[1])}
 
 
 def _to_ours(key: str) -> str:
@@ -223,25 +215,20 @@ def describe(cfg: Config) -> str:
 
 
 def load_official_checkpoint(
-    path: str | Path,
-    overrides: list[str] | dict[str, Any] | None = None,
-    *,
-    num_classes: int | None = None,
+    path: str | Path, overrides: list[str] | dict[str, Any] | None = None, *, num_classes: int | None = None,
     obj: Any = None,
 ) -> tuple[ContrastiveModel, Config]:
     """Load an authors'-layout checkpoint (BayesNCL / NCL / SimCLR from solo-learn) as our model.
 
-    path: a Lightning ``.ckpt``, a ``torch.save``'d state dict, or a ``.safetensors`` file, read
-    safely (``obj``: the already-loaded file, to avoid reading it twice). overrides: ``key=value``
-    strings or a dict, applied on top of the inferred config (method, data, ...). num_classes: the
-    classifier size when the file has no ``classifier.*`` (it is then freshly initialised; the
-    online probe is not used by extract/evaluate). A CIFAR-stem conv1 has ``model.stem_padding``'s
-    padding: by default 2, solo-learn's (their conv1 weights fit any padding).
+    path: a Lightning ``.ckpt``, a ``torch.save``'d state dict or a ``.safetensors`` file, read
+    safely (``obj``: the file already loaded). overrides: ``key=value`` strings or a dict on top of
+    the inferred config. num_classes: the classifier size when the file has no ``classifier.*``
+    (then freshly initialised; extract/evaluate do not use it). A CIFAR-stem conv1 gets
+    ``model.stem_padding`` (default 2, solo-learn's).
 
-    returns: ``(model in eval mode on CPU, config)``. Raises CheckpointError (one line) when the
-    file is unsafe or unreadable, when the weights have another layout, or when a tensor's shape
-    differs from the inferred architecture (listing expected and found shapes); ConfigError for bad
-    overrides.
+    returns: ``(model in eval mode on CPU, config)``. Raises CheckpointError (one line) for an
+    unsafe or unreadable file, another layout or a shape that differs from the inferred
+    architecture (expected and found); ConfigError for bad overrides.
     """
     where = str(path)
     if obj is None:
