@@ -449,9 +449,7 @@ def check_keys(keys: typing.Iterable[str]) -> None:
 
 
 def build_config(
-    yaml_path: str | Path | None = None,
-    overrides: list[str] | dict[str, Any] | None = None,
-    *,
+    yaml_path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None, *,
     warn_inert: bool = True,
 ) -> Config:
     """Resolve defaults → method preset → YAML → overrides, then :func:`validate`.

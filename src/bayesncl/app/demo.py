@@ -98,11 +98,7 @@ def _plan(run_dir: Path, configs: dict[str, Config], *, resume: bool, overwrite:
 
 
 def run_demo(
-    run_dir: Path | None,
-    overrides: list[str],
-    quick: bool = False,
-    *,
-    resume: bool = False,
+    run_dir: Path | None, overrides: list[str], quick: bool = False, *, resume: bool = False,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Pretrain + evaluate each method into ``run_dir/<method>``; write ``table.md``/``table.json``.

@@ -126,16 +126,9 @@ def evaluate_model(
 
 
 def score(
-    model: ContrastiveModel,
-    cfg: Config,
-    *,
-    device: torch.device,
-    probe: str = "none",
-    seeds: list[int] | None = None,
-    probe_epochs: int = 50,
-    retrieval_dims: list[int] | str | None = None,
-    selection_probe: bool = False,
-    knn: bool = False,
+    model: ContrastiveModel, cfg: Config, *, device: torch.device, probe: str = "none",
+    seeds: list[int] | None = None, probe_epochs: int = 50, retrieval_dims: list[int] | str | None = None,
+    selection_probe: bool = False, knn: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The one evaluation path: extract the test split (and the train split where a probe or kNN
     needs it), then :func:`compute_all`, the linear probe, the feature-selection probe and kNN.
@@ -294,12 +287,8 @@ def _encoder_config(path: Path) -> tuple[dict[str, Any], Path]:
 
 
 def _load_own(
-    path: Path,
-    cfg_dict: dict[str, Any],
-    state_dict: dict[str, torch.Tensor],
-    overrides: list[str] | None,
-    command: str | None = None,
-    cfg_source: Path | None = None,
+    path: Path, cfg_dict: dict[str, Any], state_dict: dict[str, torch.Tensor], overrides: list[str] | None,
+    command: str | None = None, cfg_source: Path | None = None,
 ) -> tuple[ContrastiveModel, Config]:
     """``cfg_source``: the file ``cfg_dict`` was read from, named by a config error (default ``path``)."""
     cfg = config_from_dict(cfg_dict, cfg_source or path)
@@ -435,15 +424,9 @@ def _refuse_unused_probe_options(
 
 
 def evaluate_command(
-    source: str | Path,
-    *,
-    retrieval_dims: list[int] | None = None,
-    knn: bool = True,
-    overrides: list[str] | None = None,
-    probe_seeds: int = 1,
-    probe: str | None = None,
-    probe_epochs: int = 50,
-    given: Collection[str] = (),
+    source: str | Path, *, retrieval_dims: list[int] | None = None, knn: bool = True,
+    overrides: list[str] | None = None, probe_seeds: int = 1, probe: str | None = None,
+    probe_epochs: int = 50, given: Collection[str] = (),
     report: Callable[[Path, dict[str, np.ndarray], Config, dict[str, Any]], object] | None = None,
 ) -> dict[str, Any]:
     """``bayesncl evaluate``: load the model, :func:`score` it (metrics, linear probe with mean ± std

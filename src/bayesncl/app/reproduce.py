@@ -385,12 +385,7 @@ def _train(h: str, cfg: Config, sub: Path, label: str, i: int, n: int, est: floa
 
 
 def reproduce(
-    study_id: str,
-    dataset: str,
-    run_dir: Path | None,
-    overrides: list[str],
-    *,
-    seeds: int = 1,
+    study_id: str, dataset: str, run_dir: Path | None, overrides: list[str], *, seeds: int = 1,
     store: Path | None = None,
 ) -> dict[str, Any]:
     """Train (or reuse) every variant of ``study_id`` on ``dataset`` for seeds 0..``seeds``-1, measure

@@ -43,12 +43,7 @@ CPU_WARN_AFTER_S = 3600  # a CPU run estimated to take longer is told about the 
 
 
 def pretrain(
-    cfg: Config,
-    run_dir: str | Path,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    evaluate: bool = True,
+    cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False, evaluate: bool = True,
 ) -> dict[str, Any]:
     """Pretrain the method ``cfg`` describes into ``run_dir`` and (``evaluate``) evaluate it on the
     test split.

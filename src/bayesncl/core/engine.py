@@ -182,8 +182,7 @@ def train_one_epoch(
     steps_per_epoch: int, partial: dict[str, Any] | None = None,
     stop_requested: Callable[[], int | None] = lambda: None,
     on_sync: Callable[[int, dict[str, float]], None] | None = None,
-    on_step_log: Callable[[int, dict[str, float], float], None] | None = None,
-    kept: str = "",
+    on_step_log: Callable[[int, dict[str, float], float], None] | None = None, kept: str = "",
 ) -> EpochResult:
     """Train over ``batches`` (this process's (x1, x2, y) of epoch ``epoch``, 0-based), from the
     run's optimiser step ``step``, or from inside the epoch where ``partial`` (an earlier

@@ -121,12 +121,8 @@ def average_precision_at_k(relevant: torch.Tensor, k: int = 10) -> torch.Tensor:
 
 
 def retrieval_metrics(
-    features: Any,
-    labels: Any,
-    dims: int | Sequence[int] = (64,),
-    topk: Sequence[int] = (1, 3, 5, 10),
-    chunk_size: int | None = None,
-    map_depth: int = 10,
+    features: Any, labels: Any, dims: int | Sequence[int] = (64,), topk: Sequence[int] = (1, 3, 5, 10),
+    chunk_size: int | None = None, map_depth: int = 10,
 ) -> dict[str, dict[str, float]]:
     """Retrieval precision with feature selection, in percent.
 
