@@ -335,11 +335,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 # An example entry of each section, for the error a non-mapping section gets.
 _SECTION_EXAMPLES = {
-    "data": "data: {name: cifar10}",
-    "model": "model: {backbone: resnet18}",
-    "method": "method: {rho: 0.5}",
-    "train": "train: {epochs: 10}",
-    "eval": "eval: {batch_size: 512}",
+    "data": "data: {name: cifar10}", "model": "model: {backbone: resnet18}", "method": "method: {rho: 0.5}",
+    "train": "train: {epochs: 10}", "eval": "eval: {batch_size: 512}",
 }
 
 

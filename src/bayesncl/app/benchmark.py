@@ -125,11 +125,8 @@ def default_settings(settings: BenchmarkSettings) -> tuple[BenchmarkSettings, to
     cuda = device.type == "cuda"
     s = BenchmarkSettings(**asdict(settings))
     defaults = {
-        "cifar_stem": "true" if cuda else "false",
-        "batch_size": 256 if cuda else 64,
-        "steps": 20 if cuda else 1,
-        "rounds": 5 if cuda else 12,
-        "precision": "auto" if cuda else "fp32",
+        "cifar_stem": "true" if cuda else "false", "batch_size": 256 if cuda else 64,
+        "steps": 20 if cuda else 1, "rounds": 5 if cuda else 12, "precision": "auto" if cuda else "fp32",
         "channels_last": cuda,
     }
     for name, value in defaults.items():
@@ -369,8 +366,7 @@ def _heldout_figures(seconds: float, n: int, demo_rate: float) -> dict[str, Any]
     demo_images = build_config(DEMO_CONFIG).data.train_subset
     epoch_s = demo_images / demo_rate
     return {
-        "heldout_monitor_s": round(seconds, 3),
-        "heldout_monitor_images": n,
+        "heldout_monitor_s": round(seconds, 3), "heldout_monitor_images": n,
         "heldout_monitor_pct_of_demo_epoch": round(100 * seconds / epoch_s, 2),
         "demo_images_per_s": round(demo_rate, 1),
     }

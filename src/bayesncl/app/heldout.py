@@ -53,8 +53,7 @@ class HeldOut:
             warnings.simplefilter("ignore")  # no active dim: the metrics' own 0.0 and note
             row: dict[str, float | str] = {
                 "heldout_sc": round(semantic_consistency(f, y), 4),
-                "heldout_h_sum": round(semantic_entropy_sum(f, y), 6),
-                "heldout_active_dims": active_dims(f),
+                "heldout_h_sum": round(semantic_entropy_sum(f, y), 6), "heldout_active_dims": active_dims(f),
                 "heldout_effective_rank": round(effective_rank(f), 4),
             }
         row["heldout_gate_open"] = round(float(torch.cat(masks).mean()), 6) if masks else ""

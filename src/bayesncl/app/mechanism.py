@@ -28,14 +28,10 @@ TABLE6_DATASETS = ("waterbirds", "fashion-mnist-bg")
 MECHANISM_METHODS = (("CL", "cl"), ("NCL", "ncl"), ("BayesNCL (STE)", "bayesncl"), ("NCL-IPW", "ncl-ipw"))
 SPURIOUS = 0.9  # data.bg_correlation of the spurious setting
 MECHANISM_COLUMNS = [
-    ("SC %", "semantic_consistency", "{:.2f}"),
-    ("bg dims", "background_dims_fraction", "{:.3f}"),
-    ("bg mass", "background_mass_fraction", "{:.3f}"),
-    ("closed bg", "gate_closure_background", "{:.3f}"),
-    ("closed obj", "gate_closure_object", "{:.3f}"),
-    ("bg probe %", "background_probe_acc1", "{:.2f}"),
-    ("LP@1", "linear_probe_acc1", "{:.2f}"),
-    ("AF–GV", "AF-GV", "{:.3f}"),
+    ("SC %", "semantic_consistency", "{:.2f}"), ("bg dims", "background_dims_fraction", "{:.3f}"),
+    ("bg mass", "background_mass_fraction", "{:.3f}"), ("closed bg", "gate_closure_background", "{:.3f}"),
+    ("closed obj", "gate_closure_object", "{:.3f}"), ("bg probe %", "background_probe_acc1", "{:.2f}"),
+    ("LP@1", "linear_probe_acc1", "{:.2f}"), ("AF–GV", "AF-GV", "{:.3f}"),
 ]
 
 

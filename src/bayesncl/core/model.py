@@ -36,8 +36,7 @@ def small_cnn(in_channels: int) -> nn.Module:
 
 
 BACKBONES: dict[str, tuple[Callable[..., nn.Module], int]] = {
-    "resnet18": (torchvision.models.resnet18, 512),
-    "resnet50": (torchvision.models.resnet50, 2048),
+    "resnet18": (torchvision.models.resnet18, 512), "resnet50": (torchvision.models.resnet50, 2048),
     "small_cnn": (small_cnn, 256),
 }
 """The backbones by name (``model.backbone``): (builder, h_dim, the width of h). A torchvision

@@ -620,11 +620,8 @@ def _read_folder(k: _Key) -> Split:
 # ============================================================================ registry, cache, subsets
 # data.name -> reader of one full split; config.validate takes the allowed names from here.
 READERS: dict[str, Callable[[_Key], Split]] = {
-    "fashion-mnist": _read_fmnist,
-    "cifar10": _read_cifar,
-    "cifar100": _read_cifar,
-    "imagefolder": _read_folder,
-    "synthetic": _read_synthetic,
+    "fashion-mnist": _read_fmnist, "cifar10": _read_cifar, "cifar100": _read_cifar,
+    "imagefolder": _read_folder, "synthetic": _read_synthetic,
 }
 """data.name -> reader. Readers in modules of their own add their row when imported (bayesncl.data
 imports them): ``stl10`` (:mod:`bayesncl.data.stl10`), ``fashion-mnist-bg`` and ``waterbirds``

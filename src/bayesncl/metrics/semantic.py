@@ -104,13 +104,8 @@ class SemanticStats:
             act_sum = torch.ldexp(_aggregate(inverse, classes.numel(), [scaled(a, e)])[0], torch.tensor(e))
         sc_count = fire_count if same else out[2]
         return cls(
-            classes=classes,
-            class_sizes=sizes.to(torch.float64),
-            act_sum=act_sum,
-            fire_count=fire_count,
-            sc_count=sc_count,
-            num_samples=int(f.shape[0]),
-            dim=int(f.shape[1]),
+            classes=classes, class_sizes=sizes.to(torch.float64), act_sum=act_sum, fire_count=fire_count,
+            sc_count=sc_count, num_samples=int(f.shape[0]), dim=int(f.shape[1]),
         )
 
     # -- per-dimension values (NaN where a dimension does not enter the mean) -----------------
@@ -133,14 +128,11 @@ class SemanticStats:
         active = col > EPS  # the authors' ``features.abs().sum(0) > eps``
         mean_act = act / self.class_sizes.numpy()[:, None]
         eligible = {
-            "sum": active,
-            "mean": active & (mean_act.sum(axis=0) >= EPS),
+            "sum": active, "mean": active & (mean_act.sum(axis=0) >= EPS),
             "freq": active & (fire.sum(axis=0) >= EPS),
         }
         values = {
-            "sum": _entropy_columns(act),
-            "mean": _entropy_columns(mean_act),
-            "freq": _entropy_columns(fire),
+            "sum": _entropy_columns(act), "mean": _entropy_columns(mean_act), "freq": _entropy_columns(fire),
         }
         return {k: np.where(eligible[k], values[k], np.nan) for k in values}
 

@@ -125,11 +125,6 @@ def _wandb_run(run_dir: Path, config: dict[str, Any]) -> Any:
     run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
     id_file.write_text(run_id + "\n")
     return wandb.init(
-        project=os.environ.get("WANDB_PROJECT", "bayesncl"),
-        id=run_id,
-        resume="allow",
-        name=run_dir.name,
-        dir=str(run_dir),
-        config=config,
-        mode=os.environ.get("WANDB_MODE", "offline"),
+        project=os.environ.get("WANDB_PROJECT", "bayesncl"), id=run_id, resume="allow", name=run_dir.name,
+        dir=str(run_dir), config=config, mode=os.environ.get("WANDB_MODE", "offline"),
     )

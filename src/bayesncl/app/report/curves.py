@@ -24,18 +24,14 @@ __all__ = ["read_log", "read_steps", "run_label", "training_curves_figure", "wri
 
 # (log column, panel title); the last two only when some run has a gate (a non-empty rho column)
 PANELS = (
-    ("info_nce", "InfoNCE (nats)"),
-    ("online_acc", "online probe accuracy (%)"),
-    ("kl", "KL(Bern(α) ‖ Bern(ρ)), sum over dims"),
-    ("gate_open", "gate open rate vs ρ (dashed)"),
+    ("info_nce", "InfoNCE (nats)"), ("online_acc", "online probe accuracy (%)"),
+    ("kl", "KL(Bern(α) ‖ Bern(ρ)), sum over dims"), ("gate_open", "gate open rate vs ρ (dashed)"),
 )
 GATED_PANELS = ("kl", "gate_open")
 # the held-out batch scored at each epoch's end (bayesncl.app.heldout), a second row where logged
 HELDOUT_PANELS = (
-    ("heldout_sc", "held-out SC (%)"),
-    ("heldout_h_sum", "held-out H_sum (nats)"),
-    ("heldout_active_dims", "held-out active dims"),
-    ("heldout_effective_rank", "held-out effective rank"),
+    ("heldout_sc", "held-out SC (%)"), ("heldout_h_sum", "held-out H_sum (nats)"),
+    ("heldout_active_dims", "held-out active dims"), ("heldout_effective_rank", "held-out effective rank"),
 )
 
 

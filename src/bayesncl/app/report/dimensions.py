@@ -81,12 +81,9 @@ def summarise(feats: dict[str, np.ndarray], num_classes: int) -> list[DimSummary
     for k in np.flatnonzero(np.abs(f).sum(0) > 0):
         rows.append(
             DimSummary(
-                dim=int(k),
-                sc=float(sc[k]),
-                majority=int(counts[:, k].argmax()),
+                dim=int(k), sc=float(sc[k]), majority=int(counts[:, k].argmax()),
                 majority_share=float(counts[:, k].max() / total[k]) if total[k] else 0.0,
-                firing_rate=float(fire[:, k].mean()),
-                mean_activation=float(f[:, k].mean()),
+                firing_rate=float(fire[:, k].mean()), mean_activation=float(f[:, k].mean()),
                 gate_open=None if open_rate is None else float(open_rate[k]),
             )
         )
@@ -134,13 +131,9 @@ def detail(
     share = col / col.sum() if col.sum() else col
     classes = [(int(c), float(share[c])) for c in np.argsort(-col, kind="stable")[:N_CLASSES] if col[c] > 0]
     out = DimDetail(
-        dim=k,
-        top=[int(i) for i in top],
-        quantiles=quantile_sample(f, firing),
-        hist=([int(h) for h in hist], [float(e) for e in edges]),
-        zeros=int(len(f) - len(firing)),
-        classes=classes,
-        correlated=correlated,
+        dim=k, top=[int(i) for i in top], quantiles=quantile_sample(f, firing),
+        hist=([int(h) for h in hist], [float(e) for e in edges]), zeros=int(len(f) - len(firing)),
+        classes=classes, correlated=correlated,
     )
     mask = feats.get("mask")
     if mask is not None:
