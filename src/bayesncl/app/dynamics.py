@@ -1,7 +1,21 @@
-"""Gradient dynamics (BayesNCL paper Table 3): Spearman correlations of each feature dimension's
-activation frequency (AF, test split), gradient variance (GV, ∂L/∂z_k on augmented train views,
-per-sample) and semantic consistency (SC), for every periodic checkpoint ``epoch-NNNN.pt`` of a
-run in eval mode. The protocol (the paper gives none) is in docs/metrics.md, "Gradient dynamics".
+"""Gradient dynamics (BayesNCL paper Table 3): how activation frequency, gradient variance and
+semantic consistency of each feature dimension relate, checkpoint by checkpoint.
+
+Protocol (the paper gives none; this is ours, also in docs/metrics.md):
+
+- For each periodic checkpoint ``epoch-NNNN.pt`` of a run (``train.checkpoint_every``; the
+  paper looks every 10 epochs), with the model in eval mode (no BatchNorm statistics change):
+- **AF_k** (activation frequency): fraction of *test* samples with z̃_k > 0, z̃ the evaluation
+  features of PAPER-NOTES §3.
+- **GV_k** (gradient variance): variance over samples of ∂L/∂z_k, L the training loss
+  (InfoNCE + λ·KL) on two augmented views of the first ``samples`` *train* images (epoch-0
+  augmentation, batches of ``train.batch_size``; whole batches, so ``samples`` is rounded up to a
+  multiple of the batch size, and at most one epoch of the train split is used), z the
+  non-negative projector output. The loss is a mean over the 2B rows, so each row's gradient is
+  rescaled by 2B (per-sample gradients).
+- **SC_k**: per-dimension semantic consistency on the test features (``bayesncl.metrics``).
+- Spearman correlations AF–GV, GV–SC and AF–SC over the dims where all three are defined (dims
+  that fire on the test split).
 """
 
 from __future__ import annotations
@@ -16,24 +30,17 @@ from bayesncl.metrics.dynamics import dynamics_correlations, gradient_variance
 
 def checkpoint_epochs(run_dir: Path) -> list[tuple[int, Path]]:
     """Periodic checkpoints ``epoch-NNNN.pt`` of a run, sorted by epoch."""
-    found = []
-    for p in run_dir.glob("epoch-*.pt"):
-        m = re.fullmatch(r"epoch-(\d+)\.pt", p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return sorted(found)
+    found = ((re.fullmatch(r"epoch-(\d+)\.pt", p.name), p) for p in run_dir.glob("epoch-*.pt"))
+    return sorted((int(m.group(1)), p) for m, p in found if m)
 
 
 def dynamics_command(
     run_dir: str | Path, *, samples: int = 1024, every: int = 1, epochs: Collection[int] | None = None
 ) -> dict[str, Any]:
     """``bayesncl dynamics RUN_DIR``: the Table 3 correlations for every ``every``-th periodic
-    checkpoint; writes ``dynamics.json``, ``dynamics.md`` and ``dynamics.png`` into the run dir.
-
-    ``dynamics.json`` records ``samples`` (the train images the gradient variance actually used:
-    ``samples`` rounded up to whole batches, capped at one epoch of the train split, so a
-    ``--samples`` beyond the split records the split's size), ``every`` and the checkpoints
-    used. ``epochs``: only the checkpoints of these epochs (``reproduce 3``), before ``every``.
+    checkpoint (of ``epochs`` only, if given: ``reproduce 3``); writes ``dynamics.json`` (with the
+    ``samples`` actually used, whole batches capped at one epoch, ``every`` and the checkpoints),
+    ``dynamics.md`` and ``dynamics.png`` into the run dir.
     Raises EvalError if ``run_dir`` is a file, missing, or has no periodic checkpoints (of ``epochs``).
     """
     from bayesncl.app.evaluate import extract_split, load_trained
