@@ -307,9 +307,7 @@ def cell(values: list[float | None]) -> dict[str, Any]:
     value), missing values (None, NaN) left out of both; mean None when no value."""
     ok = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     mean = sum(ok) / len(ok) if ok else None
-    std = None
-    if mean is not None and len(ok) > 1:
-        std = math.sqrt(sum((v - mean) ** 2 for v in ok) / (len(ok) - 1))
+    std = math.sqrt(sum((v - mean) ** 2 for v in ok) / (len(ok) - 1)) if len(ok) > 1 else None
     return {"mean": mean, "std": std, "values": values}
 
 

@@ -141,10 +141,9 @@ class SemanticStats:
     def summary(self) -> tuple[dict[str, float], list[str]]:
         """``(values, undefined)``: SC (percent) and the three entropies (nats), and the keys
         whose mean has no eligible dimension (those are reported as 0.0)."""
-        per_dim = {"semantic_consistency": self.sc_per_dim()}
         ent = self.entropies_per_dim()
-        for kind in ("sum", "mean", "freq"):
-            per_dim[f"semantic_entropy_{kind}"] = ent[kind]
+        per_dim = {"semantic_consistency": self.sc_per_dim(),
+                   **{f"semantic_entropy_{kind}": ent[kind] for kind in ("sum", "mean", "freq")}}
         values, undefined = {}, []
         for key, vals in per_dim.items():
             kept = vals[~np.isnan(vals)]
