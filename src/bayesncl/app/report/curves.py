@@ -18,7 +18,7 @@ from typing import Any
 
 from bayesncl.runs.fileio import write_failure_reason
 from bayesncl.runs.logs import LOG_FIELDS, STEP_LOG_FIELDS
-from bayesncl.runs.rundir import RunDirError
+from bayesncl.runs.rundir import RunDirError, set_aside_hint
 
 __all__ = ["read_log", "read_steps", "run_label", "training_curves_figure", "write_training_curves"]
 
@@ -52,8 +52,6 @@ def read_log(source: str | Path) -> list[dict[str, float]]:
             where = f"{path.parent} has no log.csv"
         else:  # a mistyped run dir is no file either, but "not a file" suggests it is a folder
             where = f"{path} {'is not a file' if path.exists() else 'does not exist'}"
-        from bayesncl.runs.rundir import set_aside_hint
-
         raise RunDirError(
             f"{where}: expected a run dir (or its log.csv) with at least one finished epoch"
             + set_aside_hint(path.parent)
@@ -113,9 +111,6 @@ def _has(rows: Sequence[Mapping[str, float]], key: str) -> bool:
     return any(not math.isnan(r.get(key, math.nan)) for r in rows)
 
 
-def _is_gated(rows: Sequence[Mapping[str, float]]) -> bool:
-    return any(not math.isnan(r.get("rho", math.nan)) for r in rows)
-
 
 def training_curves_figure(
     runs: Mapping[str, Sequence[Mapping[str, float]]],
@@ -136,7 +131,7 @@ def training_curves_figure(
 
     if not runs or any(len(rows) == 0 for rows in runs.values()):
         raise ValueError("training_curves_figure: expected at least one run, each with >= 1 logged epoch")
-    gated = any(_is_gated(rows) for rows in runs.values())
+    gated = any(_has(rows, "rho") for rows in runs.values())
     panels = [(k, t) for k, t in PANELS if gated or k not in GATED_PANELS]
     logged = [(k, t) for k, t in HELDOUT_PANELS if any(_has(rows, k) for rows in runs.values())]
     layout = [panels, logged] if logged else [panels]
@@ -154,7 +149,7 @@ def training_curves_figure(
     for i, (label, rows) in enumerate(runs.items()):
         colour = colours[i % len(colours)]
         epochs = [r["epoch"] for r in rows]
-        run_gated = _is_gated(rows)
+        run_gated = _has(rows, "rho")
         fine = (steps or {}).get(label, [])
         for ax, (key, _) in zip(axes[0], panels, strict=True):
             if (key in GATED_PANELS and not run_gated) or not _has(rows, key):
