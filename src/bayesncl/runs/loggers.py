@@ -50,12 +50,8 @@ def require(names: Iterable[str]) -> None:
 
 def _scalars(row: Mapping[str, Any], prefix: str) -> dict[str, float]:
     """The finite numbers of ``row`` as ``{prefix/key: float}`` (empty cells and strings left out)."""
-    out = {}
-    for k, v in row.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
-            continue
-        out[f"{prefix}/{k}"] = float(v)
-    return out
+    return {f"{prefix}/{k}": float(v) for k, v in row.items()
+            if not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))}
 
 
 def _png(path: Path) -> Any:
