@@ -65,7 +65,7 @@ def _plan(run_dir: Path, configs: dict[str, Config], *, resume: bool, overwrite:
     """What to do with each method's sub-run ``run_dir/<method>``: ``"reuse"`` (finished and
     evaluated with the same settings), ``"resume"`` (continue its ``last.pt``), ``"new"``.
 
-    Checks what a sub-run will check, writing nothing: RunDirError if the run dir is occupied
+    Checks what a sub-run will check, writing nothing. Raises RunDirError if the run dir is occupied
     without --resume/--overwrite, holds no demo to resume, a sub-run's settings differ, or it
     cannot be written."""
     from bayesncl.runs.rundir import RunDirError, _check_writable, prepare_run_dir, refuse_a_run_in
@@ -104,8 +104,8 @@ def run_demo(
     """Pretrain + evaluate each method into ``run_dir/<method>``; write ``table.md``/``table.json``.
 
     ``resume``: continue an interrupted demo (a finished method is reused, one with a ``last.pt``
-    continues from it, the others start); ``overwrite``: replace the demo in ``run_dir``. Configs,
-    data and run dir are validated before the first epoch: ConfigError / DataError / RunDirError.
+    continues from it, the others start); ``overwrite``: replace the demo in ``run_dir``. Raises
+    ConfigError / DataError / RunDirError for bad configs, data or run dir, before the first epoch.
     """
     from bayesncl.app.train import pretrain
     from bayesncl.data import dataset_info
