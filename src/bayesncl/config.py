@@ -335,11 +335,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 # An example entry of each section, for the error a non-mapping section gets.
 _SECTION_EXAMPLES = {
-    "data": "data: {name: cifar10}",
-    "model": "model: {backbone: resnet18}",
-    "method": "method: {rho: 0.5}",
-    "train": "train: {epochs: 10}",
-    "eval": "eval: {batch_size: 512}",
+    "data": "data: {name: cifar10}", "model": "model: {backbone: resnet18}", "method": "method: {rho: 0.5}",
+    "train": "train: {epochs: 10}", "eval": "eval: {batch_size: 512}",
 }
 
 
@@ -449,9 +446,7 @@ def check_keys(keys: typing.Iterable[str]) -> None:
 
 
 def build_config(
-    yaml_path: str | Path | None = None,
-    overrides: list[str] | dict[str, Any] | None = None,
-    *,
+    yaml_path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None, *,
     warn_inert: bool = True,
 ) -> Config:
     """Resolve defaults → method preset → YAML → overrides, then :func:`validate`.

@@ -112,7 +112,7 @@ def load_encoder(
     Returns a :class:`bayesncl.core.model.ContrastiveModel`: ``model(x)`` maps normalised images
     x: (B, C, S, S) to a ModelOutput (``.h`` (B, H) backbone features, ``.z_tilde`` (B, D) the
     evaluation features); ``model.backbone`` is the encoder f alone. Raises EvalError (one line)."""
-    from bayesncl.app.evaluate import _encoder_config, _is_own_encoder
+    from bayesncl.app.evaluate import _encoder_config, _is_own_encoder, load_trained
     from bayesncl.config import config_from_dict
     from bayesncl.core.model import build_model
     from bayesncl.metrics.inputs import EvalError
@@ -122,8 +122,6 @@ def load_encoder(
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     path = Path(run_dir_or_file)
     if overrides:
-        from bayesncl.app.evaluate import load_trained
-
         return load_trained(path, torch.device(device), overrides)[0]
     if path.is_dir():
         path = next((path / f for f in ("last.pt", "encoder.safetensors") if (path / f).is_file()), path)
@@ -136,8 +134,6 @@ def load_encoder(
     elif _is_own_encoder(path, obj):
         cfg_dict, state = _encoder_config(path)[0], obj
     else:  # an official checkpoint (it records no data: load_trained asks for data.name=...)
-        from bayesncl.app.evaluate import load_trained
-
         return load_trained(path, torch.device(device), overrides)[0]
     cfg = config_from_dict(cfg_dict, path)
     channels, size = _geometry(cfg, state)

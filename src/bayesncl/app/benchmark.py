@@ -125,11 +125,8 @@ def default_settings(settings: BenchmarkSettings) -> tuple[BenchmarkSettings, to
     cuda = device.type == "cuda"
     s = BenchmarkSettings(**asdict(settings))
     defaults = {
-        "cifar_stem": "true" if cuda else "false",
-        "batch_size": 256 if cuda else 64,
-        "steps": 20 if cuda else 1,
-        "rounds": 5 if cuda else 12,
-        "precision": "auto" if cuda else "fp32",
+        "cifar_stem": "true" if cuda else "false", "batch_size": 256 if cuda else 64,
+        "steps": 20 if cuda else 1, "rounds": 5 if cuda else 12, "precision": "auto" if cuda else "fp32",
         "channels_last": cuda,
     }
     for name, value in defaults.items():
@@ -216,8 +213,6 @@ def images_per_second(cfg: Config, steps: int = 3) -> float:
     (one image = its two views, forward and backward): the mean over ``steps`` training steps
     after one warm-up step, with the model, optimiser and loader pretrain builds. Used by
     ``reproduce`` to estimate a plan's time when no run of the kind has been timed yet."""
-    import time
-
     from bayesncl.core.distributed import resolve_device
 
     device = resolve_device(cfg.train.device)
@@ -232,15 +227,13 @@ def images_per_second(cfg: Config, steps: int = 3) -> float:
 
 
 def flops_per_image(cfg: Config, *, train: bool = False, batch_size: int | None = None) -> float:
-    """FLOPs of the model ``cfg`` describes, counted by ``torch.utils.flop_counter.FlopCounterMode``
-    (matmuls and convolutions; a multiply-add is 2 FLOPs) on the ``meta`` device: shapes only, no
-    compute, any size in a fraction of a second.
+    """FLOPs of the model ``cfg`` describes (``torch.utils.flop_counter.FlopCounterMode``: matmuls
+    and convolutions, a multiply-add is 2 FLOPs), counted on the ``meta`` device (no compute).
 
     ``train=False``: the forward pass of ONE image (one view) through backbone, projector and gate
-    (the convention of the paper's Table 7, e.g. ImageNet-100 ResNet-18: 3.71 G here vs 3.73 G
-    there). ``train=True``: a whole training step per two-view pair, forward and backward, InfoNCE
-    and online probe included, at ``batch_size`` pairs (default ``train.batch_size``; the InfoNCE
-    similarity matrix is the only term that grows with the batch).
+    (the paper's Table 7 convention; ImageNet-100 ResNet-18: 3.71 G here vs 3.73 G there).
+    ``train=True``: a whole training step per two-view pair, forward and backward, at ``batch_size``
+    pairs (default ``train.batch_size``; only InfoNCE's similarity matrix grows with the batch).
     """
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -298,8 +291,7 @@ def _median_ratio(a: list[float], b: list[float]) -> float:
 
 def _arms(s: BenchmarkSettings, device: torch.device, configs: dict[str, Config]) -> list[_Arm]:
     """What the rounds time: each method's step, the loaders alone, the BayesNCL step on a fixed
-    batch, the per-sample data path (``s.augment_compare``) and, on CUDA, no
-    prefetch."""
+    batch, the per-sample data path (``s.augment_compare``) and, on CUDA, no prefetch."""
     from bayesncl.data import build_train_loader
 
     b, steps = int(s.batch_size or 0), int(s.steps or 0)
@@ -374,8 +366,7 @@ def _heldout_figures(seconds: float, n: int, demo_rate: float) -> dict[str, Any]
     demo_images = build_config(DEMO_CONFIG).data.train_subset
     epoch_s = demo_images / demo_rate
     return {
-        "heldout_monitor_s": round(seconds, 3),
-        "heldout_monitor_images": n,
+        "heldout_monitor_s": round(seconds, 3), "heldout_monitor_images": n,
         "heldout_monitor_pct_of_demo_epoch": round(100 * seconds / epoch_s, 2),
         "demo_images_per_s": round(demo_rate, 1),
     }
@@ -546,37 +537,30 @@ def add_benchmark_parser(subparsers: Any) -> None:
         description=_plain_text(__doc__.split("\n\n", 1)[1]) if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
-    p.add_argument("--backbone", default="resnet18", choices=("resnet18", "resnet50", "small_cnn"))
-    p.add_argument(
-        "--cifar-stem", choices=("auto", "true", "false"), default=None,
-        help="3x3 stride-1 stem without max-pool (default: false on CPU, true on CUDA)",
-    )
-    p.add_argument("--image-size", type=int, default=32, help="image side in px (default 32)")
-    p.add_argument("--batch-size", type=int, default=None, help="images per step (default 64 CPU, 256 CUDA)")
-    p.add_argument(
-        "--steps", type=int, default=None, help="timed steps per arm and round (default 1 CPU, 20 CUDA)"
-    )
-    p.add_argument(
-        "--rounds", type=int, default=None, help="interleaved rounds; medians (default 12 CPU, 5 CUDA)"
-    )
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per arm first (default 2)")
-    p.add_argument(
-        "--precision", choices=("auto", "fp32", "fp16", "bf16"), default=None,
-        help="autocast dtype (default fp32 on CPU, auto = bf16 on CUDA)",
-    )
-    p.add_argument(
-        "--channels-last", action=argparse.BooleanOptionalAction, default=None,
-        help="channels_last memory format (default on for CUDA, off for CPU)",
-    )
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (slow first steps)")
-    p.add_argument("--no-augment-compare", action="store_true", help="skip the per-sample DataLoader path")
-    p.add_argument("--workers", type=int, default=0, help="workers of the per-sample DataLoader (default 0)")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default: leave as is)")
-    p.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="more config overrides, e.g. model.proj_hidden=4096"
-    )
+    flag, number = {"action": "store_true"}, {"type": int}
+    for name, kwargs, help in [
+        ("--json", flag, "print the result as JSON"),
+        ("--device", {"default": "auto"}, "auto | cpu | cuda | cuda:N (default auto)"),
+        ("--backbone", {"default": "resnet18", "choices": ("resnet18", "resnet50", "small_cnn")}, None),
+        ("--cifar-stem", {"choices": ("auto", "true", "false")},
+         "3x3 stride-1 stem without max-pool (default: false on CPU, true on CUDA)"),
+        ("--image-size", {**number, "default": 32}, "image side in px (default 32)"),
+        ("--batch-size", number, "images per step (default 64 CPU, 256 CUDA)"),
+        ("--steps", number, "timed steps per arm and round (default 1 CPU, 20 CUDA)"),
+        ("--rounds", number, "interleaved rounds; medians (default 12 CPU, 5 CUDA)"),
+        ("--warmup", {**number, "default": 2}, "untimed steps per arm first (default 2)"),
+        ("--precision", {"choices": ("auto", "fp32", "fp16", "bf16")},
+         "autocast dtype (default fp32 on CPU, auto = bf16 on CUDA)"),
+        ("--channels-last", {"action": argparse.BooleanOptionalAction},
+         "channels_last memory format (default on for CUDA, off for CPU)"),
+        ("--compile", flag, "torch.compile the model (slow first steps)"),
+        ("--no-augment-compare", flag, "skip the per-sample DataLoader path"),
+        ("--workers", {**number, "default": 0}, "workers of the per-sample DataLoader (default 0)"),
+        ("--threads", {**number, "default": 0}, "torch intra-op threads (default: leave as is)"),
+        ("overrides", {"nargs": "*", "metavar": "key=value"},
+         "more config overrides, e.g. model.proj_hidden=4096"),
+    ]:
+        p.add_argument(name, **kwargs, help=help)
     p.set_defaults(func=_cmd_benchmark)
 
 

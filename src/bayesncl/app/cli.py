@@ -106,11 +106,9 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.resume and args.config is None:
         # continue the run as it was configured; key=value on top (e.g. train.epochs=400 to extend)
         from bayesncl.config import parse_overrides, set_key, validate
-        from bayesncl.runs.rundir import RunDirError
+        from bayesncl.runs.rundir import RunDirError, settle_run_dir
 
         assert run_dir_arg is not None
-        from bayesncl.runs.rundir import settle_run_dir
-
         # a killed --overwrite's previous run goes back before its config is read; rank 0 alone, as
         # under torchrun rank 0 holds the run dir's lock
         if os.environ.get("RANK", "0") == "0":

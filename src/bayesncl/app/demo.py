@@ -65,9 +65,9 @@ def _plan(run_dir: Path, configs: dict[str, Config], *, resume: bool, overwrite:
     """What to do with each method's sub-run ``run_dir/<method>``: ``"reuse"`` (finished and
     evaluated with the same settings), ``"resume"`` (continue its ``last.pt``), ``"new"``.
 
-    Checks everything a sub-run will check, and writes nothing. Raises RunDirError if the run dir
-    is occupied without --resume/--overwrite, holds no demo to resume, a sub-run's settings differ
-    from this command's, or it cannot be written."""
+    Checks what a sub-run will check, writing nothing. Raises RunDirError if the run dir is occupied
+    without --resume/--overwrite, holds no demo to resume, a sub-run's settings differ, or it
+    cannot be written."""
     from bayesncl.runs.rundir import RunDirError, _check_writable, prepare_run_dir, refuse_a_run_in
 
     _check_writable(run_dir)
@@ -98,21 +98,14 @@ def _plan(run_dir: Path, configs: dict[str, Config], *, resume: bool, overwrite:
 
 
 def run_demo(
-    run_dir: Path | None,
-    overrides: list[str],
-    quick: bool = False,
-    *,
-    resume: bool = False,
+    run_dir: Path | None, overrides: list[str], quick: bool = False, *, resume: bool = False,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Pretrain + evaluate each method into ``run_dir/<method>``; write ``table.md``/``table.json``.
 
-    ``resume``: continue an interrupted demo in ``run_dir``: a method whose run finished and was
-    evaluated is reused, one with a ``last.pt`` continues from it (``pretrain --resume``), the
-    others start. ``overwrite``: replace the demo in ``run_dir``.
-
-    Everything is validated (configs, data, run dir) before the first epoch starts.
-    Raises ConfigError / DataError / RunDirError on bad input.
+    ``resume``: continue an interrupted demo (a finished method is reused, one with a ``last.pt``
+    continues from it, the others start); ``overwrite``: replace the demo in ``run_dir``. Raises
+    ConfigError / DataError / RunDirError for bad configs, data or run dir, before the first epoch.
     """
     from bayesncl.app.train import pretrain
     from bayesncl.data import dataset_info

@@ -30,24 +30,17 @@ from bayesncl.metrics.dynamics import dynamics_correlations, gradient_variance
 
 def checkpoint_epochs(run_dir: Path) -> list[tuple[int, Path]]:
     """Periodic checkpoints ``epoch-NNNN.pt`` of a run, sorted by epoch."""
-    found = []
-    for p in run_dir.glob("epoch-*.pt"):
-        m = re.fullmatch(r"epoch-(\d+)\.pt", p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return sorted(found)
+    found = ((re.fullmatch(r"epoch-(\d+)\.pt", p.name), p) for p in run_dir.glob("epoch-*.pt"))
+    return sorted((int(m.group(1)), p) for m, p in found if m)
 
 
 def dynamics_command(
     run_dir: str | Path, *, samples: int = 1024, every: int = 1, epochs: Collection[int] | None = None
 ) -> dict[str, Any]:
     """``bayesncl dynamics RUN_DIR``: the Table 3 correlations for every ``every``-th periodic
-    checkpoint; writes ``dynamics.json``, ``dynamics.md`` and ``dynamics.png`` into the run dir.
-
-    ``dynamics.json`` records ``samples`` (the train images the gradient variance actually used:
-    ``samples`` rounded up to whole batches, capped at one epoch of the train split, so a
-    ``--samples`` beyond the split records the split's size), ``every`` and the checkpoints
-    used. ``epochs``: only the checkpoints of these epochs (``reproduce 3``), before ``every``.
+    checkpoint (of ``epochs`` only, if given: ``reproduce 3``); writes ``dynamics.json`` (with the
+    ``samples`` actually used, whole batches capped at one epoch, ``every`` and the checkpoints),
+    ``dynamics.md`` and ``dynamics.png`` into the run dir.
     Raises EvalError if ``run_dir`` is a file, missing, or has no periodic checkpoints (of ``epochs``).
     """
     from bayesncl.app.evaluate import extract_split, load_trained

@@ -69,8 +69,7 @@ def out_of_memory(e: BaseException, command: str | None) -> str | None:
     where = "on the GPU" if isinstance(e, torch.OutOfMemoryError) else "in main memory"
     settings = {
         "benchmark": "--batch-size, --image-size or --backbone",
-        "extract": "eval.batch_size (or data.image_size)",
-        "evaluate": "eval.batch_size (or data.image_size)",
+        "extract": "eval.batch_size (or data.image_size)", "evaluate": "eval.batch_size (or data.image_size)",
         "metrics": "the number of features (or --retrieval-dims)",
     }.get(
         command or "",

@@ -126,16 +126,9 @@ def evaluate_model(
 
 
 def score(
-    model: ContrastiveModel,
-    cfg: Config,
-    *,
-    device: torch.device,
-    probe: str = "none",
-    seeds: list[int] | None = None,
-    probe_epochs: int = 50,
-    retrieval_dims: list[int] | str | None = None,
-    selection_probe: bool = False,
-    knn: bool = False,
+    model: ContrastiveModel, cfg: Config, *, device: torch.device, probe: str = "none",
+    seeds: list[int] | None = None, probe_epochs: int = 50, retrieval_dims: list[int] | str | None = None,
+    selection_probe: bool = False, knn: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The one evaluation path: extract the test split (and the train split where a probe or kNN
     needs it), then :func:`compute_all`, the linear probe, the feature-selection probe and kNN.
@@ -195,24 +188,18 @@ def load_trained(
     source: str | Path, device: torch.device | None = None, overrides: list[str] | None = None,
     command: str | None = None,
 ) -> tuple[ContrastiveModel, Config, Path]:
-    """Load a trained model safely from a run dir or a checkpoint file.
+    """Load a trained model safely (``weights_only=True`` or safetensors: no pickled code runs).
 
-    source: a run dir (its ``last.pt``); a bayesncl checkpoint (``last.pt``, ``epoch-NNNN.pt``:
-    format ``bayesncl-checkpoint-v1``); a run's ``encoder.safetensors`` (it carries its config, so
-    a copy on its own is enough); or an authors'-layout BayesNCL/NCL checkpoint (Lightning
-    ``.ckpt`` or bare state dict with ``backbone.*``, ``projector.*``, ``gating_head.*``,
-    ``classifier.*``), see :mod:`bayesncl.runs.official`.
-    overrides: ``key=value`` strings. For a bayesncl checkpoint only ``data.*`` and ``eval.*`` (e.g.
-    a new ``data.root``); the model is fixed by its config. For an official checkpoint the data is
-    required (``data.name=cifar100 data.root=DIR``) and ``method.name`` etc. may be set.
-    command: the command being run (``"extract"``, ``"evaluate"``), named in the advice of an error
-    about data overrides that do not fit the model ("evaluate with a dataset of 1-channel images").
+    source: a run dir (its ``last.pt``), a bayesncl checkpoint (``bayesncl-checkpoint-v1``), a
+    run's ``encoder.safetensors`` (it carries its config) or an authors'-layout BayesNCL/NCL
+    checkpoint (:mod:`bayesncl.runs.official`). overrides: ``key=value``; for a bayesncl checkpoint
+    only ``data.*`` and ``eval.*``, for an official one the data is required and ``method.name``
+    may be set. command: the command being run, named in the advice of a data-mismatch error.
 
-    Files are read with ``torch.load(weights_only=True)`` or safetensors: a pickle that would run
-    code is refused. Returns ``(model in eval mode, config, directory to write outputs into)``: the
-    run dir for a run dir, its ``last.pt`` or ``encoder.safetensors``; ``RUN/eval-epoch-NNNN/`` for
-    another checkpoint inside a run dir (``RUN/epoch-NNNN.pt``); else the checkpoint's folder.
-    Raises EvalError (one line) for anything unusable, ConfigError for bad overrides.
+    Returns ``(model in eval mode, config, output folder)``: the run dir for a run dir, its
+    ``last.pt`` or ``encoder.safetensors``; ``RUN/eval-epoch-NNNN/`` for ``RUN/epoch-NNNN.pt``; else
+    the checkpoint's folder. Raises EvalError (one line) for anything unusable, ConfigError for bad
+    overrides.
     """
     src = Path(source)
     if src.is_dir():
@@ -274,7 +261,6 @@ def _encoder_config(path: Path) -> tuple[dict[str, Any], Path]:
     beside it (files exported before the metadata held it). Raises EvalError if neither exists."""
     from safetensors import safe_open
 
-
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
     if "config" in meta:
@@ -301,15 +287,10 @@ def _encoder_config(path: Path) -> tuple[dict[str, Any], Path]:
 
 
 def _load_own(
-    path: Path,
-    cfg_dict: dict[str, Any],
-    state_dict: dict[str, torch.Tensor],
-    overrides: list[str] | None,
-    command: str | None = None,
-    cfg_source: Path | None = None,
+    path: Path, cfg_dict: dict[str, Any], state_dict: dict[str, torch.Tensor], overrides: list[str] | None,
+    command: str | None = None, cfg_source: Path | None = None,
 ) -> tuple[ContrastiveModel, Config]:
     """``cfg_source``: the file ``cfg_dict`` was read from, named by a config error (default ``path``)."""
-
     cfg = config_from_dict(cfg_dict, cfg_source or path)
     trained_data = copy.deepcopy(cfg.data)
     user = parse_overrides(list(overrides or []))
@@ -371,7 +352,6 @@ def _data_mismatch(
 
 
 def _load_official(path: Path, obj: Any, overrides: list[str] | None) -> tuple[ContrastiveModel, Config]:
-
     user = parse_overrides(list(overrides or []))
     if "data.name" not in user:
         raise EvalError(
@@ -403,7 +383,6 @@ def extract_command(
     """``bayesncl extract``: write ``features_<split>.npz`` (see docs/architecture.md).
 
     ``overrides``: see :func:`load_trained` (official checkpoints need ``data.name=...``)."""
-
     if out is not None and Path(out).is_dir():
         raise EvalError(f"--out {out} is a directory; give a file name such as {Path(out) / 'features.npz'}")
     if out is not None and Path(out).suffix.lower() != ".npz":  # never last.pt, config.yaml, ... of a run
@@ -445,34 +424,22 @@ def _refuse_unused_probe_options(
 
 
 def evaluate_command(
-    source: str | Path,
-    *,
-    retrieval_dims: list[int] | None = None,
-    knn: bool = True,
-    overrides: list[str] | None = None,
-    probe_seeds: int = 1,
-    probe: str | None = None,
-    probe_epochs: int = 50,
-    given: Collection[str] = (),
+    source: str | Path, *, retrieval_dims: list[int] | None = None, knn: bool = True,
+    overrides: list[str] | None = None, probe_seeds: int = 1, probe: str | None = None,
+    probe_epochs: int = 50, given: Collection[str] = (),
     report: Callable[[Path, dict[str, np.ndarray], Config, dict[str, Any]], object] | None = None,
 ) -> dict[str, Any]:
-    """``bayesncl evaluate``: load the model, then :func:`score` (metrics, linear probe with mean ± std
-    over ``probe_seeds``, kNN, retrieval, feature-selection probe) and the figures.
+    """``bayesncl evaluate``: load the model, :func:`score` it (metrics, linear probe with mean ± std
+    over ``probe_seeds``, kNN, retrieval, feature-selection probe), then write ``features_test.npz``,
+    ``evaluation.json`` / ``.md`` and the figures beside the checkpoint (only once all is computed).
 
-    ``probe``: ``"fast"``, ``"paper"`` or ``"none"`` (no linear probe and no feature-selection
-    probe); ``None`` takes the run's ``eval.probe`` (after ``overrides``). ``retrieval_dims``:
-    the K list; ``None`` means K = 32, 64, ..., D, and then retrieval is skipped (with a
-    ``retrieval_note`` in the result) when the test split has 10 samples or fewer. ``given``: the
-    options the user gave (``"probe_seeds"``, ``"probe_epochs"``); one that the probe does not use
-    (seeds without a probe, epochs without the paper probe) is a ConfigError, not ignored.
-
-    Everything is computed before anything is written: a failure leaves no file behind. Then
-    ``features_test.npz``, ``evaluation.json`` / ``evaluation.md`` and the PNGs are written next to
-    the checkpoint. Raises EvalError (one line) for unusable input, ConfigError for an ``--probe``
-    that contradicts an ``eval.probe=`` override or a ``given`` option it does not use.
-    ``report``: called last with (the folder written, the test features, the config, the result):
-    the CLI passes ``app.report.html.write_run_report`` (the HTML report; this module does not
-    import it, which imports this one)."""
+    ``probe``: fast, paper or none; ``None``: the run's ``eval.probe`` (after ``overrides``).
+    ``retrieval_dims``: ``None`` is :func:`score`'s ``"auto"``. ``given``: the options the user gave
+    (``"probe_seeds"``, ``"probe_epochs"``). ``report``: called last with (folder, test features,
+    config, result); the CLI passes ``app.report.html.write_run_report`` (which imports this module).
+    Raises EvalError (one line) for unusable input, ConfigError for a ``--probe`` that contradicts an
+    ``eval.probe=`` override or a ``given`` option the probe does not use.
+    """
     asked = parse_overrides(list(overrides or [])).get("eval.probe")
     if probe is not None and asked is not None and str(asked) != probe:
         raise ConfigError(f"--probe {probe} contradicts eval.probe={asked}: give one of them")
@@ -534,9 +501,8 @@ def metrics_command(
     """Load a features file (or plain .npz with ``features`` and ``labels``) and compute all metrics.
 
     Returns :func:`compute_all`'s dict plus ``source`` (path, N, D, and ``method``, ``dataset``,
-    ``split`` from the file's meta when present). The dict is JSON-serialisable either way;
-    ``as_json`` only tells the caller's printing (``json.dumps`` vs :func:`format_metrics_table`)
-    and is checked here by a round trip through ``json``.
+    ``split`` from the file's meta when present), JSON-serialisable (``as_json``: checked by a round
+    trip through ``json``).
     """
     fs = load_features(path)
     with warnings.catch_warnings():

@@ -1,19 +1,12 @@
 """Interpretability while it trains: a fixed labelled held-out batch scored at every epoch's end.
 
-``train.monitor_samples`` test images (default 2,000; 0 turns it off), evenly spaced over the test
-split so that class-sorted folders give every class, are read once (eval transforms, as the final
-evaluation). At each epoch's end the model runs on them in eval mode (no gradient, no BatchNorm
-update, no gate noise, torch's random state put back: the training is the same with or without it) and
-:data:`HELDOUT_FIELDS` of ``log.csv`` get, from the ``bayesncl.metrics`` registry functions on z̃:
-
-* ``heldout_sc``: semantic consistency SC (%, PAPER-NOTES §3),
-* ``heldout_h_sum``: semantic entropy H_sum (nats),
-* ``heldout_active_dims``: dims with Σ_n |z̃_nk| > 0,
-* ``heldout_effective_rank``: exp of the spectral entropy (Roy & Vetterli 2007),
-* ``heldout_gate_open``: E[1[α > 0.5]] over the batch (gated runs; empty otherwise).
-
-Cost (measured by ``bayesncl benchmark``, "held-out monitor"): one forward pass over the batch and
-metrics on a (2,000, D) matrix, well under 5 % of a demo epoch.
+``train.monitor_samples`` test images (default 2,000; 0: off), evenly spaced over the test split,
+are read once with the eval transforms. At each epoch's end the model scores them in eval mode (no
+gradient, BatchNorm update or gate noise; torch's random state put back, so training is unchanged)
+into :data:`HELDOUT_FIELDS` of ``log.csv``, from the ``bayesncl.metrics`` functions on z̃:
+``heldout_sc`` (SC, %), ``heldout_h_sum`` (H_sum, nats), ``heldout_active_dims``,
+``heldout_effective_rank`` and ``heldout_gate_open`` (E[1[α > 0.5]], gated runs; else empty). Its
+cost, well under 5 % of a demo epoch, is measured by ``bayesncl benchmark``.
 """
 
 from __future__ import annotations
@@ -60,8 +53,7 @@ class HeldOut:
             warnings.simplefilter("ignore")  # no active dim: the metrics' own 0.0 and note
             row: dict[str, float | str] = {
                 "heldout_sc": round(semantic_consistency(f, y), 4),
-                "heldout_h_sum": round(semantic_entropy_sum(f, y), 6),
-                "heldout_active_dims": active_dims(f),
+                "heldout_h_sum": round(semantic_entropy_sum(f, y), 6), "heldout_active_dims": active_dims(f),
                 "heldout_effective_rank": round(effective_rank(f), 4),
             }
         row["heldout_gate_open"] = round(float(torch.cat(masks).mean()), 6) if masks else ""

@@ -28,14 +28,10 @@ TABLE6_DATASETS = ("waterbirds", "fashion-mnist-bg")
 MECHANISM_METHODS = (("CL", "cl"), ("NCL", "ncl"), ("BayesNCL (STE)", "bayesncl"), ("NCL-IPW", "ncl-ipw"))
 SPURIOUS = 0.9  # data.bg_correlation of the spurious setting
 MECHANISM_COLUMNS = [
-    ("SC %", "semantic_consistency", "{:.2f}"),
-    ("bg dims", "background_dims_fraction", "{:.3f}"),
-    ("bg mass", "background_mass_fraction", "{:.3f}"),
-    ("closed bg", "gate_closure_background", "{:.3f}"),
-    ("closed obj", "gate_closure_object", "{:.3f}"),
-    ("bg probe %", "background_probe_acc1", "{:.2f}"),
-    ("LP@1", "linear_probe_acc1", "{:.2f}"),
-    ("AF–GV", "AF-GV", "{:.3f}"),
+    ("SC %", "semantic_consistency", "{:.2f}"), ("bg dims", "background_dims_fraction", "{:.3f}"),
+    ("bg mass", "background_mass_fraction", "{:.3f}"), ("closed bg", "gate_closure_background", "{:.3f}"),
+    ("closed obj", "gate_closure_object", "{:.3f}"), ("bg probe %", "background_probe_acc1", "{:.2f}"),
+    ("LP@1", "linear_probe_acc1", "{:.2f}"), ("AF–GV", "AF-GV", "{:.3f}"),
 ]
 
 
@@ -60,35 +56,21 @@ def table6(
     rows: dict[str, dict[str, Any]] = {}
     for src in sources:
         # the whole dataset, whatever subsets or class list the encoder was trained with
-        data = [
-            f"data.name={dataset}",
-            "data.train_subset=0",
-            "data.test_subset=0",
-            "data.classes=null",
-            "data.bg_correlation=0",
-        ]
+        data = [f"data.name={dataset}", "data.train_subset=0", "data.test_subset=0", "data.classes=null",
+                "data.bg_correlation=0"]
         model, cfg, _ = load_trained(src, overrides=[*data, *overrides], command="reproduce 6")
         device = next(model.parameters()).device
         train = extract_split(model, cfg, "train", device, keys=("h",))
         test = extract_split(model, cfg, "test", device, keys=("h",))
         probe = background_probe(train["h"], train["places"], test["h"], test["places"], seed=cfg.seed)
         label = cfg.method.name if cfg.method.name not in rows else f"{cfg.method.name} ({src})"
-        rows[label] = {
-            "method": cfg.method.name,
-            "source": str(src),
-            **probe,
-            "paper bg probe %": TABLE6_PAPER.get(cfg.method.name),
-        }
+        rows[label] = {"method": cfg.method.name, "source": str(src), **probe,
+                       "paper bg probe %": TABLE6_PAPER.get(cfg.method.name)}
         print(f"{label}: background probe {probe['background_probe_acc1']:.2f} %")
-    cols = [
-        ("bg probe %", "background_probe_acc1", "{:.2f}"),
-        ("paper bg probe %", "paper bg probe %", "{:.2f}"),
-    ]
-    md = format_table(rows, cols)
-    header = (
-        f"Table 6: background (place) probe on frozen h, {dataset} "
-        "(paper: ImageNet-100 encoders on Waterbirds)."
-    )
+    md = format_table(rows, [("bg probe %", "background_probe_acc1", "{:.2f}"),
+                             ("paper bg probe %", "paper bg probe %", "{:.2f}")])
+    header = f"Table 6: background (place) probe on frozen h, {dataset} (paper: ImageNet-100 encoders on "
+    header += "Waterbirds)."
     out = run_dir or Path("runs") / f"table6-{dataset}"
     out.mkdir(parents=True, exist_ok=True)
     variants.write_table(out, "table6", rows, md, header, {})
@@ -208,8 +190,7 @@ def mechanism(
         "dims; closed bg/obj: the gate's closure of firing entries on background/object dims (kinds on z)."
     )
     run_dir.mkdir(parents=True, exist_ok=True)
-    logged = {n: run_dir / variants.slug(n) for n in configs}
-    logged = {n: sub for n, sub in logged.items() if (sub / "log.csv").exists()}
+    logged = {n: sub for n in configs if ((sub := run_dir / variants.slug(n)) / "log.csv").exists()}
     variants.write_table(run_dir, "mechanism", {"means": means, "runs": results}, md, header, logged)
     print(header)
     print(md)

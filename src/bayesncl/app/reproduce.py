@@ -1,18 +1,12 @@
 """``bayesncl reproduce ID --dataset DS [--seeds N]``: one command per table or figure of both papers.
 
-A study (:mod:`bayesncl.app.studies`) lists variants; each is pretrained once per seed 0..N-1.
-A run is identified by its resolved config, seed included (:func:`bayesncl.app.variants.variant_hash`),
-and lives in a store shared by every study: ``STORE/<hash>/``, an ordinary pretrain run dir
-(default store: ``variants/`` beside the run dir, i.e. ``runs/variants``). So any study that
-needs a run another study (or an earlier invocation) trained reuses it; an interrupted run
-(``last.pt``, no ``metrics.json``) continues. What a study measures of a stored run beyond
-pretrain's evaluation (kNN, retrieval per K, SEPIN, dynamics, ...) is cached beside it in
-``reproduce.json``, and the features it reads in ``features_{test,train}.npz``.
-
-Every command prints its plan first (runs to train, to continue, reused; estimated training time
-from the store's logged epoch times or a short measurement), then one line per run. Each table
-cell is the mean ± std (ddof 1) over seeds; ``<stem>.json`` keeps ``mean``, ``std``, the per-seed
-``values`` and the paper's value of every cell; figures are ``<stem>.png`` with error bars.
+A study (:mod:`bayesncl.app.studies`) lists variants, each pretrained once per seed 0..N-1 into a
+store shared by every study: ``STORE/<hash>/`` (:func:`bayesncl.app.variants.variant_hash`; default
+``variants/`` beside the run dir), an ordinary pretrain run dir, reused by any study that needs it
+and continued when interrupted. What a study measures beyond pretrain's evaluation is cached
+beside it (``reproduce.json``, ``features_{test,train}.npz``). The plan (and estimated time) is
+printed first; each cell is the mean ± std (ddof 1) over seeds, ``<stem>.json`` keeping the
+per-seed ``values`` and the paper's value; figures are ``<stem>.png`` with error bars.
 """
 
 from __future__ import annotations
@@ -313,9 +307,7 @@ def cell(values: list[float | None]) -> dict[str, Any]:
     value), missing values (None, NaN) left out of both; mean None when no value."""
     ok = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     mean = sum(ok) / len(ok) if ok else None
-    std = None
-    if mean is not None and len(ok) > 1:
-        std = math.sqrt(sum((v - mean) ** 2 for v in ok) / (len(ok) - 1))
+    std = math.sqrt(sum((v - mean) ** 2 for v in ok) / (len(ok) - 1)) if len(ok) > 1 else None
     return {"mean": mean, "std": std, "values": values}
 
 
@@ -391,12 +383,7 @@ def _train(h: str, cfg: Config, sub: Path, label: str, i: int, n: int, est: floa
 
 
 def reproduce(
-    study_id: str,
-    dataset: str,
-    run_dir: Path | None,
-    overrides: list[str],
-    *,
-    seeds: int = 1,
+    study_id: str, dataset: str, run_dir: Path | None, overrides: list[str], *, seeds: int = 1,
     store: Path | None = None,
 ) -> dict[str, Any]:
     """Train (or reuse) every variant of ``study_id`` on ``dataset`` for seeds 0..``seeds``-1, measure

@@ -43,24 +43,15 @@ CPU_WARN_AFTER_S = 3600  # a CPU run estimated to take longer is told about the 
 
 
 def pretrain(
-    cfg: Config,
-    run_dir: str | Path,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    evaluate: bool = True,
+    cfg: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False, evaluate: bool = True,
 ) -> dict[str, Any]:
     """Pretrain the method ``cfg`` describes into ``run_dir`` and (``evaluate``) evaluate it on the
-    test split.
+    test split; returns the final metrics (also in ``run_dir/metrics.json``), {} without evaluation.
 
-    returns: the final metrics dict (also written to ``run_dir/metrics.json``), {} without evaluation.
     Raises ConfigError / DataError / RunDirError before writing anything when the input is bad;
     TrainingError if the loss becomes non-finite (the last good checkpoint is kept);
-    TrainingInterrupted after Ctrl-C or SIGTERM (a resumable last.pt is saved).
-
-    Under ``torchrun`` every process calls this (docs/scaling.md): DDP over ``WORLD_SIZE``
-    processes, ``train.batch_size`` per process, lr scaled by the global batch, each rank its own
-    seed and data shard; only rank 0 writes the run dir, prints and evaluates (others return {}).
+    TrainingInterrupted after Ctrl-C or SIGTERM (a resumable last.pt is saved). Under ``torchrun``
+    every process calls it (docs/scaling.md); only rank 0 writes, prints and evaluates (others: {}).
     """
     started = time.time()
     world = distributed.setup(cfg.train.device)

@@ -1,24 +1,13 @@
 """Processes and devices: PyTorch DDP launched by ``torchrun`` (no launcher of our own).
 
-``torchrun`` starts one process per device and sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
-``LOCAL_WORLD_SIZE``; :func:`setup` reads them, joins the process group (NCCL on CUDA, gloo on
-CPU) and picks this process's device (``cuda:LOCAL_RANK``). Without those variables, or with
-``WORLD_SIZE=1``, everything here is a no-op and the run is an ordinary single process.
-
-Semantics (docs/scaling.md):
-
-* ``train.batch_size`` is per process; the global batch is ``batch_size × world_size`` and the
-  learning rate scales with it (:func:`scaled_lr`, PAPER-NOTES §2 "×batch·devices/256").
-* InfoNCE takes its negatives from every rank with torch's autograd-aware all-gather
-  (:func:`gather_with_grad`); each rank's loss is the mean over its own ``2n`` rows, DDP averages
-  the gradients over ranks, so the gradient equals the single-process gradient over the global
-  batch. The gather's backward *sums* the key gradients over ranks and DDP divides by
-  ``world_size`` once: the two factors cancel, no extra ``1/world_size`` is needed or allowed.
-* Per-row means (KL, probe cross-entropy) need nothing more for the same reason. Logged values
-  are averaged over ranks with :func:`all_reduce_mean` (no autograd: logging only).
-* BatchNorm statistics are per rank unless ``train.sync_bn=true`` (SyncBatchNorm; CUDA only).
-* Only rank 0 writes files and prints; the others learn about its run-dir checks through
-  :func:`run_on_main`, so a bad run dir fails on every rank with the same one-line message.
+:func:`setup` reads torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``,
+joins the process group (NCCL on CUDA, gloo on CPU) and picks ``cuda:LOCAL_RANK``; without them, or
+with ``WORLD_SIZE=1``, everything here is a no-op. ``train.batch_size`` is per process and the lr
+scales with the global batch (:func:`scaled_lr`). InfoNCE takes its negatives from every rank with
+the autograd-aware :func:`gather_with_grad`, whose backward sums over ranks while DDP averages: the
+two cancel, so no extra ``1/world_size`` is needed or allowed. Logged values are averaged with
+:func:`all_reduce_mean`; only rank 0 writes, the others learn its run-dir checks through
+:func:`run_on_main`. The derivation and the rest: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -136,15 +125,12 @@ class World:
 
 
 def setup(device_name: str = "auto") -> World:
-    """Join torchrun's process group (if any) and choose this process's device.
+    """Join torchrun's process group and choose this process's device: a single process on
+    :func:`resolve_device` without torchrun variables or with ``WORLD_SIZE=1``; an existing group (a
+    test harness, a notebook) as is; else ``init_process_group`` (NCCL on CUDA, gloo on CPU, env://).
 
-    * no torchrun variables, or ``WORLD_SIZE=1``: a single process on :func:`resolve_device`;
-    * a process group that already exists (a test harness, a notebook): use it as is;
-    * otherwise ``init_process_group`` with NCCL on CUDA, gloo on CPU (``init_method=env://``).
-
-    Raises DistributedError (one line) for more processes than visible GPUs on a
-    node, ``train.device=cuda:N`` with several processes, or malformed torchrun variables;
-    DistributedError if CUDA is asked for but absent.
+    Raises DistributedError (one line) for more processes than visible GPUs on a node,
+    ``train.device=cuda:N`` with several processes, malformed torchrun variables or absent CUDA.
     """
     if dist.is_available() and dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -188,12 +174,8 @@ def gather_with_grad(x: Tensor) -> Tensor:
     x: (m, ...) with the same shape on every rank. Returns (world_size·m, ...); rows
     ``[rank·m, (rank+1)·m)`` are this rank's ``x``. The backward sums the incoming gradients over
     ranks and returns this rank's slice, so other ranks' use of our rows as negatives reaches our
-    parameters. A plain ``dist.all_gather`` (or any gather under no_grad) cuts that path: the
-    gradient would miss every cross-rank term. Single process: returns ``x``.
-
-    Uses torch's autograd all-gather: ``_functional_collectives.all_gather_single_autograd``
-    where it exists (torch's recommended replacement), else the older
-    ``torch.distributed.nn.functional.all_gather``.
+    parameters (a plain ``dist.all_gather`` would cut that path). Single process: returns ``x``.
+    torch's ``all_gather_single_autograd`` where it exists, else ``distributed.nn.functional.all_gather``.
     """
     if not is_distributed():
         return x
@@ -226,12 +208,9 @@ def all_gather_objects(obj: T) -> list[T] | None:
 
 
 def run_on_main(fn: Callable[[], T]) -> T:
-    """Run ``fn`` on rank 0 only and hand its result, or the exception it raised, to every rank.
-
-    Used for the run-dir checks and the resume checkpoint: rank 0 reads, all ranks agree, and an
-    error is raised on every rank (none is left waiting in a collective). The result travels
-    pickled (``broadcast_object_list``). Single process: ``fn()``.
-    """
+    """Run ``fn`` on rank 0 only and hand its result, or the exception it raised, to every rank
+    (pickled, ``broadcast_object_list``), so no rank is left waiting in a collective (the run-dir
+    checks, the resume checkpoint). Single process: ``fn()``."""
     if not is_distributed():
         return fn()
     box: list[Any] = [None]
@@ -248,12 +227,9 @@ def run_on_main(fn: Callable[[], T]) -> T:
 
 
 def local_main_first(world: World, fn: Callable[[], T]) -> T:
-    """Run ``fn`` on each node's local rank 0 first, then on the node's other ranks.
-
-    For work that may write a shared cache, such as ``data.download=true``: one process per node
-    downloads, the others then find the files. The barrier is passed even if ``fn`` raises, so the
-    other ranks go on (and meet the same error) instead of waiting. Single process: ``fn()``.
-    """
+    """Run ``fn`` on each node's local rank 0 first, then on the node's other ranks (one download
+    per node for ``data.download=true``). The barrier is passed even if ``fn`` raises, so the other
+    ranks go on (and meet the same error). Single process: ``fn()``."""
     if not world.distributed or not is_distributed():
         return fn()
     if world.local_rank == 0:

@@ -67,15 +67,8 @@ def wrap_for_training(model: ContrastiveModel, cfg: Config, world: distributed.W
 
 
 def forward_loss(
-    step_model: nn.Module,
-    x1: Tensor,
-    x2: Tensor,
-    y: Tensor,
-    method: MethodConfig,
-    *,
-    autocast: Any = None,
-    channels_last: bool = False,
-    index: Tensor | None = None,
+    step_model: nn.Module, x1: Tensor, x2: Tensor, y: Tensor, method: MethodConfig, *, autocast: Any = None,
+    channels_last: bool = False, index: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """This process's loss on one batch, and the batch's (6,) detached statistics (:data:`STATS`).
 
@@ -114,15 +107,13 @@ def train_step(
 
 
 def prefetch_to_device(batches: Iterable[B], device: torch.device) -> Iterator[B]:
-    """Iterate ``batches``, producing each one on a side CUDA stream while the step before it runs.
+    """Iterate ``batches``, producing each one on a side CUDA stream while the step before it runs
+    (a plain pass-through on the CPU).
 
-    Why: the batched augmentation (kornia) draws its random parameters on the CPU and copies them
-    to the GPU, and each such copy waits for the stream it runs on. On the main stream that wait
-    would include the whole previous training step, so the GPU would idle while the CPU augments.
-    On a side stream the waits cover the augmentation only: the GPU runs step t while the CPU
-    prepares batch t+1. The main stream waits for the side stream before using a batch, and the
-    batch's tensors are marked as used there (``record_stream``) for the caching allocator.
-    On the CPU this is a plain pass-through.
+    kornia draws its random parameters on the CPU and copies them to the GPU, each copy waiting for
+    its stream: on the main stream that wait would include the whole previous step. On a side stream
+    the GPU runs step t while the CPU prepares batch t+1; the main stream waits for the side stream
+    before using a batch, whose tensors are marked used there (``record_stream``).
     """
     if device.type != "cuda":
         yield from batches
@@ -144,12 +135,8 @@ def prefetch_to_device(batches: Iterable[B], device: torch.device) -> Iterator[B
 
 
 def step_stats(
-    loss: torch.Tensor,
-    parts: dict[str, torch.Tensor],
-    mask: torch.Tensor | None,
-    class_logits: torch.Tensor,
-    y: torch.Tensor,
-) -> torch.Tensor:
+    loss: Tensor, parts: dict[str, Tensor], mask: Tensor | None, class_logits: Tensor, y: Tensor
+) -> Tensor:
     """(6,) tensor in :data:`STATS` order: loss, InfoNCE, KL, gate-open rate, fraction of rows with
     every gate closed, online-probe accuracy. Stays on the device: no host sync inside the step."""
     one = torch.ones((), device=loss.device)
@@ -191,17 +178,11 @@ class EpochResult:
 
 
 def train_one_epoch(
-    t: Training,
-    batches: Iterable[tuple[Tensor, Tensor, Tensor]],
-    *,
-    epoch: int,
-    step: int,
-    steps_per_epoch: int,
-    partial: dict[str, Any] | None = None,
+    t: Training, batches: Iterable[tuple[Tensor, Tensor, Tensor]], *, epoch: int, step: int,
+    steps_per_epoch: int, partial: dict[str, Any] | None = None,
     stop_requested: Callable[[], int | None] = lambda: None,
     on_sync: Callable[[int, dict[str, float]], None] | None = None,
-    on_step_log: Callable[[int, dict[str, float], float], None] | None = None,
-    kept: str = "",
+    on_step_log: Callable[[int, dict[str, float], float], None] | None = None, kept: str = "",
 ) -> EpochResult:
     """Train over ``batches`` (this process's (x1, x2, y) of epoch ``epoch``, 0-based), from the
     run's optimiser step ``step``, or from inside the epoch where ``partial`` (an earlier
@@ -249,12 +230,8 @@ def train_one_epoch(
                 window = (means, n_seen)
         if stop_signal is not None or (stop_requested() is not None and not t.distributed):
             stop_signal = stop_signal or stop_requested() or signal.SIGINT
-            partial = {
-                "n_seen": n_seen,
-                "sums": distributed.all_reduce_mean(sums.clone()).cpu(),  # every rank's share
-                "elapsed": time.time() - start,
-                "window": window,
-            }
+            sums = distributed.all_reduce_mean(sums.clone()).cpu()  # every rank's share
+            partial = {"n_seen": n_seen, "sums": sums, "elapsed": time.time() - start, "window": window}
             return EpochResult({}, step, lr, time.time() - start, stop_signal, partial)
     means, _ = _global_means(sums / max(n_seen, 1), None)
     return EpochResult(dict(zip(STATS, means, strict=True)), step, lr, time.time() - start)

@@ -59,8 +59,7 @@ class ContrastiveHead(nn.Module):
         one = torch.ones((), device=loss.device)
         mask = out.mask
         stats = {
-            "loss": loss.detach(),
-            **parts,
+            "loss": loss.detach(), **parts,
             "gate_open": mask.float().mean().detach() if mask is not None else one,
             "rows_all_closed": (mask.sum(1) == 0).float().mean().detach() if mask is not None else 0 * one,
         }

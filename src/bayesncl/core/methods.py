@@ -86,12 +86,8 @@ def closest(name: str, nonneg: str, topk: bool, gate: str, ipw: bool = False) ->
     def distance(item: tuple[str, MethodSpec]) -> tuple[bool, ...]:
         key, s = item
         return (
-            s.gated != (gate != "none"),
-            s.topk != topk,
-            s.ipw != ipw,
-            (s.nonneg == "identity") != (nonneg == "identity"),
-            key != name,
-            s.gate != gate,
+            s.gated != (gate != "none"), s.topk != topk, s.ipw != ipw,
+            (s.nonneg == "identity") != (nonneg == "identity"), key != name, s.gate != gate,
         )
 
     return min(METHODS.items(), key=distance)[0]

@@ -25,28 +25,18 @@ if TYPE_CHECKING:  # config imports this module's registry
 
 
 def _conv_bn(cin: int, cout: int, stride: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False),
-        nn.BatchNorm2d(cout),
-        nn.ReLU(inplace=True),
-    )
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(cout),
+                         nn.ReLU(inplace=True))
 
 
 def small_cnn(in_channels: int) -> nn.Module:
     """A 4-block CNN for quick CPU runs on 28-32 px images; output h: (B, 256)."""
-    return nn.Sequential(
-        _conv_bn(in_channels, 32, 1),
-        _conv_bn(32, 64, 2),
-        _conv_bn(64, 128, 2),
-        _conv_bn(128, 256, 2),
-        nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(),
-    )
+    return nn.Sequential(_conv_bn(in_channels, 32, 1), _conv_bn(32, 64, 2), _conv_bn(64, 128, 2),
+                         _conv_bn(128, 256, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten())
 
 
 BACKBONES: dict[str, tuple[Callable[..., nn.Module], int]] = {
-    "resnet18": (torchvision.models.resnet18, 512),
-    "resnet50": (torchvision.models.resnet50, 2048),
+    "resnet18": (torchvision.models.resnet18, 512), "resnet50": (torchvision.models.resnet50, 2048),
     "small_cnn": (small_cnn, 256),
 }
 """The backbones by name (``model.backbone``): (builder, h_dim, the width of h). A torchvision
@@ -211,9 +201,7 @@ class ContrastiveModel(nn.Module):
             if self.training:
                 self.prevalence.update(z)  # this batch enters π before π weighs it
             weights = self.prevalence.weights()
-        return ModelOutput(
-            h=h, p=p, z=z, logits=logits, alpha=alpha, mask=mask, z_tilde=z_tilde, ipw_weights=weights
-        )
+        return ModelOutput(h, p, z, logits, alpha, mask, z_tilde, weights)
 
     def forward(self, x: Tensor, views: int = 1) -> ModelOutput:
         """x: (B, C, S, S) normalised images → :class:`ModelOutput`.

@@ -74,9 +74,6 @@ def warmup_cosine(
     return np.array([schedule.at(t, base) for t in range(total_steps)], dtype=np.float64)
 
 
-def _is_bias_or_norm(name: str, p: nn.Parameter) -> bool:
-    return p.ndim <= 1 or name.endswith(".bias")
-
 
 def peak_lrs(cfg: Config, global_batch: int) -> dict[str, float]:
     """Peak learning rate of each part for a global batch of ``global_batch`` images.
@@ -109,7 +106,7 @@ def param_groups(model: ContrastiveModel, cfg: Config, global_batch: int) -> lis
             continue
         part = name.split(".")[0]
         part = part if part in ("gating_head", "classifier") else "encoder"
-        kind = "plain" if _is_bias_or_norm(name, p) else "weight"
+        kind = "plain" if p.ndim <= 1 or name.endswith(".bias") else "weight"  # bias or norm
         buckets.setdefault(f"{part}/{kind}", []).append(p)
     groups = []
     for key, params in buckets.items():

@@ -129,10 +129,7 @@ NOISES: dict[str, Callable[[Tensor], Tensor]] = {"gumbel": _gumbel, "logistic": 
 
 
 def gumbel_noise(
-    shape: torch.Size | tuple[int, ...],
-    noise: str = "gumbel",
-    *,
-    device: torch.device | str | None = None,
+    shape: torch.Size | tuple[int, ...], noise: str = "gumbel", *, device: torch.device | str | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Float32 noise of ``shape`` for :func:`gumbel_sigmoid_gate`: ``NOISES[noise]`` of a uniform
@@ -142,10 +139,7 @@ def gumbel_noise(
 
 
 def gumbel_sigmoid_gate(
-    logits: Tensor,
-    tau: float = 1.0,
-    threshold: float = 0.5,
-    noise: str = "gumbel",
+    logits: Tensor, tau: float = 1.0, threshold: float = 0.5, noise: str = "gumbel",
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Stochastic hard gate: ``y = σ((logits + G)/τ)``, ``m = 1[y > thr]`` with STE on y.

@@ -184,31 +184,14 @@ class AugmentSpec:
 
     @classmethod
     def simclr(
-        cls,
-        size: int,
-        channels: int,
-        mean: Sequence[float],
-        std: Sequence[float],
-        crop_min_scale: float = 0.08,
-        blur_prob: float = 0.5,
+        cls, size: int, channels: int, mean: Sequence[float], std: Sequence[float],
+        crop_min_scale: float = 0.08, blur_prob: float = 0.5,
     ) -> AugmentSpec:
-        """The paper's two-view distribution; gray data drops saturation, hue and grayscale."""
-        spec = cls(
-            size=int(size),
-            channels=int(channels),
-            mean=tuple(float(m) for m in mean),
-            std=tuple(float(s) for s in std),
-            crop_min_scale=float(crop_min_scale),
-            blur_p=float(blur_prob),
-        )
-        return spec.for_channels()
-
-    def for_channels(self) -> AugmentSpec:
-        """Gray data: saturation, hue and grayscale are identities, so switch them off."""
-        if self.channels == 1:
-            return replace(self, saturation=0.0, hue=0.0, gray_p=0.0)
-        return self
-
+        """The paper's two-view distribution; gray data drops saturation, hue and grayscale (they are
+        identities on one channel)."""
+        spec = cls(int(size), int(channels), tuple(float(m) for m in mean), tuple(float(s) for s in std),
+                   crop_min_scale=float(crop_min_scale), blur_p=float(blur_prob))
+        return replace(spec, saturation=0.0, hue=0.0, gray_p=0.0) if spec.channels == 1 else spec
 
 
 class BatchAugment(nn.Module):
@@ -229,9 +212,8 @@ class BatchAugment(nn.Module):
         )
         ops: list[nn.Module] = [crop]
         if spec.jitter_p > 0:
-            ops.append(
-                K.ColorJitter(spec.brightness, spec.contrast, spec.saturation, spec.hue, p=spec.jitter_p)
-            )
+            ops.append(K.ColorJitter(spec.brightness, spec.contrast, spec.saturation, spec.hue,
+                                     p=spec.jitter_p))
         if spec.gray_p > 0 and spec.channels == 3:
             ops.append(K.RandomGrayscale(p=spec.gray_p))
         if spec.blur_p > 0:
@@ -263,10 +245,8 @@ def sample_transform(spec: AugmentSpec):  # -> torchvision.transforms.v2.Compose
     → normalised float ``(C, S, S)``. Randomness comes from the global torch RNG."""
     from torchvision.transforms import v2 as T
 
-    crop = T.RandomResizedCrop(
-        spec.size, scale=(spec.crop_min_scale, 1.0), ratio=spec.crop_ratio, antialias=True
-    )
-    ts: list = [crop]
+    scale = (spec.crop_min_scale, 1.0)
+    ts: list = [T.RandomResizedCrop(spec.size, scale=scale, ratio=spec.crop_ratio, antialias=True)]
     if spec.jitter_p > 0:
         if spec.channels == 1:
             jitter = T.ColorJitter(brightness=spec.brightness, contrast=spec.contrast)

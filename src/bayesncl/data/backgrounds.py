@@ -1,23 +1,17 @@
 """Datasets with a second label, the background (``place``): the paper's mechanism made visible.
 
 * ``fashion-mnist-bg``: each Fashion-MNIST item (28 px, centred in 32 px) is composited onto a
-  32 x 32 RGB procedural background, its gray level g in [0, 1] being the alpha of a white
-  garment: ``pixel = g + (1 - g) * background``. Ten background kinds (:data:`PLACE_NAMES`: sky
-  and sunset gradients, grass noise, water ripples, stripes, a checkerboard, dots, plain colours),
-  each instance with its own phase, frequency and colour jitter. Everything is generated from the
-  fixed seed :data:`BG_SEED` (the same images for every run seed and method, like the subsets), no
-  download: about 2 s for the 70 000 images. Labels: ``y`` the garment class, ``place`` the
-  background kind. By default the place is independent of the class (uniform). With
-  ``data.bg_correlation=p`` the *train* split's place follows the class (place = class index) with
-  probability p and is uniform otherwise (so P(place = class) = p + (1 - p) / 10); the test split
-  stays independent: the Waterbirds-style spurious setting.
-* ``waterbirds``: the standard Waterbirds folder (Sagawa et al. 2020): ``data.root/metadata.csv``
-  with columns ``img_filename, y, split, place`` (split 0 train, 1 val, 2 test; y 0 landbird,
-  1 waterbird; place 0 land, 1 water), images at ``data.root/<img_filename>``. ``split="test"``
-  reads split 2 (split 1 when there is no 2).
+  32 x 32 RGB procedural background, its gray level g the alpha of a white garment
+  (``pixel = g + (1 - g) * background``); ten background kinds (:data:`PLACE_NAMES`), each instance
+  with its own phase, frequency and colour jitter, generated from the fixed :data:`BG_SEED` (about
+  2 s, no download). The place is uniform, independent of the class, unless
+  ``data.bg_correlation=p``: then the *train* place is the class index with probability p (so
+  P(place = class) = p + (1 - p) / 10); the test split stays independent (Waterbirds-style).
+* ``waterbirds`` (Sagawa et al. 2020): ``data.root/metadata.csv`` with columns ``img_filename, y,
+  split, place`` (split 0 train, 1 val, 2 test; y 1 waterbird; place 1 water), images at
+  ``data.root/<img_filename>``; ``split="test"`` reads split 2 (1 when there is no 2).
 
-:func:`places_of` gives a split's places (None for datasets without them); extract stores them in
-the features file as ``places`` (docs/architecture.md).
+:func:`places_of` gives a split's places (None without them); extract stores them as ``places``.
 """
 
 from __future__ import annotations

@@ -80,16 +80,9 @@ class TwoViewLoader:
         self, n: int, batch_size: int, spec: AugmentSpec, *, seed: int, device: torch.device,
         rank: int, world_size: int,
     ) -> None:
-        self.n = n
-        self.batch_size = batch_size
-        self.spec = spec
-        self.seed = int(seed)
-        self.device = device
-        self.rank = rank
-        self.world_size = world_size
-        self.num_samples = n // world_size
-        self.epoch = 0
-        self.start_step = 0
+        self.n, self.batch_size, self.spec, self.seed, self.device = n, batch_size, spec, int(seed), device
+        self.rank, self.world_size, self.num_samples = rank, world_size, n // world_size
+        self.epoch = self.start_step = 0
 
     def __len__(self) -> int:
         return self.num_samples // self.batch_size
@@ -175,8 +168,7 @@ class _KeySampler(torch.utils.data.Sampler):
     def __init__(self, n: int, batch_size: int, steps: int, seed: int, rank: int, world_size: int) -> None:
         self.n, self.batch_size, self.steps = n, batch_size, steps
         self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.epoch = 0
-        self.start_step = 0
+        self.epoch = self.start_step = 0
 
     def __len__(self) -> int:
         return (self.steps - self.start_step) * self.batch_size
@@ -216,13 +208,8 @@ class PerSampleTwoViewLoader(TwoViewLoader):
         self.dataset = _TwoViewDataset(get, labels, sample_transform(spec))
         self._sampler = _KeySampler(self.n, batch_size, len(self), self.seed, rank, world_size)
         self.loader = torch.utils.data.DataLoader(
-            self.dataset,
-            batch_size=batch_size,
-            sampler=self._sampler,
-            drop_last=True,
-            num_workers=num_workers,
-            pin_memory=device.type == "cuda",
-            persistent_workers=num_workers > 0,
+            self.dataset, batch_size=batch_size, sampler=self._sampler, drop_last=True,
+            num_workers=num_workers, pin_memory=device.type == "cuda", persistent_workers=num_workers > 0,
             worker_init_fn=_worker_init if num_workers > 0 else None,
             generator=torch.Generator().manual_seed(mix_seed(seed, rank, 0xDA7A)),
         )
@@ -237,22 +224,13 @@ class PerSampleTwoViewLoader(TwoViewLoader):
 
     def __iter__(self) -> Batches:
         nb = self.device.type == "cuda"
-        for x1, x2, y in self.loader:
-            yield (
-                x1.to(self.device, non_blocking=nb),
-                x2.to(self.device, non_blocking=nb),
-                y.to(self.device, non_blocking=nb),
-            )
+        for batch in self.loader:
+            x1, x2, y = (t.to(self.device, non_blocking=nb) for t in batch)
+            yield x1, x2, y
 
 
 def build_train_loader(
-    cfg: Any,
-    batch_size: int,
-    *,
-    seed: int,
-    device: torch.device | str,
-    rank: int = 0,
-    world_size: int = 1,
+    cfg: Any, batch_size: int, *, seed: int, device: torch.device | str, rank: int = 0, world_size: int = 1,
     crop_flip_only: bool = False,
 ) -> TwoViewLoader:
     """The two-view training loader of ``cfg`` (a DataConfig): resident or per-sample (see module doc).
@@ -306,10 +284,7 @@ class EvalLoader:
     ``len()`` = batches."""
 
     def __init__(self, n: int, batch_size: int, device: torch.device) -> None:
-        self.n = n
-        self.batch_size = batch_size
-        self.device = device
-        self.num_skipped = 0
+        self.n, self.batch_size, self.device, self.num_skipped = n, batch_size, device, 0
 
     def __len__(self) -> int:
         return -(-self.n // self.batch_size)

@@ -121,13 +121,10 @@ def _tensor_split(x: torch.Tensor, what: str, labels: Any) -> Split:
 
 def _image(img: Any, what: str, i: int) -> torch.Tensor:
     """Item ``i``'s image as a uint8 (C, H, W) tensor, C = 1 or 3."""
-    try:
-        from PIL import Image
-    except ImportError:  # pragma: no cover - torchvision depends on Pillow
-        Image = None  # noqa: N806
-    if Image is not None and isinstance(img, Image.Image):
-        a = np.asarray(img.convert("L" if img.mode in ("L", "1", "I", "F") else "RGB"))
-        img = a
+    from PIL import Image
+
+    if isinstance(img, Image.Image):
+        img = np.asarray(img.convert("L" if img.mode in ("L", "1", "I", "F") else "RGB"))
     if isinstance(img, np.ndarray) and img.dtype == np.uint8 and img.ndim in (2, 3):
         t = torch.from_numpy(img.copy())
         t = t[None] if t.dim() == 2 else t.permute(2, 0, 1)
@@ -166,12 +163,10 @@ def _stack(images: Sequence[torch.Tensor], what: str, size: int) -> torch.Tensor
     if size == 0:
         first = tuple(images[0].shape[1:])
         if len(shapes) > 1 or first[0] != first[1]:
-            differs = (j for j, t in enumerate(images) if tuple(t.shape[1:]) != first)
-            j = next(differs, 0)
-            other = (j, images[j])
+            j = next((j for j, t in enumerate(images) if tuple(t.shape[1:]) != first), 0)
             raise DataError(
                 f"{what}: images of different or non-square sizes ({what}[0] is {first[0]}x{first[1]} px, "
-                f"{what}[{other[0]}] {other[1].shape[1]}x{other[1].shape[2]}): set data.image_size=S to "
+                f"{what}[{j}] {images[j].shape[1]}x{images[j].shape[2]}): set data.image_size=S to "
                 "resize them (shorter side S, centre crop)"
             )
         return torch.stack(images).contiguous()

@@ -1,45 +1,27 @@
 """Dataset sources: the readers, downloads, the in-process cache, subsets and metadata.
 
-Datasets (``data.name``, one of :data:`DATASETS`):
+``data.name`` (:data:`READERS`):
 
-* ``fashion-mnist``: the four idx files (``{train,t10k}-{images-idx3,labels-idx1}-ubyte``, gzipped
-  or raw), read with NumPy. With ``data.root`` unset the search order is
-  ``/usr/share/datasets/fashion-mnist`` (Debian package ``dataset-fashion-mnist``), ``./data``,
-  ``~/.cache/bayesncl``; in each place the files may sit in the folder itself, in
-  ``fashion-mnist/`` or in torchvision's ``FashionMNIST/raw/`` layout. ``data.download=true``
-  lets torchvision fetch them into ``data.root`` (or ``~/.cache/bayesncl``) when nothing is found.
-* ``cifar10`` / ``cifar100``: torchvision's on-disk format (``cifar-10-batches-py`` /
-  ``cifar-100-python`` under ``data.root``, ``./data`` or ``~/.cache/bayesncl``; ``data.root`` may
-  also be that folder itself). The pickles are read here directly (no 160 MB MD5 check on every
-  start); torchvision is used only to download (``data.download=true``).
-* ``imagefolder``: ``root/train/<class>/*`` and ``root/val/<class>/*`` (``root/test`` if there is
-  no ``val``), classes = the train folder's sub-folders, sorted. ``split="test"`` means ``val``.
-* ``synthetic``: 10 classes of shapes and textures (disk, ring, square, ...) in random colours,
-  positions and sizes on a noisy background, 32x32 RGB, 5000 train / 1000 test, generated
-  deterministically (fixed seed) in about a second. The shape, not the colour, carries the label,
-  so it survives colour jitter and grayscale: learnable, for tests and timing.
-* ``fashion-mnist-bg`` (Fashion-MNIST on procedural backgrounds, with a ``place`` label;
-  ``data.bg_correlation``) and ``waterbirds`` (``metadata.csv`` + images): readers in
-  :mod:`bayesncl.data.backgrounds`.
+* ``fashion-mnist``: the four idx files, gzipped or raw, read with NumPy; ONE gray channel. Without
+  ``data.root``: ``/usr/share/datasets/fashion-mnist`` (Debian ``dataset-fashion-mnist``), ``./data``,
+  ``~/.cache/bayesncl``, each also in ``fashion-mnist/`` or torchvision's ``FashionMNIST/raw/``.
+* ``cifar10`` / ``cifar100``: torchvision's pickles (``cifar-10-batches-py`` / ``cifar-100-python``
+  under ``data.root``, ``./data`` or ``~/.cache/bayesncl``, or ``data.root`` itself), read here
+  directly (no 160 MB MD5 check on every start).
+* ``imagefolder``: ``root/train/<class>/*`` and ``root/val/<class>/*`` (``root/test`` without
+  ``val``; ``split="test"`` means it), classes = the train folder's sub-folders, sorted.
+* ``synthetic``: 10 classes of shapes and textures in random colours, 32x32 RGB, 5000 train / 1000
+  test, generated deterministically; the shape, not the colour, carries the label.
+* ``fashion-mnist-bg``, ``waterbirds``: :mod:`bayesncl.data.backgrounds`.
 
-Gray images (Fashion-MNIST) keep ONE channel (``DatasetInfo.channels == 1``).
-
-Corrupt images (imagefolder): a split of at most :data:`VERIFY_MAX_FILES` files is verified
-upfront with ``PIL.Image.verify`` (reads every file, decodes nothing; a fraction of a second per
-thousand small files). A corrupt file raises :class:`DataError` naming it, or, with
-``data.skip_corrupt=true``, is dropped with a logging warning and counted in ``num_skipped``.
-Larger splits are checked when read (:mod:`bayesncl.data.images`).
-
-Subsets: ``train_subset`` / ``test_subset`` > 0 pick a class-stratified subset (per-class quotas
-proportional to class frequency, largest remainder) with the fixed seed :data:`SUBSET_SEED`, so
-every method and seed in a comparison sees the same images; kept in the split's original order.
-
-Image size: ``image_size=0`` is the native size (:data:`NATIVE_SIZE`: 28 Fashion-MNIST, 32
-CIFAR/synthetic, 224 folders).
-
-``cfg`` is a validated :class:`bayesncl.config.DataConfig`: nothing here re-checks its values.
+``data.download=true``: torchvision fetches a dataset not found into ``data.root`` (or the cache).
+An image-folder split of at most :data:`VERIFY_MAX_FILES` files is verified upfront
+(``PIL.Image.verify``): a corrupt file raises :class:`DataError`, or with ``data.skip_corrupt=true``
+is dropped with a warning (``num_skipped``); larger splits are checked when read (``data.images``).
+``train_subset`` / ``test_subset`` > 0: :func:`stratified_subset` (seed :data:`SUBSET_SEED`: the
+same images for every method and seed). ``image_size=0``: :data:`NATIVE_SIZE`. ``cfg`` is a
+validated :class:`bayesncl.config.DataConfig`: nothing here re-checks its values.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -469,14 +451,11 @@ CLASS_LISTS = {"imagenet100": Path(__file__).with_name("imagenet100_classes.txt"
 
 
 def read_class_list(path: str | os.PathLike[str]) -> tuple[str, ...]:
-    """The class folder names listed in a text file (``data.classes``), sorted.
+    """The class folder names listed in a text file (``data.classes``), sorted like torchvision's
+    ImageFolder (a full ImageNet folder then labels ImageNet-100 as a ready-made one does).
 
-    Names are separated by whitespace, commas or newlines (the CMC ImageNet-100 list is one line of
-    WordNet ids); ``#`` starts a comment. Sorted like torchvision's ImageFolder, so an ImageNet-100
-    taken from a full ImageNet folder gets the same labels as a ready-made ImageNet-100 folder.
-    ``path`` may also name a list shipped with bayesncl (:data:`CLASS_LISTS`): ``imagenet100``, the
-    CMC ImageNet-100 subset (Tian et al. 2020), which the imagenet100 recipes select, so a full
-    ImageNet folder trains on the subset (a ready-made ImageNet-100 folder holds just these classes).
+    Names are separated by whitespace, commas or newlines; ``#`` starts a comment. ``path`` may name
+    a shipped list (:data:`CLASS_LISTS`): ``imagenet100``, the CMC subset (Tian et al. 2020).
     Raises DataError (one line) if the file is missing or unreadable, lists nothing, or repeats a name.
     """
     f = CLASS_LISTS.get(str(path)) or _expand(str(path))
@@ -641,11 +620,8 @@ def _read_folder(k: _Key) -> Split:
 # ============================================================================ registry, cache, subsets
 # data.name -> reader of one full split; config.validate takes the allowed names from here.
 READERS: dict[str, Callable[[_Key], Split]] = {
-    "fashion-mnist": _read_fmnist,
-    "cifar10": _read_cifar,
-    "cifar100": _read_cifar,
-    "imagefolder": _read_folder,
-    "synthetic": _read_synthetic,
+    "fashion-mnist": _read_fmnist, "cifar10": _read_cifar, "cifar100": _read_cifar,
+    "imagefolder": _read_folder, "synthetic": _read_synthetic,
 }
 """data.name -> reader. Readers in modules of their own add their row when imported (bayesncl.data
 imports them): ``stl10`` (:mod:`bayesncl.data.stl10`), ``fashion-mnist-bg`` and ``waterbirds``

@@ -23,14 +23,8 @@ __all__ = ["knn_accuracy"]
 
 
 def knn_accuracy(
-    train_features: Any,
-    train_labels: Any,
-    test_features: Any,
-    test_labels: Any,
-    k: int = 200,
-    temperature: float = 0.07,
-    topk: Sequence[int] = (1, 5),
-    chunk_size: int | None = None,
+    train_features: Any, train_labels: Any, test_features: Any, test_labels: Any, k: int = 200,
+    temperature: float = 0.07, topk: Sequence[int] = (1, 5), chunk_size: int | None = None,
 ) -> dict[str, float]:
     """Weighted kNN accuracy in percent: ``{"acc1": .., "acc5": ..}`` (keys follow ``topk``).
 

@@ -40,14 +40,8 @@ def _accuracy(backbone: nn.Module, clf: nn.Linear, loader: Any, num_classes: int
 
 
 def paper_linear_probe(
-    model: ContrastiveModel,
-    cfg: Config,
-    *,
-    epochs: int = 50,
-    seeds: list[int] | None = None,
-    batch_size: int = 256,
-    base_lr: float = 0.4,
-    progress: bool = True,
+    model: ContrastiveModel, cfg: Config, *, epochs: int = 50, seeds: list[int] | None = None,
+    batch_size: int = 256, base_lr: float = 0.4, progress: bool = True,
 ) -> dict[str, Any]:
     """Train and test a linear probe on frozen h with the paper protocol.
 

@@ -1,19 +1,10 @@
-"""Fast linear probe on precomputed frozen features (docs/metrics.md, "Linear probe").
+"""Fast linear probe on precomputed frozen features (protocol: docs/metrics.md, "Linear probe").
 
-Protocol ("fast probe", CPU, seconds):
-
-1. Split the train features: a stratified ``val_fraction`` (default 10 %) is held out.
-2. Standardise with the mean/std of the part being fitted (zero-variance dims: std 1).
-3. Multinomial logistic regression, mean cross-entropy + ½·λ·‖W‖² (bias unregularised), fitted by
-   full-batch L-BFGS (strong-Wolfe line search) from zero, for every λ in ``l2_grid`` in
-   decreasing order, each warm-started from the previous solution.
-4. Pick the λ with the best held-out top-1 accuracy (ties: the larger λ), refit on all train
-   features with it, report test Acc@1 and Acc@5 in percent.
-5. With several ``seeds`` (different held-out splits), report mean and std (ddof = 0).
-
-This is *not* the paper's probe (LARS, lr 0.4, batch 256, 50 epochs, augmented crops of the
-images through the frozen backbone). That protocol needs images and a GPU and is not implemented
-here; numbers from this module are "fast probe on frozen features".
+A stratified ``val_fraction`` of the train features is held out; multinomial logistic regression
+(mean cross-entropy + ½·λ·‖W‖², full-batch L-BFGS, warm-started down ``l2_grid``) on standardised
+features picks λ on it, is refitted on all train features and reports test Acc@1/Acc@5 (%);
+several ``seeds``: mean and std (ddof 0). This is *not* the paper's probe (LARS, 50 epochs on
+augmented crops: :mod:`bayesncl.metrics.paper_probe`); numbers here are "fast probe on frozen features".
 """
 
 from __future__ import annotations
@@ -76,12 +67,8 @@ def _threads(n: int) -> Iterator[None]:
 
 
 def _fit(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    num_classes: int,
-    l2: float,
-    init: tuple[torch.Tensor, torch.Tensor] | None,
-    max_iter: int,
+    x: torch.Tensor, y: torch.Tensor, num_classes: int, l2: float,
+    init: tuple[torch.Tensor, torch.Tensor] | None, max_iter: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Minimise mean CE + ½ l2 ‖W‖² with L-BFGS; W is (C, D), b is (C,).
 
@@ -97,15 +84,8 @@ def _fit(
     w.requires_grad_(True)
     b.requires_grad_(True)
     rows = torch.arange(n)
-    opt = torch.optim.LBFGS(
-        [w, b],
-        lr=1.0,
-        max_iter=max_iter,
-        history_size=10,
-        tolerance_grad=1e-5,
-        tolerance_change=1e-9,
-        line_search_fn="strong_wolfe",
-    )
+    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, history_size=10, tolerance_grad=1e-5,
+                            tolerance_change=1e-9, line_search_fn="strong_wolfe")
 
     def closure() -> torch.Tensor:
         with torch.no_grad():
@@ -130,12 +110,7 @@ def _topk_correct(logits: torch.Tensor, y: torch.Tensor, tops: Sequence[int]) ->
 
 
 def _select_l2(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    num_classes: int,
-    grid: list[float],
-    val_fraction: float,
-    seed: int,
+    x: torch.Tensor, y: torch.Tensor, num_classes: int, grid: list[float], val_fraction: float, seed: int,
     max_iter: int,
 ) -> tuple[float, float]:
     """``(l2, held-out Acc@1)``: the best of ``grid`` (decreasing, each fit warm-started from the
@@ -161,14 +136,8 @@ def _select_l2(
 
 
 def linear_probe(
-    train_features: Any,
-    train_labels: Any,
-    test_features: Any,
-    test_labels: Any,
-    *,
-    l2_grid: Sequence[float] = DEFAULT_L2_GRID,
-    val_fraction: float = 0.1,
-    seeds: int | Sequence[int] = 0,
+    train_features: Any, train_labels: Any, test_features: Any, test_labels: Any, *,
+    l2_grid: Sequence[float] = DEFAULT_L2_GRID, val_fraction: float = 0.1, seeds: int | Sequence[int] = 0,
     max_iter: int = 100,
 ) -> dict[str, Any]:
     """Fast linear probe on (N, D) train/test features with (N,) labels; returns percent accuracies.
@@ -214,25 +183,15 @@ def linear_probe(
     acc1 = np.array([r["acc1"] for r in per_seed])
     acc5 = np.array([r["acc5"] for r in per_seed])
     return {
-        "acc1": float(acc1.mean()),
-        "acc5": float(acc5.mean()),
-        "acc1_std": float(acc1.std()),
-        "acc5_std": float(acc5.std()),
-        "per_seed": per_seed,
-        "protocol": (
-            f"fast probe: standardised frozen features, L-BFGS logistic regression, l2 from "
-            f"{grid} on a {val_fraction:.0%} stratified held-out split, refit on all train"
-        ),
+        "acc1": float(acc1.mean()), "acc5": float(acc5.mean()), "acc1_std": float(acc1.std()),
+        "acc5_std": float(acc5.std()), "per_seed": per_seed,
+        "protocol": f"fast probe: standardised frozen features, L-BFGS logistic regression, l2 from "
+                    f"{grid} on a {val_fraction:.0%} stratified held-out split, refit on all train",
     }
 
 
 def feature_selection_probe(
-    train_features: Any,
-    train_labels: Any,
-    test_features: Any,
-    test_labels: Any,
-    k: int,
-    **probe_kwargs: Any,
+    train_features: Any, train_labels: Any, test_features: Any, test_labels: Any, k: int, **probe_kwargs: Any
 ) -> dict[str, Any]:
     """Linear probe on the top-``k`` dims ranked by expected activation Σ_n normalize(F)_nk of
     the *train* features (NCL's feature-selection protocol); adds ``k`` and ``dims`` to the
@@ -247,6 +206,4 @@ def feature_selection_probe(
         )
     idx = select_top_dims(xtr, k)
     out = linear_probe(xtr[:, idx], train_labels, xte[:, idx], test_labels, **probe_kwargs)
-    out["k"] = int(k)
-    out["dims"] = idx.tolist()
-    return out
+    return {**out, "k": int(k), "dims": idx.tolist()}

@@ -1,18 +1,10 @@
 """Retrieval with feature selection (PAPER-NOTES §3; NCL's and BayesNCL's Table 2 protocol).
 
-1. f = normalize(F) (rows; an all-zero row stays zero; a row too large for a plain sum of squares
-   is divided by its max-abs first, so the result does not depend on the scale of F).
-2. Rank the dims by the expected activation Σ_n f_nk (descending; ties: lower index first) and
-   keep the top K.
-3. Re-normalise the kept columns row-wise and use cosine similarity.
-4. For every query, its nearest other samples: the query itself is excluded *by index*, so a
-   duplicate of the query is still a neighbour (at similarity 1).
-5. P@k = percent of the k nearest neighbours with the query's label; mAP@10 = mean over queries of
-   AP@10 = (1 / R10) Σ_{j≤10} rel_j · P@j, with R10 the number of relevant items among the top 10
-   (AP@10 = 0 when R10 = 0). All values are percent.
-
-The similarity matrix is computed in row chunks (``chunk_size`` queries at a time), so memory is
-O(chunk_size · N), never N × N.
+Rows of F are normalised (overflow-safe), the K dims of largest expected activation Σ_n f_nk kept
+(ties: lower index), re-normalised, and each query's nearest other samples by cosine similarity
+(the query excluded *by index*, so a duplicate is still a neighbour) give P@k and mAP@10, in
+percent (docs/metrics.md, "Retrieval with feature selection"). The similarity matrix is computed
+in row chunks of ``chunk_size`` queries: memory O(chunk_size · N), never N × N.
 """
 
 from __future__ import annotations
@@ -129,12 +121,8 @@ def average_precision_at_k(relevant: torch.Tensor, k: int = 10) -> torch.Tensor:
 
 
 def retrieval_metrics(
-    features: Any,
-    labels: Any,
-    dims: int | Sequence[int] = (64,),
-    topk: Sequence[int] = (1, 3, 5, 10),
-    chunk_size: int | None = None,
-    map_depth: int = 10,
+    features: Any, labels: Any, dims: int | Sequence[int] = (64,), topk: Sequence[int] = (1, 3, 5, 10),
+    chunk_size: int | None = None, map_depth: int = 10,
 ) -> dict[str, dict[str, float]]:
     """Retrieval precision with feature selection, in percent.
 

@@ -104,13 +104,8 @@ class SemanticStats:
             act_sum = torch.ldexp(_aggregate(inverse, classes.numel(), [scaled(a, e)])[0], torch.tensor(e))
         sc_count = fire_count if same else out[2]
         return cls(
-            classes=classes,
-            class_sizes=sizes.to(torch.float64),
-            act_sum=act_sum,
-            fire_count=fire_count,
-            sc_count=sc_count,
-            num_samples=int(f.shape[0]),
-            dim=int(f.shape[1]),
+            classes=classes, class_sizes=sizes.to(torch.float64), act_sum=act_sum, fire_count=fire_count,
+            sc_count=sc_count, num_samples=int(f.shape[0]), dim=int(f.shape[1]),
         )
 
     # -- per-dimension values (NaN where a dimension does not enter the mean) -----------------
@@ -133,14 +128,11 @@ class SemanticStats:
         active = col > EPS  # the authors' ``features.abs().sum(0) > eps``
         mean_act = act / self.class_sizes.numpy()[:, None]
         eligible = {
-            "sum": active,
-            "mean": active & (mean_act.sum(axis=0) >= EPS),
+            "sum": active, "mean": active & (mean_act.sum(axis=0) >= EPS),
             "freq": active & (fire.sum(axis=0) >= EPS),
         }
         values = {
-            "sum": _entropy_columns(act),
-            "mean": _entropy_columns(mean_act),
-            "freq": _entropy_columns(fire),
+            "sum": _entropy_columns(act), "mean": _entropy_columns(mean_act), "freq": _entropy_columns(fire),
         }
         return {k: np.where(eligible[k], values[k], np.nan) for k in values}
 
@@ -149,10 +141,9 @@ class SemanticStats:
     def summary(self) -> tuple[dict[str, float], list[str]]:
         """``(values, undefined)``: SC (percent) and the three entropies (nats), and the keys
         whose mean has no eligible dimension (those are reported as 0.0)."""
-        per_dim = {"semantic_consistency": self.sc_per_dim()}
         ent = self.entropies_per_dim()
-        for kind in ("sum", "mean", "freq"):
-            per_dim[f"semantic_entropy_{kind}"] = ent[kind]
+        per_dim = {"semantic_consistency": self.sc_per_dim(),
+                   **{f"semantic_entropy_{kind}": ent[kind] for kind in ("sum", "mean", "freq")}}
         values, undefined = {}, []
         for key, vals in per_dim.items():
             kept = vals[~np.isnan(vals)]

@@ -1,26 +1,11 @@
-"""The features file: load, validate, save (docs/architecture.md, "Features file").
+"""The features file: load, validate, save.
 
-A features file is a NumPy ``.npz`` read with ``allow_pickle=False``:
-
-=========== ========== ====================================================================
-key         shape      meaning
-=========== ========== ====================================================================
-features    (N, D)     evaluation features z̃ (PAPER-NOTES §3), float32
-labels      (N,)       integer class labels, int64
-indices     (N,)       index of each row in its split (optional)
-h           (N, H)     backbone features (optional)
-p           (N, D)     raw projector output (optional)
-z           (N, D)     non-negative output (optional)
-alpha       (N, D)     gate probabilities, gated methods only (optional)
-mask        (N, D)     hard gate, gated methods only (optional)
-places      (N,)       integer background (place) labels, datasets with places only (optional)
-meta        ()         0-d string array holding JSON (optional)
-=========== ========== ====================================================================
-
-A plain ``.npz`` with only ``features`` and ``labels`` is a valid input everywhere.
-
-Every problem with a file is an :class:`~bayesncl.metrics.EvalError` (a ``ValueError``) with
-one line that says what was found.
+A NumPy ``.npz`` read with ``allow_pickle=False``: ``features`` (N, D) float32 z̃ and ``labels``
+(N,) int64, optionally ``indices``, ``h`` (N, H), ``p``, ``z``, ``alpha``, ``mask`` (N, D),
+``places`` (N,) and ``meta`` (0-d JSON string); the keys and their meaning: docs/architecture.md,
+"Features file". A plain ``.npz`` with only ``features`` and ``labels`` is a valid input
+everywhere. Every problem with a file is an :class:`~bayesncl.metrics.EvalError` (a
+``ValueError``), one line saying what was found.
 """
 
 from __future__ import annotations
@@ -165,23 +150,13 @@ def load_features(path: str | os.PathLike[str]) -> FeatureSet:
 
 
 def save_features(
-    path: str | os.PathLike[str],
-    *,
-    features: Any,
-    labels: Any,
-    meta: dict[str, Any] | None = None,
-    compress: bool = False,
-    **arrays: Any,
+    path: str | os.PathLike[str], *, features: Any, labels: Any, meta: dict[str, Any] | None = None,
+    compress: bool = False, **arrays: Any,
 ) -> Path:
-    """Write a features file atomically (temporary file in the same folder, then ``os.replace``).
-
-    ``arrays`` may hold the optional per-row arrays (:data:`OPTIONAL_ARRAYS`); tensors are
-    converted to NumPy. ``features`` is stored as float32 and ``labels`` as int64. ``meta`` is
-    stored as a 0-d string array holding JSON. Returns the final path; its folder is created.
-
-    Raises :class:`EvalError` for bad arrays, and (one line naming ``path`` and the reason, e.g. a
-    parent that is a regular file, or no permission) when the file cannot be written; nothing is
-    left behind then.
+    """Write a features file atomically (``features`` float32, ``labels`` int64, the optional per-row
+    ``arrays`` of :data:`OPTIONAL_ARRAYS`, tensors or NumPy, ``meta`` as 0-d JSON); its folder is
+    created. Returns the path. Raises :class:`EvalError` for bad arrays, and (one line naming
+    ``path`` and the reason) when the file cannot be written; nothing is left behind then.
     """
     path = Path(path)
     unknown = sorted(set(arrays) - set(OPTIONAL_ARRAYS))
@@ -190,10 +165,7 @@ def save_features(
             f"unknown features-file array(s) {', '.join(unknown)}; allowed: {', '.join(OPTIONAL_ARRAYS)}"
         )
     f, y = validate_features(features, labels)
-    out: dict[str, np.ndarray] = {
-        "features": f.to(torch.float32).numpy(),
-        "labels": y.numpy(),  # type: ignore[union-attr]
-    }
+    out: dict[str, np.ndarray] = {"features": f.to(torch.float32).numpy(), "labels": y.numpy()}  # type: ignore[union-attr]
     n = f.shape[0]
     for key in OPTIONAL_ARRAYS:
         if key in arrays and arrays[key] is not None:

@@ -1,18 +1,12 @@
 """Where a run's per-epoch numbers go besides ``log.csv``: ``train.loggers`` (default ``[csv]``).
 
-* ``csv``: ``log.csv`` and ``steps.csv`` (always written: the run's own record, read by ``--resume``,
-  ``curves`` and ``report``);
-* ``tensorboard``: event files in ``RUN_DIR/tensorboard/`` (``torch.utils.tensorboard``; the
-  ``tensorboard`` package, ``pip install 'bayesncl[tensorboard]'``); view with
-  ``tensorboard --logdir RUN_DIR/tensorboard``;
-* ``wandb``: a Weights & Biases run in ``RUN_DIR/wandb/`` (``pip install 'bayesncl[wandb]'``), offline
-  unless ``WANDB_MODE`` says otherwise (offline needs no network; ``wandb sync`` uploads later);
-  project ``WANDB_PROJECT`` or ``bayesncl``; its id is kept in ``RUN_DIR/wandb-id.txt``.
-
-Each gets the same scalars as the log.csv row, x = the epoch (``train/<column>``), the final
-evaluation's metrics (``eval/<key>``) and the run's figures (``figures/<name>``). ``--resume``
-continues the same TensorBoard run (events after the checkpoint's epoch are purged) and the same
-W&B run id.
+``csv``: ``log.csv`` and ``steps.csv``, always written (the run's record). ``tensorboard``: event
+files in ``RUN_DIR/tensorboard/`` (extra ``[tensorboard]``). ``wandb``: a W&B run in
+``RUN_DIR/wandb/`` (extra ``[wandb]``), offline unless ``WANDB_MODE`` says otherwise, project
+``WANDB_PROJECT`` or ``bayesncl``, its id kept in ``RUN_DIR/wandb-id.txt``. Each gets the log.csv
+row's scalars at x = the epoch (``train/<column>``), the final metrics (``eval/<key>``) and the
+figures (``figures/<name>``); ``--resume`` continues the same TensorBoard run (later events purged)
+and W&B run id.
 """
 
 from __future__ import annotations
@@ -56,12 +50,8 @@ def require(names: Iterable[str]) -> None:
 
 def _scalars(row: Mapping[str, Any], prefix: str) -> dict[str, float]:
     """The finite numbers of ``row`` as ``{prefix/key: float}`` (empty cells and strings left out)."""
-    out = {}
-    for k, v in row.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
-            continue
-        out[f"{prefix}/{k}"] = float(v)
-    return out
+    return {f"{prefix}/{k}": float(v) for k, v in row.items()
+            if not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(float(v))}
 
 
 def _png(path: Path) -> Any:
@@ -131,11 +121,6 @@ def _wandb_run(run_dir: Path, config: dict[str, Any]) -> Any:
     run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
     id_file.write_text(run_id + "\n")
     return wandb.init(
-        project=os.environ.get("WANDB_PROJECT", "bayesncl"),
-        id=run_id,
-        resume="allow",
-        name=run_dir.name,
-        dir=str(run_dir),
-        config=config,
-        mode=os.environ.get("WANDB_MODE", "offline"),
+        project=os.environ.get("WANDB_PROJECT", "bayesncl"), id=run_id, resume="allow", name=run_dir.name,
+        dir=str(run_dir), config=config, mode=os.environ.get("WANDB_MODE", "offline"),
     )

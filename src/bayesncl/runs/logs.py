@@ -38,23 +38,17 @@ def epoch_row(
     """A log.csv row for epoch ``epoch`` (1-based): ``stats`` are the epoch's means
     (``core.engine.STATS``; online_acc becomes a percentage), ``rho`` the gate's target ("" if none)."""
     return {
-        "epoch": epoch,
-        "step": step,
-        **{k: round(stats[k], 6) for k in ("loss", "info_nce", "kl", "gate_open")},
-        "rho": rho,
+        "epoch": epoch, "step": step,
+        **{k: round(stats[k], 6) for k in ("loss", "info_nce", "kl", "gate_open")}, "rho": rho,
         "rows_all_closed": round(stats["rows_all_closed"], 6),
-        "online_acc": round(100 * stats["online_acc"], 3),
-        "lr": lr,
-        "epoch_time_s": round(seconds, 2),
+        "online_acc": round(100 * stats["online_acc"], 3), "lr": lr, "epoch_time_s": round(seconds, 2),
     }
 
 
 def step_row(step: int, steps_per_epoch: int, means: dict[str, float], lr: float) -> dict[str, Any]:
     """A steps.csv row: ``means`` over the epoch's steps since the previous row (``core.engine.STATS``)."""
     return {
-        "step": step,
-        "epoch": round(step / steps_per_epoch, 4),
+        "step": step, "epoch": round(step / steps_per_epoch, 4),
         **{k: round(means[k], 6) for k in ("loss", "info_nce", "kl", "gate_open")},
-        "online_acc": round(100 * means["online_acc"], 3),
-        "lr": lr,
+        "online_acc": round(100 * means["online_acc"], 3), "lr": lr,
     }

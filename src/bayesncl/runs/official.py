@@ -1,36 +1,20 @@
 """Import checkpoints of the authors' code (BayesNCL and NCL, both built on solo-learn).
 
-Their pretraining saves a PyTorch Lightning checkpoint whose ``state_dict`` holds the SimCLR-style
-module (solo-learn ``BaseMethod`` + ``SimCLR``)::
+Their Lightning checkpoint's ``state_dict`` holds ``backbone.*`` (torchvision ResNet names without
+fc; CIFAR: a 3×3 conv1, stride 1, padding 2, no max-pool), ``projector.0.*`` Linear(H, hidden) and
+``projector.2.*`` Linear(hidden, D), ``gating_head.{0,2,4}.*`` (BayesNCL only; depth 1 to 3, the
+third layer hidden → hidden // 2) and ``classifier.*`` Linear(H, num_classes). Our
+:class:`bayesncl.core.model.ContrastiveModel` has the same parts, the projector and gating head one
+level deeper (``projector.net.0.weight``). :func:`load_official_checkpoint` infers the architecture
+from the shapes, builds our model and loads every tensor strictly (a key left over or missing, or
+another shape, is an error listing expected and found shapes).
 
-    backbone.*        torchvision ResNet names without fc (``backbone.conv1.weight``,
-                      ``backbone.layer1.0.conv1.weight``, ...); CIFAR: conv1 is 3×3 (stride 1,
-                      padding 2 in solo-learn) and there is no max-pool
-    projector.0.*     Linear(H, hidden)      projector.1 is the ReLU (no parameters)
-    projector.2.*     Linear(hidden, D)
-    gating_head.0.*   BayesNCL only: depth 1: Linear(H, D); depth 2: .0 Linear(H, hidden), .2
-                      Linear(hidden, D); depth 3: .0 (H→hidden), .2 (hidden→hidden//2), .4 (→D)
-    classifier.*      the online linear probe, Linear(H, num_classes)
-
-Our :class:`bayesncl.core.model.ContrastiveModel` has the same parts; only the projector and gating
-head sit one level deeper (``projector.net.0.weight``). :func:`load_official_checkpoint` infers
-the architecture from the shapes (backbone resnet18/50 from the blocks per stage, CIFAR stem from
-a 3×3 conv1, input channels, projector hidden/output dims, gate depth and width, number of
-classes), builds our model and loads every tensor strictly: any key left over or missing, and any
-shape that differs, is an error listing the expected and found shapes.
-
-What the weights cannot say is given by overrides (``key=value`` as for ``bayesncl pretrain``):
-
-- the method: a gating head means ``bayesncl`` (STE gate; the Gumbel variant evaluates the same
-  way), none means ``ncl`` (NCL and plain SimCLR have identical weights: pass ``method.name=cl``
-  for a SimCLR checkpoint, ``method.name=ncl-topk`` for TopK);
-- the data (``data.name=cifar100 data.root=DIR``): needed by ``bayesncl extract`` / ``evaluate``.
-
-The file is read with :func:`bayesncl.runs.safe_load.load_checkpoint_file` (``weights_only=True``).
-A Lightning checkpoint whose extra entries (hyper-parameters, callbacks) hold Python objects is
-refused by that safe loader; if you trust it, save its weights once with
-``torch.save(torch.load(path, weights_only=False)["state_dict"], "weights.pt")`` and pass that
-file (a bare state dict with the keys above is accepted as well).
+Overrides (``key=value``) give what the weights cannot say: the method (a gating head means
+``bayesncl``, none ``ncl``; ``method.name=cl`` for SimCLR, ``ncl-topk`` for TopK) and the data
+(``data.name=cifar100 data.root=DIR``). The file is read with ``weights_only=True``
+(:func:`bayesncl.runs.safe_load.load_checkpoint_file`); a Lightning checkpoint holding Python
+objects is refused: if you trust it, pass ``torch.save(torch.load(path,
+weights_only=False)["state_dict"], "weights.pt")``'s file instead (a bare state dict is accepted).
 """
 
 from __future__ import annotations
@@ -149,8 +133,7 @@ def _linear_stack(
 
 
 def infer_official_config(
-    sd: dict[str, torch.Tensor],
-    overrides: list[str] | dict[str, Any] | None = None,
+    sd: dict[str, torch.Tensor], overrides: list[str] | dict[str, Any] | None = None,
     where: str = "checkpoint",
 ) -> tuple[Config, dict[str, Any]]:
     """The Config that the weights ``sd`` (authors' layout) describe, with ``overrides`` on top.
@@ -171,12 +154,9 @@ def infer_official_config(
         sd, "projector", {(0, 2): ""}, "Linear-ReLU-Linear: projector.0.weight (hidden, H), "
         "projector.0.bias (hidden,), projector.2.weight (D, hidden), projector.2.bias (D,)", where
     )
-    flat: dict[str, Any] = {
-        "model.backbone": bb["arch"],
-        "model.cifar_stem": "true" if bb["cifar_stem"] else "false",
-        "model.proj_hidden": int(p0.shape[0]),
-        "model.proj_dim": int(p2.shape[0]),
-    }
+    stem = "true" if bb["cifar_stem"] else "false"
+    flat: dict[str, Any] = {"model.backbone": bb["arch"], "model.cifar_stem": stem,
+                            "model.proj_hidden": int(p0.shape[0]), "model.proj_dim": int(p2.shape[0])}
     if any(k.startswith("gating_head.") for k in sd):
         idx, ws = _linear_stack(
             sd, "gating_head", {(0,): "", (0, 2): "", (0, 2, 4): ""},
@@ -191,12 +171,8 @@ def infer_official_config(
     flat.update(user)
     cfg = build_config(overrides=flat)
     cls = sd.get("classifier.weight")
-    facts = {
-        "in_channels": bb["in_channels"],
-        "num_classes": int(cls.shape[0]) if cls is not None and cls.ndim == 2 else None,
-        "h_dim": int(p0.shape[1]),
-    }
-    return cfg, facts
+    n_cls = int(cls.shape[0]) if cls is not None and cls.ndim == 2 else None
+    return cfg, {"in_channels": bb["in_channels"], "num_classes": n_cls, "h_dim": int(p0.shape[1])}
 
 
 def _to_ours(key: str) -> str:
@@ -239,25 +215,20 @@ def describe(cfg: Config) -> str:
 
 
 def load_official_checkpoint(
-    path: str | Path,
-    overrides: list[str] | dict[str, Any] | None = None,
-    *,
-    num_classes: int | None = None,
+    path: str | Path, overrides: list[str] | dict[str, Any] | None = None, *, num_classes: int | None = None,
     obj: Any = None,
 ) -> tuple[ContrastiveModel, Config]:
     """Load an authors'-layout checkpoint (BayesNCL / NCL / SimCLR from solo-learn) as our model.
 
-    path: a Lightning ``.ckpt``, a ``torch.save``'d state dict, or a ``.safetensors`` file, read
-    safely (``obj``: the already-loaded file, to avoid reading it twice). overrides: ``key=value``
-    strings or a dict, applied on top of the inferred config (method, data, ...). num_classes: the
-    classifier size when the file has no ``classifier.*`` (it is then freshly initialised; the
-    online probe is not used by extract/evaluate). A CIFAR-stem conv1 has ``model.stem_padding``'s
-    padding: by default 2, solo-learn's (their conv1 weights fit any padding).
+    path: a Lightning ``.ckpt``, a ``torch.save``'d state dict or a ``.safetensors`` file, read
+    safely (``obj``: the file already loaded). overrides: ``key=value`` strings or a dict on top of
+    the inferred config. num_classes: the classifier size when the file has no ``classifier.*``
+    (then freshly initialised; extract/evaluate do not use it). A CIFAR-stem conv1 gets
+    ``model.stem_padding`` (default 2, solo-learn's).
 
-    returns: ``(model in eval mode on CPU, config)``. Raises CheckpointError (one line) when the
-    file is unsafe or unreadable, when the weights have another layout, or when a tensor's shape
-    differs from the inferred architecture (listing expected and found shapes); ConfigError for bad
-    overrides.
+    returns: ``(model in eval mode on CPU, config)``. Raises CheckpointError (one line) for an
+    unsafe or unreadable file, another layout or a shape that differs from the inferred
+    architecture (expected and found); ConfigError for bad overrides.
     """
     where = str(path)
     if obj is None:

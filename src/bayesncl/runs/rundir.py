@@ -56,10 +56,9 @@ def describe_config_diff(old: Config, new: Config) -> str:
 
 
 def _check_writable(run_dir: Path) -> None:
-    """Raise RunDirError unless ``run_dir`` exists as a writable directory or can be created.
-
-    Writes nothing that stays: the test is a temporary file, created and removed at once, in the
-    nearest existing folder (``os.access`` alone says yes to root even on a read-only mount)."""
+    """Raise RunDirError unless ``run_dir`` exists as a writable directory or can be created. Writes
+    nothing that stays: a temporary file in the nearest existing folder, removed at once
+    (``os.access`` alone says yes to root even on a read-only mount)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"run dir {run_dir} is a file, not a directory; choose another --run-dir")
     probe = run_dir
@@ -151,11 +150,9 @@ def _move_into(paths: list[Path], dest: Path) -> Path:
 
 
 def set_aside_run_artifacts(run_dir: Path) -> Path | None:
-    """--overwrite, first half: move a previous run's files (``RUN_ARTIFACTS`` and archived results)
-    into a hidden ``run_dir/.replaced-PID/``, so the new run is not mixed with them but they are not
-    lost yet. :func:`finish_overwrite` deletes them once the new run has its first checkpoint, or puts
-    them back if it fails before. Nothing else in the folder is touched. Returns the folder, or None
-    when there was nothing to move."""
+    """--overwrite, first half: move a previous run's files (``RUN_ARTIFACTS`` and archived results),
+    and nothing else, into a hidden ``run_dir/.replaced-PID/`` until :func:`finish_overwrite` deletes
+    them or puts them back. Returns the folder, or None when there was nothing to move."""
     run_dir = Path(run_dir)
     found = _files(run_dir, RUN_ARTIFACTS)
     found += [
@@ -197,8 +194,7 @@ def finish_overwrite(aside: Path | None, *, keep_new: bool) -> None:
 
 def settle_run_dir(run_dir: Path) -> None:
     """Before a command reads or checks ``run_dir``: raise RunDirError if another process is using it
-    (:func:`lock_run_dir`), and finish an ``--overwrite`` a killed process left half done
-    (:func:`recover_interrupted_overwrite`, which prints what it did). A killed holder's lock file goes."""
+    (:func:`lock_run_dir`), and finish (printing it) an ``--overwrite`` a killed process left half done."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return
@@ -212,12 +208,10 @@ def settle_run_dir(run_dir: Path) -> None:
 
 
 def recover_interrupted_overwrite(run_dir: Path, *, owner_gone: bool = False) -> list[str]:
-    """Finish an ``--overwrite`` whose process died without finishing it (SIGKILL, power loss), as
-    it would have finished: its ``run_dir/.replaced-PID/`` goes back in place if the new run never
-    wrote a checkpoint (``last.pt``) or the set-aside itself was cut short, and is deleted if the
-    new run has a checkpoint. ``owner_gone``: this process holds the run dir's lock, so no other
-    process is overwriting it; without it (no file locks here) folders whose process id is alive on
-    this machine are left alone. Returns one message per folder handled."""
+    """Finish an ``--overwrite`` whose process died (SIGKILL, power loss) as it would have: its
+    ``run_dir/.replaced-PID/`` is deleted if the new run has a ``last.pt``, else (or if the set-aside
+    was cut short) put back. ``owner_gone``: this process holds the run dir's lock; without it,
+    folders of a process alive on this machine are left alone. Returns one message per folder."""
     done = []
     for aside, pid in _asides(run_dir):
         if not owner_gone and _process_alive(pid):
@@ -280,13 +274,10 @@ class RunDirLock:
 
 
 def lock_run_dir(run_dir: Path) -> RunDirLock | None:
-    """Claim ``run_dir`` (which must exist) for this process until ``release()``: an OS file lock
-    (``fcntl.flock``) on ``run_dir/.bayesncl.lock``, which the OS drops if the process dies, so a
-    SIGKILL leaves no stale claim. Returns None where file locks are unavailable (Windows, some
-    network file systems): then nothing is checked.
-
-    Raises RunDirError (one line, naming the holder's pid) if another process holds it: two
-    commands writing one run dir would mix their files."""
+    """Claim ``run_dir`` (which must exist) until ``release()``: an OS file lock (``fcntl.flock``) on
+    ``run_dir/.bayesncl.lock``, dropped by the OS if the process dies. Returns None where file locks
+    are unavailable (Windows, some network file systems). Raises RunDirError (one line, naming the
+    holder's pid) if another process holds it."""
     try:
         import fcntl
     except ImportError:
@@ -321,11 +312,9 @@ def lock_run_dir(run_dir: Path) -> RunDirLock | None:
 
 
 def discard_unstarted_run(run_dir: Path, existed: bool) -> None:
-    """After a fresh run failed before writing its first checkpoint (bad data found mid-epoch, a
-    non-finite loss in epoch 1, a full disk, ...): remove what it wrote (``config.yaml``, ``steps.csv``,
-    ``log.csv``, temporaries), and the run dir itself if this run created it and it is now empty, so the same
-    command can simply be rerun.
-    A run dir that holds a ``last.pt`` is left alone."""
+    """After a fresh run failed before its first checkpoint: remove what it wrote (``config.yaml``,
+    ``steps.csv``, ``log.csv``, temporaries) and the run dir if this run created it and it is now
+    empty, so the command can be rerun. A run dir holding a ``last.pt`` is left alone."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir() or (run_dir / "last.pt").exists():
         return
@@ -338,12 +327,9 @@ def discard_unstarted_run(run_dir: Path, existed: bool) -> None:
 
 
 def archive_results(run_dir: Path, epoch: int) -> Path | None:
-    """Move the results of the ``epoch``-epoch run (``RESULT_ARTIFACTS``: exported encoder, metrics,
-    evaluation, features, figures, dynamics) into ``run_dir/results-epoch-NNNN/`` before a --resume
-    trains further, so the run dir never mixes results of two lengths and nothing is lost.
-
-    Returns the folder, or None when there was nothing to move (e.g. the run had been interrupted).
-    """
+    """Move the results of the ``epoch``-epoch run (``RESULT_ARTIFACTS``) into
+    ``run_dir/results-epoch-NNNN/`` before a --resume trains further (results of two lengths never
+    mix). Returns the folder, or None when there was nothing to move."""
     run_dir = Path(run_dir)
     found = _files(run_dir, RESULT_ARTIFACTS)
     if not found:
@@ -378,10 +364,9 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     """Check the run dir *before* anything is written. Returns the checkpoint to resume from or None.
 
     Raises RunDirError if another process is using it, if it already holds a run (without
-    --resume/--overwrite), if --resume finds
-    no checkpoint, an unreadable one or a config that differs (naming each key with its old and new
-    value), or if the run dir cannot be written. On resume, temporary files left by a killed run
-    are removed.
+    --resume/--overwrite), if --resume finds no checkpoint, an unreadable one or a config that
+    differs (naming each key, old and new value), or if it cannot be written. On resume, a killed
+    run's temporary files are removed.
     """
     run_dir = Path(run_dir)
     _check_writable(run_dir)
@@ -537,10 +522,8 @@ class RunDir:
         run.log_results(metrics)  # (rank 0) the train.loggers get the final metrics and figures
 
     Entering raises RunDirError before anything is written (:func:`prepare_run_dir`). A fresh run
-    that fails after its claim and before its first checkpoint leaves no trace, and the run an
-    ``--overwrite`` set aside comes back. The lock is held, and the ``train.loggers``
-(``runs.loggers``, rank 0, opened by the claim, fed each epoch's log.csv row by :meth:`save`) are
-open, until the ``with`` ends.
+    that fails before its first checkpoint leaves no trace (an ``--overwrite``'s previous run comes
+    back). The lock and the ``train.loggers`` (rank 0, opened by the claim) last until the ``with`` ends.
     """
 
     def __init__(

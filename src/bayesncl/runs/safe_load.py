@@ -48,12 +48,10 @@ def _refusal(path: Path, e: BaseException) -> CheckpointError:
 def load_checkpoint_file(path: str | Path) -> Any:
     """Read a file a user passed, without ever running code from it.
 
-    ``.safetensors`` → ``{name: tensor}`` (safetensors); anything else → the object stored by
-    ``torch.save`` read with ``torch.load(weights_only=True, map_location="cpu")``.
-    Raises CheckpointError (one line) if the file is missing, empty, not a checkpoint, truncated,
-    damaged (a ``torch.save`` zip archive whose CRC-32 checksums do not match: a bad copy or disk
-    error, which ``torch.load`` alone would read as wrong weights), or a pickle that would import
-    anything beyond tensors and plain values.
+    ``.safetensors`` → ``{name: tensor}``; anything else → ``torch.load(weights_only=True,
+    map_location="cpu")``. Raises CheckpointError (one line) if the file is missing, empty, not a
+    checkpoint, truncated, damaged (CRC-32 mismatch in its zip, which ``torch.load`` alone would read
+    as wrong weights), or a pickle that would import anything beyond tensors and plain values.
     """
     path = Path(path)
     if not path.exists():
@@ -80,11 +78,12 @@ def load_checkpoint_file(path: str | Path) -> Any:
             f"{path} is not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle "
             f"(it starts with {head!r})"
         )
-    if is_zip and _is_npz(path):
+    npz, bad = _zip_facts(path) if is_zip else (False, None)
+    if npz:
         raise CheckpointError(
             f"{path} is a NumPy .npz (a features file?), not a checkpoint: use `bayesncl metrics {path}`"
         )
-    if is_zip and (bad := _damaged_member(path)) is not None:
+    if bad is not None:
         raise CheckpointError(
             f"{path} is damaged: the checksum of its record {bad} does not match (a partial copy or a "
             "disk error); use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
@@ -101,28 +100,20 @@ def load_checkpoint_file(path: str | Path) -> Any:
             ) from None
 
 
-def _damaged_member(path: Path) -> str | None:
-    """The first record of a zip archive whose CRC-32 does not match its data (zipfile.testzip), or
-    None. An archive zipfile cannot open is left to torch.load, which names what is wrong."""
+def _zip_facts(path: Path) -> tuple[bool, str | None]:
+    """``(a NumPy .npz?, its first record whose CRC-32 does not match, zipfile.testzip)`` of a zip
+    archive; one zipfile cannot open is neither (torch.load then names what is wrong)."""
     import zipfile
     import zlib
 
     try:
         with zipfile.ZipFile(path) as z:
-            return z.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError, UnicodeDecodeError):
-        return None
-
-
-def _is_npz(path: Path) -> bool:
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(path) as z:
             names = z.namelist()
-    except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError, UnicodeDecodeError):
-        return False  # a damaged archive: torch.load names what is wrong
-    return bool(names) and all(n.endswith(".npy") for n in names)
+            if names and all(n.endswith(".npy") for n in names):
+                return True, None
+            return False, z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError, UnicodeDecodeError):
+        return False, None
 
 
 def is_bayesncl_checkpoint(obj: Any) -> bool:

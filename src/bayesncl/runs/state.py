@@ -1,16 +1,10 @@
 """The training state a bit-identical resume needs, and its atomic save.
 
-Everything lives in one checkpoint dict (format :data:`~bayesncl.runs.safe_load.CHECKPOINT_FORMAT`):
-model, optimiser, grad scaler, every RNG, epoch, step and the logs. What is *not* stored, and why
-it need not be:
-
-- the learning-rate schedule: a pure function of the config, the parameter group and ``step``
-  (``core.optim.LrSchedule``);
-- the data order and augmentation: a function of ``(seed, epoch, rank, step)`` only
-  (``TwoViewLoader.set_epoch``), also inside DataLoader workers, so worker RNGs need no state.
-
-RNG states are stored as tensors and plain Python values so checkpoints load with
-``torch.load(weights_only=True)``.
+One checkpoint dict (format :data:`~bayesncl.runs.safe_load.CHECKPOINT_FORMAT`) holds the model,
+optimiser, grad scaler, every RNG (as tensors and plain values: it loads with
+``weights_only=True``), epoch, step and the logs. Not stored, as functions of what is: the lr
+schedule (config, group, ``step``: ``core.optim.LrSchedule``) and the data order and augmentation
+(``(seed, epoch, rank, step)``: ``TwoViewLoader.set_epoch``, so worker RNGs need no state).
 """
 
 from __future__ import annotations
@@ -76,29 +70,13 @@ class TrainState:
 
 
 def save_checkpoint(
-    path: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    state: TrainState,
-    cfg: Config,
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+    state: TrainState, cfg: Config,
 ) -> None:
     """Everything needed for a bit-identical resume, in one file (written atomically)."""
-    atomic_save(
-        {
-            "format": CHECKPOINT_FORMAT,
-            "config": cfg.to_dict(),
-            "state_dict": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(),
-            "epoch": state.epoch,
-            "step": state.step,
-            "log": state.log,
-            "step_log": state.step_log,
-            "partial": state.partial,
-            "steps_per_epoch": state.steps_per_epoch,
-            "rng_ranks": state.rng_ranks,
-            "rng": rng_state(),
-        },
-        path,
-    )
+    atomic_save({
+        "format": CHECKPOINT_FORMAT, "config": cfg.to_dict(), "state_dict": model.state_dict(),
+        "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "epoch": state.epoch,
+        "step": state.step, "log": state.log, "step_log": state.step_log, "partial": state.partial,
+        "steps_per_epoch": state.steps_per_epoch, "rng_ranks": state.rng_ranks, "rng": rng_state(),
+    }, path)  # fmt: skip

@@ -13,8 +13,7 @@ from bayesncl.runs.fileio import atomic_path
 # (column header, metrics key, format)
 MAIN_COLUMNS: list[tuple[str, str, str]] = [
     *map(column, ("semantic_consistency", "semantic_entropy_sum", "semantic_entropy_mean")),
-    *map(column, ("semantic_entropy_freq", "activation_ratio")),
-    ("LP@1", "linear_probe_acc1", "{:.2f}"),
+    *map(column, ("semantic_entropy_freq", "activation_ratio")), ("LP@1", "linear_probe_acc1", "{:.2f}"),
 ]
 
 

@@ -1,19 +1,11 @@
 """Training curves: the per-epoch log (``log.csv``) of one run or several, as one figure.
 
-Panels, x = epoch; markers are the epoch means of ``log.csv`` and, where the run has a
-``steps.csv`` (a row every ``STEP_LOG_EVERY`` = 25 steps), a thin line of the same colour follows
-the means over those steps:
-
-* InfoNCE (the contrastive term alone, in nats),
-* online probe accuracy (%, the linear head trained on sg(h) during pretraining),
-* for gated runs (BayesNCL): KL(Bern(α) ‖ Bern(ρ)) (nats, summed over the D dims, mean over
-  rows: :func:`bayesncl.core.losses.bernoulli_kl`), and the gate-open rate
-  E[1[α > 0.5]] with the prior ρ as a dashed line of the same colour (PAPER-NOTES §1: the KL pulls
-  the open rate towards ρ).
-
-One legend under the panels names each run once (its colour is the same in every panel).
-``pretrain`` writes ``training_curves.png`` into the run dir when training ends; the demo and
-``reproduce`` overlay their runs in ``curves.png``; ``bayesncl curves RUN_DIR ...`` draws any runs.
+Panels against the epoch: InfoNCE (nats), online probe accuracy (%) and, for gated runs, the KL
+term (:func:`bayesncl.core.losses.bernoulli_kl`, nats) and the gate-open rate with the prior ρ
+dashed (PAPER-NOTES §1). Markers are the epoch means; where the run has a ``steps.csv`` (a row
+every ``STEP_LOG_EVERY`` steps) a thin line of the same colour follows them. One legend under the
+panels names each run once. ``pretrain`` writes ``training_curves.png``, demo and ``reproduce``
+``curves.png``; ``bayesncl curves RUN_DIR ...`` draws any runs.
 """
 
 from __future__ import annotations
@@ -26,24 +18,20 @@ from typing import Any
 
 from bayesncl.runs.fileio import write_failure_reason
 from bayesncl.runs.logs import LOG_FIELDS, STEP_LOG_FIELDS
-from bayesncl.runs.rundir import RunDirError
+from bayesncl.runs.rundir import RunDirError, set_aside_hint
 
 __all__ = ["read_log", "read_steps", "run_label", "training_curves_figure", "write_training_curves"]
 
 # (log column, panel title); the last two only when some run has a gate (a non-empty rho column)
 PANELS = (
-    ("info_nce", "InfoNCE (nats)"),
-    ("online_acc", "online probe accuracy (%)"),
-    ("kl", "KL(Bern(α) ‖ Bern(ρ)), sum over dims"),
-    ("gate_open", "gate open rate vs ρ (dashed)"),
+    ("info_nce", "InfoNCE (nats)"), ("online_acc", "online probe accuracy (%)"),
+    ("kl", "KL(Bern(α) ‖ Bern(ρ)), sum over dims"), ("gate_open", "gate open rate vs ρ (dashed)"),
 )
 GATED_PANELS = ("kl", "gate_open")
 # the held-out batch scored at each epoch's end (bayesncl.app.heldout), a second row where logged
 HELDOUT_PANELS = (
-    ("heldout_sc", "held-out SC (%)"),
-    ("heldout_h_sum", "held-out H_sum (nats)"),
-    ("heldout_active_dims", "held-out active dims"),
-    ("heldout_effective_rank", "held-out effective rank"),
+    ("heldout_sc", "held-out SC (%)"), ("heldout_h_sum", "held-out H_sum (nats)"),
+    ("heldout_active_dims", "held-out active dims"), ("heldout_effective_rank", "held-out effective rank"),
 )
 
 
@@ -64,8 +52,6 @@ def read_log(source: str | Path) -> list[dict[str, float]]:
             where = f"{path.parent} has no log.csv"
         else:  # a mistyped run dir is no file either, but "not a file" suggests it is a folder
             where = f"{path} {'is not a file' if path.exists() else 'does not exist'}"
-        from bayesncl.runs.rundir import set_aside_hint
-
         raise RunDirError(
             f"{where}: expected a run dir (or its log.csv) with at least one finished epoch"
             + set_aside_hint(path.parent)
@@ -125,9 +111,6 @@ def _has(rows: Sequence[Mapping[str, float]], key: str) -> bool:
     return any(not math.isnan(r.get(key, math.nan)) for r in rows)
 
 
-def _is_gated(rows: Sequence[Mapping[str, float]]) -> bool:
-    return any(not math.isnan(r.get("rho", math.nan)) for r in rows)
-
 
 def training_curves_figure(
     runs: Mapping[str, Sequence[Mapping[str, float]]],
@@ -148,7 +131,7 @@ def training_curves_figure(
 
     if not runs or any(len(rows) == 0 for rows in runs.values()):
         raise ValueError("training_curves_figure: expected at least one run, each with >= 1 logged epoch")
-    gated = any(_is_gated(rows) for rows in runs.values())
+    gated = any(_has(rows, "rho") for rows in runs.values())
     panels = [(k, t) for k, t in PANELS if gated or k not in GATED_PANELS]
     logged = [(k, t) for k, t in HELDOUT_PANELS if any(_has(rows, k) for rows in runs.values())]
     layout = [panels, logged] if logged else [panels]
@@ -166,7 +149,7 @@ def training_curves_figure(
     for i, (label, rows) in enumerate(runs.items()):
         colour = colours[i % len(colours)]
         epochs = [r["epoch"] for r in rows]
-        run_gated = _is_gated(rows)
+        run_gated = _has(rows, "rho")
         fine = (steps or {}).get(label, [])
         for ax, (key, _) in zip(axes[0], panels, strict=True):
             if (key in GATED_PANELS and not run_gated) or not _has(rows, key):

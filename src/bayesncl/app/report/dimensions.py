@@ -77,20 +77,15 @@ def summarise(feats: dict[str, np.ndarray], num_classes: int) -> list[DimSummary
     sc = semantic_consistency_per_dim(f, y)
     mask = feats.get("mask")
     open_rate = mask.mean(0) if mask is not None else None
-    rows = []
-    for k in np.flatnonzero(np.abs(f).sum(0) > 0):
-        rows.append(
-            DimSummary(
-                dim=int(k),
-                sc=float(sc[k]),
-                majority=int(counts[:, k].argmax()),
-                majority_share=float(counts[:, k].max() / total[k]) if total[k] else 0.0,
-                firing_rate=float(fire[:, k].mean()),
-                mean_activation=float(f[:, k].mean()),
-                gate_open=None if open_rate is None else float(open_rate[k]),
-            )
+    return [
+        DimSummary(
+            dim=int(k), sc=float(sc[k]), majority=int(counts[:, k].argmax()),
+            majority_share=float(counts[:, k].max() / total[k]) if total[k] else 0.0,
+            firing_rate=float(fire[:, k].mean()), mean_activation=float(f[:, k].mean()),
+            gate_open=None if open_rate is None else float(open_rate[k]),
         )
-    return rows
+        for k in np.flatnonzero(np.abs(f).sum(0) > 0)
+    ]
 
 
 def correlations(features: np.ndarray, dims: Sequence[int], n: int = N_CORRELATED) -> dict[int, list]:
@@ -106,9 +101,7 @@ def correlations(features: np.ndarray, dims: Sequence[int], n: int = N_CORRELATE
     r = x.T @ x
     np.fill_diagonal(r, 0.0)
     order = np.argsort(-np.abs(r), axis=1, kind="stable")[:, :n]
-    return {
-        int(k): [(int(dims[j]), float(r[i, j])) for j in order[i]] for i, k in enumerate(dims)
-    }
+    return {int(k): [(int(dims[j]), float(r[i, j])) for j in order[i]] for i, k in enumerate(dims)}
 
 
 def quantile_sample(values: np.ndarray, rows: np.ndarray, n: int = N_QUANTILES) -> list[tuple[float, int]]:
@@ -134,13 +127,9 @@ def detail(
     share = col / col.sum() if col.sum() else col
     classes = [(int(c), float(share[c])) for c in np.argsort(-col, kind="stable")[:N_CLASSES] if col[c] > 0]
     out = DimDetail(
-        dim=k,
-        top=[int(i) for i in top],
-        quantiles=quantile_sample(f, firing),
-        hist=([int(h) for h in hist], [float(e) for e in edges]),
-        zeros=int(len(f) - len(firing)),
-        classes=classes,
-        correlated=correlated,
+        dim=k, top=[int(i) for i in top], quantiles=quantile_sample(f, firing),
+        hist=([int(h) for h in hist], [float(e) for e in edges]), zeros=int(len(f) - len(firing)),
+        classes=classes, correlated=correlated,
     )
     mask = feats.get("mask")
     if mask is not None:

@@ -46,9 +46,8 @@ def image_grid_figure(
     import matplotlib.pyplot as plt
 
     n_rows, n_cols = rows.shape
-    fig, axes = plt.subplots(
-        n_rows, n_cols, figsize=(1.25 * n_cols + 1.2, 1.35 * n_rows + 0.6), squeeze=False
-    )
+    size = (1.25 * n_cols + 1.2, 1.35 * n_rows + 0.6)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=size, squeeze=False)
     for r in range(n_rows):
         batch = images[torch.as_tensor(rows[r])]
         for c in range(n_cols):
@@ -119,17 +118,16 @@ def write_figures(
 
     images, _ = load_split_images(data_cfg, "test")
     names = dataset_info(data_cfg).class_names
-    written = []
     top = figure_title("Top-activating test images for the most active dimensions", label)
-    try:
-        path = out_dir / "top_activations.png"
-        written.append(top_activations_figure(feats, images, names, path, title=top))
-    except ValueError as e:
-        print(f"figure skipped: {e}")
+    draws = {"top_activations.png": lambda p: top_activations_figure(feats, images, names, p, title=top)}
     if feats.get("mask") is not None:
+        draws["suppressed_features.png"] = lambda p: suppressed_features_figure(
+            feats, images, names, p, label=label
+        )
+    written = []
+    for name, draw in draws.items():
         try:
-            path = out_dir / "suppressed_features.png"
-            written.append(suppressed_features_figure(feats, images, names, path, label=label))
+            written.append(draw(out_dir / name))
         except ValueError as e:
             print(f"figure skipped: {e}")
     return written

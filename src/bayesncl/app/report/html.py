@@ -119,9 +119,7 @@ def _env() -> Any:
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("bayesncl.app.report", "templates"),
-        autoescape=jinja2.select_autoescape(("html",)),
-        trim_blocks=True,
-        lstrip_blocks=True,
+        autoescape=jinja2.select_autoescape(("html",)), trim_blocks=True, lstrip_blocks=True,
     )
     env.filters["pct"] = lambda v: "–" if v is None or v != v else f"{100 * v:.1f}"
     env.filters["num"] = lambda v, fmt="{:.3f}": "–" if v is None or v != v else fmt.format(v)
