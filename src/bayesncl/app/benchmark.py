@@ -172,10 +172,12 @@ def _config(s: BenchmarkSettings, method: str, resident: bool) -> Config:
 Batch = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
 
 
-def _trainer(cfg: Config, device: torch.device) -> tuple[Callable[[Batch | None], None], Iterator[Batch]]:
-    """``(step, batches)``: one training step of the model ``cfg`` describes, on the next of
-    ``batches`` (or on the batch given), with the model, optimiser, precision and loader pretrain
-    builds (:mod:`bayesncl.core.engine`, :mod:`bayesncl.core.optim`) at the peak learning rate."""
+def _trainer(
+    cfg: Config, device: torch.device
+) -> tuple[Callable[[Batch | None], None], Iterator[Batch], torch.nn.Module]:
+    """``(step, batches, model)``: one training step of ``model`` (the one ``cfg`` describes), on
+    the next of ``batches`` (or on the batch given), with the model, optimiser, precision and loader
+    pretrain builds (:mod:`bayesncl.core.engine`, :mod:`bayesncl.core.optim`) at the peak learning rate."""
     import torch
 
     from bayesncl.core.distributed import World
@@ -205,7 +207,7 @@ def _trainer(cfg: Config, device: torch.device) -> tuple[Callable[[Batch | None]
             autocast=autocast, channels_last=cfg.train.channels_last,
         )
 
-    return step, batches
+    return step, batches, model
 
 
 def images_per_second(cfg: Config, steps: int = 3) -> float:
@@ -216,7 +218,7 @@ def images_per_second(cfg: Config, steps: int = 3) -> float:
     from bayesncl.core.distributed import resolve_device
 
     device = resolve_device(cfg.train.device)
-    step, _ = _trainer(cfg, device)
+    step, *_ = _trainer(cfg, device)
     step(None)
     _sync(device)
     t0 = time.perf_counter()
@@ -296,7 +298,7 @@ def _arms(s: BenchmarkSettings, device: torch.device, configs: dict[str, Config]
 
     b, steps = int(s.batch_size or 0), int(s.steps or 0)
     trainers = {m: _trainer(configs[m], device) for m in METHODS}
-    bayes, bayes_batches = trainers["bayesncl"]
+    bayes, bayes_batches, _ = trainers["bayesncl"]
     fixed = next(bayes_batches)
     arms = [_Arm(m, (lambda step=trainers[m][0]: step(None)), b, steps) for m in METHODS]
     data = configs["bayesncl"].data
@@ -304,7 +306,7 @@ def _arms(s: BenchmarkSettings, device: torch.device, configs: dict[str, Config]
     arms.append(_Arm("augment-only", lambda: _next(aug_batches), b, steps))
     if s.augment_compare:  # the same BayesNCL model (same seed), fed by the per-sample DataLoader
         per_sample_cfg = _config(s, "bayesncl", resident=False)
-        per_sample, _ = _trainer(per_sample_cfg, device)
+        per_sample, *_ = _trainer(per_sample_cfg, device)
         arms.append(_Arm("bayesncl/per-sample", lambda: per_sample(None), b, min(steps, 3)))
         ps_batches = _endless(build_train_loader(per_sample_cfg.data, b, seed=1, device=device))
         arms.append(_Arm("per-sample-only", lambda: _next(ps_batches), b, min(steps, 3)))
@@ -338,22 +340,20 @@ def _time_rounds(
 
 def _demo_arms(s: BenchmarkSettings, device: torch.device) -> list[_Arm]:
     """The demo recipe's BayesNCL training step and its epoch-end held-out monitor
-    (:class:`bayesncl.app.heldout.HeldOut`, the default ``train.monitor_samples`` images) on a model
-    of the same recipe: synthetic images at the demo's 28 px (3 channels where Fashion-MNIST has 1: only
+    (:class:`bayesncl.app.heldout.HeldOut`, the default ``train.monitor_samples`` images) on the
+    model that step trains: synthetic images at the demo's 28 px (3 channels where Fashion-MNIST has 1: only
     the first convolution differs)."""
     import torch
 
     from bayesncl.app.demo import DEMO_CONFIG
     from bayesncl.app.heldout import HeldOut
-    from bayesncl.core.model import build_model
 
     over = ["method.name=bayesncl", "data.name=synthetic", "data.image_size=28", f"train.device={s.device}"]
     cfg = build_config(DEMO_CONFIG, over)
-    step, _ = _trainer(cfg, device)
+    step, _, model = _trainer(cfg, device)
     n = cfg.train.monitor_samples
     x = torch.randn(n, 3, 28, 28, generator=torch.Generator().manual_seed(0))
     held = HeldOut(x, torch.arange(n) % 10, cfg.eval.batch_size)
-    model = build_model(cfg, 3, 28, 10).to(device)
     return [_Arm("demo-step", lambda: step(None), cfg.train.batch_size, 1),
             _Arm("demo-heldout", lambda: held.measure(model, device), n, 1)]
 
