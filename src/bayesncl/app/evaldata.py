@@ -37,9 +37,8 @@ def check_eval_data(cfg: Config, train_info: DatasetInfo, command: str = "pretra
     if not info.labeled or (info.num_test == 0 and not cfg.eval.data.name):
         src = _what(cfg) if not cfg.eval.data.name else f"eval.data.name={cfg.eval.data.name}"
         python = cfg.data.name == "python"
-        skip = {"pretrain": ", or pass --no-eval", "python": ", or pass evaluate=False"}.get(
-            "python" if python else command, ""
-        )
+        skip = {"pretrain": ", or pass --no-eval (evaluate=False in Python)",
+                "python": ", or pass evaluate=False"}.get("python" if python else command, "")
         where = "pass eval_dataset= (labelled), or set eval.data.name and eval.data.root" if python else (
             "set eval.data.name and eval.data.root to a labelled dataset"
         )

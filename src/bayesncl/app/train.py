@@ -89,7 +89,7 @@ def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> D
     if evaluate and cfg.eval.probe == "fast" and test_info.num_classes < 2:
         raise DataError(
             f"{cfg.data.name} has {info.num_classes} class: the end-of-training linear probe needs >= 2; "
-            "pass --no-eval or eval.probe=none"
+            "pass --no-eval (evaluate=False in Python) or eval.probe=none"
         )
     if evaluate and cfg.eval.probe == "fast" and max(test_info.train_class_counts, default=2) < 2:
         # the probe holds out one image of a class to choose its L2 strength: refused before training
@@ -98,8 +98,8 @@ def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> D
         raise DataError(
             f"{subset} {info.num_train} training images of {cfg.data.name}, at most one per class: the "
             "end-of-training linear probe needs a class with >= 2 (it holds some out to choose its L2 "
-            f"strength); {'raise data.train_subset' if k else 'add images'}, or pass --no-eval or "
-            "eval.probe=none"
+            f"strength); {'raise data.train_subset' if k else 'add images'}, or pass --no-eval "
+            "(evaluate=False in Python) or eval.probe=none"
         )
     return info
 
