@@ -30,6 +30,15 @@ def test_import_loads_no_torch() -> None:
     assert out.stdout == f"False {names}\n"
 
 
+def test_help_lists_the_lazy_api_with_signatures() -> None:
+    import pydoc
+
+    assert dir(bayesncl) == sorted([*bayesncl.__all__, "__version__"])  # no Any, Path, importlib
+    text = pydoc.render_doc(bayesncl, renderer=pydoc.plaintext)
+    for signature in ("pretrain(", "evaluate(", "load_encoder(", "class ContrastiveHead", "build_config("):
+        assert signature in text, signature
+
+
 def test_build_config_takes_overrides_then_a_recipe() -> None:
     cfg = bayesncl.build_config(["method.name=ncl", "train.epochs=30"])
     assert (cfg.method.name, cfg.train.epochs) == ("ncl", 30)

@@ -89,6 +89,7 @@ def test_step_rows_are_a_thin_line_of_the_runs_colour(tmp_path: Path) -> None:
     assert thin.get_color() == marked.get_color() and thin.get_label().startswith("_")  # not in the legend
     assert list(fig.axes[3].lines[1].get_ydata()) == [0.5, 0.45]  # gate panel: epochs, steps, then rho
     assert fig.axes[3].lines[2].get_linestyle() == "--"
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["b", "every 25 steps (thin)"]
 
 
 def test_ungated_runs_get_no_gate_panels(tmp_path: Path) -> None:
@@ -154,5 +155,5 @@ def test_one_shared_legend_names_each_run_once(tmp_path: Path) -> None:
     fig = training_curves_figure(runs, "Training curves of 12 runs")
     assert all(ax.get_legend() is None for ax in fig.axes)
     (legend,) = fig.legends
-    assert [t.get_text() for t in legend.get_texts()] == [*runs, "held-out (dotted, ×)"]
+    assert [t.get_text() for t in legend.get_texts()] == [*runs, "held-out gate open (dotted, ×)"]
     assert fig.get_suptitle() == "Training curves of 12 runs"

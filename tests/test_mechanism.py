@@ -397,6 +397,34 @@ def test_waterbirds_bad_folder_is_one_line(tmp_path: Path, capsys, damage: str, 
     clear_cache()
 
 
+def test_waterbirds_names_what_is_wrong(tmp_path: Path):
+    """Several absent images: the count and the first three; a bad value: its line; no folder."""
+    root = tmp_path / "wb"
+    waterbirds_folder(root)
+    cfg = build_config(overrides=["data.name=waterbirds", f"data.root={root}"]).data
+    clear_cache()
+    with pytest.raises(DataError, match="^Waterbirds folder .*/nowhere \\(data.root\\) does not exist"):
+        nowhere = build_config(overrides=["data.name=waterbirds", f"data.root={tmp_path}/nowhere"])
+        load_split(nowhere.data, "train")
+    images = sorted(root.rglob("*.jpg"))
+    for f in images:
+        f.unlink()
+    clear_cache()
+    with pytest.raises(DataError) as e:
+        load_split(cfg, "train")
+    n = int(str(e.value).split()[0])
+    assert n > 3 and str(e.value).endswith(f" and {n - 3} more")
+    assert str(e.value).count(f"{root}/") == 3
+    meta = root / "metadata.csv"
+    lines = meta.read_text().splitlines()
+    meta.write_text("\n".join([lines[0], lines[1].rsplit(",", 1)[0] + ",sky", *lines[2:]]) + "\n")
+    clear_cache()
+    bad = "metadata.csv line 2: y, split and place must be integers, got .*place='sky'"
+    with pytest.raises(DataError, match=bad):
+        load_split(cfg, "train")
+    clear_cache()
+
+
 def test_table6_probes_each_encoder_on_waterbirds(tmp_path: Path):
     from bayesncl.app.mechanism import table6
 

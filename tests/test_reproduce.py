@@ -124,6 +124,11 @@ def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> No
     index = (bench.root / "1" / "report" / "index.html").read_text()  # the HTML report: seed 0 of each
     assert all(f"{v}-s0" in index for v in ("cl", "ncl", "ncl-topk", "bayesncl-ste", "bayesncl-gs"))
     assert "-s1" not in index
+    # the paper has no Fashion-MNIST numbers: the title says so instead of promising them
+    assert all(c["paper"] is None for r in table1["rows"].values() for c in r.values())
+    title = (bench.root / "1" / "table1.md").read_text().splitlines()[0]
+    assert title.endswith("ours (mean ± std (ddof 1) over seeds 0..1); the paper reports no values for this "
+                          "setting.")
     out, calls, _ = bench.run("1")
     assert calls == [] and len(out["reused"]) == 10
     assert out["rows"] == table1["rows"]
@@ -225,3 +230,21 @@ def test_table3_refuses_stored_runs_without_its_checkpoints(
     assert main(["reproduce", "3", "--run-dir", str(tmp_path / "t3"), *base]) == 2
     expect("P7", error_line(capsys), tmp_path)
     assert not (tmp_path / "t3").exists()
+
+
+def test_an_interrupted_reproduce_says_rerun_not_resume(capsys: pytest.CaptureFixture[str]) -> None:
+    """reproduce has no --resume: the saved run continues when the same command runs again."""
+    from bayesncl.app.errors import run_command
+    from bayesncl.runs.rundir import TrainingInterrupted
+
+    def stop() -> int:
+        raise TrainingInterrupted("stopped in epoch 1 after 3 of its 9 steps; state saved to r/last.pt; "
+                                  "--resume continues from that step")  # fmt: skip
+
+    assert run_command(stop, "reproduce") == 130
+    assert capsys.readouterr().err == (
+        "bayesncl: interrupted: stopped in epoch 1 after 3 of its 9 steps; state saved to r/last.pt; "
+        "the same command continues from that step\n"
+    )
+    assert run_command(stop, "pretrain") == 130
+    assert capsys.readouterr().err.endswith("; --resume continues from that step\n")

@@ -57,3 +57,8 @@ def __getattr__(name: str) -> Any:
         value = getattr(value, attribute)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    """The public API (``help(bayesncl)`` lists the lazy names with their signatures too)."""
+    return sorted({*__all__, "__version__"})

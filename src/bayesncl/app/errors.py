@@ -209,8 +209,11 @@ def run_command(func: Callable[[], int], command: str | None) -> int:
         try:
             return int(func() or 0)
         except KeyboardInterrupt as e:
+            text = str(e)
+            if command == "reproduce":  # no --resume there: its store continues an interrupted run
+                text = text.replace("--resume continues", "the same command continues")
             if os.environ.get("RANK", "0") == "0":  # under torchrun, one line from rank 0 only
-                print(f"bayesncl: interrupted{': ' + shorten(str(e)) if str(e) else ''}", file=sys.stderr)
+                print(f"bayesncl: interrupted{': ' + shorten(text) if text else ''}", file=sys.stderr)
             return int(getattr(e, "exit_code", 130))
         except Exception as e:
             message = error_message(e, command)

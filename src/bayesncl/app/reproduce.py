@@ -436,7 +436,9 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
     }  # fmt: skip
     md = format_study(study, rows)
     spread = f"mean ± std (ddof 1) over seeds 0..{seeds - 1}" if seeds > 1 else "one seed (0)"
-    header = f"{study.title} on {dataset}: ours ({spread}) vs the paper's reported values."
+    paper = any(c.get("paper") is not None for r in rows.values() for c in r.values() if isinstance(c, dict))
+    versus = " vs the paper's reported values" if paper else "; the paper reports no values for this setting"
+    header = f"{study.title} on {dataset}: ours ({spread}){versus}."
     write_results(run_dir, study.stem, result, md, header=header)
     for (name, s), h in cells.items():
         _link(run_dir, f"{variants.slug(name)}-s{s}", store / h)

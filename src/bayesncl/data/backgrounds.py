@@ -168,6 +168,8 @@ def read_fmnist_bg(k: Any) -> Any:
 # ============================================================================ waterbirds
 def _waterbirds_rows(root: Path) -> list[dict[str, str]]:
     meta = root / "metadata.csv"
+    if not root.is_dir():
+        raise src.DataError(f"Waterbirds folder {root} (data.root) does not exist or is not a folder")
     if not meta.is_file():
         raise src.DataError(
             f"Waterbirds folder {root} has no metadata.csv: expected the standard Waterbirds layout "
@@ -190,15 +192,20 @@ def _waterbirds_rows(root: Path) -> list[dict[str, str]]:
 def read_waterbirds(k: Any) -> Any:
     """The reader of ``data.name=waterbirds`` (module doc): a path :class:`Split` with ``places``.
     Raises DataError (one line) without data.root, without metadata.csv, for missing columns, bad
-    values, or image files that do not exist (the first is named, with the count)."""
+    values (the line is named), or image files that do not exist (up to 3 are named, with the count)."""
     if not k.root:
         raise src.DataError("data.name=waterbirds needs data.root: the folder holding metadata.csv")
     root = src._expand(k.root)
     rows = _waterbirds_rows(root)
-    try:
-        table = [(r["img_filename"], int(r["y"]), int(r["split"]), int(r["place"])) for r in rows]
-    except (TypeError, ValueError):
-        raise src.DataError(f"{root / 'metadata.csv'}: y, split and place must be integers") from None
+    table = []
+    for line, r in enumerate(rows, start=2):  # line 1 is the header
+        try:
+            table.append((r["img_filename"], int(r["y"]), int(r["split"]), int(r["place"])))
+        except (TypeError, ValueError):
+            values = f"y={r['y']!r}, split={r['split']!r}, place={r['place']!r}"
+            raise src.DataError(
+                f"{root / 'metadata.csv'} line {line}: y, split and place must be integers, got {values}"
+            ) from None
     present = {s for _, _, s, _ in table}
     want = 0 if k.split == "train" else (2 if 2 in present or 1 not in present else 1)
     chosen = [t for t in table if t[2] == want]
@@ -209,9 +216,14 @@ def read_waterbirds(k: Any) -> Any:
         raise src.DataError(f"{root / 'metadata.csv'}: y and place must be 0 or 1, found {bad[0]}")
     paths = [str(root / f) for f, _, _, _ in chosen]
     absent = [p for p in paths if not Path(p).is_file()]
+    if len(absent) == 1:
+        raise src.DataError(f"Waterbirds image {absent[0]} listed in metadata.csv does not exist")
     if absent:
-        more = f" (and {len(absent) - 1} more)" if len(absent) > 1 else ""
-        raise src.DataError(f"Waterbirds image {absent[0]} listed in metadata.csv does not exist{more}")
+        more = f" and {len(absent) - 3} more" if len(absent) > 3 else ""
+        raise src.DataError(
+            f"{len(absent)} Waterbirds images listed in metadata.csv do not exist: "
+            f"{', '.join(absent[:3])}{more}"
+        )
     labels = np.asarray([y for _, y, _, _ in chosen], dtype=np.int64)
     places = np.asarray([p for _, _, _, p in chosen], dtype=np.int64)
     return src.Split(labels, WATERBIRDS_CLASSES, str(root), paths=paths, places=places)

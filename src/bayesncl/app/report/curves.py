@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bayesncl.core.engine import STEP_LOG_EVERY
 from bayesncl.runs.fileio import write_failure_reason
 from bayesncl.runs.logs import LOG_FIELDS, STEP_LOG_FIELDS
 from bayesncl.runs.rundir import RunDirError, set_aside_hint
@@ -156,7 +157,8 @@ def training_curves_figure(
                 continue  # an ungated run has no KL and no gate; an older log no held-out columns
             ax.plot(epochs, [r[key] for r in rows], marker="o", ms=3, color=colour, label=label)
             if fine and key in fine[0]:
-                ax.plot([r["epoch"] for r in fine], [r[key] for r in fine], color=colour, lw=0.7, alpha=0.45)
+                ax.plot([r["epoch"] for r in fine], [r[key] for r in fine], color=colour, lw=0.7, alpha=0.45,
+                        label="_steps")
             if key == "gate_open":
                 ax.axhline(rows[-1]["rho"], color=colour, ls="--", lw=1)
                 if _has(rows, "heldout_gate_open"):
@@ -184,8 +186,11 @@ def _shared_legend(fig: Any, axes: Sequence[Any], title: str) -> None:
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
-    if any(line.get_label() == "_held-out" for ax in axes for line in ax.get_lines()):
-        entries["held-out (dotted, ×)"] = Line2D([], [], color="gray", ls=":", marker="x", ms=3)
+    drawn = {line.get_label() for ax in axes for line in ax.get_lines()}
+    if "_steps" in drawn:
+        entries[f"every {STEP_LOG_EVERY} steps (thin)"] = Line2D([], [], color="gray", lw=0.7, alpha=0.45)
+    if "_held-out" in drawn:
+        entries["held-out gate open (dotted, ×)"] = Line2D([], [], color="gray", ls=":", marker="x", ms=3)
     ncol = min(len(entries), 4)
     legend_in = 0.16 * math.ceil(len(entries) / ncol) + 0.15  # inches
     height = fig.get_figheight() + legend_in
