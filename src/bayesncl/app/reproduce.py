@@ -139,7 +139,8 @@ def estimate_seconds(to_train: dict[str, Config], store: Path) -> tuple[dict[str
             rate = sorted(logged[key])[len(logged[key]) // 2]
             sources.add(f"{len(logged[key])} stored run(s)' log.csv")
         else:
-            if key not in measured:
+            if key not in measured:  # no stored run of this cost: say why the plan is not printed yet
+                print(f"timing {cfg.model.backbone} here (3 training steps) for the plan ...", flush=True)
                 measured[key] = images_per_second(cfg)
             rate = measured[key]
             sources.add("a 3-step measurement")
