@@ -425,7 +425,7 @@ def test_waterbirds_names_what_is_wrong(tmp_path: Path):
     clear_cache()
 
 
-def test_table6_probes_each_encoder_on_waterbirds(tmp_path: Path):
+def test_table6_probes_each_encoder_on_waterbirds(tmp_path: Path, capsys):
     from bayesncl.app.mechanism import table6
 
     clear_cache()
@@ -439,6 +439,7 @@ def test_table6_probes_each_encoder_on_waterbirds(tmp_path: Path):
     assert all(0 <= r["background_probe_acc1"] <= 100 for r in rows.values())
     assert rows["ncl"]["paper bg probe %"] == 93.33
     assert "bg probe %" in (tmp_path / "t6" / "table6.md").read_text()
+    assert "warning" not in capsys.readouterr().out and not (tmp_path / "t6" / "report").exists()
     with pytest.raises(ConfigError, match="table 6 needs places"):
         table6([str(a)], "synthetic", None, [])
     clear_cache()

@@ -362,7 +362,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         [
             _arg("table", metavar="ID", help="1 2 3 4 5 7 15 fig3 fig4a fig4b ncl-fs ncl-sepin 6 mechanism"),
             _arg("--dataset", default="cifar100",
-                 help="cifar10 | cifar100 | imagenet100 | fashion-mnist (default cifar100)"),
+                 help="cifar10 | cifar100 | imagenet100 | fashion-mnist (default cifar100); for 6: "
+                      "waterbirds | fashion-mnist-bg; for mechanism: fashion-mnist-bg"),
             _arg("--seeds", type=int, default=1, help="pretrain every variant with seeds 0..N-1 (default 1)"),
             _arg("--run-dir",
                  help="where the table goes (default runs/<stem>-<dataset>, e.g. runs/table1-cifar100)"),

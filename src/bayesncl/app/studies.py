@@ -243,7 +243,7 @@ def _fig4b(dataset: str, overrides: list[str]) -> Study:
         for axis, sweep, scale in (("ρ (prior)", rho_v, "linear"), ("λ (KL weight)", lam_v, "log"))
         for c in (SC, LP1)
     ]  # fmt: skip
-    notes = [f"ρ swept at λ={cfg.method.lam:g}, λ swept at ρ={cfg.method.rho:g} (the recipe's values)"]
+    notes = [f"ρ swept at λ={cfg.method.lam:g}, λ swept at ρ={cfg.method.rho:g} (the base config's)"]
     return Study("fig4b", "Fig. 4(b): SC and LP@1 against ρ and λ", "fig4b", variants, [("base", ())],
                  [SC, LP1], _rows(variants), panels=panels,
                  notes=notes)  # fmt: skip

@@ -58,11 +58,12 @@ def save_metrics(sub: Path, name: str, metrics: dict[str, Any]) -> None:
 
 def write_table(
     run_dir: Path, stem: str, results: dict[str, dict[str, Any]], markdown: str, header: str,
-    curves: dict[str, Path],
+    curves: dict[str, Path], report: bool = True,
 ) -> None:
     """Write the variants' table ``run_dir/{stem}.md``/``.json``, the training curves of
     ``curves`` (``{label: sub-run with a log.csv}``), if any, as ``run_dir/curves.png``, and the
-    HTML report of the variants as ``run_dir/report/`` (its path printed)."""
+    HTML report of the variants as ``run_dir/report/`` (its path printed; ``report=False``: none,
+    for a table of encoders trained elsewhere)."""
     from bayesncl.app.report.curves import write_training_curves
 
     write_results(run_dir, stem, results, markdown, header=header)
@@ -70,7 +71,8 @@ def write_table(
         write_training_curves(list(curves.values()), run_dir / "curves.png", labels=list(curves))
     from bayesncl.app.report.html import write_report_or_warn
 
-    write_report_or_warn([run_dir], run_dir / "report")
+    if report:
+        write_report_or_warn([run_dir], run_dir / "report")
 
 
 # ----------------------------------------------------------------------------- the store of runs

@@ -308,7 +308,7 @@ def write_report_or_warn(
     try:
         index = write_report([run], out) if run is not None else report_command(sources, out)
     except (*user_errors(), OSError) as e:
-        print(f"warning: no HTML report: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        print(f"bayesncl: warning: no HTML report: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         return None
     print(f"HTML report: {index}")
     return index
