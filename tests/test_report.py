@@ -63,6 +63,10 @@ def test_detail_by_hand() -> None:
     assert counts[:, 1].tolist() == [0, 1, 2]
     d = dm.detail(feats, 1, counts, [])
     assert d.top == [5, 4, 3] and d.zeros == 3 and sum(d.hist[0]) == 3
+    assert d.hist[1][0] == 0 and d.hist[1][-1] == 4  # dim 1 fires with 1, 2, 4: the axis is [0, 4]
+    one = {**feats, "features": np.eye(6)[:, :1] * 0.25}  # a dim firing on one image: [0, 0.25], not v ± 0.5
+    edges = dm.detail(one, 0, counts[:, :1], []).hist[1]
+    assert (edges[0], edges[-1]) == (0, 0.25)
     assert [r for _, r in d.quantiles] == [3, 4, 5] and d.quantiles[0][0] == 0 and d.quantiles[-1][0] == 1
     assert d.classes == [(2, pytest.approx(2 / 3)), (1, pytest.approx(1 / 3))]
     d0 = dm.detail(feats, 0, counts, [])

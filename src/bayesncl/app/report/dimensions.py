@@ -122,7 +122,9 @@ def detail(
     f = feats["features"][:, k]
     firing = np.flatnonzero(np.abs(f) > EPS)
     top = firing[np.argsort(-f[firing], kind="stable")][:N_TOP]
-    hist, edges = np.histogram(f[firing], bins=N_BINS) if len(firing) else (np.zeros(0, int), np.zeros(0))
+    fired = f[firing]  # the axis starts at 0 (or the lowest value): one value would span v ± 0.5
+    span = (min(0.0, float(fired.min())), max(0.0, float(fired.max()))) if len(firing) else None
+    hist, edges = np.histogram(fired, bins=N_BINS, range=span) if span else (np.zeros(0, int), np.zeros(0))
     col = counts[:, k]
     share = col / col.sum() if col.sum() else col
     classes = [(int(c), float(share[c])) for c in np.argsort(-col, kind="stable")[:N_CLASSES] if col[c] > 0]
