@@ -1,5 +1,5 @@
 """reproduce's error-bar figures: a log axis ticks the swept values, a long title wraps to the
-figure's width, the band is ± 1 std."""
+figure's width, the band is ± 1 std, one legend sits under the panels."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def test_log_axis_ticks_the_swept_values(monkeypatch, tmp_path: Path) -> None:
     panel = ("SC %", "gate lr / backbone lr", "SC (%)", "log", [("B", points, [])])
     fig = _draw(monkeypatch, tmp_path, [panel], "T")
     (ax,) = fig.axes
+    assert ax.get_legend() is None and [t.get_text() for t in fig.legends[0].get_texts()] == ["B"]
     assert list(ax.get_xticks()) == [0.1, 0.25, 0.5, 1.0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0.1", "0.25", "0.5", "1"]
     band = ax.collections[-1].get_paths()[0].vertices[:, 1]  # the ± 1 std band

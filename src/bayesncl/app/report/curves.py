@@ -178,28 +178,19 @@ def training_curves_figure(
 
 
 def _shared_legend(fig: Any, axes: Sequence[Any], title: str) -> None:
-    """One legend under all panels (a run has one colour everywhere; per-panel legends cover the
-    lines once a report overlays a dozen runs), the held-out style once, and the title above."""
+    """The runs' legend under all panels (a run has one colour everywhere; per-panel legends cover
+    the lines once a report overlays a dozen runs), each line style once, and the title above."""
     from matplotlib.lines import Line2D
 
-    entries: dict[str, Any] = {}
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            entries.setdefault(label, handle)
+    from bayesncl.app.report.figures import legend_below
+
     drawn = {line.get_label() for ax in axes for line in ax.get_lines()}
+    styles = {}
     if "_steps" in drawn:
-        entries[f"every {STEP_LOG_EVERY} steps (thin)"] = Line2D([], [], color="gray", lw=0.7, alpha=0.45)
+        styles[f"every {STEP_LOG_EVERY} steps (thin)"] = Line2D([], [], color="gray", lw=0.7, alpha=0.45)
     if "_held-out" in drawn:
-        entries["held-out gate open (dotted, ×)"] = Line2D([], [], color="gray", ls=":", marker="x", ms=3)
-    ncol = min(len(entries), 4)
-    legend_in = 0.16 * math.ceil(len(entries) / ncol) + 0.15  # inches
-    height = fig.get_figheight() + legend_in
-    fig.set_figheight(height)
-    fig.legend(list(entries.values()), list(entries), loc="lower center", ncol=ncol, fontsize=7,
-               frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, legend_in / height, 1, 1))
+        styles["held-out gate open (dotted, ×)"] = Line2D([], [], color="gray", ls=":", marker="x", ms=3)
+    legend_below(fig, axes, title, styles, title_size=10)
 
 
 def write_training_curves(

@@ -7,6 +7,7 @@ split's images from ``bayesncl.data.load_split_images``; nothing recomputes feat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,30 @@ def suppressed_features_figure(
     cells = _cell_names(top, lab, class_names)
     what = "What the gate filters: per dim, images with its gate open (largest z̃_k) and closed (largest z_k)"
     return image_grid_figure(images, feats["indices"][top], titles, cells, path, figure_title(what, label))
+
+
+def legend_below(fig: Any, axes: Sequence[Any], title: str, extra: dict[str, Any] | None = None,
+                 title_size: int = 11) -> None:
+    """One legend under all panels of ``fig`` (each label of ``axes`` once, then ``extra``
+    ``{label: handle}``), the figure grown to hold it, ``title`` above; then tight_layout."""
+
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    entries.update(extra or {})
+    rect_bottom = 0.0
+    if entries:
+        ncol = min(len(entries), 4)
+        legend_in = 0.16 * math.ceil(len(entries) / ncol) + 0.15  # inches
+        height = fig.get_figheight() + legend_in
+        fig.set_figheight(height)
+        fig.legend(list(entries.values()), list(entries), loc="lower center", ncol=ncol, fontsize=7,
+                   frameon=False)  # fmt: skip
+        rect_bottom = legend_in / height
+    if title:
+        fig.suptitle(title, fontsize=title_size)
+    fig.tight_layout(rect=(0, rect_bottom, 1, 1))
 
 
 def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:

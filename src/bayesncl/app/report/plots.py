@@ -29,7 +29,7 @@ def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, 
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from bayesncl.app.report.figures import save_figure
+    from bayesncl.app.report.figures import legend_below, save_figure
 
     n = len(panels)
     cols = 2 if n == 4 else min(n, 3)
@@ -63,15 +63,14 @@ def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, 
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-        else:  # no seed produced a value (e.g. a correlation over too few dims)
+        if not ax.get_legend_handles_labels()[0]:  # no seed gave a value (a correlation over too few dims)
             ax.text(0.5, 0.5, "no values", transform=ax.transAxes, ha="center", color="gray")
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     spread = f"mean ± std over {seeds} seeds" if seeds > 1 else "1 seed"
-    # about 10 characters of an 11 pt title per inch: a 1-panel figure wraps a long title
-    fig.suptitle(textwrap.fill(f"{title} ({spread})", width=int(fig.get_figwidth() * 10)), fontsize=11)
-    fig.tight_layout()
+    # about 10 characters of an 11 pt title per inch: a 1-panel figure wraps a long title; one
+    # legend under the panels (per-panel legends sat on the bands)
+    wrapped = textwrap.fill(f"{title} ({spread})", width=int(fig.get_figwidth() * 10))
+    legend_below(fig, list(axes.flat)[:n], wrapped)
     save_figure(fig, path)
     return path
