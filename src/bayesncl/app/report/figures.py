@@ -195,7 +195,7 @@ def legend_below(fig: Any, axes: Sequence[Any], title: str, extra: dict[str, Any
     entries.update(extra or {})
     rect_bottom = 0.0
     if entries:
-        ncol = min(len(entries), 4)
+        ncol = min(len(entries), 4, max(1, int(fig.get_figwidth() // 2.2)))  # a narrow figure: fewer
         legend_in = 0.16 * math.ceil(len(entries) / ncol) + 0.15  # inches
         height = fig.get_figheight() + legend_in
         fig.set_figheight(height)
