@@ -75,6 +75,8 @@ def test_interrupted_demo_resumes_then_overwrites(
     assert table["ncl"] == json.loads(ncl_metrics)
     assert table["bayesncl"] == json.loads((run / "bayesncl" / "metrics.json").read_text())
     assert (run / "curves.png").read_bytes().startswith(b"\x89PNG")
+    index = (run / "report" / "index.html").read_text()  # the report keeps the table's order (and colours)
+    assert index.index('href="ncl/') < index.index('href="bayesncl/')
     caption = (run / "table.md").read_text().splitlines()[0]
     assert "Test split, 60-image subset; SC in %" in caption
 

@@ -71,8 +71,8 @@ def write_table(
         write_training_curves(list(curves.values()), run_dir / "curves.png", labels=list(curves))
     from bayesncl.app.report.html import write_report_or_warn
 
-    if report:
-        write_report_or_warn([run_dir], run_dir / "report")
+    if report:  # the runs in the table's order, so that each keeps its curves.png colour
+        write_report_or_warn(list(curves.values()) or [run_dir], run_dir / "report")
 
 
 # ----------------------------------------------------------------------------- the store of runs
