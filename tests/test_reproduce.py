@@ -127,6 +127,8 @@ def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> No
     # the paper has no Fashion-MNIST numbers: the title says so instead of promising them
     assert all(c["paper"] is None for r in table1["rows"].values() for c in r.values())
     title = (bench.root / "1" / "table1.md").read_text().splitlines()[0]
+    assert " on synthetic (with the fashion-mnist recipe): " in title  # TINY overrides data.name
+    assert table1["dataset"] == "fashion-mnist" and table1["data"] == ["synthetic"]
     assert title.endswith("ours (mean ± std (ddof 1) over seeds 0..1); the paper reports no values for this "
                           "setting.")
     out, calls, _ = bench.run("1")

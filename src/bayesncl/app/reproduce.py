@@ -426,8 +426,12 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
     from bayesncl.app.report.html import write_report_or_warn
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    data = sorted({cfg.data.name for cfg, _ in runs.values()})
+    recipe = studies.base_config(dataset, "ncl", []).data.name  # imagenet100's is imagefolder
+    overridden = data and data != [recipe]  # a data.name override: say what the runs trained on
+    dataset_shown = f"{', '.join(data)} (with the {dataset} recipe)" if overridden else dataset
     result = {
-        "id": study.id, "title": study.title, "dataset": dataset, "seeds": list(range(seeds)),
+        "id": study.id, "title": study.title, "dataset": dataset, "data": data, "seeds": list(range(seeds)),
         "store": str(store), "columns": [{"header": c.header, "key": c.key} for c in study.columns],
         "rows": rows, "notes": study.notes,
         "runs": {f"{n} seed {s}": h for (n, s), h in cells.items()},
@@ -439,7 +443,7 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
     spread = f"mean ± std (ddof 1) over seeds 0..{seeds - 1}" if seeds > 1 else "one seed (0)"
     paper = any(c.get("paper") is not None for r in rows.values() for c in r.values() if isinstance(c, dict))
     versus = " vs the paper's reported values" if paper else "; the paper reports no values for this setting"
-    header = f"{study.title} on {dataset}: ours ({spread}){versus}."
+    header = f"{study.title} on {dataset_shown}: ours ({spread}){versus}."
     write_results(run_dir, study.stem, result, md, header=header)
     for (name, s), h in cells.items():
         _link(run_dir, f"{variants.slug(name)}-s{s}", store / h)
