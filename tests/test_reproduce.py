@@ -240,13 +240,14 @@ def test_an_interrupted_reproduce_says_rerun_not_resume(capsys: pytest.CaptureFi
     from bayesncl.runs.rundir import TrainingInterrupted
 
     def stop() -> int:
-        raise TrainingInterrupted("stopped in epoch 1 after 3 of its 9 steps; state saved to r/last.pt; "
-                                  "--resume continues from that step")  # fmt: skip
+        raise TrainingInterrupted("stopped in epoch 1 after 3 of its 9 steps; state saved to r/{x}/last.pt; "
+                                  "{resume} continues from that step")  # fmt: skip
 
     assert run_command(stop, "reproduce") == 130
     assert capsys.readouterr().err == (
-        "bayesncl: interrupted: stopped in epoch 1 after 3 of its 9 steps; state saved to r/last.pt; "
+        "bayesncl: interrupted: stopped in epoch 1 after 3 of its 9 steps; state saved to r/{x}/last.pt; "
         "the same command continues from that step\n"
     )
     assert run_command(stop, "pretrain") == 130
     assert capsys.readouterr().err.endswith("; --resume continues from that step\n")
+    assert str(TrainingInterrupted("a; {resume} b")) == "a; --resume b"  # what a Python caller reads

@@ -201,6 +201,10 @@ def _one_line_warnings() -> Iterator[None]:
         warnings.filters[:] = filters
 
 
+# how a command continues an interrupted run, where it is not --resume
+RESUME_VIA = {"reproduce": "the same command"}  # its store continues every unfinished run
+
+
 def run_command(func: Callable[[], int], command: str | None) -> int:
     """``func()``'s exit status, or 2 after one line ``bayesncl: error: ...`` for an expected
     failure (see the module docstring); a bug raises. Under torchrun a failure every process meets
@@ -209,9 +213,8 @@ def run_command(func: Callable[[], int], command: str | None) -> int:
         try:
             return int(func() or 0)
         except KeyboardInterrupt as e:
-            text = str(e)
-            if command == "reproduce":  # no --resume there: its store continues an interrupted run
-                text = text.replace("--resume continues", "the same command continues")
+            template = getattr(e, "template", None)  # a TrainingInterrupted: say how this command continues
+            text = e.with_resume(template, RESUME_VIA.get(command or "", "--resume")) if template else str(e)
             if os.environ.get("RANK", "0") == "0":  # under torchrun, one line from rank 0 only
                 print(f"bayesncl: interrupted{': ' + shorten(text) if text else ''}", file=sys.stderr)
             return int(getattr(e, "exit_code", 130))

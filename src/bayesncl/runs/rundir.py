@@ -503,11 +503,18 @@ def occupied_run_dir(run_dir: Path) -> RunDirError:
 # ----------------------------------------------------------------------------- a run's run dir
 class TrainingInterrupted(KeyboardInterrupt):
     """Training stopped by Ctrl-C or SIGTERM after saving a resumable ``last.pt`` (one-line message);
-    ``exit_code`` is 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM)."""
+    ``exit_code`` is 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM). ``template``: the
+    message with ``{resume}`` where it says how to continue; ``str()`` reads ``--resume`` there, the
+    app's error layer what the command takes (:data:`bayesncl.app.errors.RESUME_VIA`)."""
 
-    def __init__(self, message: str, signum: int = signal.SIGINT) -> None:
-        super().__init__(message)
+    def __init__(self, template: str, signum: int = signal.SIGINT) -> None:
+        super().__init__(self.with_resume(template, "--resume"))
+        self.template = template
         self.exit_code = 128 + int(signum)
+
+    @staticmethod
+    def with_resume(template: str, how: str) -> str:
+        return template.replace("{resume}", how)  # not str.format: a path may hold braces
 
 
 class RunDir:
@@ -671,7 +678,7 @@ class RunDir:
         n_seen = stopped.partial["n_seen"] if stopped.partial else 0
         raise TrainingInterrupted(
             f"stopped in epoch {state.epoch + 1} after {n_seen} of its {state.steps_per_epoch} steps; state "
-            f"saved to {self.path / 'last.pt'}; --resume continues from that step",
+            f"saved to {self.path / 'last.pt'}; {{resume}} continues from that step",
             signum=stopped.stop_signal or signal.SIGINT,
         )
 
@@ -688,7 +695,7 @@ class RunDir:
         if self.stop_signal is not None and self.world.is_main:
             raise TrainingInterrupted(
                 f"stopped after the last epoch ({self.cfg.train.epochs}), before the export and evaluation; "
-                f"{self.path / 'last.pt'} holds the trained model: --resume exports and evaluates it",
+                f"{self.path / 'last.pt'} holds the trained model: {{resume}} exports and evaluates it",
                 signum=self.stop_signal,
             )
 

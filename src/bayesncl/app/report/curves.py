@@ -112,7 +112,6 @@ def _has(rows: Sequence[Mapping[str, float]], key: str) -> bool:
     return any(not math.isnan(r.get(key, math.nan)) for r in rows)
 
 
-
 def training_curves_figure(
     runs: Mapping[str, Sequence[Mapping[str, float]]],
     title: str = "",

@@ -187,7 +187,6 @@ def legend_below(fig: Any, axes: Sequence[Any], title: str, extra: dict[str, Any
                  title_size: int = 11) -> None:
     """One legend under all panels of ``fig`` (each label of ``axes`` once, then ``extra``
     ``{label: handle}``), the figure grown to hold it, ``title`` above; then tight_layout."""
-
     entries: dict[str, Any] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
