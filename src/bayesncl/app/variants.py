@@ -80,12 +80,20 @@ def write_table(
 # epoch-NNNN.pt is kept, the progress bar, loader workers, where the data lies) and the evaluation
 # settings (a table evaluates a stored run as it needs, caching what it computed beside the run).
 IDENTITY_IGNORES = ("train.progress", "train.checkpoint_every", "data.num_workers", "data.root", "eval.")
+# Keys added after the store's first runs (7c83712), with the value that reproduces those runs: at
+# that value a key is left out of the identity, so every run stored before it keeps its name. A new
+# key that can change the weights is added here with its old behaviour's value.
+ADDED_KEYS: dict[str, Any] = {}
 
 
 def identity(cfg: Config) -> dict[str, Any]:
-    """The resolved config as flat dotted keys, without :data:`IDENTITY_IGNORES`: what makes two runs
-    the same run (the seed is one of its keys)."""
-    return {k: v for k, v in flatten(cfg.to_dict()).items() if not ignored(k, IDENTITY_IGNORES)}
+    """The resolved config as flat dotted keys, without :data:`IDENTITY_IGNORES` and without the
+    :data:`ADDED_KEYS` at their old value: what makes two runs the same run (the seed is one of its
+    keys)."""
+    return {
+        k: v for k, v in flatten(cfg.to_dict()).items()
+        if not ignored(k, IDENTITY_IGNORES) and not (k in ADDED_KEYS and ADDED_KEYS[k] == v)
+    }
 
 
 def variant_hash(cfg: Config) -> str:
