@@ -118,6 +118,7 @@ class TrainConfig:
     # held-out test images scored every epoch (SC, H_sum, active dims, effective rank, open rate) into
     # log.csv's heldout_* columns (bayesncl.app.heldout); 0: none
     monitor_samples: int = 2000
+    monitor_every: int = 1  # score it every this many epochs, and after the last (long runs: ~10 points)
     loggers: list[str] = field(default_factory=lambda: ["csv"])  # some of LOGGERS (runs.loggers)
 
 
@@ -725,6 +726,7 @@ def validate(cfg: Config) -> None:
     _check(cfg.eval.batch_size >= 1, f"eval.batch_size={cfg.eval.batch_size}: expected >= 1")
     _check(t.checkpoint_every >= 0, f"train.checkpoint_every={t.checkpoint_every}: expected >= 0")
     _check(t.monitor_samples >= 0, f"train.monitor_samples={t.monitor_samples}: expected >= 0 (0: off)")
+    _check(t.monitor_every >= 1, f"train.monitor_every={t.monitor_every}: expected >= 1 (epochs)")
     bad = [name for name in t.loggers if name not in LOGGERS]
     _check(not bad, f"train.loggers={t.loggers}: unknown {', '.join(map(str, bad))}; expected some of "
            f"{', '.join(LOGGERS)}")
@@ -773,7 +775,7 @@ def dump_yaml(cfg: Config) -> str:
 # a larger train.epochs is the way to train longer (the lr schedule is recomputed for the new length).
 RESUME_FREE_KEYS: tuple[str, ...] = (
     "train.epochs", "train.progress", "train.checkpoint_every", "data.num_workers", "data.root", "eval.",
-    "train.loggers", "train.monitor_samples",
+    "train.loggers", "train.monitor_samples", "train.monitor_every",
 )
 
 

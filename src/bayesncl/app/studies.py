@@ -20,7 +20,7 @@ from pathlib import Path
 from bayesncl.config import Config, ConfigError, build_config
 
 RECIPES = Path(__file__).parents[1] / "configs"
-DATASETS = ("cifar10", "cifar100", "imagenet100", "fashion-mnist")
+DATASETS = ("cifar10", "cifar100", "imagenet100", "fashion-mnist", "fashion-mnist-long")
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,13 @@ class Study:
 
 
 def recipe_for(dataset: str, method: str) -> Path:
-    """The shipped recipe for ``dataset`` × ``method`` (fashion-mnist: the demo budget, any method)."""
+    """The shipped recipe for ``dataset`` × ``method``: fashion-mnist: the demo's budget;
+    fashion-mnist-long: the long CPU recipe (Fashion-MNIST at ~30x the demo's steps); both for any
+    method; else ``<dataset>-<method>.yaml``."""
     if dataset == "fashion-mnist":
         return RECIPES / "fashion-mnist-demo.yaml"
+    if (RECIPES / f"{dataset}.yaml").exists():
+        return RECIPES / f"{dataset}.yaml"
     return RECIPES / f"{dataset}-{method}.yaml"
 
 

@@ -15,7 +15,7 @@ from bayesncl.app.report import format_table, write_results
 from bayesncl.config import Config, flatten, ignored
 
 # what may differ between a finished variant and this command's config for it to be reused
-REUSE_IGNORES = ("train.progress", "eval.", "train.loggers", "train.monitor_samples")
+REUSE_IGNORES = ("train.progress", "eval.", "train.loggers", "train.monitor_samples", "train.monitor_every")
 
 
 def slug(name: str) -> str:
@@ -79,7 +79,9 @@ def write_table(
 # What a variant's identity leaves out: settings that cannot change the trained weights (how often
 # epoch-NNNN.pt is kept, the progress bar, loader workers, where the data lies) and the evaluation
 # settings (a table evaluates a stored run as it needs, caching what it computed beside the run).
-IDENTITY_IGNORES = ("train.progress", "train.checkpoint_every", "data.num_workers", "data.root", "eval.")
+IDENTITY_IGNORES = (
+    "train.progress", "train.checkpoint_every", "data.num_workers", "data.root", "eval.", "train.monitor_every",
+)
 # Keys added after the store's first runs (7c83712), with the value that reproduces those runs: at
 # that value a key is left out of the identity, so every run stored before it keeps its name. A new
 # key that can change the weights is added here with its old behaviour's value.
