@@ -357,7 +357,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "selection), ncl-sepin (NCL SEPIN@k), 6 (background probe of CHECKPOINT_OR_RUN... on waterbirds "
         "or fashion-mnist-bg), mechanism (CL, NCL, BayesNCL, NCL-IPW on fashion-mnist-bg). "
         "CIFAR/ImageNet-100 recipes are GPU-scale; --dataset "
-        "fashion-mnist uses the CPU demo budget, fashion-mnist-long the long CPU recipe (~30x its steps). key=value overrides apply to every variant.",
+        "fashion-mnist uses the CPU demo budget, fashion-mnist-long the long CPU recipe (~30x its steps). "
+        "key=value overrides apply to every variant.",
         {},
         [
             _arg("table", metavar="ID", help="1 2 3 4 5 7 15 fig3 fig4a fig4b ncl-fs ncl-sepin 6 mechanism"),

@@ -25,7 +25,9 @@ __all__ = [
 RECIPE = Path(__file__).parents[1] / "configs" / "fashion-mnist-demo.yaml"
 # --dataset -> the recipe its runs take (always on fashion-mnist-bg's images): the demo's budget, or
 # the long CPU recipe's (issue 24)
-MECHANISM_RECIPES = {"fashion-mnist-bg": RECIPE, "fashion-mnist-bg-long": RECIPE.with_name("fashion-mnist-long.yaml")}
+MECHANISM_RECIPES = {
+    "fashion-mnist-bg": RECIPE, "fashion-mnist-bg-long": RECIPE.with_name("fashion-mnist-long.yaml"),
+}
 TABLE6_PAPER = {"ncl": 93.33, "bayesncl": 93.38}  # PAPER-NOTES §3: ImageNet-100 encoders on Waterbirds
 TABLE6_DATASETS = ("waterbirds", "fashion-mnist-bg")
 MECHANISM_METHODS = (("CL", "cl"), ("NCL", "ncl"), ("BayesNCL (STE)", "bayesncl"), ("NCL-IPW", "ncl-ipw"))

@@ -163,7 +163,8 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
         _check_weights(model, cfg, run, epoch + 1, state.step)
         rho = cfg.method.rho if model.gate is not None else ""
         row = epoch_row(epoch + 1, state.step, result.stats, result.lr, result.seconds, rho)
-        if heldout is not None and ((epoch + 1) % cfg.train.monitor_every == 0 or epoch + 1 == cfg.train.epochs):
+        monitored = (epoch + 1) % cfg.train.monitor_every == 0 or epoch + 1 == cfg.train.epochs
+        if heldout is not None and monitored:
             row.update(heldout.measure(model, device))
         state.log.append(_no_probe(row, info))
         state.epoch = epoch + 1
