@@ -80,7 +80,8 @@ def write_table(
 # epoch-NNNN.pt is kept, the progress bar, loader workers, where the data lies) and the evaluation
 # settings (a table evaluates a stored run as it needs, caching what it computed beside the run).
 IDENTITY_IGNORES = (
-    "train.progress", "train.checkpoint_every", "data.num_workers", "data.root", "eval.", "train.monitor_every",
+    "train.progress", "train.checkpoint_every", "data.num_workers", "data.root", "eval.",
+    "train.monitor_every",
 )
 # Keys added after the store's first runs (7c83712), with the value that reproduces those runs: at
 # that value a key is left out of the identity, so every run stored before it keeps its name. A new
