@@ -136,7 +136,7 @@ def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> No
     assert out["rows"] == table1["rows"]
 
 
-@pytest.mark.parametrize("study", ["2", "3", "7", "fig3", "ncl-fs", "ncl-sepin"])
+@pytest.mark.parametrize("study", ["2", "3", "7", "fig3", "ncl-fs", "ncl-sepin", "convergence"])
 def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, Any], study: str) -> None:
     out, calls, _ = bench.run(study)
     assert calls == []
@@ -163,6 +163,13 @@ def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, A
         assert full["top_acc1"]["values"] == pytest.approx(full["random_acc1"]["values"])
     elif study == "ncl-sepin":
         assert set(rows["CL"]) == {"sepin@1", "sepin@10", "sepin@all"}
+    elif study == "convergence":  # one checkpoint (epoch 1) per tiny run
+        assert set(rows) == {"CL epoch 1", "NCL epoch 1", "BayesNCL epoch 1"}
+        assert rows["NCL epoch 1"]["gate_open"]["mean"] is None  # no gate
+        assert 0 <= rows["BayesNCL epoch 1"]["gate_open"]["mean"] <= 1
+        assert rows["CL epoch 1"]["active_dims"]["mean"] == 16  # CL: every one of the D = 16 dims fires
+        assert all(0 <= r[k]["mean"] <= 100 for r in rows.values() for k in ("semantic_consistency",
+                                                                             "linear_probe_acc1"))
 
 
 def test_sweeps_reuse_the_recipes_run(bench: Bench, table1: dict[str, Any]) -> None:

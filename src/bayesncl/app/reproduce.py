@@ -278,8 +278,32 @@ def _m_dynamics(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, fl
     return {f"e{r['epoch']}.{k}": r[k] for r in result["rows"] for k in ("AF-GV", "GV-SC", "AF-SC")}
 
 
+def _m_trajectory(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    """At each periodic checkpoint ``epoch-NNNN.pt`` of ``params[0]`` (the convergence study): SC,
+    active dims and (gated runs) the gate-open rate of the test split's z̃, and the fast linear
+    probe's Acc@1 on h (fitted on the train split, scored on the test split)."""
+    from bayesncl.app.evaluate import extract_split, load_trained
+    from bayesncl.metrics import compute_all, linear_probe
+
+    (epochs,) = params
+    out: dict[str, float] = {}
+    for e in epochs:
+        model, ck_cfg, _ = load_trained(sub / f"epoch-{int(e):04d}.pt")
+        device = next(model.parameters()).device
+        train = extract_split(model, ck_cfg, "train", device, keys=("h",))
+        test = extract_split(model, ck_cfg, "test", device, keys=("h", "features", "mask"))
+        m = compute_all(test["features"], test["labels"])
+        out[f"e{e}.semantic_consistency"] = m["semantic_consistency"]
+        out[f"e{e}.active_dims"] = float(m["active_dims"])
+        if test.get("mask") is not None:
+            out[f"e{e}.gate_open"] = float(test["mask"].mean())
+        lp = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=ck_cfg.seed)
+        out[f"e{e}.linear_probe_acc1"] = lp["acc1"]
+    return out
+
+
 MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval": _m_retrieval,
-            "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics}  # fmt: skip
+            "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "trajectory": _m_trajectory}  # fmt: skip
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
 
 

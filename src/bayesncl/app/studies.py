@@ -174,6 +174,32 @@ def _table3(dataset: str, overrides: list[str]) -> Study:
                  checkpoints=epochs)  # fmt: skip
 
 
+def _convergence(dataset: str, overrides: list[str]) -> Study:
+    """Issue 24: how SC, active dims, the gate-open rate, AF–GV and LP@1 move over training, per
+    method, at ~10 checkpoints (every tenth of the run): does the ordering of the methods settle?"""
+    cfg = base_config(dataset, "bayesncl", overrides)
+    every = max(1, cfg.train.epochs // 10)
+    epochs = tuple(range(every, cfg.train.epochs + 1, every))
+    ckpt = () if "train.checkpoint_every" in _keys(overrides) else (f"train.checkpoint_every={every}",)
+    variants = [Variant(n, m, ckpt) for n, m in (("CL", "cl"), ("NCL", "ncl"), ("BayesNCL", "bayesncl"))]
+    rows = [Row(f"{v.name} epoch {e}", v.name, f"e{e}.") for v in variants for e in epochs]
+    columns = [Column("SC %", "semantic_consistency"), Column("active", "active_dims", "{:.1f}"),
+               Column("gate open", "gate_open", "{:.3f}"), Column("AF–GV", "AF-GV", "{:.3f}"),
+               Column("LP@1 (h)", "linear_probe_acc1")]  # fmt: skip
+    panels = [
+        Panel(c.header, "epoch", c.header, tuple(
+            Series(v.name, tuple((e, f"{v.name} epoch {e}", c.key) for e in epochs))
+            for v in variants if c.key != "gate_open" or v.method == "bayesncl"
+        ))
+        for c in columns
+    ]  # fmt: skip
+    notes = [f"checkpoints every {every} epoch(s): test-split SC, active dims and gate-open rate of z̃, "
+             "AF–GV as Table 3 (1,024 train images), LP@1 = the fast linear probe on h"]  # fmt: skip
+    return Study("convergence", "Metrics over training (convergence)", "convergence", variants,
+                 [("trajectory", (epochs,)), ("dynamics", (epochs, 1024))], columns, rows, panels=panels,
+                 notes=notes, checkpoints=epochs)  # fmt: skip
+
+
 def _table5(dataset: str, overrides: list[str]) -> Study:
     variants = [Variant(n, m, ("model.backbone=resnet50",)) for n, m in TABLE1_METHODS if m in TABLE5_METHODS]
     return Study("5", "Table 5: interpretability with ResNet-50", "table5", variants, [("base", ())],
@@ -315,6 +341,7 @@ def _table7(dataset: str, overrides: list[str]) -> Study:
 STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
     "1": _table1, "2": _table2, "3": _table3, "4": _table4, "5": _table5, "7": _table7, "15": _table15,
     "fig3": _fig3, "fig4a": _fig4a, "fig4b": _fig4b, "ncl-fs": _ncl_fs, "ncl-sepin": _ncl_sepin,
+    "convergence": _convergence,
 }  # fmt: skip
 """``bayesncl reproduce ID``: the IDs and their builders."""
 

@@ -35,9 +35,10 @@ def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, 
     cols = 2 if n == 4 else min(n, 3)
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+    order = list(dict.fromkeys(label for *_, series in panels for label, _, _ in series))
     for ax, (ptitle, xlabel, ylabel, xscale, series) in zip(axes.flat, panels, strict=False):
-        for i, (label, points, paper) in enumerate(series):
-            color = f"C{i}"
+        for label, points, paper in series:
+            color = f"C{order.index(label) % 10}"  # a series keeps its colour in every panel
             pts = [(x, m, s) for x, m, s in points if m is not None and math.isfinite(m)]
             if pts:
                 xs = [p[0] for p in pts]
