@@ -362,7 +362,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "key=value overrides apply to every variant.",
         {},
         [
-            _arg("table", metavar="ID", help="1 2 3 4 5 7 15 fig3 fig4a fig4b ncl-fs ncl-sepin 6 mechanism convergence"),
+            _arg("table", metavar="ID",
+                 help="1 2 3 4 5 7 15 fig3 fig4a fig4b ncl-fs ncl-sepin 6 mechanism convergence"),
             _arg("--dataset", default="cifar100",
                  help="cifar10 | cifar100 | imagenet100 | fashion-mnist | fashion-mnist-long (default "
                       "cifar100); for 6: waterbirds | fashion-mnist-bg; for mechanism: fashion-mnist-bg | "
