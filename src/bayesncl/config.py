@@ -30,6 +30,9 @@ import yaml
 
 from bayesncl.core import methods
 from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig, TrainConfig
+from bayesncl.core.methods.plugins import PLUGINS_FILE
+
+RECIPES_DIR = Path(__file__).parent / "configs"  # the shipped recipes (--config NAME)
 
 
 @dataclass
@@ -182,6 +185,9 @@ def _dict_entry(key: str) -> tuple[str, str] | None:
 
 
 def _unknown_key(key: str, method: str | None = None) -> ConfigError:
+    owners = [m.name for m in methods.METHODS.values() if key.removeprefix("method.") in m.keys]
+    if key.startswith("method.") and owners and method not in owners:
+        return ConfigError(f"config key '{key}' is a key of method.name={owners[0]}, not of {method}")
     close = difflib.get_close_matches(key, valid_keys(method), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see `bayesncl pretrain --help`"
     return ConfigError(f"unknown config key '{key}'{hint}")
@@ -336,6 +342,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"config file '{p}' is a directory, not a YAML file")
+    if p.exists() and not p.is_file():
+        raise ConfigError(f"config file '{p}' is not a regular file (a device, a pipe, ...), not a YAML file")
     if not p.is_file():
         raise ConfigError(f"config file '{p}' does not exist")
     try:
@@ -382,6 +390,31 @@ def load_run_yaml(path: str | Path) -> dict[str, Any]:
     return flat
 
 
+def path_arg(value: str | None, name: str, expected: str) -> Path | None:
+    """``Path(value)``, or None for an option not given. An empty value (``--run-dir ""``) is a
+    ConfigError naming ``name`` and what was ``expected``, never a silent fallback to a default
+    location or to the current folder."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise ConfigError(f"{name} {value!r}: expected {expected}, not an empty path")
+    return Path(value)
+
+
+def resolve_config_path(value: str | None) -> Path | None:
+    """``--config`` takes a YAML path or the name of a shipped recipe (e.g. ``cifar100-bayesncl``)."""
+    p = path_arg(value, "--config", "a YAML file or recipe name")
+    if p is None:
+        return None
+    if p.exists() or p.suffix in (".yaml", ".yml"):
+        return p
+    shipped = RECIPES_DIR / f"{value}.yaml"
+    if shipped.exists():
+        return shipped
+    names = ", ".join(sorted(q.stem for q in RECIPES_DIR.glob("*.yaml")))
+    raise ConfigError(f"--config {value}: no such file or recipe; recipes: {names}")
+
+
 def check_keys(keys: typing.Iterable[str], method: str | None = None) -> None:
     """Raise ConfigError for the first dotted key that is not a config key (with the own keys of
     ``method``), naming the closest ones."""
@@ -395,15 +428,17 @@ def build_config(
     yaml_path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None, *,
     warn_inert: bool = True,
 ) -> Config:
-    """Resolve defaults → method preset → YAML → overrides, then :func:`validate`.
+    """Resolve defaults → method preset → YAML (``yaml_path``: a file, or a shipped recipe's name,
+    e.g. ``cifar100-bayesncl``) → overrides, then :func:`validate`.
 
     Raises ConfigError (one line) for an unknown key, a value of the wrong type or out of range.
     ``warn_inert``: warn about command-line method keys that have no effect with the method
     (:func:`warn_inert_keys`); False for a caller that decides itself (the demo's two runs).
     """
     user: dict[str, Any] = {}
-    if yaml_path is not None:
-        user.update(load_yaml(yaml_path))
+    path = resolve_config_path(None if yaml_path is None else str(yaml_path))
+    if path is not None:
+        user.update(load_yaml(path))
     command_line = parse_overrides(overrides) if isinstance(overrides, list) else {}
     user.update(flatten(overrides) if isinstance(overrides, dict) else command_line)
     cfg = Config()
@@ -505,6 +540,7 @@ def config_from_dict(d: dict[str, Any], source: str | Path | None = None) -> Con
     try:
         if not isinstance(d, dict):
             raise ConfigError(f"expected a mapping of config sections, got {type(d).__name__}")
+        _check_plugin_method(d, source)
         cfg = Config()
         flat = flatten(d)
         for k, v in sorted(flat.items(), key=lambda kv: kv[0] != "method.name"):  # the method first
@@ -515,6 +551,22 @@ def config_from_dict(d: dict[str, Any], source: str | Path | None = None) -> Con
             raise
         raise ConfigError(f"the config in {source}: {e}") from None
     return cfg
+
+
+def _check_plugin_method(d: dict[str, Any], source: str | Path | None) -> None:
+    """A run of a method that is not registered now, but came from a plugin its run dir records
+    (``plugins.txt``): ConfigError naming the file to pass with ``--plugin``."""
+    method = d.get("method")
+    name = method.get("name") if isinstance(method, dict) else None
+    if name is None or name in methods.METHODS or source is None:
+        return
+    record = Path(source).parent / PLUGINS_FILE
+    files = record.read_text().split() if record.is_file() else []
+    if files:
+        raise ConfigError(
+            f"method.name={name} was registered by the plugin {', '.join(files)} ({record}): pass "
+            f"{' '.join(f'--plugin {f}' for f in files)}"
+        )
 
 
 # Smallest data.image_size (besides 0, native): 8 px still trains with every backbone and stem; below

@@ -25,9 +25,10 @@ import torch
 from torch import nn
 
 from bayesncl.config import Config, config_from_dict, diff_configs, dump_yaml, flatten
-from bayesncl.core import distributed
+from bayesncl.core import distributed, methods
 from bayesncl.core.engine import STOP_SIGNALS, Cursor, EpochResult
 from bayesncl.core.methods import CONTRASTIVE_STATS
+from bayesncl.core.methods.plugins import PLUGINS_FILE
 from bayesncl.data import mix_seed
 from bayesncl.runs.fileio import atomic_path, default_file_mode, remove_stale_temporaries
 from bayesncl.runs.loggers import RunLoggers
@@ -133,7 +134,9 @@ RESULT_ARTIFACTS = (
     "dynamics.md",
 )
 # What a run writes into its run dir; --overwrite sets these, and nothing else, aside first.
-RUN_ARTIFACTS = ("config.yaml", "log.csv", "steps.csv", "last.pt", "epoch-*.pt", *RESULT_ARTIFACTS)
+RUN_ARTIFACTS = (
+    "config.yaml", PLUGINS_FILE, "log.csv", "steps.csv", "last.pt", "epoch-*.pt", *RESULT_ARTIFACTS,
+)
 # Folders of results a run dir holds: archived by a longer --resume, and those of `evaluate`/`extract`
 # on an earlier checkpoint (RUN/epoch-NNNN.pt -> RUN/eval-epoch-NNNN/); --overwrite sets them aside too.
 RESULT_FOLDERS = ("results-epoch-*", "eval-epoch-*")
@@ -654,6 +657,11 @@ class RunDir:
                 shutil.copyfile(run_dir / "last.pt", tmp)
         with atomic_path(run_dir / "config.yaml") as tmp:  # a kill mid-write must not leave it empty
             tmp.write_text(dump_yaml(cfg))
+        source = methods.get(cfg.method.name).source  # a method from a user's file: which one
+        if source is not None and Path(source).is_file():
+            (run_dir / PLUGINS_FILE).write_text(source + "\n")
+        else:
+            (run_dir / PLUGINS_FILE).unlink(missing_ok=True)
         if ckpt is not None:  # the logs as last.pt holds them: a save cut short after it left them short
             self._write_logs(state)
         # a resume continues the TensorBoard run from the checkpoint's epoch, and the W&B run id

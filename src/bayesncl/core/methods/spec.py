@@ -148,17 +148,6 @@ class Method:
         return self.gate != "none"
 
     @property
-    def loss(self) -> tuple[str, ...]:
-        """The names of the loss terms of its preset: its own, then its parts' (the gate's ``kl``)."""
-        from bayesncl.core.configs import MethodConfig
-        from bayesncl.core.methods.common import PARTS
-
-        preset = MethodConfig(**self.parts)
-        return tuple(t.name for t in self.terms) + tuple(
-            t.name for part in PARTS.values() if part.present(preset) for t in part.terms
-        )
-
-    @property
     def parts(self) -> dict[str, Any]:
         """The ``method.*`` fields it presets, e.g. ``{"nonneg": "rep_relu", "topk": False, ...}``."""
         return {"nonneg": self.nonneg, "topk": self.topk, "gate": self.gate, "gate_depth": self.gate_depth,
