@@ -27,8 +27,8 @@ def test_import_loads_no_torch() -> None:
     env = {"PYTHONPATH": str(src)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     names = (
-        "['ContrastiveHead', 'build_config', 'evaluate', 'load_encoder', 'load_plugin', 'metrics', "
-        "'methods', 'pretrain', 'register_method']"
+        "['ContrastiveHead', 'build_config', 'evaluate', 'load_encoder', 'load_plugin', 'methods', "
+        "'metrics', 'pretrain', 'register_method']"
     )
     assert out.stdout == f"False {names}\n"
 

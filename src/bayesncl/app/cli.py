@@ -361,6 +361,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
                  help="train images for the gradient variance (default 1024)"),
             _arg("--every", type=int, default=1,
                  help="use checkpoints 1, 1+N, 1+2N, ... of the sorted periodic ones (default 1: all)"),
+            _PLUGIN,
         ],
     ),
     "curves": (
