@@ -161,7 +161,7 @@ def test_two_gloo_processes_match_one_process_over_the_concatenated_batch(
         for name, g in ref["grads"].items():
             torch.testing.assert_close(got["grads"][name], g, atol=1e-6, rtol=0, msg=f"rank {rank}: {name}")
     if method == "bayesncl":
-        assert ref["stats"][2] > 0 and any(k.startswith("gating_head.") for k in ref["grads"])
+        assert ref["stats"]["kl"] > 0 and any(k.startswith("gating_head.") for k in ref["grads"])
 
 
 def test_local_negatives_alone_do_not_match(ddp_reports: list[dict[str, Any]]) -> None:
@@ -462,7 +462,7 @@ def test_an_error_of_one_rank_names_the_rank(
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     slept: list[float] = []
-    monkeypatch.setattr(cli_module.time, "sleep", slept.append)
+    monkeypatch.setattr("time.sleep", slept.append)  # (the error layer waits with time.sleep)
     assert main(["pretrain", "method.rho=2"]) == 2
     assert capsys.readouterr().err == "" and slept == [2]
 
