@@ -127,6 +127,8 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
         cfg.data, cfg.train.batch_size, seed=cfg.seed, device=device,
         rank=world.rank, world_size=world.world_size,
     )
+    if world.is_main and loader.note:
+        print(f"data: {loader.note}", flush=True)
     # rank 0: the held-out batch scored at each epoch's end (log.csv's heldout_*; no RNG draw)
     heldout = build_heldout(cfg) if world.is_main else None
     # model, optimiser (LARS) and schedule: lr scaled by the global batch, warmup then cosine per step
