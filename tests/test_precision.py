@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -122,3 +123,33 @@ def test_auto_on_a_native_bf16_cpu_stays_fp32(
     pretrain(build_config(overrides=TINY), tmp_path / "run", evaluate=False)
     assert "precision: fp32 (train.precision=auto: this CPU has AVX512-BF16; train.precision=fast would" \
         in capsys.readouterr().out
+
+
+def test_a_fast_run_is_extracted_as_it_trained(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Extraction of a ``fast`` run runs its convolutions in bf16 on channels-last input and returns
+    float32 features within bf16's rounding of the fp32 ones; any other run is extracted in fp32."""
+    from bayesncl.app.evaluate import extract_split
+    from bayesncl.core.model import build_model
+
+    _native(monkeypatch, "AVX512-BF16")
+    fast = build_config(overrides=[*TINY, "method.name=bayesncl", "train.precision=fast"])
+    torch.manual_seed(0)
+    model = build_model(fast, 3, 16, 10)
+    real_conv = torch.nn.Conv2d._conv_forward
+    convs: list[tuple[torch.dtype, bool]] = []
+
+    def conv(self: torch.nn.Conv2d, x: torch.Tensor, *args: object) -> torch.Tensor:
+        out = real_conv(self, x, *args)
+        convs.append((out.dtype, x.is_contiguous(memory_format=torch.channels_last)))
+        return out
+
+    monkeypatch.setattr(torch.nn.Conv2d, "_conv_forward", conv)
+    low = extract_split(model, fast, "test", CPU)
+    assert convs and all(d == torch.bfloat16 and cl for d, cl in convs)
+    convs.clear()
+    full = extract_split(model, build_config(overrides=[*TINY, "method.name=bayesncl"]), "test", CPU)
+    assert convs and all(d == torch.float32 and not cl for d, cl in convs)
+    assert low["h"].dtype == full["h"].dtype == np.float32 and low["h"].shape == full["h"].shape == (60, 256)
+    scale = float(np.abs(full["h"]).max())
+    assert float(np.abs(low["h"] - full["h"]).max()) <= 0.05 * scale
+    assert not np.array_equal(low["h"], full["h"])
