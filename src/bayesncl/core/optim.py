@@ -120,6 +120,8 @@ def identity_precision(name: str, device_name: str) -> str:
         return name
     device = torch.device("cuda" if device_name == "auto" and torch.cuda.is_available() else
                           "cpu" if device_name == "auto" else device_name)
+    if device.type == "cuda" and not torch.cuda.is_available():  # refused later, when the run starts
+        return "fast:cuda"
     return f"fast:{dtype_name(resolve_precision(name, device))}"
 
 
