@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bayesncl.app.benchmark import add_benchmark_parser, main
+from bayesncl.app.benchmark import add_benchmark_parser, format_report, main
 
 TINY = [
     "--device", "cpu", "--backbone", "small_cnn", "--image-size", "16", "--batch-size", "8",
@@ -93,12 +93,72 @@ def test_forward_flops_follow_the_papers_table7_convention() -> None:
     assert bay - ncl == pytest.approx(3.815 - 3.731, abs=1e-3)
 
 
-def test_text_report(capsys: pytest.CaptureFixture[str]) -> None:
-    assert _run([*TINY, "--rounds", "1", "--no-augment-compare"]) == 0
+def test_text_report(capsys: pytest.CaptureFixture[str], result: dict[str, Any]) -> None:
+    assert _run([*TINY, "--rounds", "1", "--no-augment-compare", "--no-plain-compare"]) == 0
     out = capsys.readouterr().out
     for needle in ("images/s", "cl", "ncl", "bayesncl", "gate overhead", "FLOP", "fixed batch"):
         assert needle in out
-    assert "per-sample" not in out
+    assert "per-sample" not in out and "plain SimCLR" not in out
+    report = format_report(result)
+    plain = result["plain_simclr"]
+    assert f"best of 0/1/2 workers: {plain['workers']}): {plain['images_per_s']:,.1f} images/s" in report
+    x = result["speedup_vs_plain_simclr"]["fp32"]["bayesncl"]
+    assert "  fp32     cl " in report and f"bayesncl {x:.2f}x" in report
+
+
+# ----------------------------------------------------------------------------- the plain SimCLR loop
+def test_plain_simclr_comparison_keys(result: dict[str, Any]) -> None:
+    """Our step against the plain loop at the run's precision (fp32 on CPU: the same arms as the
+    fp32 row), and at bf16 + channels-last exactly where this CPU computes bf16 natively."""
+    from bayesncl.core.optim import native_cpu_bf16
+
+    speed, rates = result["speedup_vs_plain_simclr"], result["images_per_s_by_precision"]
+    assert set(speed) == set(rates) == {"default", "fp32"} | ({"bf16"} if native_cpu_bf16() else set())
+    for label, by in speed.items():
+        assert set(by) == set(rates[label]) == {"cl", "ncl", "bayesncl"}
+        assert all(math.isfinite(v) and v > 0 for v in [*by.values(), *rates[label].values()])
+    assert speed["default"] == speed["fp32"] and rates["default"] == result["images_per_s"]
+    plain = result["plain_simclr"]
+    assert set(plain["images_per_s_by_workers"]) == {"0", "1", "2"} and plain["workers"] in (0, 1, 2)
+    assert plain["images_per_s"] == max(plain["images_per_s_by_workers"].values()) > 0
+
+
+def test_plain_nt_xent_is_our_info_nce() -> None:
+    """The plain loop's loss, written as the examples write it, against our InfoNCE and a naive
+    per-row loop: same value and same gradient."""
+    import torch
+
+    from bayesncl.app.plain_simclr import nt_xent
+    from bayesncl.core.losses import info_nce
+
+    g = torch.Generator().manual_seed(0)
+    z0, z1 = torch.randn(5, 7, generator=g, requires_grad=True), torch.randn(5, 7, generator=g)
+    plain = nt_xent(z0, z1, 0.2)
+    ours = info_nce(torch.cat([z0, z1]), 0.2)
+    z = torch.nn.functional.normalize(torch.cat([z0, z1]), dim=1).detach()
+    naive = 0.0
+    for i in range(10):
+        others = [j for j in range(10) if j != i]
+        s = torch.stack([z[i] @ z[j] / 0.2 for j in others])
+        naive += float(torch.logsumexp(s, 0) - z[i] @ z[(i + 5) % 10] / 0.2) / 10
+    assert plain.item() == pytest.approx(ours.item(), abs=1e-6)
+    assert plain.item() == pytest.approx(naive, abs=1e-5)
+    (g_plain,) = torch.autograd.grad(plain, z0)
+    (g_ours,) = torch.autograd.grad(info_nce(torch.cat([z0, z1]), 0.2), z0)
+    assert torch.allclose(g_plain, g_ours, atol=1e-6)
+
+
+def test_plain_pairs_are_two_normalised_views() -> None:
+    import torch
+
+    from bayesncl.app.plain_simclr import PlainPairs, plain_transform
+
+    images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    v1, v2 = PlainPairs(images, plain_transform(16, (0.5,) * 3, (0.25,) * 3))[2]
+    assert v1.shape == v2.shape == (3, 16, 16) and v1.dtype == torch.float32
+    assert not torch.equal(v1, v2) and float(v1.min()) >= -2.0 - 1e-6 and float(v1.max()) <= 2.0 + 1e-6
+    gray = PlainPairs(images[:, :1], plain_transform(16, (0.5,), (0.25,)))[0][0]
+    assert gray.shape == (1, 16, 16)
 
 
 @pytest.mark.parametrize(

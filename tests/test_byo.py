@@ -89,6 +89,9 @@ def test_eval_data_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
         (VIT, 1, 16, 192),  # img_size = the data's side, passed because ViT takes it
         (["model.backbone=timm:convnext_atto"], 3, 32, 320),  # downsamples 32x: 16 px is too small
         (["model.backbone=timm:resnet18"], 1, 16, 512),  # a CNN: no img_size
+        # a pre-logits head (conv_head + act after the pool): h is its head_hidden_size, 1024, not the
+        # last feature map's num_features, 288 (issue 23: it was refused as "expected (288,)")
+        (["model.backbone=timm:mobilenetv3_small_050"], 1, 32, 1024),
     ],
 )
 def test_timm_backbones_build_without_classifier(
@@ -96,7 +99,8 @@ def test_timm_backbones_build_without_classifier(
 ) -> None:
     cfg = build_config(overrides=[*overrides, "model.proj_hidden=32", "model.proj_dim=16"])
     model = build_model(cfg, channels, size, 10)
-    assert model.h_dim == h_dim == model.backbone.num_features
+    net = model.backbone
+    assert model.h_dim == h_dim == (getattr(net, "head_hidden_size", None) or net.num_features)
     out = model(torch.randn(2, channels, size, size))
     assert out.h.shape == (2, h_dim) and out.z_tilde.shape == (2, 16)
 

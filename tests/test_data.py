@@ -624,3 +624,62 @@ def test_a_subset_larger_than_the_split_warns_once() -> None:
     assert messages == [
         "data.test_subset=1002 is more than the 1000 images of the test split: the whole split is used"
     ]
+
+
+# ----------------------------------------------------------------------------- folder held in memory
+def test_folder_decoded_size_and_memory_decision(tmp_path, monkeypatch):
+    """The estimate reads the headers (all 12 here: exact); the folder is held when it takes at most
+    half of the available memory, and the line says which and why."""
+    import bayesncl.data.images as images
+
+    write_folder(tmp_path, corrupt=False)
+    paths = sorted(str(p) for p in (tmp_path / "train").rglob("*.png"))
+    exact = sum(Image.open(p).size[0] * Image.open(p).size[1] * 3 for p in paths)
+    assert images.decoded_size(paths) == exact and 12 * 30 * 30 * 3 <= exact <= 12 * 50 * 50 * 3
+    assert images.decoded_size(paths, samples=2) == round((exact_of(paths[0]) + exact_of(paths[-1])) / 2 * 12)
+    monkeypatch.setattr(images, "available_memory", lambda: 2 * exact)
+    hold, note = images.memory_decision(paths)
+    assert hold and note.startswith("image folder held in memory: 12 images, ~") and "<= 50% of the" in note
+    hold, note = images.memory_decision(paths, copies=2)  # two processes of one node hold a copy each
+    assert not hold and note.startswith("image folder read from disk: 12 images")
+    assert "x 2 processes > 50% of the" in note
+    monkeypatch.setattr(images, "available_memory", lambda: None)
+    assert images.memory_decision(paths) == (
+        False, f"image folder read from disk (12 images, ~{exact / 2**20:,.1f} MiB decoded; the free memory "
+        "is unknown here)")
+
+
+def exact_of(path: str) -> int:
+    w, h = Image.open(path).size
+    return w * h * 3
+
+
+def test_folder_held_in_memory_gives_the_same_batches(tmp_path, monkeypatch):
+    """data.resident=auto holds a small folder decoded in memory (no file read afterwards) and
+    trains on exactly the batches that reading the files (data.resident=false) gives."""
+    import bayesncl.data.images as images
+
+    write_folder(tmp_path, corrupt=False)
+    monkeypatch.setattr(images, "available_memory", lambda: 2**30)
+    cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=24)
+    held = build_train_loader(cfg, 4, seed=3, device=CPU)
+    disk = build_train_loader(dataclasses.replace(cfg, resident="false"), 4, seed=3, device=CPU)
+    assert not held.resident and held.note.startswith("image folder held in memory: 12 images")
+    assert disk.note == "image folder read from disk (data.resident=false)"
+    for p in (tmp_path / "train").rglob("*.png"):
+        p.unlink()  # held: nothing is read from disk any more
+    with pytest.raises(DataError):
+        next(iter(disk))
+    disk = None
+    _read_cached.cache_clear()
+    write_folder(tmp_path / "again", corrupt=False)
+    disk = build_train_loader(
+        dataclasses.replace(cfg, root=str(tmp_path / "again"), resident="false"), 4, seed=3, device=CPU
+    )
+    for epoch in (0, 1):
+        held.set_epoch(epoch)
+        disk.set_epoch(epoch)
+        pairs = list(zip(held, disk, strict=True))
+        assert len(pairs) == 3
+        for a, b in pairs:
+            assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))

@@ -46,7 +46,10 @@ class DataConfig:
     train_subset: int = 0  # 0: the whole train split; else a class-stratified subset of this size
     test_subset: int = 0  # 0: the whole test split
     num_workers: int = 0  # DataLoader workers (per-sample path only)
-    resident: str = "auto"  # auto | true | false: hold the dataset as one uint8 tensor on device
+    # auto | true | false: hold the dataset as one uint8 tensor on device (batched augmentation); image
+    # folders: auto = per-sample augmentation from the folder held decoded in memory when it fits
+    # (the same batches as false, which reads the files each time)
+    resident: str = "auto"
     crop_min_scale: float = 0.08
     blur_prob: float = 0.5
     skip_corrupt: bool = False  # imagefolder: skip unreadable images instead of failing
@@ -135,7 +138,7 @@ def fixed_choices() -> dict[str, tuple[str, ...]]:
         "method.gate": GATE_KINDS,
         "method.gumbel_noise": tuple(NOISES),
         "train.optimizer": ("lars", "sgd", "adamw"),
-        "train.precision": ("auto", "fp32", "fp16", "bf16"),
+        "train.precision": ("auto", "fast", "fp32", "fp16", "bf16"),
         "eval.probe": ("fast", "none"),
     }
 

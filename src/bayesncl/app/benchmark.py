@@ -26,6 +26,14 @@ Measured, in ONE process and ONE run so the ratios are fair on a noisy machine:
   epoch-end measurement of the held-out batch (:mod:`bayesncl.app.heldout`, the default 2,000
   images) and its share of a demo epoch (the recipe's 20,000 train images at the images/s of that
   recipe's training step, timed in the same rounds): the bound is 5 % (issue 16).
+* ``speedup_vs_plain_simclr`` {default, fp32, bf16}: {cl, ncl, bayesncl}: our step against a plain
+  SimCLR loop of the kind lightly's and torchvision's examples show (:mod:`bayesncl.app.plain_simclr`:
+  the same backbone, projector and InfoNCE; a DataLoader with per-sample torchvision transforms;
+  fp32; the best of 0, 1 and 2 workers), timed in the same rounds: the median over rounds of its
+  step time over ours, with our step at the run's precision (``default``), at fp32, and at bf16
+  autocast + channels-last where the device computes bf16 natively (``bf16``; a CPU with
+  AVX512-BF16 or AMX, or CUDA). ``plain_simclr`` holds that loop's images/s, best and by workers;
+  ``images_per_s_by_precision`` ours. ``--no-plain-compare`` skips them.
 * ``breakdown``: each loader alone, and the BayesNCL step on a fixed batch alone (to see which
   part limits the step); on CUDA also BayesNCL without :func:`bayesncl.core.engine.prefetch_to_device`
   (the loader on the main stream).
@@ -45,7 +53,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from bayesncl.config import Config, ConfigError, build_config
@@ -63,6 +71,7 @@ HELDOUT_TARGET_PCT = 5.0  # the epoch-end held-out monitor, as a share of a demo
 GPU_TARGET_IMAGES_PER_S = 11_200  # 200 CIFAR-100 epochs (10 M pairs) in 15 min on one H200
 CPU_AUGMENT_TARGET = 2.0
 GATE_OVERHEAD_TARGET_PCT = 3.0
+PLAIN_TARGET = 1.5  # our default step against the plain SimCLR loop (issue 23)
 
 
 @dataclass
@@ -81,6 +90,7 @@ class BenchmarkSettings:
     channels_last: bool | None = None  # CPU: false; CUDA: true
     compile: bool = False
     augment_compare: bool = True  # time the per-sample DataLoader path too
+    plain_compare: bool = True  # time a plain SimCLR loop (app.plain_simclr) and our step at fp32 / bf16 too
     workers: int = 0  # DataLoader workers of the per-sample path
     threads: int = 0  # torch intra-op threads (0: leave as is)
     extra: list[str] = field(default_factory=list)  # more key=value config overrides
@@ -183,16 +193,17 @@ def _trainer(
     from bayesncl.core.distributed import World
     from bayesncl.core.engine import prefetch_to_device, train_step, wrap_for_training
     from bayesncl.core.model import build_model
-    from bayesncl.core.optim import build_optimizer, param_groups, resolve_precision
+    from bayesncl.core.optim import build_optimizer, param_groups, precision_plan
     from bayesncl.data import build_train_loader, dataset_info
 
     info = dataset_info(cfg.data)
     torch.manual_seed(0)
     model = build_model(cfg, info.channels, info.image_size, info.num_classes).to(device)
-    if cfg.train.channels_last:
+    plan = precision_plan(cfg.train.precision, cfg.train.channels_last, device)
+    if plan.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(param_groups(model, cfg, cfg.train.batch_size), cfg)  # at the peak lrs
-    amp = resolve_precision(cfg.train.precision, device)
+    amp = plan.dtype
     autocast = torch.autocast(device.type, dtype=amp) if amp is not None else None
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
     step_model = wrap_for_training(model, cfg, World(device=device))
@@ -204,7 +215,7 @@ def _trainer(
         x1, x2, y = batch if batch is not None else next(batches)
         train_step(
             step_model, optimizer, scaler, x1, x2, y, cfg.method,
-            autocast=autocast, channels_last=cfg.train.channels_last,
+            autocast=autocast, channels_last=plan.channels_last,
         )
 
     return step, batches, model
@@ -314,7 +325,70 @@ def _arms(s: BenchmarkSettings, device: torch.device, configs: dict[str, Config]
     if device.type == "cuda":  # what prefetch_to_device buys: the loader on the main stream
         plain = _endless(build_train_loader(data, b, seed=2, device=device))
         arms.append(_Arm("no-prefetch", lambda: bayes(next(plain)), b, steps))
+    if s.plain_compare:
+        arms += _plain_arms(s, device, configs["cl"])
     return arms
+
+
+def _precisions(s: BenchmarkSettings, device: torch.device) -> dict[str, BenchmarkSettings | None]:
+    """The precisions our step is compared with the plain loop at, besides the run's own
+    (``"default"``: None): ``"fp32"`` always, ``"bf16"`` (autocast + channels-last) where the device
+    computes bf16 natively (:func:`bayesncl.core.optim.native_cpu_bf16`, or a CUDA device that
+    supports it); None where one is the same as the run's own precision (its arms are reused)."""
+    import torch
+
+    from bayesncl.core.optim import native_cpu_bf16, precision_plan
+
+    own = precision_plan(str(s.precision), bool(s.channels_last), device)
+    out: dict[str, BenchmarkSettings | None] = {"default": None}
+    fp32 = own.dtype is None and not own.channels_last
+    out["fp32"] = None if fp32 else replace(s, precision="fp32", channels_last=False)
+    native = torch.cuda.is_bf16_supported() if device.type == "cuda" else native_cpu_bf16() is not None
+    if native:
+        bf16 = own.dtype == torch.bfloat16 and own.channels_last
+        out["bf16"] = None if bf16 else replace(s, precision="bf16", channels_last=True)
+    return out
+
+
+def _plain_arms(s: BenchmarkSettings, device: torch.device, cl: Config) -> list[_Arm]:
+    """Our three methods at the other :func:`_precisions` (``"{method}@{label}"``) and the plain
+    SimCLR loop (:mod:`bayesncl.app.plain_simclr`, the model of ``cl``) with 0, 1 and 2 DataLoader
+    workers (``"plain/w{workers}"``)."""
+    from bayesncl.app.plain_simclr import plain_trainer
+
+    b, steps = int(s.batch_size or 0), int(s.steps or 0)
+    arms = []
+    for label, other in _precisions(s, device).items():
+        for m in METHODS if other is not None else ():
+            step, *_ = _trainer(_config(other, m, resident=True), device)
+            arms.append(_Arm(f"{m}@{label}", lambda step=step: step(None), b, steps))
+    arms += [_Arm(f"plain/w{w}", step, b, steps) for w, step in plain_trainer(cl, device).items()]
+    return arms
+
+
+def _plain_figures(
+    s: BenchmarkSettings, device: torch.device, by: dict[str, _Arm], rate: dict[str, float]
+) -> dict[str, Any]:
+    """``speedup_vs_plain_simclr`` {precision label: {method: x}}: the median over rounds of the
+    plain loop's step time (its best worker count) over ours; ``plain_simclr``: that loop's
+    images/s (best, and by workers); ``images_per_s_by_precision``."""
+    workers = {int(name.split("/w")[1]): r for name, r in rate.items() if name.startswith("plain/w")}
+    best = max(workers, key=lambda w: workers[w])
+    plain = by[f"plain/w{best}"].times
+    arm = {label: "" if other is None else f"@{label}" for label, other in _precisions(s, device).items()}
+    return {
+        "speedup_vs_plain_simclr": {
+            label: {m: round(_median_ratio(plain, by[m + suffix].times), 2) for m in METHODS}
+            for label, suffix in arm.items()
+        },
+        "plain_simclr": {
+            "images_per_s": round(workers[best], 1), "workers": best,
+            "images_per_s_by_workers": {str(w): round(r, 1) for w, r in sorted(workers.items())},
+        },
+        "images_per_s_by_precision": {
+            label: {m: round(rate[m + suffix], 1) for m in METHODS} for label, suffix in arm.items()
+        },
+    }
 
 
 def _time_rounds(
@@ -386,9 +460,10 @@ def run_benchmark(
     """
     import torch
 
-    from bayesncl.core.optim import resolve_precision
+    from bayesncl.core.optim import precision_plan
 
     s, device = default_settings(settings or BenchmarkSettings())
+    own = precision_plan(str(s.precision), bool(s.channels_last), device)
     say = log or (lambda msg: None)
     if s.threads:
         torch.set_num_threads(s.threads)
@@ -429,13 +504,14 @@ def run_benchmark(
             **_optional("bayesncl_no_prefetch_images_per_s", rate.get("no-prefetch")),
         },
         "gate_flops_pct": round(100 * (train_flops["bayesncl"] / train_flops["ncl"] - 1), 2),
+        **(_plain_figures(s, device, by, rate) if s.plain_compare else {}),
         **_heldout_figures(statistics.median(by["demo-heldout"].times), by["demo-heldout"].images,
                            rate["demo-step"]),
         "settings": {
             "backbone": s.backbone, "cifar_stem": s.cifar_stem, "image_size": s.image_size, "batch_size": b,
             "steps": int(s.steps or 0), "rounds": int(s.rounds or 0),
-            "precision": str(resolve_precision(str(s.precision), device) or "fp32").replace("torch.", ""),
-            "channels_last": s.channels_last, "compile": s.compile, "workers": s.workers,
+            "precision": own.name, "channels_last": own.channels_last, "compile": s.compile,
+            "workers": s.workers,
             "threads": torch.get_num_threads(),
         },
         "torch": torch.__version__,
@@ -492,6 +568,7 @@ def format_report(r: dict[str, Any]) -> str:
             f"epoch (the demo recipe's step: {r['demo_images_per_s']:,.1f} images/s; target < "
             f"{HELDOUT_TARGET_PCT:g} %)"
         )
+    lines += _plain_lines(r)
     bd = r["breakdown"]
     lines.append(
         f"BayesNCL step on a fixed batch (no data path): {bd['bayesncl_step_fixed_batch_images_per_s']:,.1f} "
@@ -511,10 +588,31 @@ def format_report(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _plain_lines(r: dict[str, Any]) -> list[str]:
+    """The report's lines on the plain SimCLR loop (none without ``speedup_vs_plain_simclr``)."""
+    if "speedup_vs_plain_simclr" not in r:
+        return []
+    plain = r["plain_simclr"]
+    lines = [
+        f"plain SimCLR loop (per-sample torchvision DataLoader, fp32; best of 0/1/2 workers: "
+        f"{plain['workers']}): {plain['images_per_s']:,.1f} images/s; our step's speed-up over it:"
+    ]
+    for label, by in r["speedup_vs_plain_simclr"].items():
+        rates = r["images_per_s_by_precision"][label]
+        lines.append(
+            f"  {label:<8} " + ", ".join(f"{m} {x:.2f}x ({rates[m]:,.1f}/s)" for m, x in by.items())
+            + (f"  (target >= {PLAIN_TARGET:g}x)" if label == "default" else "")
+        )
+    return lines
+
+
 # ----------------------------------------------------------------------------- command line
 def _cmd_benchmark(args: argparse.Namespace) -> int:
     given = {f.name: getattr(args, f.name) for f in fields(BenchmarkSettings) if hasattr(args, f.name)}
-    given.update(augment_compare=not args.no_augment_compare, extra=list(args.overrides))
+    given.update(
+        augment_compare=not args.no_augment_compare, plain_compare=not args.no_plain_compare,
+        extra=list(args.overrides),
+    )
     settings = BenchmarkSettings(**given)
     log = None if args.json else (lambda msg: print(f"... {msg}", flush=True))
     result = run_benchmark(settings, log=log)
@@ -549,12 +647,14 @@ def add_benchmark_parser(subparsers: Any) -> None:
         ("--steps", number, "timed steps per arm and round (default 1 CPU, 20 CUDA)"),
         ("--rounds", number, "interleaved rounds; medians (default 12 CPU, 5 CUDA)"),
         ("--warmup", {**number, "default": 2}, "untimed steps per arm first (default 2)"),
-        ("--precision", {"choices": ("auto", "fp32", "fp16", "bf16")},
-         "autocast dtype (default fp32 on CPU, auto = bf16 on CUDA)"),
+        ("--precision", {"choices": ("auto", "fast", "fp32", "fp16", "bf16")},
+         "autocast dtype (default fp32 on CPU, auto = bf16 on CUDA; fast: bf16 + channels-last on a CPU "
+         "with native bf16 too)"),
         ("--channels-last", {"action": argparse.BooleanOptionalAction},
          "channels_last memory format (default on for CUDA, off for CPU)"),
         ("--compile", flag, "torch.compile the model (slow first steps)"),
         ("--no-augment-compare", flag, "skip the per-sample DataLoader path"),
+        ("--no-plain-compare", flag, "skip the plain SimCLR loop and our step at the other precisions"),
         ("--workers", {**number, "default": 0}, "workers of the per-sample DataLoader (default 0)"),
         ("--threads", {**number, "default": 0}, "torch intra-op threads (default: leave as is)"),
         ("overrides", {"nargs": "*", "metavar": "key=value"},

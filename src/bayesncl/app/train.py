@@ -32,7 +32,7 @@ from bayesncl.core.engine import (
     wrap_for_training,
 )
 from bayesncl.core.model import ContrastiveModel, build_model
-from bayesncl.core.optim import LrSchedule, build_optimizer, param_groups, resolve_precision
+from bayesncl.core.optim import LrSchedule, build_optimizer, param_groups, precision_plan
 from bayesncl.data import DataError, DatasetInfo, build_train_loader, dataset_info
 from bayesncl.runs.export import export_encoder
 from bayesncl.runs.loggers import require as require_loggers
@@ -141,7 +141,10 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
     then draws the curves and exports the encoder. Returns the trained model."""
     world = run.world
     device = world.device
-    amp_dtype = resolve_precision(cfg.train.precision, device)
+    precision = precision_plan(cfg.train.precision, cfg.train.channels_last, device)
+    amp_dtype = precision.dtype
+    if world.is_main:
+        print(f"precision: {precision.why}", flush=True)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest kernels
 
@@ -151,10 +154,12 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
         cfg.data, cfg.train.batch_size, seed=cfg.seed, device=device,
         rank=world.rank, world_size=world.world_size,
     )
+    if world.is_main and loader.note:
+        print(f"data: {loader.note}", flush=True)
     # rank 0: the held-out batch scored at each epoch's end (log.csv's heldout_*; no RNG draw)
     heldout = build_heldout(cfg) if world.is_main else None
     # model, optimiser (LARS) and schedule: lr scaled by the global batch, warmup then cosine per step
-    model, optimizer, scaler = _model_and_optimizer(cfg, world, info, amp_dtype)
+    model, optimizer, scaler = _model_and_optimizer(cfg, world, info, amp_dtype, precision.channels_last)
     steps_per_epoch = len(loader)
     schedule = LrSchedule(
         cfg.train.epochs * steps_per_epoch, round(cfg.train.warmup_epochs * steps_per_epoch),
@@ -167,7 +172,7 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
     training = Training(
         wrap_for_training(model, cfg, world), optimizer, scaler, cfg.method, schedule, device,
         world.distributed, torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None,
-        cfg.train.channels_last, info.labeled,
+        precision.channels_last, info.labeled,
     )
     warn = _cpu_time_warning(cfg, device, state.step, schedule.total_steps) if world.is_main else None
     hooks = _TrainHooks(cfg, run, state, info, warn)
@@ -218,11 +223,12 @@ def _export(model: ContrastiveModel, cfg: Config, run_dir: Path, *, drawn: bool)
 
 
 def _model_and_optimizer(
-    cfg: Config, world: distributed.World, info: DatasetInfo, amp_dtype: torch.dtype | None
+    cfg: Config, world: distributed.World, info: DatasetInfo, amp_dtype: torch.dtype | None,
+    channels_last: bool,
 ) -> tuple[ContrastiveModel, torch.optim.Optimizer, torch.amp.GradScaler]:
     model = build_model(cfg, info.channels, info.image_size, info.num_classes).to(world.device)
     model = distributed.convert_sync_bn(model, cfg.train.sync_bn, world)
-    if cfg.train.channels_last:
+    if channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(param_groups(model, cfg, cfg.train.batch_size * world.world_size), cfg)
     scaler = torch.amp.GradScaler(world.device.type, enabled=amp_dtype == torch.float16)

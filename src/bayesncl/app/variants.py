@@ -92,11 +92,17 @@ ADDED_KEYS: dict[str, Any] = {}
 def identity(cfg: Config) -> dict[str, Any]:
     """The resolved config as flat dotted keys, without :data:`IDENTITY_IGNORES` and without the
     :data:`ADDED_KEYS` at their old value: what makes two runs the same run (the seed is one of its
-    keys)."""
-    return {
+    keys). ``train.precision=fast`` is held with what it resolves to on this machine (``fast:bf16``
+    on a CPU with native bf16, ``fast:fp32`` on one without; ``core.optim.identity_precision``)."""
+    ident = {
         k: v for k, v in flatten(cfg.to_dict()).items()
         if not ignored(k, IDENTITY_IGNORES) and not (k in ADDED_KEYS and ADDED_KEYS[k] == v)
     }
+    if ident.get("train.precision") == "fast":  # what it resolves to here: a bf16 run is not an fp32 one
+        from bayesncl.core.optim import identity_precision
+
+        ident["train.precision"] = identity_precision("fast", str(cfg.train.device))
+    return ident
 
 
 def variant_hash(cfg: Config) -> str:

@@ -78,7 +78,9 @@ class TrainConfig:
     warmup_start_lr: float = 3e-5
     min_lr: float = 0.0
     probe_lr: float = 0.1  # online linear probe on sg(h)
-    precision: str = "auto"  # auto | fp32 | fp16 | bf16 (auto: bf16 on CUDA if supported, fp32 on CPU)
+    # auto | fast | fp32 | fp16 | bf16 (auto: bf16 on CUDA if supported, else fp16 there, fp32 on CPU;
+    # fast: as auto, and bf16 autocast + channels-last on a CPU with native bf16, AVX512-BF16 or AMX)
+    precision: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     channels_last: bool = False
     compile: bool = False

@@ -54,10 +54,13 @@ def timm_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple[
     ``in_channels`` input channels, with ``model.backbone_kwargs`` (e.g. ``patch_size=4``,
     ``depth=4``) and, for a model that takes it and unless given, ``img_size=image_size``.
 
-    Returns ``(module mapping (B, C, S, S) -> h: (B, h_dim), h_dim = model.num_features)``; one
-    forward of two blank images checks that shape. Raises BackboneError (one line) if timm cannot
-    build it that way (an argument the model does not take, a channel count it cannot take, an
-    image size its patches do not divide).
+    Returns ``(module mapping (B, C, S, S) -> h: (B, h_dim), h_dim)``, h_dim the width of the
+    model's real output, measured by one forward of two blank images (timm's ``num_features`` is
+    the last feature map's width; a model with a pre-logits head, e.g. MobileNetV3, puts out its
+    ``head_hidden_size`` instead: 1024 against 288 for ``mobilenetv3_small_050``). Raises
+    BackboneError (one line) if timm cannot build it that way (an argument the model does not take,
+    a channel count it cannot take, an image size its patches do not divide) or its output is not
+    one vector per image.
     """
     import timm
 
@@ -86,11 +89,10 @@ def timm_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple[
         raise BackboneError(f"{what}: timm cannot build it ({_first_line(e)})") from None
     except Exception as e:  # noqa: BLE001 - timm and the model's own checks raise many types
         raise BackboneError(f"{what}: timm cannot build it ({_first_line(e)})") from None
-    h_dim = int(net.num_features)
-    if tuple(h.shape) != (2, h_dim):
+    if h.ndim != 2 or h.shape[0] != 2:  # a model whose num_classes=0 output is not pooled
         shape = tuple(h.shape)[1:]
-        raise BackboneError(f"{what}: its features have shape {shape} per image, expected ({h_dim},)")
-    return net, h_dim
+        raise BackboneError(f"{what}: its features have shape {shape} per image, expected a vector (D,)")
+    return net, int(h.shape[1])
 
 
 def _first_line(e: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,19 +19,110 @@ if TYPE_CHECKING:
 
 
 # ----------------------------------------------------------------------------- devices, precision
+#: The x86 ``/proc/cpuinfo`` flags of native bf16 arithmetic, and the name each is reported by.
+NATIVE_BF16_FLAGS = {"amx_bf16": "AMX-BF16", "avx512_bf16": "AVX512-BF16"}
+
+
+@functools.cache
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The feature flags of the first CPU in ``cpuinfo`` (Linux); empty where the file is absent."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def native_cpu_bf16(flags: frozenset[str] | set[str] | None = None) -> str | None:
+    """The instruction set that gives this CPU native bf16 arithmetic (``"AMX-BF16"`` or
+    ``"AVX512-BF16"``), or None (then bf16 autocast is emulated, and slower than fp32).
+
+    Detected, not guessed: the CPU must report the flag (``flags``, default :func:`cpu_flags`) AND
+    this torch build must run its AVX-512 kernels (``torch.backends.cpu.get_cpu_capability()``) with
+    oneDNN's bf16 path (``torch.ops.mkldnn._is_mkldnn_bf16_supported()``, which alone is true for
+    any AVX-512 CPU, hence the flag).
+    """
+    flags = cpu_flags() if flags is None else flags
+    found = next((name for flag, name in NATIVE_BF16_FLAGS.items() if flag in flags), None)
+    if found is None:
+        return None
+    try:
+        capable = torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
+        onednn = torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch build without these probes
+        return None
+    return found if capable and onednn else None
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a run computes in: the autocast ``dtype`` (None: fp32), the channels-last memory format,
+    and ``why`` (one line for the log, e.g. ``"bf16 autocast + channels-last (train.precision=fast:
+    this CPU has AVX512-BF16)"``)."""
+
+    dtype: torch.dtype | None
+    channels_last: bool
+    why: str
+
+    @property
+    def name(self) -> str:
+        """``"fp32"``, ``"bf16"`` or ``"fp16"``."""
+        return dtype_name(self.dtype)
+
+
+def dtype_name(dtype: torch.dtype | None) -> str:
+    """``"fp32"`` for None (no autocast), ``"bf16"``, ``"fp16"``."""
+    return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
 def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
-    """Autocast dtype, or None for fp32.
+    """Autocast dtype, or None for fp32 (``train.precision``; :func:`precision_plan` says more).
 
     ``auto``: bf16 on a CUDA device that supports it, else fp16 there (the paper's fp16 mixed
-    precision, PAPER-NOTES §2); fp32 on CPU (bf16 autocast gave no speed-up on CPU here). bf16 has
-    fp32's range, so it needs no GradScaler, whose inf check waits for the device every step. The
-    loss, the KL and the logs are fp32 whatever the autocast dtype (``bayesncl.core.losses``).
+    precision, PAPER-NOTES §2); fp32 on CPU, the CPU default until a seeded comparison shows that
+    bf16 leaves the tables' numbers within their spread (issue 23). ``fast``: as ``auto``, and bf16
+    on a CPU with native bf16 (:func:`native_cpu_bf16`; there bf16 autocast with channels-last ran
+    the step 1.45-2.7x as fast as fp32, docs/scaling.md). bf16 has fp32's range, so it needs no
+    GradScaler, whose inf check waits for the device every step. The loss, the KL, the statistics
+    and the optimiser state are fp32 whatever the autocast dtype (``bayesncl.core.losses``).
     """
-    if name == "auto":
-        if device.type != "cuda":
-            return None
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if name in ("auto", "fast"):
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if name == "fast" and native_cpu_bf16() else None
     return {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def precision_plan(name: str, channels_last: bool, device: torch.device) -> Precision:
+    """The precision and memory format of ``train.precision=name``, ``train.channels_last`` on
+    ``device``: ``fast`` adds channels-last wherever it picks an autocast dtype."""
+    dtype = resolve_precision(name, device)
+    cl = channels_last or (name == "fast" and dtype is not None)
+    what = ("fp32" if dtype is None else f"{dtype_name(dtype)} autocast") + (" + channels-last" if cl else "")
+    if device.type == "cuda" or name not in ("auto", "fast"):
+        reason = f"train.precision={name} on {device.type}"
+    else:
+        native = native_cpu_bf16()
+        has = f"this CPU has {native}" if native else "this CPU has no native bf16 (AVX512-BF16 or AMX)"
+        reason = f"train.precision={name}: {has}" + ("; train.precision=fast would use bf16" if native and
+                                                     name == "auto" else "")
+    return Precision(dtype, cl, f"{what} ({reason})")
+
+
+def identity_precision(name: str, device_name: str) -> str:
+    """``train.precision`` as a run's identity holds it: ``fast`` with what it resolves to on this
+    machine (``"fast:bf16"``, ``"fast:fp32"``, ...), so that a bf16 run is never reused for an fp32
+    one; every other value as is (so stored runs keep their names)."""
+    if name != "fast":
+        return name
+    device = torch.device("cuda" if device_name == "auto" and torch.cuda.is_available() else
+                          "cpu" if device_name == "auto" else device_name)
+    if device.type == "cuda" and not torch.cuda.is_available():  # refused later, when the run starts
+        return "fast:cuda"
+    return f"fast:{dtype_name(resolve_precision(name, device))}"
 
 
 # ----------------------------------------------------------------------------- optimisation

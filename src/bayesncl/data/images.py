@@ -11,6 +11,7 @@ are "resize shorter side to S*256/224, centre crop S" (the ImageNet protocol).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,83 @@ class FolderImages:
                 self.num_skipped += 1
                 logger.warning("skipping corrupt image %s (%s: %s)", self.paths[j], type(e).__name__, e)
         raise DataError(f"no readable image near index {i} of {len(self.paths)} in the image folder")
+
+
+# The share of the available memory that a training folder may take when held decoded in memory.
+MEMORY_SHARE = 0.5
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations (``MemAvailable`` of /proc/meminfo, else the
+    free physical pages); None where neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def decoded_size(paths: list[str], samples: int = 32) -> int:
+    """Estimated bytes of every image of ``paths`` decoded as RGB uint8 (H x W x 3 each), from the
+    headers of up to ``samples`` of them spread over the list (nothing is decoded); unreadable
+    headers are left out of the estimate (0 when none is readable)."""
+    from PIL import Image
+
+    if not paths:
+        return 0
+    n, m = len(paths), min(samples, len(paths))
+    picks = sorted({round(k * (n - 1) / max(m - 1, 1)) for k in range(m)})
+    sizes = []
+    for i in picks:
+        try:
+            with Image.open(paths[i]) as im:
+                sizes.append(im.size[0] * im.size[1] * 3)
+        except Exception:  # noqa: BLE001 - PIL raises many types for bad files; they are skipped later
+            continue
+    return round(sum(sizes) / len(sizes) * n) if sizes else 0
+
+
+def memory_decision(paths: list[str], copies: int = 1) -> tuple[bool, str]:
+    """Whether to hold the folder ``paths`` decoded in memory: when ``copies`` x its
+    :func:`decoded_size` is at most :data:`MEMORY_SHARE` of :func:`available_memory` (``copies``:
+    the processes that each hold one). Returns ``(hold, a line saying why)``."""
+    need, free = decoded_size(paths) * copies, available_memory()
+    copied = f" x {copies} processes" if copies > 1 else ""
+    size = f"{len(paths):,} images, ~{need / 2**20:,.1f} MiB decoded{copied}"
+    if free is None:
+        return False, f"image folder read from disk ({size}; the free memory is unknown here)"
+    budget = f"{MEMORY_SHARE:.0%} of the {free / 2**30:,.1f} GiB available"
+    if need > MEMORY_SHARE * free:
+        return False, f"image folder read from disk: {size} > {budget}"
+    return True, f"image folder held in memory: {size} <= {budget} (data.resident=false reads it from disk)"
+
+
+class MemoryFolder:
+    """Every image of a :class:`FolderImages` decoded once, up front, and held as RGB uint8 arrays:
+    ``get(i)`` returns the same PIL image and index as ``folder.get(i)`` (the corrupt-file policy
+    applied once, here), so training on it gives the same batches as reading the files."""
+
+    def __init__(self, folder: FolderImages) -> None:
+        self.paths, self.skip_corrupt = folder.paths, folder.skip_corrupt
+        held = [folder.get(i) for i in range(len(folder))]
+        self.arrays = [np.asarray(img) for img, _ in held]
+        self.used = [j for _, j in held]
+        self.num_skipped = folder.num_skipped
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+    def get(self, i: int) -> tuple[Any, int]:
+        """``(PIL RGB image, index actually used)``, as :meth:`FolderImages.get`."""
+        from PIL import Image
+
+        return Image.fromarray(self.arrays[i], "RGB"), self.used[i]
 
 
 def tensor_pil(images: torch.Tensor, i: int) -> tuple[Any, int]:

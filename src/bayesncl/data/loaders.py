@@ -1,9 +1,12 @@
 """The two training loader paths (resident batched / per-sample DataLoader) and the eval loaders.
 
 Loader paths: ``resident=auto`` uses the resident path for fashion-mnist/cifar/synthetic and the
-per-sample path for imagefolder; ``resident=true`` for imagefolder decodes every image once at
-"shorter side S, centre crop S" into memory (training crops then come from that square).
-Training crops come from the native image and are resized to S.
+per-sample path for imagefolder, which holds the folder decoded in memory when it fits (its size
+against the free memory, :func:`bayesncl.data.images.memory_decision`; the batches are the same as
+from the files); ``resident=false`` reads every image from disk each time; ``resident=true`` for
+imagefolder decodes every image once at "shorter side S, centre crop S" into memory (training
+crops then come from that square, a different distribution). On the per-sample path training
+crops come from the native image and are resized to S.
 
 Determinism: the epoch permutation comes from a ``torch.Generator`` seeded with
 ``mix_seed(seed, epoch)`` (same on every rank, then rank-strided); the augmentation of step
@@ -34,7 +37,14 @@ from bayesncl.data.augment import (
     sample_transform,
     seeded,
 )
-from bayesncl.data.images import FolderImages, decode_folder_square, resize_float, tensor_pil
+from bayesncl.data.images import (
+    FolderImages,
+    MemoryFolder,
+    decode_folder_square,
+    memory_decision,
+    resize_float,
+    tensor_pil,
+)
 from bayesncl.data.sources import DataError, DatasetInfo, ShardDataError, dataset_info, load_split, logger
 
 Batches = Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -71,10 +81,12 @@ class TwoViewLoader:
     ``len(loader)`` = steps per epoch (drop_last); ``set_epoch(e)`` selects the epoch whose order
     and augmentation are a function of ``(seed, epoch, rank)`` only. Attributes: ``batch_size``,
     ``num_samples`` (this rank's samples per epoch before drop_last), ``epoch``, ``resident``,
-    ``spec`` (the AugmentSpec), ``num_skipped`` (corrupt images skipped so far).
+    ``spec`` (the AugmentSpec), ``num_skipped`` (corrupt images skipped so far), ``note`` (a line
+    for the log on where the images come from; empty for tensor datasets).
     """
 
     resident: bool = False
+    note: str = ""
 
     def __init__(
         self, n: int, batch_size: int, spec: AugmentSpec, *, seed: int, device: torch.device,
@@ -198,7 +210,7 @@ class PerSampleTwoViewLoader(TwoViewLoader):
     def __init__(
         self, get: _Getter, labels: np.ndarray, batch_size: int, spec: AugmentSpec, *,
         seed: int, device: torch.device, rank: int = 0, world_size: int = 1, num_workers: int = 0,
-        folder: FolderImages | None = None, skipped_upfront: int = 0,
+        folder: FolderImages | MemoryFolder | None = None, skipped_upfront: int = 0,
     ) -> None:
         super().__init__(
             len(labels), batch_size, spec, seed=seed, device=device, rank=rank, world_size=world_size
@@ -270,11 +282,18 @@ def build_train_loader(
         get = functools.partial(tensor_pil, data.images)
         return PerSampleTwoViewLoader(get, data.labels, batch_size, spec, num_workers=cfg.num_workers, **kw)
     assert data.paths is not None
-    folder = FolderImages(data.paths, cfg.skip_corrupt)
-    return PerSampleTwoViewLoader(
+    folder: FolderImages | MemoryFolder = FolderImages(data.paths, cfg.skip_corrupt)
+    note = "image folder read from disk (data.resident=false)"
+    if cfg.resident == "auto":  # held decoded when it fits: the same batches, no file read per sample
+        hold, note = memory_decision(data.paths, copies=world_size)
+        logger.info(note)
+        folder = MemoryFolder(folder) if hold else folder
+    loader = PerSampleTwoViewLoader(
         folder.get, data.labels, batch_size, spec, num_workers=cfg.num_workers, folder=folder,
         skipped_upfront=len(data.skipped), **kw,
     )
+    loader.note = note
+    return loader
 
 
 # ============================================================================ eval loaders
