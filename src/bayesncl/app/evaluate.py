@@ -90,10 +90,14 @@ def extract_split(
     model: ContrastiveModel, cfg: Config, split: str, device: torch.device,
     keys: tuple[str, ...] = FEATURE_KEYS,
 ) -> dict[str, np.ndarray]:
-    """:func:`extract_features` over ``split`` of the run's data (eval transforms, eval batch size),
-    plus ``places`` (N,) int64 for a dataset with backgrounds (:mod:`bayesncl.data.backgrounds`)."""
+    """:func:`extract_features` over ``split`` of the run's data (eval transforms, eval batch size;
+    ``eval.use_soft_gating``: gated by α instead of the hard mask, ``mask`` then holds α), plus ``places`` (N,) int64 for a dataset with backgrounds (:mod:`bayesncl.data.backgrounds`)."""
     loader = build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device)
-    out = extract_features(model, loader, device, keys=keys)
+    soft, model.soft_eval_gate = model.soft_eval_gate, cfg.eval.use_soft_gating
+    try:
+        out = extract_features(model, loader, device, keys=keys)
+    finally:
+        model.soft_eval_gate = soft
     places = places_of(cfg.data, split)
     if places is not None:
         out["places"] = places[out["indices"]]
