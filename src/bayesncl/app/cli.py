@@ -130,6 +130,19 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_finetune(args: argparse.Namespace) -> int:
+    from bayesncl.app.finetune import finetune
+
+    path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
+    run_dir = path_arg(args.run_dir, "--run-dir", "a directory")
+    if args.resume and run_dir is None:
+        raise ConfigError("--resume needs --run-dir DIR (the finetune run to continue)")
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other: continue the run, or replace it")
+    finetune(args.source, run_dir, args.overrides, resume=args.resume, overwrite=args.overwrite)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from bayesncl.app.demo import run_demo
 
@@ -279,6 +292,25 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _flag("--skip-corrupt",
                   "skip unreadable images in an image folder and report how many (= data.skip_corrupt=true)"),
             _OVERRIDES,
+        ],
+    ),
+    "finetune": (
+        "fine-tune a pretrained encoder end to end with a linear head; test accuracy",
+        "Train the backbone of a pretrained run (or checkpoint) and a new linear head on h end to end "
+        "on the labelled train split, then report test Acc@1/Acc@5 (finetune.json/.md). Default: the "
+        "authors' protocol (30 epochs, batch 256, LARS lr 0.4 x batch/256 for backbone and head, weight "
+        "decay 1e-4, 10-epoch warmup then cosine, crops and flips); size it for a CPU with train.* "
+        "overrides (train.epochs=3 train.warmup_epochs=1). It writes its own run dir (checkpoint every "
+        "epoch, --resume, --overwrite) and never alters the pretrained run. data.* and eval.* as for "
+        "evaluate (a run pretrained without labels: eval.data.name=... eval.data.root=DIR).",
+        {},
+        [
+            _SOURCE,
+            _arg("--run-dir", help="output directory (default <run>-finetune beside the run)"),
+            _flag("--resume", "continue the finetune run in --run-dir from its last.pt"),
+            _flag("--overwrite", "replace a run already in --run-dir"),
+            _arg("overrides", nargs="*", metavar="key=value",
+                 help="train.* and seed on top of the authors' protocol; data.* and eval.*"),
         ],
     ),
     "demo": (

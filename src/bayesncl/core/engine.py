@@ -51,11 +51,13 @@ class TrainForward(nn.Module):
         return out, self.model.classifier(out.h.detach())
 
 
-def wrap_for_training(model: ContrastiveModel, cfg: Config, world: distributed.World) -> nn.Module:
-    """:class:`TrainForward` around ``model``, inside DDP when there are several processes (DDP
-    averages the gradients over ranks), compiled when ``train.compile``. ``model`` keeps owning
-    the parameters: checkpoints and evaluation use it directly."""
-    step_model: nn.Module = TrainForward(model)
+def wrap_for_training(
+    model: ContrastiveModel, cfg: Config, world: distributed.World, forward: type[nn.Module] = TrainForward
+) -> nn.Module:
+    """``forward`` (:class:`TrainForward`; fine-tuning passes its own) around ``model``, inside DDP
+    when there are several processes (DDP averages the gradients over ranks), compiled when
+    ``train.compile``. ``model`` keeps owning the parameters: checkpoints and evaluation use it directly."""
+    step_model: nn.Module = forward(model)
     if world.distributed:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -95,10 +97,12 @@ def train_step(
     step_model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, *args: Any,
     **kwargs: Any,
 ) -> Tensor:
-    """:func:`forward_loss` (``args``, ``kwargs``: its ``x1, x2, y, method`` and keywords), backward,
-    optimiser step. Returns the (6,) statistics, on the device: nothing here waits for the device
-    (fp16's GradScaler does, once per step, to skip inf steps; bf16 and fp32 need no scaler)."""
-    loss, stats = forward_loss(step_model, *args, **kwargs)
+    """:func:`forward_loss` (``args``, ``kwargs``: its ``x1, x2, y, method`` and keywords; or
+    ``loss_fn=`` with the same signature), backward, optimiser step. Returns the (6,) statistics, on
+    the device: nothing here waits for the device (fp16's GradScaler does, once per step, to skip inf
+    steps; bf16 and fp32 need no scaler)."""
+    loss_fn = kwargs.pop("loss_fn", None) or forward_loss
+    loss, stats = loss_fn(step_model, *args, **kwargs)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     scaler.step(optimizer)
@@ -160,6 +164,9 @@ class Training:
     distributed: bool  # several processes: a stop is decided at a host sync, by all together
     autocast: Any = None
     channels_last: bool = False
+    # the step's loss and (6,) statistics in STATS order: None is forward_loss (pretraining);
+    # app.finetune passes its cross-entropy
+    loss_fn: Callable[..., tuple[Tensor, Tensor]] | None = None
 
 
 @dataclass
@@ -207,7 +214,7 @@ def train_one_epoch(
         lr = t.schedule.apply(t.optimizer, step)
         stats = train_step(
             t.step_model, t.optimizer, t.scaler, x1, x2, y, t.method,
-            autocast=t.autocast, channels_last=t.channels_last,
+            autocast=t.autocast, channels_last=t.channels_last, loss_fn=t.loss_fn,
         )
         sums += stats
         n_seen += 1

@@ -130,6 +130,8 @@ RESULT_ARTIFACTS = (
     "dynamics.png",
     "dynamics.json",
     "dynamics.md",
+    "finetune.json",  # a finetune run dir's results (app.finetune)
+    "finetune.md",
 )
 # What a run writes into its run dir; --overwrite sets these, and nothing else, aside first.
 RUN_ARTIFACTS = ("config.yaml", "log.csv", "steps.csv", "last.pt", "epoch-*.pt", *RESULT_ARTIFACTS)
