@@ -119,9 +119,8 @@ def _check_labelled(cfg: Config, source: Path) -> Any:
     info = dataset_info(cfg.data)
     if not info.labeled or info.num_classes < 2:
         raise DataError(
-            f"{source} was trained on {cfg.data.name} without labels, and finetune trains a classifier: give "
-            "labelled data with eval.data.name=... (eval.data.root=DIR), or data.labels=auto where the "
-            "dataset has labels"
+            f"{source}: its data ({cfg.data.name}) has no labels, and finetune trains a classifier: give "
+            "labelled data with eval.data.name=NAME (and eval.data.root=DIR)"
         )
     return info
 
