@@ -26,7 +26,9 @@ def test_import_loads_no_torch() -> None:
     code = "import sys, bayesncl; print('torch' in sys.modules, sorted(bayesncl.__all__))"
     env = {"PYTHONPATH": str(src)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    names = "['ContrastiveHead', 'build_config', 'evaluate', 'finetune', 'load_encoder', 'metrics', 'pretrain']"
+    names = (
+        "['ContrastiveHead', 'build_config', 'evaluate', 'finetune', 'load_encoder', 'metrics', 'pretrain']"
+    )
     assert out.stdout == f"False {names}\n"
 
 
@@ -35,7 +37,10 @@ def test_help_lists_the_lazy_api_with_signatures() -> None:
 
     assert dir(bayesncl) == sorted([*bayesncl.__all__, "__version__"])  # no Any, Path, importlib
     text = pydoc.render_doc(bayesncl, renderer=pydoc.plaintext)
-    for signature in ("pretrain(", "evaluate(", "finetune(", "load_encoder(", "class ContrastiveHead", "build_config("):
+    signatures = (
+        "pretrain(", "evaluate(", "finetune(", "load_encoder(", "class ContrastiveHead", "build_config("
+    )
+    for signature in signatures:
         assert signature in text, signature
 
 

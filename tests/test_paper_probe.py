@@ -36,7 +36,8 @@ def test_probe_learns_keeps_backbone_frozen_and_is_seeded() -> None:
     model.backbone = torch.nn.Sequential(model.backbone, _Times(100.0))
     model.train()  # the probe must put the backbone in eval mode: BN statistics must not move
     before = {k: v.clone() for k, v in model.backbone.state_dict().items()}
-    kw = {"epochs": 4, "seeds": [0, 1], "batch_size": 64, "base_lr": 0.4, "warmup_epochs": 1, "progress": False}
+    kw = {"epochs": 4, "seeds": [0, 1], "batch_size": 64, "base_lr": 0.4, "warmup_epochs": 1,
+          "progress": False}
     a = paper_linear_probe(model, cfg, **kw)
     for k, v in model.backbone.state_dict().items():
         assert torch.equal(v, before[k]), k

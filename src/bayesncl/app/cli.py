@@ -316,7 +316,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
     "demo": (
         "the main job: NCL vs BayesNCL on Fashion-MNIST, side-by-side table",
         "Pretrain NCL and BayesNCL with the same budget on Fashion-MNIST (about 8 min on "
-        "2 idle CPU cores: 474 s measured 2026-12-01), evaluate both on the test split and print one table (also saved as "
+        "2 idle CPU cores: 474 s measured 2026-12-01), evaluate both on the test split and print one "
+        "table (also saved as "
         "table.md and table.json in the run dir). key=value overrides apply to both runs (not "
         "method.name: the demo runs ncl and bayesncl), except method keys that have no effect on ncl "
         "(method.rho, method.lam, ...: they set the bayesncl run). An interrupted demo continues with "

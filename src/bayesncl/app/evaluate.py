@@ -91,7 +91,8 @@ def extract_split(
     keys: tuple[str, ...] = FEATURE_KEYS,
 ) -> dict[str, np.ndarray]:
     """:func:`extract_features` over ``split`` of the run's data (eval transforms, eval batch size;
-    ``eval.use_soft_gating``: gated by α instead of the hard mask, ``mask`` then holds α), plus ``places`` (N,) int64 for a dataset with backgrounds (:mod:`bayesncl.data.backgrounds`)."""
+    ``eval.use_soft_gating``: gated by α instead of the hard mask, ``mask`` then holds α), plus
+    ``places`` (N,) int64 for a dataset with backgrounds (:mod:`bayesncl.data.backgrounds`)."""
     loader = build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device)
     soft, model.soft_eval_gate = model.soft_eval_gate, cfg.eval.use_soft_gating
     try:

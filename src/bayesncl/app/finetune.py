@@ -30,7 +30,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bayesncl.config import Config, ConfigError, EvalDataConfig, check_keys, eval_data, parse_overrides, set_key
+from bayesncl.config import (
+    Config,
+    ConfigError,
+    EvalDataConfig,
+    check_keys,
+    eval_data,
+    parse_overrides,
+    set_key,
+)
 from bayesncl.core.model import ContrastiveModel
 
 #: What ``finetune`` sets on the pretrained run's config before the user's ``train.*`` overrides: the
@@ -161,7 +169,9 @@ def finetune(
         world.close()
 
 
-def _prepare(model: ContrastiveModel, cfg: Config, num_classes: int, device: torch.device) -> ContrastiveModel:
+def _prepare(
+    model: ContrastiveModel, cfg: Config, num_classes: int, device: torch.device
+) -> ContrastiveModel:
     """A new linear head (seeded by ``seed``) on h; only backbone and head train (the projector and the
     gating head are kept as pretrained, for the export)."""
     torch.manual_seed(cfg.seed)
@@ -197,7 +207,8 @@ def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> Contras
     device = world.device
     amp_dtype = resolve_precision(cfg.train.precision, device)
     seed_everything(distributed.rank_seed(cfg.seed, world.rank))
-    model = distributed.convert_sync_bn(_prepare(model, cfg, info.num_classes, device), cfg.train.sync_bn, world)
+    model = _prepare(model, cfg, info.num_classes, device)
+    model = distributed.convert_sync_bn(model, cfg.train.sync_bn, world)
     loader = build_train_loader(
         cfg.data, cfg.train.batch_size, seed=cfg.seed, device=device, rank=world.rank,
         world_size=world.world_size, crop_flip_only=True,
@@ -211,8 +222,8 @@ def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> Contras
     run.claim(state)
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
     training = Training(
-        wrap_for_training(model, cfg, world, FinetuneForward), optimizer, scaler, cfg.method, schedule, device,
-        world.distributed, autocast, cfg.train.channels_last, loss_fn=finetune_loss,
+        wrap_for_training(model, cfg, world, FinetuneForward), optimizer, scaler, cfg.method, schedule,
+        device, world.distributed, autocast, cfg.train.channels_last, loss_fn=finetune_loss,
     )
     start = time.time()
     for epoch in range(state.epoch, cfg.train.epochs):
@@ -229,13 +240,15 @@ def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> Contras
         s = result.stats
         state.log.append({  # log.csv's columns: loss = the cross-entropy, online_acc = train accuracy
             "epoch": epoch + 1, "step": state.step, "loss": round(s["loss"], 6),
-            "online_acc": round(100 * s["online_acc"], 3), "lr": result.lr, "epoch_time_s": round(result.seconds, 2),
+            "online_acc": round(100 * s["online_acc"], 3), "lr": result.lr,
+            "epoch_time_s": round(result.seconds, 2),
         })  # fmt: skip
         state.epoch = epoch + 1
         run.save(state)
         if world.is_main:
             print(f"finetune {cfg.method.name} epoch {state.epoch}/{cfg.train.epochs}: loss {s['loss']:.3f} "
-                  f"train acc {100 * s['online_acc']:.1f} % | {_clock(time.time() - start)}", flush=True)  # fmt: skip
+                  f"train acc {100 * s['online_acc']:.1f} % | {_clock(time.time() - start)}",
+                  flush=True)  # fmt: skip
     run.finish()
     return model
 
@@ -255,8 +268,9 @@ def _test(model: ContrastiveModel, cfg: Config, run_dir: Path, info: Any, source
     result = {
         "acc1": acc1, "acc5": acc5, "method": cfg.method.name, "source": str(source), "data": cfg.data.name,
         "n_test": info.num_test, "epochs": t.epochs,
-        "protocol": f"finetune: backbone + linear head on h, {t.optimizer} lr {t.base_lr:g} (head {t.probe_lr:g}) "
-        f"x batch/256, batch {t.batch_size}, weight decay {t.weight_decay:g}, {t.epochs} epochs, warmup "
+        "protocol": f"finetune: backbone + linear head on h, {t.optimizer} lr {t.base_lr:g} "
+        f"(head {t.probe_lr:g}) x batch/256, batch {t.batch_size}, weight decay {t.weight_decay:g}, "
+        f"{t.epochs} epochs, warmup "
         f"{t.warmup_epochs:g} then cosine, crops+flips",
     }  # fmt: skip
     md = (f"| method | Acc@1 | Acc@5 |\n|---|---:|---:|\n| {cfg.method.name} | {acc1:.2f} | {acc5:.2f} |\n\n"

@@ -31,7 +31,10 @@ Known differences between the two executors (same distribution of parameters oth
   both;
 * kornia crops by one batched bilinear warp of the float tensor (no antialias), torchvision
   resizes the PIL crop (bilinear with antialias); ``data.crop_interpolation=bicubic`` (the authors'
-  pretraining crop) makes both bicubic, kornia's result clamped to [0, 1] as PIL's uint8 is; the blur runs on float tensors (PIL's kernel,
+  pretraining crop) makes both bicubic, kornia's result clamped to [0, 1] as PIL's uint8 is, and
+  kornia's warp pads with zeros, so a bicubic crop touching the image border differs from PIL's in
+  its outermost pixels (up to ~0.1 on a mid-gray image; inside, the same to 1e-6); the blur runs on
+  float tensors (PIL's kernel,
   edges replicated) vs PIL's own filter on the uint8 image (which rounds after each box pass).
 
 Randomness: both executors draw from the *global* torch RNG, so callers wrap them in

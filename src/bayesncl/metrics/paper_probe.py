@@ -85,7 +85,8 @@ def paper_linear_probe(
         torch.manual_seed(seed)
         clf = nn.Linear(model.h_dim, info.num_classes).to(device)
         lr = base_lr * batch_size / 256
-        opt = Lars(probe_param_groups(clf, weight_decay), lr=lr, momentum=0.9, trust_coeff=0.02, trust_clip=True)
+        groups = probe_param_groups(clf, weight_decay)
+        opt = Lars(groups, lr=lr, momentum=0.9, trust_coeff=0.02, trust_clip=True)
         loader = build_train_loader(cfg.data, batch_size, seed=seed, device=device, crop_flip_only=True)
         warmup = min(warmup_epochs, epochs) * len(loader)
         schedule = warmup_cosine(lr, epochs * len(loader), warmup, start=3e-5)
@@ -120,6 +121,7 @@ def paper_linear_probe(
         "acc1_std": statistics.pstdev(a1),
         "acc5_std": statistics.pstdev(a5),
         "per_seed": per_seed,
-        "protocol": f"paper: LARS lr {base_lr}x batch/256, weight decay {weight_decay:g}, batch {batch_size}, "
+        "protocol": f"paper: LARS lr {base_lr}x batch/256, weight decay {weight_decay:g}, "
+        f"batch {batch_size}, "
         f"{epochs} epochs, warmup {min(warmup_epochs, epochs)} epochs then cosine, crops+flips, frozen h",
     }
