@@ -67,6 +67,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
         mp.setattr(studies, "RHOS", (0.3, 0.6))  # 0.3: the recipe's
         mp.setattr(studies, "LAM_FACTORS", (1.0, 3.0))
         mp.setattr(studies, "TABLE5_METHODS", ("ncl",))
+        mp.setattr(studies, "FINETUNE_CPU_EPOCHS", 1)
         yield b
 
 
@@ -136,7 +137,7 @@ def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> No
     assert out["rows"] == table1["rows"]
 
 
-@pytest.mark.parametrize("study", ["2", "3", "7", "fig3", "ncl-fs", "ncl-sepin"])
+@pytest.mark.parametrize("study", ["2", "3", "7", "fig3", "ncl-fs", "ncl-sepin", "ncl-finetune"])
 def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, Any], study: str) -> None:
     out, calls, _ = bench.run(study)
     assert calls == []
@@ -163,6 +164,14 @@ def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, A
         assert full["top_acc1"]["values"] == pytest.approx(full["random_acc1"]["values"])
     elif study == "ncl-sepin":
         assert set(rows["CL"]) == {"sepin@1", "sepin@10", "sepin@all"}
+    elif study == "ncl-finetune":  # each stored run fine-tuned into a folder of its own, then reused
+        for r in rows.values():
+            for a1, a5 in zip(r["ft_acc1"]["values"], r["ft_acc5"]["values"], strict=True):
+                assert 0 <= a1 <= a5 <= 100
+        tuned = sorted(bench.store.glob("*/finetune-*/finetune.json"))
+        assert len(tuned) == 6  # CL, NCL, BayesNCL x 2 seeds
+        again, calls, _ = bench.run(study)
+        assert again["rows"] == rows and sorted(bench.store.glob("*/finetune-*/finetune.json")) == tuned
 
 
 def test_sweeps_reuse_the_recipes_run(bench: Bench, table1: dict[str, Any]) -> None:

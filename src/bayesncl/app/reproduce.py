@@ -278,8 +278,25 @@ def _m_dynamics(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, fl
     return {f"e{r['epoch']}.{k}": r[k] for r in result["rows"] for k in ("AF-GV", "GV-SC", "AF-SC")}
 
 
+def _m_finetune(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    """``bayesncl finetune`` of the stored run with the ``train.*`` overrides ``params``, into its own
+    run dir ``sub/finetune-<hash of params>/`` (continued if interrupted; the run itself is only read)."""
+    import hashlib
+    import json
+
+    from bayesncl.app.finetune import finetune
+
+    ft = sub / f"finetune-{hashlib.sha256(repr(params).encode()).hexdigest()[:8]}"
+    if (ft / "finetune.json").exists():
+        result = json.loads((ft / "finetune.json").read_text())
+    else:
+        resume = (ft / "last.pt").exists()
+        result = finetune(sub, ft, list(params), resume=resume, overwrite=ft.exists() and not resume)
+    return {"ft_acc1": result["acc1"], "ft_acc5": result["acc5"]}
+
+
 MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval": _m_retrieval,
-            "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics}  # fmt: skip
+            "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune}  # fmt: skip
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
 
 

@@ -282,6 +282,34 @@ def _ncl_sepin(dataset: str, overrides: list[str]) -> Study:
                  paper if dataset == "imagenet100" else {}, notes=notes)  # fmt: skip
 
 
+FINETUNE_CPU_EPOCHS = 3  # fashion-mnist's fine-tuning budget (a module constant: a test shortens it)
+
+
+def finetune_params(dataset: str, overrides: list[str]) -> tuple[str, ...]:
+    """The ``train.*`` overrides of the study's fine-tuning on top of the authors' protocol
+    (:data:`bayesncl.app.finetune.PROTOCOL`): none on the GPU datasets; on fashion-mnist (the CPU
+    budget) :data:`FINETUNE_CPU_EPOCHS` epochs, 1 warmup epoch, the pretraining batch."""
+    if dataset != "fashion-mnist":
+        return ()
+    batch = base_config(dataset, "ncl", overrides).train.batch_size
+    return (f"train.epochs={FINETUNE_CPU_EPOCHS}", "train.warmup_epochs=1", f"train.batch_size={batch}")
+
+
+def _ncl_finetune(dataset: str, overrides: list[str]) -> Study:
+    variants = [Variant("CL", "cl"), Variant("NCL", "ncl"), Variant("BayesNCL", "bayesncl")]
+    columns = [Column("FT@1", "ft_acc1"), Column("FT@5", "ft_acc5")]
+    paper = {"CL": {"ft_acc1": 77.3}, "NCL": {"ft_acc1": 79.2}} if dataset == "imagenet100" else {}
+    params = finetune_params(dataset, overrides)
+    notes = [
+        "bayesncl finetune of each run: backbone + linear head end to end on the labelled train split, "
+        "test accuracy; the authors' protocol (30 epochs, LARS 0.4, weight decay 1e-4, warmup-cosine)"
+        + (f" with {' '.join(params)}" if params else ""),
+        "paper (NCL, ImageNet-100): CL 77.3, NCL 79.2; BayesNCL is beyond the paper",
+    ]
+    return Study("ncl-finetune", "NCL paper: fine-tuning accuracy", "ncl-finetune", variants,
+                 [("finetune", params)], columns, _rows(variants), paper, notes=notes)  # fmt: skip
+
+
 def _table4(dataset: str, overrides: list[str]) -> Study:
     variants = [
         Variant("full", "bayesncl"),
@@ -311,6 +339,7 @@ def _table7(dataset: str, overrides: list[str]) -> Study:
 STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
     "1": _table1, "2": _table2, "3": _table3, "4": _table4, "5": _table5, "7": _table7, "15": _table15,
     "fig3": _fig3, "fig4a": _fig4a, "fig4b": _fig4b, "ncl-fs": _ncl_fs, "ncl-sepin": _ncl_sepin,
+    "ncl-finetune": _ncl_finetune,
 }  # fmt: skip
 """``bayesncl reproduce ID``: the IDs and their builders."""
 

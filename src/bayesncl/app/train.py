@@ -47,6 +47,7 @@ def pretrain(
 ) -> dict[str, Any]:
     """Pretrain the method ``cfg`` describes into ``run_dir`` and (``evaluate``) evaluate it on the
     test split; returns the final metrics (also in ``run_dir/metrics.json``), {} without evaluation.
+    Data without labels and no ``eval.data.*``: it trains, then prints how to evaluate instead.
 
     Raises ConfigError / DataError / RunDirError before writing anything when the input is bad;
     TrainingError if the loss becomes non-finite (the last good checkpoint is kept);
@@ -56,6 +57,8 @@ def pretrain(
     started = time.time()
     world = distributed.setup(cfg.train.device)
     try:
+        skipped = _no_labels_note(cfg, world, run_dir) if evaluate else None
+        evaluate = evaluate and skipped is None
         info = _check_inputs(cfg, world, evaluate=evaluate)
         with RunDir(run_dir, cfg, world, resume=resume, overwrite=overwrite) as run:
             model = train(cfg, run, info)
@@ -63,9 +66,19 @@ def pretrain(
             run.log_results(metrics)
         if world.is_main:
             _report_written(run.path, time.time() - started)
+            if skipped is not None:
+                print(skipped, flush=True)
         return metrics
     finally:
         world.close()
+
+
+def _no_labels_note(cfg: Config, world: distributed.World, run_dir: str | Path) -> str | None:
+    """Training data without labels and no ``eval.data.*``: train, then skip the evaluation with this
+    line (:func:`bayesncl.app.evaldata.no_labels_note`); None where there is labelled data."""
+    from bayesncl.app.evaldata import no_labels_note
+
+    return distributed.local_main_first(world, lambda: no_labels_note(cfg, run_dir))
 
 
 def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> DatasetInfo:
