@@ -243,6 +243,18 @@ def _m_retrieval(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float
     return {f"K{k}.{m}": v for k, row in r.items() for m, v in row.items()}
 
 
+def _m_retrieval_sel(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    """Table 2's retrieval: P@1/5/10 and mAP@10 on the top-K dims (``params``: (K,)); none for CL,
+    whose dims the paper does not select."""
+    from bayesncl.metrics import retrieval_metrics
+
+    if cfg.method.name == "cl":
+        return {}
+    _, test = _features(sub)
+    (row,) = retrieval_metrics(test.features, test.labels, dims=[int(params[0])], topk=(1, 5, 10)).values()
+    return {f"sel.{m}": v for m, v in row.items()}
+
+
 def _m_fs(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
     """Top-K dims by expected activation (of the train z̃) vs K random dims (seed = the run's)."""
     import numpy as np
@@ -296,7 +308,8 @@ def _m_finetune(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, fl
 
 
 MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval": _m_retrieval,
-            "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune}  # fmt: skip
+            "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune,
+            "retrieval_sel": _m_retrieval_sel}  # fmt: skip
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
 
 

@@ -118,6 +118,23 @@ IN100_HSUM_ACT = {"CL": (4.59, 1.00), "NCL": (3.28, 0.48), "NCL+TopK": (3.35, 0.
                   "BayesNCL (GS)": (3.36, 0.13), "BayesNCL (STE)": (2.10, 0.50)}  # fmt: skip
 
 
+TABLE2_K = {"cifar10": 64, "cifar100": 128, "imagenet100": 256}  # Table 2's retrieval K per dataset
+RETRIEVAL = ("P@1", "P@5", "P@10", "mAP@10")
+LP5 = Column("LP@5", "lp3_acc5")
+LP3 = Column("LP@1", "lp3_acc1")  # the fast probe, mean of 3 probe seeds (measure probe3)
+
+
+def table2_k(dataset: str, overrides: list[str]) -> int:
+    """Table 2's K (selected dims) for ``dataset``: the paper's 64 / 128 / 256 for CIFAR-10 / -100 /
+    ImageNet-100, 64 for fashion-mnist (10 classes, as CIFAR-10), at most the latent width D."""
+    d = base_config(dataset, "ncl", overrides).model.proj_dim
+    return min(TABLE2_K.get(dataset, 64), d)
+
+
+def _retrieval_columns(k: int) -> list[Column]:
+    return [Column(f"{m} (K={k})", f"sel.{m}") for m in RETRIEVAL]
+
+
 def _rows(variants: list[Variant]) -> list[Row]:
     return [Row(v.name, v.name) for v in variants]
 
@@ -141,10 +158,15 @@ def _table2(dataset: str, overrides: list[str]) -> Study:
     for key, table in (("lp3_acc1", lp1), ("lp3_acc5", lp5)):
         for v, value in zip(variants, table.get(dataset, ()), strict=False):
             paper[v.name][key] = value
-    columns = [Column("LP@1", "lp3_acc1"), Column("LP@5", "lp3_acc5"), Column("kNN@1", "knn_acc1")]
-    notes = ["LP@1/LP@5: the fast probe on frozen h, mean of 3 probe seeds per run (the paper: 3 seeds)"]
-    return Study("2", "Table 2: linear probe and kNN", "table2", variants, [("probe3", ())], columns,
-                 _rows(variants), {k: v for k, v in paper.items() if v}, notes=notes)  # fmt: skip
+    k = table2_k(dataset, overrides)
+    columns = [LP3, LP5, Column("kNN@1", "knn_acc1"), *_retrieval_columns(k)]
+    notes = ["LP@1/LP@5: the fast probe on frozen h, mean of 3 probe seeds per run (the paper: 3 seeds)",
+             f"retrieval: P@1/5/10 and mAP@10 (%) on the top-{k} dims of z̃ by expected activation (the "
+             "paper's K per dataset); not for CL, as in the paper (selecting dims of CL is meaningless)",
+             ]  # fmt: skip
+    return Study("2", "Table 2: linear probe, kNN and retrieval with feature selection", "table2", variants,
+                 [("probe3", ()), ("retrieval_sel", (k,))], columns, _rows(variants),
+                 {name: v for name, v in paper.items() if v}, notes=notes)  # fmt: skip
 
 
 def _table3(dataset: str, overrides: list[str]) -> Study:
@@ -315,20 +337,43 @@ def _ncl_finetune(dataset: str, overrides: list[str]) -> Study:
                  [("finetune", params)], columns, _rows(variants), paper, notes=notes)  # fmt: skip
 
 
-def _table4(dataset: str, overrides: list[str]) -> Study:
-    variants = [
+def _ablations() -> list[Variant]:
+    return [
         Variant("full", "bayesncl"),
         Variant("soft gate", "bayesncl", ("method.gate=soft",)),
         Variant("no detach", "bayesncl", ("method.detach=false",)),
         Variant("1-layer head", "bayesncl", ("method.gate_depth=1",)),
         Variant("3-layer head", "bayesncl", ("method.gate_depth=3",)),
     ]
+
+
+ABLATION_DEFINES = ("method.name", "method.gate", "method.detach", "method.gate_depth")
+
+
+def _table4(dataset: str, overrides: list[str]) -> Study:
+    variants = _ablations()
     values = {"full": (36.14, 70.44), "soft gate": (33.15, 69.87), "no detach": (22.29, 67.47),
               "1-layer head": (40.85, 69.55), "3-layer head": (26.37, 68.09)}  # fmt: skip
-    paper = {n: {SC.key: s, LP1.key: lp} for n, (s, lp) in values.items()} if dataset == "imagenet100" else {}
-    defines = ("method.name", "method.gate", "method.detach", "method.gate_depth")
-    return Study("4", "Table 4: BayesNCL ablations", "table4", variants, [("base", ())], [SC, LP1],
-                 _rows(variants), paper, defines=defines)  # fmt: skip
+    paper = {n: {SC.key: s, LP3.key: lp} for n, (s, lp) in values.items()} if dataset == "imagenet100" else {}
+    columns = [SC, Column("H_f", "semantic_entropy_freq", "{:.3f}"), LP3, LP5]
+    notes = ["LP@1/LP@5: the fast probe on frozen h, mean of 3 probe seeds per run (the paper: 3 seeds)"]
+    return Study("4", "Table 4: BayesNCL ablations", "table4", variants, [("probe3", ())], columns,
+                 _rows(variants), paper, defines=ABLATION_DEFINES, notes=notes)  # fmt: skip
+
+
+def _tables9_10(dataset: str, overrides: list[str]) -> Study:
+    """Appendix H's Tables 9/10: every metric of every Table 4 ablation (the paper's text gives none of
+    their values)."""
+    from bayesncl.metrics.registry import METRICS
+
+    k = table2_k(dataset, overrides)
+    columns = [Column(m.short, m.key, m.short_fmt.replace(":d", ":.1f")) for m in METRICS]
+    columns += [LP3, LP5, Column("kNN@1", "knn_acc1"), *_retrieval_columns(k)]
+    notes = [f"the interpretability metrics of Table 1, the fast probe (3 seeds), kNN on h and retrieval on "
+             f"the top-{k} dims, for each ablation of Table 4"]  # fmt: skip
+    return Study("9", "Tables 9/10 (Appendix H): every metric of every BayesNCL ablation", "table9-10",
+                 _ablations(), [("probe3", ()), ("retrieval_sel", (k,))], columns, _rows(_ablations()),
+                 defines=ABLATION_DEFINES, notes=notes)  # fmt: skip
 
 
 def _table7(dataset: str, overrides: list[str]) -> Study:
@@ -344,7 +389,7 @@ def _table7(dataset: str, overrides: list[str]) -> Study:
 STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
     "1": _table1, "2": _table2, "3": _table3, "4": _table4, "5": _table5, "7": _table7, "15": _table15,
     "fig3": _fig3, "fig4a": _fig4a, "fig4b": _fig4b, "ncl-fs": _ncl_fs, "ncl-sepin": _ncl_sepin,
-    "ncl-finetune": _ncl_finetune,
+    "ncl-finetune": _ncl_finetune, "9": _tables9_10,
 }  # fmt: skip
 """``bayesncl reproduce ID``: the IDs and their builders."""
 
