@@ -385,7 +385,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "resolved config and seed: it is trained once into the store (STORE/<hash>/) and reused by "
         "every table and invocation that needs it; an interrupted run continues. The plan (runs to "
         "train, to continue, reused, estimated time) is printed first. IDs: 1, 2, 4, 7 (BayesNCL "
-        "Tables 1, 2, 4, 7), 3 (gradient dynamics), 5 (ResNet-50), 15 (gating-head lr), fig3 "
+        "Tables 1, 2, 4, 7), 3 (gradient dynamics), 5 (ResNet-50), 9 (Tables 9/10: every metric of every "
+        "ablation), 15 (gating-head lr), fig3 "
         "(retrieval vs K), fig4a (SC vs D), fig4b (SC, LP@1 vs rho and lambda), ncl-fs (NCL feature "
         "selection), ncl-sepin (NCL SEPIN@k), ncl-finetune (NCL fine-tuning accuracy: bayesncl finetune "
         "of CL, NCL, BayesNCL), 6 (background probe of CHECKPOINT_OR_RUN... on waterbirds "
@@ -395,7 +396,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         {},
         [
             _arg("table", metavar="ID",
-                 help="1 2 3 4 5 7 15 fig3 fig4a fig4b ncl-fs ncl-sepin ncl-finetune 6 mechanism"),
+                 help="1 2 3 4 5 7 9 15 fig3 fig4a fig4b ncl-fs ncl-sepin ncl-finetune 6 mechanism"),
             _arg("--dataset", default="cifar100",
                  help="cifar10 | cifar100 | imagenet100 | fashion-mnist (default cifar100); for 6: "
                       "waterbirds | fashion-mnist-bg; for mechanism: fashion-mnist-bg"),
