@@ -57,9 +57,8 @@ def pretrain(
     started = time.time()
     world = distributed.setup(cfg.train.device)
     try:
-        skipped = _no_labels_note(cfg, world, run_dir) if evaluate else None
+        info, skipped = _check_inputs(cfg, world, run_dir, evaluate=evaluate)
         evaluate = evaluate and skipped is None
-        info = _check_inputs(cfg, world, evaluate=evaluate)
         with RunDir(run_dir, cfg, world, resume=resume, overwrite=overwrite) as run:
             model = train(cfg, run, info)
             metrics = _evaluate(model, cfg, run.path, world.device) if evaluate and world.is_main else {}
@@ -81,8 +80,11 @@ def _no_labels_note(cfg: Config, world: distributed.World, run_dir: str | Path) 
     return distributed.local_main_first(world, lambda: no_labels_note(cfg, run_dir))
 
 
-def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> DatasetInfo:
-    """What is refused before the run dir is looked at; returns the dataset's facts."""
+def _check_inputs(
+    cfg: Config, world: distributed.World, run_dir: str | Path, *, evaluate: bool
+) -> tuple[DatasetInfo, str | None]:
+    """What is refused before the run dir is looked at; returns the dataset's facts and, for data
+    without labels and no ``eval.data.*``, the line printed instead of the evaluation."""
     distributed.check_sync_bn(cfg.train.sync_bn, world)
     if world.is_main:
         require_loggers(cfg.train.loggers)  # a missing package: one line, before the run dir is touched
@@ -94,6 +96,8 @@ def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> D
             f"{cfg.train.base_lr:g} x global batch {global_batch} / 256), or the schedule would rise to it"
         )
     info = distributed.local_main_first(world, lambda: dataset_info(cfg.data))  # one download per node
+    skipped = _no_labels_note(cfg, world, run_dir) if evaluate else None
+    evaluate = evaluate and skipped is None
     test_info = info
     if evaluate:  # the labelled data the end-of-training evaluation reads (eval.data.*, issue 17)
         from bayesncl.app.evaldata import check_eval_data
@@ -114,7 +118,7 @@ def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> D
             f"strength); {'raise data.train_subset' if k else 'add images'}, or pass --no-eval "
             "(evaluate=False in Python) or eval.probe=none"
         )
-    return info
+    return info, skipped
 
 
 def _no_probe(row: dict[str, Any], info: DatasetInfo) -> dict[str, Any]:
