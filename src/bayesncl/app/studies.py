@@ -387,9 +387,9 @@ def _table7(dataset: str, overrides: list[str]) -> Study:
 
 
 STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
-    "1": _table1, "2": _table2, "3": _table3, "4": _table4, "5": _table5, "7": _table7, "15": _table15,
-    "fig3": _fig3, "fig4a": _fig4a, "fig4b": _fig4b, "ncl-fs": _ncl_fs, "ncl-sepin": _ncl_sepin,
-    "ncl-finetune": _ncl_finetune, "9": _tables9_10,
+    "1": _table1, "2": _table2, "3": _table3, "4": _table4, "5": _table5, "7": _table7, "9": _tables9_10,
+    "15": _table15, "fig3": _fig3, "fig4a": _fig4a, "fig4b": _fig4b, "ncl-fs": _ncl_fs,
+    "ncl-sepin": _ncl_sepin, "ncl-finetune": _ncl_finetune,
 }  # fmt: skip
 """``bayesncl reproduce ID``: the IDs and their builders."""
 
