@@ -27,8 +27,8 @@ def test_import_loads_no_torch() -> None:
     env = {"PYTHONPATH": str(src)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     names = (
-        "['ContrastiveHead', 'build_config', 'evaluate', 'load_encoder', 'load_plugin', 'methods', "
-        "'metrics', 'pretrain', 'register_method']"
+        "['ContrastiveHead', 'build_config', 'evaluate', 'finetune', 'load_encoder', 'load_plugin', "
+        "'methods', 'metrics', 'pretrain', 'register_method']"
     )
     assert out.stdout == f"False {names}\n"
 
@@ -38,7 +38,10 @@ def test_help_lists_the_lazy_api_with_signatures() -> None:
 
     assert dir(bayesncl) == sorted([*bayesncl.__all__, "__version__"])  # no Any, Path, importlib
     text = pydoc.render_doc(bayesncl, renderer=pydoc.plaintext)
-    for signature in ("pretrain(", "evaluate(", "load_encoder(", "class ContrastiveHead", "build_config("):
+    signatures = (
+        "pretrain(", "evaluate(", "finetune(", "load_encoder(", "class ContrastiveHead", "build_config("
+    )
+    for signature in signatures:
         assert signature in text, signature
 
 
@@ -131,14 +134,15 @@ def test_pretrain_on_a_uint8_tensor_evaluate_and_load_encoder(tmp_path: Path) ->
     assert other["linear_probe_acc1"] >= 0  # eval.data.* alone: the training data need not be here
 
 
-def test_pretrain_without_labels_trains_without_the_probe_and_refuses_evaluation(tmp_path: Path) -> None:
+def test_pretrain_without_labels_trains_without_the_probe_and_says_how_to_evaluate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     x, _ = _images()
     cfg = bayesncl.build_config(PY)
-    with pytest.raises(DataError) as e:
-        bayesncl.pretrain(cfg, dataset=x, run_dir=tmp_path / "refused")
-    expect("Y14", str(e.value), tmp_path)
-    assert not (tmp_path / "refused").exists()  # refused before the run dir
-    assert bayesncl.pretrain(cfg, dataset=x, run_dir=tmp_path / "run", evaluate=False) == {}
+    capsys.readouterr()
+    assert bayesncl.pretrain(cfg, dataset=x, run_dir=tmp_path / "run") == {}  # trains, does not evaluate
+    expect("Y14", capsys.readouterr().out.strip().splitlines()[-1], tmp_path)
+    assert not (tmp_path / "run" / "metrics.json").exists()
     row = (tmp_path / "run" / "log.csv").read_text().splitlines()
     assert row[1].split(",")[row[0].split(",").index("online_acc")] == ""  # no probe without labels
 

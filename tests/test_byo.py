@@ -218,14 +218,22 @@ def test_an_unlabeled_folder_pretrains_and_evaluates_on_eval_data(
     cfg = build_config(overrides=base)
     info = dataset_info(cfg.data)
     assert (info.labeled, info.num_train, info.num_test, info.num_classes) == (False, 40, 0, 1)
-    with pytest.raises(DataError) as e:
-        pretrain(cfg, tmp_path / "refused")
-    expect("Y13", ERROR + str(e.value), tmp_path)
-    assert not (tmp_path / "refused").exists()
-    assert main(["pretrain", "--run-dir", str(tmp_path / "refused"), *base]) == 2
-    expect("Y13", error_line(capsys), tmp_path)
-    assert not (tmp_path / "refused").exists()
+    # no labels and no eval.data.*: it trains, then says how to evaluate instead of evaluating (issue 26)
+    capsys.readouterr()
+    assert pretrain(cfg, tmp_path / "unlabelled") == {}
+    expect("Y13", capsys.readouterr().out.strip().splitlines()[-1], tmp_path)
+    run = tmp_path / "unlabelled"
+    assert (run / "last.pt").exists() and not (run / "metrics.json").exists()
+    assert main(["pretrain", "--run-dir", str(tmp_path / "cli"), *base]) == 0
+    expect("Y13", capsys.readouterr().out.strip().splitlines()[-1].replace("cli", "unlabelled"), tmp_path)
     assert pretrain(cfg, tmp_path / "plain", evaluate=False) == {}
+    assert "no end-of-training evaluation" not in capsys.readouterr().out  # --no-eval: nothing to say
+    # an explicit request that cannot be met is still refused before anything is written
+    unlabelled_eval = build_config(overrides=[*base, "eval.data.name=imagefolder",
+                                              f"eval.data.root={tmp_path / 'pics'}"])
+    with pytest.raises(DataError, match="eval.data.name=imagefolder has no labels"):
+        pretrain(unlabelled_eval, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
     with_eval = build_config(overrides=[*base, "eval.data.name=synthetic", "eval.data.test_subset=50",
                                         "eval.data.train_subset=100"])
     with warnings.catch_warnings():

@@ -67,6 +67,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
         mp.setattr(studies, "RHOS", (0.3, 0.6))  # 0.3: the recipe's
         mp.setattr(studies, "LAM_FACTORS", (1.0, 3.0))
         mp.setattr(studies, "TABLE5_METHODS", ("ncl",))
+        mp.setattr(studies, "FINETUNE_CPU_EPOCHS", 1)
         yield b
 
 
@@ -136,7 +137,9 @@ def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> No
     assert out["rows"] == table1["rows"]
 
 
-@pytest.mark.parametrize("study", ["2", "3", "7", "fig3", "ncl-fs", "ncl-sepin", "convergence"])
+@pytest.mark.parametrize(
+    "study", ["2", "3", "7", "fig3", "ncl-fs", "ncl-sepin", "ncl-finetune", "convergence"]
+)
 def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, Any], study: str) -> None:
     out, calls, _ = bench.run(study)
     assert calls == []
@@ -149,6 +152,9 @@ def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, A
     if study == "2":
         for r in rows.values():
             assert all(0 <= v <= 100 for v in r["knn_acc1"]["values"])
+        # retrieval on the top-K dims (K = min(64, D) = 16 here): NCL and BayesNCL, not CL (as the paper)
+        assert rows["CL"]["sel.P@1"]["values"] == [None, None]
+        assert all(0 <= v <= 100 for r in ("NCL", "BayesNCL") for v in rows[r]["sel.mAP@10"]["values"])
     elif study == "3":
         assert set(rows) == {"NCL epoch 1", "BayesNCL epoch 1"}
         values = [v for r in rows.values() for c in r.values() for v in c["values"]]
@@ -170,6 +176,14 @@ def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, A
         assert rows["CL epoch 1"]["active_dims"]["mean"] == 16  # CL: every one of the D = 16 dims fires
         assert all(0 <= r[k]["mean"] <= 100 for r in rows.values() for k in ("semantic_consistency",
                                                                              "linear_probe_acc1"))
+    elif study == "ncl-finetune":  # each stored run fine-tuned into a folder of its own, then reused
+        for r in rows.values():
+            for a1, a5 in zip(r["ft_acc1"]["values"], r["ft_acc5"]["values"], strict=True):
+                assert 0 <= a1 <= a5 <= 100
+        tuned = sorted(bench.store.glob("*/finetune-*/finetune.json"))
+        assert len(tuned) == 6  # CL, NCL, BayesNCL x 2 seeds
+        again, calls, _ = bench.run(study)
+        assert again["rows"] == rows and sorted(bench.store.glob("*/finetune-*/finetune.json")) == tuned
 
 
 def test_sweeps_reuse_the_recipes_run(bench: Bench, table1: dict[str, Any]) -> None:
@@ -182,6 +196,13 @@ def test_sweeps_reuse_the_recipes_run(bench: Bench, table1: dict[str, Any]) -> N
         check_cells(out, rows=len(built.rows), columns=len(built.columns))
     # fig4b's two sweeps meet at the recipe's rho and lambda: one run for both rows
     assert out["runs"]["rho=0.3 seed 0"] == out["runs"]["lambda=0.001 seed 0"]  # the recipe's lambda
+    # Tables 9/10: every metric of Table 4's runs, trained nothing
+    full, calls, _ = bench.run("9")
+    assert calls == [] and len(full["reused"]) == 10
+    built = studies.build("9", "fashion-mnist", TINY)
+    check_cells(full, rows=5, columns=len(built.columns))
+    assert {"semantic_entropy_freq", "lp3_acc5", "sel.mAP@10", "effective_rank"} <= set(full["rows"]["full"])
+    assert all(v is not None for c in full["rows"]["no detach"].values() for v in c["values"])
 
 
 def test_table5_warns_on_cpu_before_training(bench: Bench, table1: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ The main API (each loads torch only when first used, so ``import bayesncl`` stay
     metrics = bayesncl.pretrain(cfg, run_dir="runs/x")   # train, checkpoint, evaluate (app.api)
     metrics = bayesncl.pretrain(cfg, dataset=ds)         # a torch Dataset or a uint8 N x C x H x W tensor
     report = bayesncl.evaluate("runs/x")                 # the CLI's ``evaluate``
+    result = bayesncl.finetune("runs/x", overrides=["train.epochs=3"])  # backbone + head end to end
     model = bayesncl.load_encoder("runs/x")              # the trained model, eval mode
     bayesncl.metrics.compute_all(features, labels)       # the metrics package
     head = bayesncl.ContrastiveHead(h_dim, cfg)          # projector + gate + loss for your own loop
@@ -23,13 +24,14 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 __all__ = [
-    "ContrastiveHead", "build_config", "evaluate", "load_encoder", "load_plugin", "metrics", "methods",
-    "pretrain", "register_method",
+    "ContrastiveHead", "build_config", "evaluate", "finetune", "load_encoder", "load_plugin", "metrics",
+    "methods", "pretrain", "register_method",
 ]
 
 _LAZY = {  # name -> (module, attribute; None for the module itself)
     "pretrain": ("bayesncl.app.api", "pretrain"),
     "evaluate": ("bayesncl.app.api", "evaluate"),
+    "finetune": ("bayesncl.app.api", "finetune"),
     "load_encoder": ("bayesncl.app.api", "load_encoder"),
     "ContrastiveHead": ("bayesncl.core.head", "ContrastiveHead"),
     "metrics": ("bayesncl.metrics", None),

@@ -51,6 +51,9 @@ class DataConfig:
     # (the same batches as false, which reads the files each time)
     resident: str = "auto"
     crop_min_scale: float = 0.08
+    # bilinear | bicubic: the training crop's resampling (the authors' pretraining loader: bicubic,
+    # solo/data/pretrain_dataloader.py:221-231; bilinear keeps the older runs' numbers and hashes)
+    crop_interpolation: str = "bilinear"
     blur_prob: float = 0.5
     skip_corrupt: bool = False  # imagefolder: skip unreadable images instead of failing
     classes: str | None = None  # imagefolder: a file listing the class folders to use (e.g. ImageNet-100)
@@ -84,6 +87,9 @@ class EvalConfig:
     probe: str = "fast"  # fast (precomputed features, L2 chosen on held-out train) | none
     retrieval_dims: list[int] = field(default_factory=list)
     batch_size: int = 512
+    # gated methods: evaluation features gate z with alpha, not the hard mask 1[alpha > threshold]
+    # (the authors' eval.use_soft_gating, main_eval.py; off there too)
+    use_soft_gating: bool = False
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
@@ -131,6 +137,7 @@ def fixed_choices() -> dict[str, tuple[str, ...]]:
         "data.name": tuple(DATASETS),
         "data.resident": ("auto", "true", "false"),
         "data.labels": ("auto", "none"),
+        "data.crop_interpolation": ("bilinear", "bicubic"),
         "model.backbone": tuple(BACKBONES),
         "model.cifar_stem": ("auto", "true", "false"),
         "model.bn_views": ("per_view", "joint"),

@@ -28,6 +28,25 @@ def _what(cfg: Config) -> str:
     return f"data.root={d.root} (an image folder without class folders)" if d.root else d.name
 
 
+def no_labels_note(cfg: Config, run_dir: object) -> str | None:
+    """The line ``pretrain`` prints instead of evaluating when the training data has no labels (or no
+    test split) and no ``eval.data.*`` was asked for, saying how to evaluate ``run_dir`` later; None
+    when there is labelled data to evaluate with, or when ``eval.data.name`` asks for some (that
+    request is checked by :func:`check_eval_data`, which refuses one that cannot be met)."""
+    if cfg.eval.data.name:
+        return None
+    info = dataset_info(with_eval_data(cfg).data)
+    if info.labeled and info.num_test > 0:
+        return None
+    how = (
+        f"bayesncl.evaluate('{run_dir}', dataset=...) with labelled data" if cfg.data.name == "python"
+        else f"`bayesncl evaluate {run_dir} eval.data.name=NAME eval.data.root=DIR` with a labelled dataset"
+    )
+    return (
+        f"no end-of-training evaluation: {_what(cfg)} has no labels (or no test split); evaluate with {how}"
+    )
+
+
 def check_eval_data(cfg: Config, train_info: DatasetInfo, command: str = "pretrain") -> DatasetInfo:
     """The DatasetInfo of the data evaluation reads, refused before training when it has no labels
     or another channel count than the training data. ``command``: named in the advice. Raises

@@ -99,15 +99,20 @@ def extract_split(
     model: ContrastiveModel, cfg: Config, split: str, device: torch.device,
     keys: tuple[str, ...] = FEATURE_KEYS,
 ) -> dict[str, np.ndarray]:
-    """:func:`extract_features` over ``split`` of the run's data (eval transforms, eval batch size),
-    plus ``places`` (N,) int64 for a dataset with backgrounds (:mod:`bayesncl.data.backgrounds`).
+    """:func:`extract_features` over ``split`` of the run's data (eval transforms, eval batch size;
+    ``eval.use_soft_gating``: gated by α instead of the hard mask, ``mask`` then holds α), plus
+    ``places`` (N,) int64 for a dataset with backgrounds (:mod:`bayesncl.data.backgrounds`).
     A run trained with ``train.precision=fast`` is extracted as it trained (bf16 autocast and
     channels-last on a CPU with native bf16 or on CUDA; the forward pass alone is faster there too);
     every other run in fp32."""
     loader = build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device)
     fast = cfg.train.precision == "fast"
     precision = precision_plan("fast", False, device) if fast else None
-    out = extract_features(model, loader, device, keys=keys, precision=precision)
+    soft, model.soft_eval_gate = model.soft_eval_gate, cfg.eval.use_soft_gating
+    try:
+        out = extract_features(model, loader, device, keys=keys, precision=precision)
+    finally:
+        model.soft_eval_gate = soft
     places = places_of(cfg.data, split)
     if places is not None:
         out["places"] = places[out["indices"]]

@@ -243,6 +243,18 @@ def _m_retrieval(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float
     return {f"K{k}.{m}": v for k, row in r.items() for m, v in row.items()}
 
 
+def _m_retrieval_sel(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    """Table 2's retrieval: P@1/5/10 and mAP@10 on the top-K dims (``params``: (K,)); none for CL,
+    whose dims the paper does not select."""
+    from bayesncl.metrics import retrieval_metrics
+
+    if cfg.method.name == "cl":
+        return {}
+    _, test = _features(sub)
+    (row,) = retrieval_metrics(test.features, test.labels, dims=[int(params[0])], topk=(1, 5, 10)).values()
+    return {f"sel.{m}": v for m, v in row.items()}
+
+
 def _m_fs(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
     """Top-K dims by expected activation (of the train z̃) vs K random dims (seed = the run's)."""
     import numpy as np
@@ -302,8 +314,26 @@ def _m_trajectory(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, 
     return out
 
 
+def _m_finetune(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    """``bayesncl finetune`` of the stored run with the ``train.*`` overrides ``params``, into its own
+    run dir ``sub/finetune-<hash of params>/`` (continued if interrupted; the run itself is only read)."""
+    import hashlib
+    import json
+
+    from bayesncl.app.finetune import finetune
+
+    ft = sub / f"finetune-{hashlib.sha256(repr(params).encode()).hexdigest()[:8]}"
+    if (ft / "finetune.json").exists():
+        result = json.loads((ft / "finetune.json").read_text())
+    else:
+        resume = (ft / "last.pt").exists()
+        result = finetune(sub, ft, list(params), resume=resume, overwrite=ft.exists() and not resume)
+    return {"ft_acc1": result["acc1"], "ft_acc5": result["acc5"]}
+
+
 MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval": _m_retrieval,
-            "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "trajectory": _m_trajectory}  # fmt: skip
+            "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune,
+            "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory}  # fmt: skip
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
 
 

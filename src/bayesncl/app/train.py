@@ -48,6 +48,7 @@ def pretrain(
 ) -> dict[str, Any]:
     """Pretrain the method ``cfg`` describes into ``run_dir`` and (``evaluate``) evaluate it on the
     test split; returns the final metrics (also in ``run_dir/metrics.json``), {} without evaluation.
+    Data without labels and no ``eval.data.*``: it trains, then prints how to evaluate instead.
 
     Raises ConfigError / DataError / RunDirError before writing anything when the input is bad;
     TrainingError if the loss becomes non-finite (the last good checkpoint is kept);
@@ -57,20 +58,34 @@ def pretrain(
     started = time.time()
     world = distributed.setup(cfg.train.device)
     try:
-        info = _check_inputs(cfg, world, evaluate=evaluate)
+        info, skipped = _check_inputs(cfg, world, run_dir, evaluate=evaluate)
+        evaluate = evaluate and skipped is None
         with RunDir(run_dir, cfg, world, resume=resume, overwrite=overwrite) as run:
             model = train(cfg, run, info)
             metrics = _evaluate(model, cfg, run.path, world.device) if evaluate and world.is_main else {}
             run.log_results(metrics)
         if world.is_main:
             _report_written(run.path, time.time() - started)
+            if skipped is not None:
+                print(skipped, flush=True)
         return metrics
     finally:
         world.close()
 
 
-def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> DatasetInfo:
-    """What is refused before the run dir is looked at; returns the dataset's facts."""
+def _no_labels_note(cfg: Config, world: distributed.World, run_dir: str | Path) -> str | None:
+    """Training data without labels and no ``eval.data.*``: train, then skip the evaluation with this
+    line (:func:`bayesncl.app.evaldata.no_labels_note`); None where there is labelled data."""
+    from bayesncl.app.evaldata import no_labels_note
+
+    return distributed.local_main_first(world, lambda: no_labels_note(cfg, run_dir))
+
+
+def _check_inputs(
+    cfg: Config, world: distributed.World, run_dir: str | Path, *, evaluate: bool
+) -> tuple[DatasetInfo, str | None]:
+    """What is refused before the run dir is looked at; returns the dataset's facts and, for data
+    without labels and no ``eval.data.*``, the line printed instead of the evaluation."""
     distributed.check_sync_bn(cfg.train.sync_bn, world)
     if world.is_main:
         require_loggers(cfg.train.loggers)  # a missing package: one line, before the run dir is touched
@@ -84,6 +99,8 @@ def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> D
     info = distributed.local_main_first(world, lambda: dataset_info(cfg.data))  # one download per node
     if methods.get(cfg.method.name).needs_labels and not info.labeled:
         raise DataError(f"method.name={cfg.method.name} learns from labels: {cfg.data.name} has none here")
+    skipped = _no_labels_note(cfg, world, run_dir) if evaluate else None
+    evaluate = evaluate and skipped is None
     test_info = info
     if evaluate:  # the labelled data the end-of-training evaluation reads (eval.data.*, issue 17)
         from bayesncl.app.evaldata import check_eval_data
@@ -104,7 +121,7 @@ def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> D
             f"strength); {'raise data.train_subset' if k else 'add images'}, or pass --no-eval "
             "(evaluate=False in Python) or eval.probe=none"
         )
-    return info
+    return info, skipped
 
 
 def _no_probe(row: dict[str, Any], info: DatasetInfo, cfg: Config) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import signal
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -52,11 +52,13 @@ class TrainForward(nn.Module):
         return out, self.model.classifier(out.h.detach())
 
 
-def wrap_for_training(model: ContrastiveModel, cfg: Config, world: distributed.World) -> nn.Module:
-    """:class:`TrainForward` around ``model``, inside DDP when there are several processes (DDP
-    averages the gradients over ranks), compiled when ``train.compile``. ``model`` keeps owning
-    the parameters: checkpoints and evaluation use it directly."""
-    step_model: nn.Module = TrainForward(model)
+def wrap_for_training(
+    model: ContrastiveModel, cfg: Config, world: distributed.World, forward: type[nn.Module] = TrainForward
+) -> nn.Module:
+    """``forward`` (:class:`TrainForward`; fine-tuning passes its own) around ``model``, inside DDP
+    when there are several processes (DDP averages the gradients over ranks), compiled when
+    ``train.compile``. ``model`` keeps owning the parameters: checkpoints and evaluation use it directly."""
+    step_model: nn.Module = forward(model)
     if world.distributed:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -99,10 +101,12 @@ def train_step(
     step_model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, *args: Any,
     **kwargs: Any,
 ) -> dict[str, Tensor]:
-    """:func:`forward_loss` (``args``, ``kwargs``: its ``x1, x2, y, method`` and keywords), backward,
-    optimiser step. Returns the statistics, on the device: nothing here waits for the device
-    (fp16's GradScaler does, once per step, to skip inf steps; bf16 and fp32 need no scaler)."""
-    loss, stats = forward_loss(step_model, *args, **kwargs)
+    """:func:`forward_loss` (``args``, ``kwargs``: its ``x1, x2, y, method`` and keywords; or
+    ``loss_fn=`` with the same signature), backward, optimiser step. Returns the statistics by name,
+    on the device: nothing here waits for the device (fp16's GradScaler does, once per step, to skip
+    inf steps; bf16 and fp32 need no scaler)."""
+    loss_fn = kwargs.pop("loss_fn", None) or forward_loss
+    loss, stats = loss_fn(step_model, *args, **kwargs)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     scaler.step(optimizer)
@@ -153,6 +157,9 @@ class Training:
     autocast: Any = None
     channels_last: bool = False
     labeled: bool = True  # the labels of the batches are real (a supervised method's terms read them)
+    # the step's loss and statistics by name: None is forward_loss (pretraining); app.finetune passes
+    # its cross-entropy
+    loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]] | None = None
 
 
 class Hooks:
@@ -230,7 +237,8 @@ def train_one_epoch(
     for x1, x2, y in prefetch_to_device(batches, t.device):
         lr = t.schedule.apply(t.optimizer, step)
         stats = train_step(t.step_model, t.optimizer, t.scaler, x1, x2, y, t.method, autocast=t.autocast,
-                           channels_last=t.channels_last, labeled=t.labeled)
+                           channels_last=t.channels_last, labeled=t.labeled,
+                           loss_fn=t.loss_fn)
         sums = {k: sums[k] + v for k, v in stats.items()} if sums else stats
         c.n_seen += 1
         step += 1

@@ -30,7 +30,11 @@ Known differences between the two executors (same distribution of parameters oth
   call per step for both views), torchvision one per image; the factors are drawn per image in
   both;
 * kornia crops by one batched bilinear warp of the float tensor (no antialias), torchvision
-  resizes the PIL crop (bilinear with antialias); the blur runs on float tensors (PIL's kernel,
+  resizes the PIL crop (bilinear with antialias); ``data.crop_interpolation=bicubic`` (the authors'
+  pretraining crop) makes both bicubic, kornia's result clamped to [0, 1] as PIL's uint8 is, and
+  kornia's warp pads with zeros, so a bicubic crop touching the image border differs from PIL's in
+  its outermost pixels (up to ~0.1 on a mid-gray image; inside, the same to 1e-6); the blur runs on
+  float tensors (PIL's kernel,
   edges replicated) vs PIL's own filter on the uint8 image (which rounds after each box pass).
 
 Randomness: both executors draw from the *global* torch RNG, so callers wrap them in
@@ -181,16 +185,17 @@ class AugmentSpec:
     blur_p: float = 0.5
     blur_sigma: tuple[float, float] = (0.1, 2.0)
     flip_p: float = 0.5
+    interpolation: str = "bilinear"  # the crop's resampling: bilinear | bicubic (the authors' pretraining)
 
     @classmethod
     def simclr(
         cls, size: int, channels: int, mean: Sequence[float], std: Sequence[float],
-        crop_min_scale: float = 0.08, blur_prob: float = 0.5,
+        crop_min_scale: float = 0.08, blur_prob: float = 0.5, interpolation: str = "bilinear",
     ) -> AugmentSpec:
         """The paper's two-view distribution; gray data drops saturation, hue and grayscale (they are
         identities on one channel)."""
         spec = cls(int(size), int(channels), tuple(float(m) for m in mean), tuple(float(s) for s in std),
-                   crop_min_scale=float(crop_min_scale), blur_p=float(blur_prob))
+                   crop_min_scale=float(crop_min_scale), blur_p=float(blur_prob), interpolation=interpolation)
         return replace(spec, saturation=0.0, hue=0.0, gray_p=0.0) if spec.channels == 1 else spec
 
 
@@ -208,9 +213,12 @@ class BatchAugment(nn.Module):
         # cropping_mode="resample": one batched warp (grid_sample). The default "slice" mode loops over
         # the samples in Python (one interpolate per image), which made a 2x256 batch cost ~30 ms on a GPU.
         crop = K.RandomResizedCrop(
-            (s, s), scale=(spec.crop_min_scale, 1.0), ratio=spec.crop_ratio, cropping_mode="resample"
+            (s, s), scale=(spec.crop_min_scale, 1.0), ratio=spec.crop_ratio, cropping_mode="resample",
+            resample=spec.interpolation.upper(),
         )
         ops: list[nn.Module] = [crop]
+        if spec.interpolation == "bicubic":  # bicubic overshoots [0, 1]; PIL's uint8 result is clamped
+            ops.append(_Clamp01())
         if spec.jitter_p > 0:
             ops.append(K.ColorJitter(spec.brightness, spec.contrast, spec.saturation, spec.hue,
                                      p=spec.jitter_p))
@@ -240,13 +248,21 @@ class BatchAugment(nn.Module):
         return (out - mean) / std
 
 
+class _Clamp01(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clamp(0.0, 1.0)
+
+
 def sample_transform(spec: AugmentSpec):  # -> torchvision.transforms.v2.Compose
     """The spec executed per image with torchvision.transforms.v2: PIL image (or uint8 CHW tensor)
     → normalised float ``(C, S, S)``. Randomness comes from the global torch RNG."""
     from torchvision.transforms import v2 as T
 
     scale = (spec.crop_min_scale, 1.0)
-    ts: list = [T.RandomResizedCrop(spec.size, scale=scale, ratio=spec.crop_ratio, antialias=True)]
+    mode = T.InterpolationMode(spec.interpolation)
+    ts: list = [
+        T.RandomResizedCrop(spec.size, scale=scale, ratio=spec.crop_ratio, interpolation=mode, antialias=True)
+    ]
     if spec.jitter_p > 0:
         if spec.channels == 1:
             jitter = T.ColorJitter(brightness=spec.brightness, contrast=spec.contrast)

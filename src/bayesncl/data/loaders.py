@@ -61,7 +61,7 @@ def augment_spec(cfg: Any, info: DatasetInfo | None = None) -> AugmentSpec:
     info = info or dataset_info(cfg)
     return AugmentSpec.simclr(
         info.image_size, info.channels, info.mean, info.std, crop_min_scale=float(cfg.crop_min_scale),
-        blur_prob=float(cfg.blur_prob),
+        blur_prob=float(cfg.blur_prob), interpolation=str(getattr(cfg, "crop_interpolation", "bilinear")),
     )
 
 
@@ -269,7 +269,9 @@ def build_train_loader(
         )
     spec = augment_spec(cfg, info)
     if crop_flip_only:
-        spec = dataclasses.replace(spec, jitter_p=0.0, gray_p=0.0, blur_p=0.0)
+        # the authors' classification loader crops with torchvision's default, bilinear
+        # (solo/data/classification_dataloader.py), whatever the pretraining crop was
+        spec = dataclasses.replace(spec, jitter_p=0.0, gray_p=0.0, blur_p=0.0, interpolation="bilinear")
     kw = dict(seed=seed, device=device, rank=rank, world_size=world_size)
     if uses_resident(cfg):
         images = data.images

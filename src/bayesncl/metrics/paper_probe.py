@@ -1,12 +1,14 @@
-"""The paper's linear-probe protocol (PAPER-NOTES §2): a linear classifier on the frozen backbone
-features h, trained for 50 epochs with LARS (lr 0.4 × batch/256, momentum 0.9, η 0.02), batch 256,
-linear-warmup cosine schedule stepped per iteration, on the train split with random resized crops
-and horizontal flips; Acc@1/Acc@5 on the test split, mean ± std over seeds.
+"""The authors' linear-probe protocol (PAPER-NOTES §2; PKU-ML/non_neg scripts/linear/cifar/simclr.yaml
+run by solo/methods/linear.py): a linear classifier on the frozen backbone features h, trained for
+50 epochs with LARS (lr 0.4 × batch/256, momentum 0.9, η 0.02, clip_lr; the bias neither adapted nor
+decayed), weight decay 1e-4 on the weight, batch 256, a linear warmup of 10 epochs from 3e-5 (their
+``scheduler.warmup_epochs`` default) then cosine to 0, stepped per iteration, on the train split with
+random resized crops and horizontal flips; Acc@1/Acc@5 on the test split, mean ± std over seeds.
 
 It runs the backbone on every augmented batch, so it is meant for GPUs; ``fast`` mode
 (``bayesncl.metrics.probe.linear_probe``) is the CPU alternative. The backbone stays in eval
 mode and is checked to be unchanged afterwards, BatchNorm statistics included (MoCo v3's sanity
-check). Weight decay is not given by the paper; we use 0.
+check). Before issue 26 it used weight decay 0 and a 5-epoch warmup, and LARS adapted the bias.
 """
 
 from __future__ import annotations
@@ -25,8 +27,19 @@ def _snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
+def probe_param_groups(clf: nn.Linear, weight_decay: float) -> list[dict[str, Any]]:
+    """The classifier's LARS groups as the authors' LARS treats them (exclude_bias_n_norm,
+    solo/utils/lars.py): the weight adapted and decayed by ``weight_decay``, the bias neither."""
+    return [
+        {"params": [clf.weight], "weight_decay": weight_decay, "always_adapt": True},
+        {"params": [clf.bias], "weight_decay": 0.0, "always_adapt": False},
+    ]
+
+
 @torch.no_grad()
-def _accuracy(backbone: nn.Module, clf: nn.Linear, loader: Any, num_classes: int) -> tuple[float, float]:
+def accuracy(backbone: nn.Module, clf: nn.Linear, loader: Any, num_classes: int) -> tuple[float, float]:
+    """Acc@1, Acc@5 (percent; @k = @min(k, classes)) of ``clf(backbone(x))`` over ``loader``'s
+    ``(x, y, idx)`` batches; the caller sets the modules' modes."""
     top1 = top5 = n = 0
     k = min(5, num_classes)
     for x, y, _ in loader:
@@ -41,7 +54,8 @@ def _accuracy(backbone: nn.Module, clf: nn.Linear, loader: Any, num_classes: int
 
 def paper_linear_probe(
     model: ContrastiveModel, cfg: Config, *, epochs: int = 50, seeds: list[int] | None = None,
-    batch_size: int = 256, base_lr: float = 0.4, progress: bool = True,
+    batch_size: int = 256, base_lr: float = 0.4, weight_decay: float = 1e-4, warmup_epochs: int = 10,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Train and test a linear probe on frozen h with the paper protocol.
 
@@ -71,12 +85,11 @@ def paper_linear_probe(
         torch.manual_seed(seed)
         clf = nn.Linear(model.h_dim, info.num_classes).to(device)
         lr = base_lr * batch_size / 256
-        opt = Lars(
-            [{"params": clf.parameters(), "weight_decay": 0.0, "always_adapt": True}],
-            lr=lr, momentum=0.9, trust_coeff=0.02, trust_clip=True,
-        )
+        groups = probe_param_groups(clf, weight_decay)
+        opt = Lars(groups, lr=lr, momentum=0.9, trust_coeff=0.02, trust_clip=True)
         loader = build_train_loader(cfg.data, batch_size, seed=seed, device=device, crop_flip_only=True)
-        schedule = warmup_cosine(lr, epochs * len(loader), round(0.1 * epochs) * len(loader), start=3e-5)
+        warmup = min(warmup_epochs, epochs) * len(loader)
+        schedule = warmup_cosine(lr, epochs * len(loader), warmup, start=3e-5)
         step = 0
         for epoch in range(epochs):
             loader.set_epoch(epoch)
@@ -95,7 +108,7 @@ def paper_linear_probe(
                 loss.backward()
                 opt.step()
                 step += 1
-        acc1, acc5 = _accuracy(backbone, clf, test_loader, info.num_classes)
+        acc1, acc5 = accuracy(backbone, clf, test_loader, info.num_classes)
         per_seed.append({"seed": seed, "acc1": acc1, "acc5": acc5})
     after = _snapshot(backbone)
     if any(not torch.equal(before[k], after[k]) for k in before):
@@ -108,6 +121,7 @@ def paper_linear_probe(
         "acc1_std": statistics.pstdev(a1),
         "acc5_std": statistics.pstdev(a5),
         "per_seed": per_seed,
-        "protocol": f"paper: LARS lr {base_lr}x batch/256, batch {batch_size}, {epochs} epochs, "
-        "warmup-cosine, crops+flips, frozen h",
+        "protocol": f"paper: LARS lr {base_lr}x batch/256, weight decay {weight_decay:g}, "
+        f"batch {batch_size}, "
+        f"{epochs} epochs, warmup {min(warmup_epochs, epochs)} epochs then cosine, crops+flips, frozen h",
     }

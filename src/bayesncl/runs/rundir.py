@@ -132,6 +132,8 @@ RESULT_ARTIFACTS = (
     "dynamics.png",
     "dynamics.json",
     "dynamics.md",
+    "finetune.json",  # a finetune run dir's results (app.finetune)
+    "finetune.md",
 )
 # What a run writes into its run dir; --overwrite sets these, and nothing else, aside first.
 RUN_ARTIFACTS = (

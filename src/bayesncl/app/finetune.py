@@ -1,0 +1,298 @@
+"""``bayesncl finetune RUN``: train the pretrained backbone and a new linear head end to end on the
+labelled train split, then report test Acc@1/Acc@5 (the NCL paper's fine-tuning evaluation).
+
+The default is the authors' protocol (:data:`PROTOCOL`; PKU-ML/non_neg
+``scripts/finetuning/cifar/simclr.yaml`` run by ``solo/methods/linear.py`` with ``finetune: True``,
+PAPER-NOTES §2): 30 epochs, batch 256, LARS (η 0.02, clip_lr, bias and norm neither adapted nor
+decayed) at lr 0.4 × batch/256 for backbone and classifier alike (their YAML's ``classifier_lr``
+is not read by that code), weight decay 1e-4, a 10-epoch linear warmup from 3e-5 then cosine to 0
+per iteration, random resized crops (bilinear) and flips, BatchNorm in train mode. ``train.*``
+overrides size it for a CPU (``train.epochs=3 train.warmup_epochs=1``).
+
+It writes a run dir of its own (``--run-dir``, default ``<run>-finetune``) through
+:class:`bayesncl.runs.rundir.RunDir` (lock, ``last.pt`` every epoch, Ctrl-C/SIGTERM mid-epoch
+saves, ``--resume``, ``--overwrite``) and the training loop of pretraining
+(:func:`bayesncl.core.engine.train_one_epoch` with a cross-entropy step); the pretrained run is
+only read. Results: ``finetune.json`` / ``finetune.md`` and the fine-tuned ``encoder.safetensors``;
+``log.csv`` has pretraining's columns, ``loss`` the cross-entropy and ``online_acc`` the head's
+accuracy on the augmented train batches (%). The loader makes two views (pretraining's); the
+step uses the first.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from bayesncl.config import (
+    Config,
+    ConfigError,
+    EvalDataConfig,
+    check_keys,
+    eval_data,
+    parse_overrides,
+    set_key,
+)
+from bayesncl.core.model import ContrastiveModel
+
+#: What ``finetune`` sets on the pretrained run's config before the user's ``train.*`` overrides: the
+#: authors' CIFAR fine-tuning protocol (module docstring). ``train.probe_lr`` is the classifier's lr.
+PROTOCOL: dict[str, Any] = {
+    "train.epochs": 30, "train.batch_size": 256, "train.optimizer": "lars", "train.base_lr": 0.4,
+    "train.probe_lr": 0.4, "train.weight_decay": 1e-4, "train.momentum": 0.9, "train.lars_eta": 0.02,
+    "train.clip_lr": True, "train.warmup_epochs": 10.0, "train.warmup_start_lr": 3e-5, "train.min_lr": 0.0,
+    "train.monitor_samples": 0,
+}  # fmt: skip
+#: The keys ``finetune`` takes besides ``data.*`` and ``eval.*`` (which go to the loading, as for evaluate).
+TRAIN_KEYS = ("train.", "seed")
+
+
+class FinetuneForward(nn.Module):
+    """What the loop (and DDP) runs: ``classifier(backbone(x))``, logits (B, classes)."""
+
+    def __init__(self, model: ContrastiveModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model.classifier(self.model.backbone(x))
+
+
+class _StopHooks:
+    """The loop's hooks in a fine-tuning run: only the run dir's stop signal (Ctrl-C, SIGTERM)."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+
+    def stop_requested(self) -> int | None:
+        return self.run.stop_signal
+
+    def on_sync(self, step: int, means: dict[str, float]) -> None:
+        pass
+
+    def on_step_log(self, step: int, means: dict[str, float], lr: float) -> None:
+        pass
+
+
+def finetune_loss(
+    step_model: nn.Module, x1: Tensor, x2: Tensor, y: Tensor, method: Any, *, autocast: Any = None,
+    channels_last: bool = False, index: Tensor | None = None, labeled: bool = True,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The fine-tuning step's cross-entropy on the first view ``x1`` (B, C, S, S) with labels ``y`` (B,),
+    and its statistics ``loss`` (the cross-entropy) and ``online_acc`` (train accuracy, a fraction);
+    ``x2``, ``method``, ``index`` and ``labeled`` are the contrastive step's, unused."""
+    x = x1.contiguous(memory_format=torch.channels_last) if channels_last else x1
+    with autocast if autocast is not None else nullcontext():
+        logits = step_model(x)
+    loss = nn.functional.cross_entropy(logits.float(), y)
+    with torch.no_grad():
+        stats = {"loss": loss.detach(), "online_acc": (logits.argmax(1) == y).float().mean()}
+    return loss, stats
+
+
+def finetune_config(pretrained: Config, train_overrides: dict[str, Any]) -> Config:
+    """The fine-tuning run's config: ``pretrained``'s, reading its labelled data (``data.*`` with labels,
+    or ``eval.data.*`` where set: :func:`bayesncl.config.eval_data`), with :data:`PROTOCOL` and then
+    ``train_overrides`` (dotted ``train.*``/``seed``) set. Raises ConfigError for a bad value."""
+    from bayesncl.config import validate
+
+    cfg = copy.deepcopy(pretrained)
+    cfg.data = eval_data(pretrained)
+    cfg.eval.data = EvalDataConfig()
+    for k, v in {**PROTOCOL, **train_overrides}.items():
+        set_key(cfg, k, v)
+    validate(cfg)
+    return cfg
+
+
+def default_run_dir(source: Path) -> Path:
+    """``RUN-finetune`` beside a run dir ``RUN``, ``DIR/NAME-finetune`` for a checkpoint ``DIR/NAME.pt``."""
+    return source.parent / f"{source.name if source.is_dir() else source.stem}-finetune"
+
+
+def _refuse_bad_request(source: Path, run_dir: Path, user: dict[str, Any]) -> None:
+    """ConfigError for a key that would change the pretrained model, or a run dir that is the
+    pretrained run's own folder (finetuning never alters it)."""
+    check_keys(user)
+    fixed = [k for k in user if not k.startswith(("data.", "eval.", *TRAIN_KEYS))]
+    if fixed:
+        raise ConfigError(
+            f"{', '.join(fixed)} cannot be set for finetune (the pretrained run defines the model); it takes "
+            "train.*, seed, data.* and eval.*"
+        )
+    home = source if source.is_dir() else source.parent
+    if run_dir.resolve() == home.resolve():
+        raise ConfigError(
+            f"--run-dir {run_dir} is the pretrained run's folder: finetune writes a run of its own and never "
+            "alters the pretrained one; choose another --run-dir"
+        )
+
+
+def _check_labelled(cfg: Config, source: Path) -> Any:
+    """The labelled data's DatasetInfo; DataError for data without labels or with one class."""
+    from bayesncl.data import DataError, dataset_info
+
+    info = dataset_info(cfg.data)
+    if not info.labeled or info.num_classes < 2:
+        raise DataError(
+            f"{source}: its data ({cfg.data.name}) has no labels, and finetune trains a classifier: give "
+            "labelled data with eval.data.name=NAME (and eval.data.root=DIR)"
+        )
+    return info
+
+
+def finetune(
+    source: str | Path, run_dir: str | Path | None = None, overrides: list[str] | None = None, *,
+    resume: bool = False, overwrite: bool = False,
+) -> dict[str, Any]:
+    """Fine-tune the encoder of ``source`` (a run dir, checkpoint or ``encoder.safetensors``) into
+    ``run_dir`` (default :func:`default_run_dir`); returns ``{"acc1", "acc5", ...}`` (percent, test
+    split), also written as ``RUN_DIR/finetune.json`` / ``.md``.
+
+    overrides: ``train.*``/``seed`` on top of :data:`PROTOCOL`; ``data.*``/``eval.*`` as for
+    ``evaluate`` (the data read: ``eval.data.*`` for a run pretrained without labels). Raises
+    ConfigError / EvalError / DataError / RunDirError (one line) before anything is written for a
+    bad request, a checkpoint that does not load, data without labels or an unusable run dir."""
+    from bayesncl.app.evaluate import load_trained
+    from bayesncl.core import distributed
+    from bayesncl.runs.rundir import RunDir
+
+    src = Path(source)
+    given = list(overrides or [])
+    user = parse_overrides(given)
+    out_dir = Path(run_dir) if run_dir is not None else default_run_dir(src)
+    _refuse_bad_request(src, out_dir, user)
+    loading = [o for o in given if o.split("=", 1)[0].strip().startswith(("data.", "eval."))]
+    model, pretrained, _ = load_trained(src, torch.device("cpu"), loading, command="finetune")
+    cfg = finetune_config(pretrained, {k: v for k, v in user.items() if k.startswith(TRAIN_KEYS)})
+    info = _check_labelled(cfg, src)
+    world = distributed.setup(cfg.train.device)
+    try:
+        with RunDir(out_dir, cfg, world, resume=resume, overwrite=overwrite) as run:
+            model = _train(cfg, run, model, info)
+            result = _test(model, cfg, run.path, info, src) if world.is_main else {}
+            run.log_results(result)
+        return result
+    finally:
+        world.close()
+
+
+def _prepare(
+    model: ContrastiveModel, cfg: Config, num_classes: int, device: torch.device
+) -> ContrastiveModel:
+    """A new linear head (seeded by ``seed``) on h; only backbone and head train (the projector and the
+    gating head are kept as pretrained, for the export)."""
+    torch.manual_seed(cfg.seed)
+    model.classifier = nn.Linear(model.h_dim, num_classes)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.split(".")[0] in ("backbone", "classifier"))
+    return model.to(device)
+
+
+def finetune_groups(model: ContrastiveModel, cfg: Config, global_batch: int) -> list[dict[str, Any]]:
+    """:func:`bayesncl.core.optim.param_groups` of the trainable parts (backbone at ``train.base_lr``,
+    head at ``train.probe_lr``, both × batch/256), with the head's weight decayed too, as the
+    authors' fine-tuning decays every tensor that is not 1-D."""
+    from bayesncl.core.optim import param_groups
+
+    groups = param_groups(model, cfg, global_batch)
+    for g in groups:
+        if g["name"] == "classifier/weight":
+            g["weight_decay"] = cfg.train.weight_decay
+    return groups
+
+
+def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> ContrastiveModel:
+    """The epochs of ``cfg`` in ``run`` (a RunDir, entered), from its checkpoint if any."""
+    from bayesncl.app.train import _clock, _progress
+    from bayesncl.core import distributed
+    from bayesncl.core.engine import Training, TrainingError, train_one_epoch, wrap_for_training
+    from bayesncl.core.optim import LrSchedule, build_optimizer, resolve_precision
+    from bayesncl.data import build_train_loader
+    from bayesncl.runs.state import seed_everything
+
+    world = run.world
+    device = world.device
+    amp_dtype = resolve_precision(cfg.train.precision, device)
+    seed_everything(distributed.rank_seed(cfg.seed, world.rank))
+    model = _prepare(model, cfg, info.num_classes, device)
+    model = distributed.convert_sync_bn(model, cfg.train.sync_bn, world)
+    loader = build_train_loader(
+        cfg.data, cfg.train.batch_size, seed=cfg.seed, device=device, rank=world.rank,
+        world_size=world.world_size, crop_flip_only=True,
+    )
+    optimizer = build_optimizer(finetune_groups(model, cfg, cfg.train.batch_size * world.world_size), cfg)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    steps = len(loader)
+    schedule = LrSchedule(cfg.train.epochs * steps, round(cfg.train.warmup_epochs * steps),
+                          start=cfg.train.warmup_start_lr, final=cfg.train.min_lr)  # fmt: skip
+    state = run.restore(model, optimizer, scaler, steps)
+    run.claim(state)
+    autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
+    training = Training(
+        wrap_for_training(model, cfg, world, FinetuneForward), optimizer, scaler, cfg.method, schedule,
+        device, world.distributed, autocast, cfg.train.channels_last, loss_fn=finetune_loss,
+    )
+    start = time.time()
+    for epoch in range(state.epoch, cfg.train.epochs):
+        cursor, state.cursor = state.cursor, None
+        first = cursor.n_seen if cursor else 0
+        loader.set_epoch(epoch, start_step=first)
+        try:
+            result = train_one_epoch(
+                training, _progress(loader, epoch, cfg, world, initial=first), epoch=epoch, step=state.step,
+                steps_per_epoch=steps, cursor=cursor, hooks=_StopHooks(run),
+            )
+        except TrainingError as e:
+            raise TrainingError(f"{e}; {run.kept()}") from None
+        state.step = result.step
+        if result.stop_signal is not None:
+            run.save_mid_epoch(state, result)
+        s = result.stats
+        state.log.append({  # log.csv's columns: loss = the cross-entropy, online_acc = train accuracy
+            "epoch": epoch + 1, "step": state.step, "loss": round(s["loss"], 6),
+            "online_acc": round(100 * s["online_acc"], 3), "lr": result.lr,
+            "epoch_time_s": round(result.seconds, 2),
+        })  # fmt: skip
+        state.epoch = epoch + 1
+        run.save(state)
+        if world.is_main:
+            print(f"finetune {cfg.method.name} epoch {state.epoch}/{cfg.train.epochs}: loss {s['loss']:.3f} "
+                  f"train acc {100 * s['online_acc']:.1f} % | {_clock(time.time() - start)}",
+                  flush=True)  # fmt: skip
+    run.finish()
+    return model
+
+
+def _test(model: ContrastiveModel, cfg: Config, run_dir: Path, info: Any, source: Path) -> dict[str, Any]:
+    """Test Acc@1/Acc@5 of backbone + head in eval mode; writes finetune.json/.md and the encoder."""
+    from bayesncl.app.report import write_results
+    from bayesncl.data import build_eval_loader
+    from bayesncl.metrics.paper_probe import accuracy
+    from bayesncl.runs.export import export_encoder
+
+    device = next(model.parameters()).device
+    model.eval()
+    loader = build_eval_loader(cfg.data, "test", cfg.eval.batch_size, device=device)
+    acc1, acc5 = accuracy(model.backbone, model.classifier, loader, info.num_classes)
+    t = cfg.train
+    result = {
+        "acc1": acc1, "acc5": acc5, "method": cfg.method.name, "source": str(source), "data": cfg.data.name,
+        "n_test": info.num_test, "epochs": t.epochs,
+        "protocol": f"finetune: backbone + linear head on h, {t.optimizer} lr {t.base_lr:g} "
+        f"(head {t.probe_lr:g}) x batch/256, batch {t.batch_size}, weight decay {t.weight_decay:g}, "
+        f"{t.epochs} epochs, warmup "
+        f"{t.warmup_epochs:g} then cosine, crops+flips",
+    }  # fmt: skip
+    md = (f"| method | Acc@1 | Acc@5 |\n|---|---:|---:|\n| {cfg.method.name} | {acc1:.2f} | {acc5:.2f} |\n\n"
+          f"{result['protocol']}; pretrained run: {source}")  # fmt: skip
+    write_results(run_dir, "finetune", result, md)
+    export_encoder(model, run_dir, cfg)
+    print(f"finetune: test Acc@1 {acc1:.2f} %, Acc@5 {acc5:.2f} % ({run_dir / 'finetune.json'})", flush=True)
+    return result
