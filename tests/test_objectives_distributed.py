@@ -25,21 +25,21 @@ import torch.multiprocessing as mp
 from torch import Tensor, nn
 
 from bayesncl.core import distributed
-from bayesncl.core.objectives import spectral_loss, supcon_loss
+from bayesncl.core.objectives import global_spectral_loss, global_supcon_loss, spectral_loss, supcon_loss
 
 WORLD = 2
 IMAGES = 8  # 4 per process
 LABELS = [0, 1, 2, 0, 1, 2, 0, 1]  # every class on both ranks: SupCon needs the other rank's positives
-Loss = Callable[[Tensor, Tensor, Tensor | None, Tensor | None, int], Tensor]
-SPECTRAL: Loss = lambda z, y, k, ky, off: spectral_loss(z, 0.5, keys=k, offset=off)  # noqa: E731
-SUPCON: Loss = lambda z, y, k, ky, off: supcon_loss(z, y, 0.2, keys=k, key_labels=ky, offset=off)  # noqa: E731
-CASES: dict[str, tuple[Callable[[Tensor], Tensor], Loss]] = {
-    # name: (φ applied to the model output before the gather, loss); relu: the NCL versions
-    "spectral": (torch.nn.Identity(), SPECTRAL),
-    "spectral-relu": (torch.relu, SPECTRAL),
-    "supcon": (torch.nn.Identity(), SUPCON),
-    "supcon-relu": (torch.relu, SUPCON),
+Loss = Callable[[Tensor, Tensor], Tensor]
+Phi = Callable[[Tensor], Tensor]
+NO_PHI = nn.Identity()
+CASES: dict[str, tuple[Phi, Loss, Loss]] = {
+    # name: (φ on the model output, the library's gathering loss, the same loss on local rows only)
+    "spectral": (NO_PHI, lambda z, _: global_spectral_loss(z, 0.5), lambda z, _: spectral_loss(z, 0.5)),
+    "supcon": (NO_PHI, lambda z, y: global_supcon_loss(z, y, 0.2), lambda z, y: supcon_loss(z, y, 0.2)),
 }
+CASES["spectral-relu"] = (torch.relu, *CASES["spectral"][1:])  # the NCL versions: φ = ReLU
+CASES["supcon-relu"] = (torch.relu, *CASES["supcon"][1:])
 
 
 def _free_port() -> int:
@@ -83,16 +83,11 @@ def _worker(rank: int, port: int, out: str) -> None:
         x1, x2, y = (t[rank * n : (rank + 1) * n] for t in _data())
         labels = torch.cat([y, y])
         report: dict[str, Any] = {}
-        for name, (phi, fn) in CASES.items():
+        for name, (phi, global_loss, local_loss) in CASES.items():
             for gather in (True, False):
                 model = _model()
                 z = phi(model(torch.cat([x1, x2])))
-                keys = key_labels = None
-                if gather:
-                    keys = distributed.gather_with_grad(z)
-                    key_labels = labels.new_empty(len(keys))
-                    dist.all_gather_into_tensor(key_labels, labels)
-                loss = fn(z, labels, keys, key_labels, rank * len(z) if gather else 0)
+                loss = (global_loss if gather else local_loss)(z, labels)
                 loss.backward()
                 grads = _grads(model)
                 for g in grads.values():  # what DDP does: average over ranks
@@ -109,8 +104,8 @@ def _worker(rank: int, port: int, out: str) -> None:
 def _single(name: str) -> dict[str, Any]:
     x1, x2, y = _data()
     model = _model()
-    phi, fn = CASES[name]
-    loss = fn(phi(model(torch.cat([x1, x2]))), torch.cat([y, y]), None, None, 0)
+    phi, _, local_loss = CASES[name]  # one process: the local rows are the whole batch
+    loss = local_loss(phi(model(torch.cat([x1, x2]))), torch.cat([y, y]))
     loss.backward()
     return {"loss": loss.detach(), "grads": _grads(model)}
 

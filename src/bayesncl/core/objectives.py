@@ -25,7 +25,10 @@ from torch import Tensor
 
 from bayesncl.core.parts import fp32_math, safe_normalize
 
-__all__ = ["spectral_loss", "supcon_loss", "linear_cross_entropy", "l1_penalty", "clip_norm"]
+__all__ = [
+    "spectral_loss", "supcon_loss", "linear_cross_entropy", "l1_penalty", "clip_norm", "global_spectral_loss",
+    "global_supcon_loss",
+]
 
 
 def _f32(x: Tensor) -> Tensor:
@@ -161,3 +164,37 @@ def l1_penalty(z: Tensor) -> Tensor:
     """
     with fp32_math(z.device):
         return _f32(z).abs().sum(dim=1).mean()
+
+
+# ----------------------------------------------------------------------------- over every process
+def _gathered(z: Tensor) -> tuple[Tensor, int] | None:
+    """(every process's z with gradient, this process's row offset), or None for one process."""
+    from bayesncl.core import distributed
+
+    if not distributed.is_distributed():
+        return None
+    return distributed.gather_with_grad(z), torch.distributed.get_rank() * len(z)
+
+
+def global_spectral_loss(z: Tensor, mu: float = 1.0, *, gather: bool = True) -> Tensor:
+    """:func:`spectral_loss` of this process's rows against the whole (global) batch: with ``gather``
+    under torch.distributed the negatives are every process's view-2 rows (an autograd all-gather,
+    :func:`bayesncl.core.distributed.gather_with_grad`; every process must hold the same n), else
+    this process's. z: (2n, D) ``[view1; view2]``. Returns a 0-d float32 tensor."""
+    got = _gathered(z) if gather else None
+    return spectral_loss(z, mu) if got is None else spectral_loss(z, mu, keys=got[0], offset=got[1])
+
+
+def global_supcon_loss(z: Tensor, labels: Tensor, temperature: float = 0.1, *, gather: bool = True) -> Tensor:
+    """:func:`supcon_loss` of this process's rows against the whole (global) batch: with ``gather``
+    under torch.distributed the other processes' rows (autograd all-gather) and labels (plain
+    all-gather) are negatives *and positives*, so a positive on another process counts (the
+    per-rank mask bug of solo-learn #206 in SupCon's form). z: (2n, D); labels: (2n,) int.
+    Returns a 0-d float32 tensor."""
+    got = _gathered(z) if gather else None
+    if got is None:
+        return supcon_loss(z, labels, temperature)
+    keys, offset = got
+    key_labels = labels.new_empty(len(keys))
+    torch.distributed.all_gather_into_tensor(key_labels, labels.contiguous())
+    return supcon_loss(z, labels, temperature, keys=keys, key_labels=key_labels, offset=offset)
