@@ -26,7 +26,10 @@ def test_import_loads_no_torch() -> None:
     code = "import sys, bayesncl; print('torch' in sys.modules, sorted(bayesncl.__all__))"
     env = {"PYTHONPATH": str(src)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    names = "['ContrastiveHead', 'build_config', 'evaluate', 'load_encoder', 'metrics', 'pretrain']"
+    names = (
+        "['ContrastiveHead', 'build_config', 'evaluate', 'load_encoder', 'load_plugin', 'methods', "
+        "'metrics', 'pretrain', 'register_method']"
+    )
     assert out.stdout == f"False {names}\n"
 
 

@@ -9,6 +9,7 @@ The main API (each loads torch only when first used, so ``import bayesncl`` stay
     model = bayesncl.load_encoder("runs/x")              # the trained model, eval mode
     bayesncl.metrics.compute_all(features, labels)       # the metrics package
     head = bayesncl.ContrastiveHead(h_dim, cfg)          # projector + gate + loss for your own loop
+    bayesncl.register_method(bayesncl.methods.Method(...))  # a method of your own (docs/extending.md)
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ if TYPE_CHECKING:
     from bayesncl.config import Config
 
 __version__ = "0.1.0"
-__all__ = ["ContrastiveHead", "build_config", "evaluate", "load_encoder", "metrics", "pretrain"]
+__all__ = [
+    "ContrastiveHead", "build_config", "evaluate", "load_encoder", "load_plugin", "metrics", "methods",
+    "pretrain", "register_method",
+]
 
 _LAZY = {  # name -> (module, attribute; None for the module itself)
     "pretrain": ("bayesncl.app.api", "pretrain"),
@@ -29,6 +33,9 @@ _LAZY = {  # name -> (module, attribute; None for the module itself)
     "load_encoder": ("bayesncl.app.api", "load_encoder"),
     "ContrastiveHead": ("bayesncl.core.head", "ContrastiveHead"),
     "metrics": ("bayesncl.metrics", None),
+    "methods": ("bayesncl.core.methods", None),  # Method, LossTerm, Statistic, Key, INFO_NCE, ...
+    "register_method": ("bayesncl.core.methods.plugins", "register_checked"),
+    "load_plugin": ("bayesncl.core.methods.plugins", "load_plugin"),
 }
 
 
@@ -37,7 +44,6 @@ def build_config(overrides: list[str] | None = None, config: str | Path | None =
     ``config`` (a path or a shipped recipe name, e.g. ``"cifar100-bayesncl"``), then the
     ``key=value`` ``overrides`` (``model.backbone_kwargs.patch_size=4`` sets one entry of a dict
     key). Raises ConfigError (one line) for an unknown key or a bad value."""
-    from bayesncl.app.cli import resolve_config_path
     from bayesncl.config import ConfigError
     from bayesncl.config import build_config as resolve
 
@@ -45,7 +51,7 @@ def build_config(overrides: list[str] | None = None, config: str | Path | None =
         raise ConfigError(
             f"overrides={overrides!r}: expected a list of key=value strings, e.g. [{overrides!r}]"
         )
-    return resolve(resolve_config_path(None if config is None else str(config)), overrides)
+    return resolve(config, overrides)
 
 
 def __getattr__(name: str) -> Any:

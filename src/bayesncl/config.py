@@ -29,10 +29,10 @@ from typing import Any
 import yaml
 
 from bayesncl.core import methods
+from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig, TrainConfig
+from bayesncl.core.methods.plugins import PLUGINS_FILE
 
-
-class ConfigError(ValueError):
-    """A configuration problem, reported to the user as one line."""
+RECIPES_DIR = Path(__file__).parent / "configs"  # the shipped recipes (--config NAME)
 
 
 @dataclass
@@ -53,72 +53,6 @@ class DataConfig:
     classes: str | None = None  # imagefolder: a file listing the class folders to use (e.g. ImageNet-100)
     labels: str = "auto"  # auto | none; none: pretrain without labels (no online probe; stl10: + unlabeled)
     bg_correlation: float = 0.0  # fashion-mnist-bg: P(train place follows the class); test stays independent
-
-
-@dataclass
-class ModelConfig:
-    """Backbone f and projector (PAPER-NOTES §1)."""
-
-    backbone: str = "resnet18"  # a name of bayesncl.core.model.BACKBONES, or timm:NAME (any timm model)
-    backbone_kwargs: dict[str, Any] = field(default_factory=dict)  # timm: create_model's keyword arguments
-    cifar_stem: str = "auto"  # auto | true | false; auto: true for images <= 64 px
-    stem_padding: int = 2  # the CIFAR stem's conv1 padding: 2 as the authors' code, 1 the usual CIFAR ResNet
-    bn_views: str = "per_view"  # per_view: BatchNorm over each view's n images (authors); joint: over 2n
-    proj_hidden: int = 2048
-    proj_dim: int = 256
-
-
-@dataclass
-class MethodConfig:
-    """The method as a configuration of parts; ``name`` selects a preset of the fields below."""
-
-    name: str = "bayesncl"  # a name of bayesncl.core.methods.METHODS
-    nonneg: str = "rep_relu"  # φ, a name of bayesncl.core.parts.NONNEG
-    temperature: float = 0.2  # InfoNCE temperature
-    topk: bool = False  # keep the round(rho*D) largest entries of z
-    gate: str = "ste"  # a kind of bayesncl.core.parts.GATE_KINDS ("none": no gate)
-    gate_depth: int = 2  # 1, 2 or 3 linear layers
-    gate_hidden: int = 0  # 0: same as model.proj_hidden
-    detach: bool = True  # gate input is sg(h); false is the "no detach" ablation
-    gate_lr: float = 0.0  # > 0: the gate's peak lr, not scaled with the batch (authors' code, recipes: 0.1)
-    gate_lr_ratio: float = 0.25  # used when gate_lr=0: gate lr = ratio * backbone lr (paper Table 15)
-    threshold: float = 0.5  # hard mask 1[alpha > threshold]
-    gate_tau: float = 1.0  # sigmoid temperature tau_s
-    gumbel_noise: str = "gumbel"  # a name of bayesncl.core.parts.NOISES ("gumbel": the authors' code)
-    rho: float = 0.8  # Bernoulli prior; also the TopK keep fraction
-    lam: float = 3e-5  # KL weight lambda
-    ipw: bool = False  # InfoNCE on the inverse-prevalence similarity (Definition 4.4; method ncl-ipw)
-    ipw_momentum: float = 0.99  # EMA momentum of the prevalence pi_k (batch activation frequency of z_k)
-    ipw_eps: float = 0.01  # floor of pi_k in the weights pi_k^(-1/2)
-
-
-@dataclass
-class TrainConfig:
-    """Optimisation (PAPER-NOTES §2)."""
-
-    epochs: int = 200
-    batch_size: int = 256
-    optimizer: str = "lars"  # lars | sgd | adamw
-    base_lr: float = 0.4  # scaled by global batch / 256
-    weight_decay: float = 1e-4
-    momentum: float = 0.9
-    lars_eta: float = 0.02
-    clip_lr: bool = True
-    warmup_epochs: float = 10.0
-    warmup_start_lr: float = 3e-5
-    min_lr: float = 0.0
-    probe_lr: float = 0.1  # online linear probe on sg(h)
-    precision: str = "auto"  # auto | fp32 | fp16 | bf16 (auto: bf16 on CUDA if supported, fp32 on CPU)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    channels_last: bool = False
-    compile: bool = False
-    sync_bn: bool = False
-    checkpoint_every: int = 10  # also write epoch-NNNN.pt every this many epochs (0: only last)
-    progress: bool = True
-    # held-out test images scored every epoch (SC, H_sum, active dims, effective rank, open rate) into
-    # log.csv's heldout_* columns (bayesncl.app.heldout); 0: none
-    monitor_samples: int = 2000
-    loggers: list[str] = field(default_factory=lambda: ["csv"])  # some of LOGGERS (runs.loggers)
 
 
 #: The allowed ``train.loggers`` names (``bayesncl.runs.loggers`` runs them).
@@ -162,16 +96,25 @@ class Config:
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The config as nested dicts; the method's own keys sit beside the common ``method.*`` keys."""
+        d = asdict(self)
+        d["method"].update(d["method"].pop("own"))
+        return d
 
 
 METHOD_PRESETS: dict[str, dict[str, Any]] = {name: methods.preset(name) for name in methods.METHODS}
-"""What ``method.name`` sets (from :data:`bayesncl.core.methods.METHODS`): the parts that define the
-method; ablations override single fields on top."""
+"""What ``method.name`` sets for each built-in method (:func:`bayesncl.core.methods.preset`, which
+also knows the methods registered later): the parts that define the method; ablations override
+single fields on top."""
+
+
+def choices() -> dict[str, tuple[str, ...]]:
+    """:func:`fixed_choices`, and ``method.name``: the methods registered now."""
+    return {**fixed_choices(), "method.name": tuple(methods.METHODS)}
 
 
 @functools.cache
-def choices() -> dict[str, tuple[str, ...]]:
+def fixed_choices() -> dict[str, tuple[str, ...]]:
     """The allowed values of each key that has a fixed set, e.g. ``choices()["method.gate"]``.
 
     Most come from the registries next to the code that implements them; they are imported here,
@@ -188,7 +131,6 @@ def choices() -> dict[str, tuple[str, ...]]:
         "model.backbone": tuple(BACKBONES),
         "model.cifar_stem": ("auto", "true", "false"),
         "model.bn_views": ("per_view", "joint"),
-        "method.name": tuple(methods.METHODS),
         "method.nonneg": tuple(NONNEG),
         "method.gate": GATE_KINDS,
         "method.gumbel_noise": tuple(NOISES),
@@ -200,15 +142,20 @@ def choices() -> dict[str, tuple[str, ...]]:
 
 def _keys_of(tp: Any, prefix: str = "") -> list[str]:
     keys: list[str] = []
+    own = {f.name for f in dataclasses.fields(tp) if f.metadata.get("own")}
     for name, ftp in typing.get_type_hints(tp).items():
-        keys += _keys_of(ftp, f"{prefix}{name}.") if dataclasses.is_dataclass(ftp) else [f"{prefix}{name}"]
+        if name not in own:
+            sub = dataclasses.is_dataclass(ftp)
+            keys += _keys_of(ftp, f"{prefix}{name}.") if sub else [f"{prefix}{name}"]
     return keys
 
 
-def valid_keys() -> list[str]:
-    """Every dotted key that ``key=value`` accepts, e.g. ``method.rho``, ``eval.data.root``. A
-    dict-valued key (``model.backbone_kwargs``) also takes ``KEY.NAME`` for one of its entries."""
-    return _keys_of(Config)
+def valid_keys(method: str | None = None) -> list[str]:
+    """Every dotted key that ``key=value`` accepts, e.g. ``method.rho``, ``eval.data.root``, with
+    the own keys of ``method`` (a registered ``method.name``). A dict-valued key
+    (``model.backbone_kwargs``) also takes ``KEY.NAME`` for one of its entries."""
+    own = list(methods.METHODS[method].keys) if method in methods.METHODS else []
+    return _keys_of(Config) + [f"method.{k}" for k in own]
 
 
 def _keys_of_kind(origin: type) -> list[str]:
@@ -217,6 +164,7 @@ def _keys_of_kind(origin: type) -> list[str]:
         f"{sec}.{name}"
         for sec, tp in hints.items() if dataclasses.is_dataclass(tp)
         for name, ftp in typing.get_type_hints(tp).items() if typing.get_origin(ftp) is origin
+        and not any(f.name == name and f.metadata.get("own") for f in dataclasses.fields(tp))
     ]
 
 
@@ -236,8 +184,11 @@ def _dict_entry(key: str) -> tuple[str, str] | None:
     return (head, entry) if head in dict_keys() and entry.isidentifier() else None
 
 
-def _unknown_key(key: str) -> ConfigError:
-    close = difflib.get_close_matches(key, valid_keys(), n=3, cutoff=0.5)
+def _unknown_key(key: str, method: str | None = None) -> ConfigError:
+    owners = [m.name for m in methods.METHODS.values() if key.removeprefix("method.") in m.keys]
+    if key.startswith("method.") and owners and method not in owners:
+        return ConfigError(f"config key '{key}' is a key of method.name={owners[0]}, not of {method}")
+    close = difflib.get_close_matches(key, valid_keys(method), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see `bayesncl pretrain --help`"
     return ConfigError(f"unknown config key '{key}'{hint}")
 
@@ -391,6 +342,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"config file '{p}' is a directory, not a YAML file")
+    if p.exists() and not p.is_file():
+        raise ConfigError(f"config file '{p}' is not a regular file (a device, a pipe, ...), not a YAML file")
     if not p.is_file():
         raise ConfigError(f"config file '{p}' does not exist")
     try:
@@ -437,36 +390,63 @@ def load_run_yaml(path: str | Path) -> dict[str, Any]:
     return flat
 
 
-def check_keys(keys: typing.Iterable[str]) -> None:
-    """Raise ConfigError for the first dotted key that is not a config key, naming the closest ones."""
-    valid = set(valid_keys())
+def path_arg(value: str | None, name: str, expected: str) -> Path | None:
+    """``Path(value)``, or None for an option not given. An empty value (``--run-dir ""``) is a
+    ConfigError naming ``name`` and what was ``expected``, never a silent fallback to a default
+    location or to the current folder."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise ConfigError(f"{name} {value!r}: expected {expected}, not an empty path")
+    return Path(value)
+
+
+def resolve_config_path(value: str | None) -> Path | None:
+    """``--config`` takes a YAML path or the name of a shipped recipe (e.g. ``cifar100-bayesncl``)."""
+    p = path_arg(value, "--config", "a YAML file or recipe name")
+    if p is None:
+        return None
+    if p.exists() or p.suffix in (".yaml", ".yml"):
+        return p
+    shipped = RECIPES_DIR / f"{value}.yaml"
+    if shipped.exists():
+        return shipped
+    names = ", ".join(sorted(q.stem for q in RECIPES_DIR.glob("*.yaml")))
+    raise ConfigError(f"--config {value}: no such file or recipe; recipes: {names}")
+
+
+def check_keys(keys: typing.Iterable[str], method: str | None = None) -> None:
+    """Raise ConfigError for the first dotted key that is not a config key (with the own keys of
+    ``method``), naming the closest ones."""
+    valid = set(valid_keys(method))
     for k in keys:
         if k not in valid and _dict_entry(k) is None:
-            raise _unknown_key(k)
+            raise _unknown_key(k, method)
 
 
 def build_config(
     yaml_path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None, *,
     warn_inert: bool = True,
 ) -> Config:
-    """Resolve defaults → method preset → YAML → overrides, then :func:`validate`.
+    """Resolve defaults → method preset → YAML (``yaml_path``: a file, or a shipped recipe's name,
+    e.g. ``cifar100-bayesncl``) → overrides, then :func:`validate`.
 
     Raises ConfigError (one line) for an unknown key, a value of the wrong type or out of range.
     ``warn_inert``: warn about command-line method keys that have no effect with the method
     (:func:`warn_inert_keys`); False for a caller that decides itself (the demo's two runs).
     """
     user: dict[str, Any] = {}
-    if yaml_path is not None:
-        user.update(load_yaml(yaml_path))
+    path = resolve_config_path(None if yaml_path is None else str(yaml_path))
+    if path is not None:
+        user.update(load_yaml(path))
     command_line = parse_overrides(overrides) if isinstance(overrides, list) else {}
     user.update(flatten(overrides) if isinstance(overrides, dict) else command_line)
     cfg = Config()
-    check_keys(user)
     name = str(user.get("method.name", cfg.method.name))
-    if name not in METHOD_PRESETS:
-        raise ConfigError(f"method.name={name!r}: expected one of {', '.join(METHOD_PRESETS)}")
-    flat = {f"method.{k}": v for k, v in METHOD_PRESETS[name].items()}
-    flat.update(user)
+    methods.get(name)  # a method that is not registered: one line naming those that are
+    check_keys(user, name)
+    flat = {"method.name": name, **{f"method.{k}": v for k, v in methods.preset(name).items()}}
+    flat.update({k: v for k, v in user.items() if k != "method.name"})
     for k, v in flat.items():
         set_key(cfg, k, v)
     validate(cfg)
@@ -510,14 +490,14 @@ def preset_of(method: MethodConfig) -> str:
     """The preset whose defining parts ``method`` has (:func:`bayesncl.core.methods.closest`), e.g.
     ncl for ``method.name=ncl-topk method.topk=false``; ablations (a soft gate, another
     non-negativity map, no detach, ...) keep their preset."""
-    return methods.closest(method.name, method.nonneg, method.topk, method.gate, method.ipw)
+    return methods.closest(method)
 
 
 def inert_method_keys(method: MethodConfig, keys: typing.Iterable[str]) -> list[str]:
     """Those of ``keys`` (dotted) that cannot change a run of ``method``: the gating head's settings
     when ``method.gate=none``, ``method.rho`` when there is neither gate nor TopK, the Gumbel noise
     without the Gumbel gate. E.g. ``method.lam`` for ``cl``."""
-    inert = methods.unread_keys(method.topk, method.gate, method.ipw)
+    inert = methods.unread_keys(method)
     return [k for k in keys if k.startswith("method.") and k.split(".", 1)[1] in inert]
 
 
@@ -539,9 +519,16 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
             raise _unknown_key(key)
         obj = getattr(obj, p)
     hints = typing.get_type_hints(type(obj))
-    if parts[-1] not in hints or dataclasses.is_dataclass(hints[parts[-1]]):
-        raise _unknown_key(key)
-    setattr(obj, parts[-1], _coerce(key, value, hints[parts[-1]]))
+    if key == "method.name":  # the method's own keys start at its defaults
+        cfg.method.name = _coerce(key, value, str)
+        cfg.method.own = {k: spec.default for k, spec in methods.get(cfg.method.name).keys.items()}
+    elif obj is cfg.method and parts[-1] in cfg.method.own:
+        default = cfg.method.own[parts[-1]]
+        cfg.method.own[parts[-1]] = _coerce(key, value, type(default))
+    elif parts[-1] not in hints or dataclasses.is_dataclass(hints[parts[-1]]) or key == "method.own":
+        raise _unknown_key(key, cfg.method.name)
+    else:
+        setattr(obj, parts[-1], _coerce(key, value, hints[parts[-1]]))
 
 
 def config_from_dict(d: dict[str, Any], source: str | Path | None = None) -> Config:
@@ -553,8 +540,10 @@ def config_from_dict(d: dict[str, Any], source: str | Path | None = None) -> Con
     try:
         if not isinstance(d, dict):
             raise ConfigError(f"expected a mapping of config sections, got {type(d).__name__}")
+        _check_plugin_method(d, source)
         cfg = Config()
-        for k, v in flatten(d).items():
+        flat = flatten(d)
+        for k, v in sorted(flat.items(), key=lambda kv: kv[0] != "method.name"):  # the method first
             set_key(cfg, k, v)
         validate(cfg)
     except ConfigError as e:
@@ -564,11 +553,25 @@ def config_from_dict(d: dict[str, Any], source: str | Path | None = None) -> Con
     return cfg
 
 
+def _check_plugin_method(d: dict[str, Any], source: str | Path | None) -> None:
+    """A run of a method that is not registered now, but came from a plugin its run dir records
+    (``plugins.txt``): ConfigError naming the file to pass with ``--plugin``."""
+    method = d.get("method")
+    name = method.get("name") if isinstance(method, dict) else None
+    if name is None or name in methods.METHODS or source is None:
+        return
+    record = Path(source).parent / PLUGINS_FILE
+    files = record.read_text().split() if record.is_file() else []
+    if files:
+        raise ConfigError(
+            f"method.name={name} was registered by the plugin {', '.join(files)} ({record}): pass "
+            f"{' '.join(f'--plugin {f}' for f in files)}"
+        )
+
+
 # Smallest data.image_size (besides 0, native): 8 px still trains with every backbone and stem; below
 # that the augmentations degenerate (1 px crashes kornia's blur, 2-3 px train at chance).
 MIN_IMAGE_SIZE = 8
-# method.temperature: a much smaller one overflows the logits, a much larger one flattens them.
-TEMPERATURE_RANGE = (0.01, 10.0)
 # train.epochs: the per-iteration lr schedule is one array of epochs x steps; the papers use <= 1000.
 MAX_EPOCHS = 100_000
 
@@ -576,46 +579,6 @@ MAX_EPOCHS = 100_000
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
-
-
-def _check_method(m: MethodConfig, mo: ModelConfig) -> None:
-    """The method's and the model's values (the parts' arguments, PAPER-NOTES §1)."""
-    _check(0.0 < m.rho < 1.0, f"method.rho={m.rho}: expected 0 < rho < 1")
-    _check(m.lam >= 0.0, f"method.lam={m.lam}: expected lambda >= 0")
-    _check(
-        TEMPERATURE_RANGE[0] <= m.temperature <= TEMPERATURE_RANGE[1],
-        f"method.temperature={m.temperature}: expected {TEMPERATURE_RANGE[0]} <= temperature <= "
-        f"{TEMPERATURE_RANGE[1]:g} (the paper uses 0.2)",
-    )
-    _check(m.gate_tau > 0.0, f"method.gate_tau={m.gate_tau}: expected > 0")
-    _check(0.0 < m.threshold < 1.0, f"method.threshold={m.threshold}: expected 0 < threshold < 1")
-    _check(m.gate_depth in (1, 2, 3), f"method.gate_depth={m.gate_depth}: expected 1, 2 or 3")
-    _check(m.gate_hidden >= 0, f"method.gate_hidden={m.gate_hidden}: expected >= 0")
-    _check(m.gate_lr_ratio >= 0, f"method.gate_lr_ratio={m.gate_lr_ratio}: expected >= 0")
-    _check(0.0 <= m.ipw_momentum < 1.0, f"method.ipw_momentum={m.ipw_momentum}: expected 0 <= momentum < 1")
-    _check(0.0 < m.ipw_eps <= 1.0, f"method.ipw_eps={m.ipw_eps}: expected 0 < eps <= 1")
-    _check(
-        not (m.ipw and m.gate != "none"),
-        f"method.ipw=true (method.name={m.name}) with method.gate={m.gate}: the inverse-prevalence "
-        "similarity replaces the gate it approximates; use method.gate=none (or method.name=bayesncl "
-        "for the gate)",
-    )
-    _check(m.gate_lr >= 0, f"method.gate_lr={m.gate_lr}: expected >= 0 (0: gate_lr_ratio x the backbone lr)")
-    _check(0 <= mo.stem_padding <= 3, f"model.stem_padding={mo.stem_padding}: expected 0 to 3")
-    _check(mo.proj_dim >= 1, f"model.proj_dim={mo.proj_dim}: expected >= 1")
-    _check(mo.proj_hidden >= 1, f"model.proj_hidden={mo.proj_hidden}: expected >= 1")
-    hidden = m.gate_hidden or mo.proj_hidden
-    _check(
-        m.gate == "none" or m.gate_depth < 3 or hidden >= 2,
-        f"method.gate_depth=3: the gate's hidden width is {hidden} (method.gate_hidden, or model.proj_hidden "
-        "when 0): expected >= 2 (its second layer is hidden // 2 wide)",
-    )
-    if m.topk:
-        k = round(m.rho * mo.proj_dim)
-        _check(
-            1 <= k <= mo.proj_dim,
-            f"TopK k=round(rho*D)={k} with rho={m.rho}, D={mo.proj_dim}: expected 1 <= k <= D",
-        )
 
 
 TIMM_PREFIX = "timm:"
@@ -708,7 +671,11 @@ def validate(cfg: Config) -> None:
         _check(val in allowed, f"{key}={val!r}: expected one of {', '.join(allowed)}{more}")
     _check_backbone(cfg.model)
     _check_eval_data(cfg)
-    _check_method(cfg.method, cfg.model)
+    methods.check(cfg.method, cfg.model)
+    _check(
+        not (methods.get(cfg.method.name).needs_labels and cfg.data.labels == "none"),
+        f"method.name={cfg.method.name} learns from labels: it cannot train with data.labels=none",
+    )
     t, d, mo = cfg.train, cfg.data, cfg.model
     _check(t.epochs >= 1, f"train.epochs={t.epochs}: expected >= 1")
     _check(t.epochs <= MAX_EPOCHS, f"train.epochs={t.epochs}: expected <= {MAX_EPOCHS}")

@@ -7,6 +7,7 @@ Errors are the CLI's one-line exceptions (ConfigError, DataError, EvalError, ...
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,12 @@ from torch import nn
 from bayesncl.config import Config, ConfigError
 
 __all__ = ["pretrain", "evaluate", "load_encoder"]
+
+
+def default_run_dir(cfg: Config, prefix: str = "") -> Path:
+    """``runs/<prefix><method>-<data>-<time>``: where a run goes without ``--run-dir``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{prefix}{cfg.method.name}-{cfg.data.name}-{stamp}"
 
 
 def _with_python_data(cfg: Config, dataset: Any, eval_dataset: Any, labels: Any) -> tuple[Config, str]:
@@ -49,7 +56,6 @@ def pretrain(
     ``eval_dataset``: the same for the end-of-training evaluation (else ``eval.data.*``; with
     neither, pass ``evaluate=False``). Images of mixed sizes need ``data.image_size``. Raises
     ConfigError / DataError (one line) before training for bad input."""
-    from bayesncl.app.cli import _default_run_dir
     from bayesncl.app.train import pretrain as train
 
     if isinstance(dataset, (str, Path)) and run_dir is None:  # pretrain(cfg, "runs/x"): app.train's order
@@ -64,7 +70,7 @@ def pretrain(
     if dataset is not None:
         config, token = _with_python_data(config, dataset, eval_dataset, labels)
     try:
-        run = Path(run_dir) if run_dir is not None else _default_run_dir(config)
+        run = Path(run_dir) if run_dir is not None else default_run_dir(config)
         return train(config, run, resume=resume, overwrite=overwrite, evaluate=evaluate)
     finally:
         if token is not None:

@@ -11,16 +11,13 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NoReturn
 
 from bayesncl.app.errors import readers_may_go, run_command, shorten
-from bayesncl.config import Config, ConfigError, build_config, valid_keys
-
-RECIPES_DIR = Path(__file__).parents[1] / "configs"
+from bayesncl.config import RECIPES_DIR, Config, ConfigError, build_config, path_arg, valid_keys
 
 
 def _keys_epilog() -> str:
@@ -35,36 +32,6 @@ def _keys_epilog() -> str:
     if recipes:
         lines.append("recipes for --config (name or path): " + ", ".join(recipes))
     return "\n".join(lines)
-
-
-def path_arg(value: str | None, name: str, expected: str) -> Path | None:
-    """``Path(value)``, or None for an option not given. An empty value (``--run-dir ""``) is a
-    ConfigError naming ``name`` and what was ``expected``, never a silent fallback to a default
-    location or to the current folder."""
-    if value is None:
-        return None
-    if not value.strip():
-        raise ConfigError(f"{name} {value!r}: expected {expected}, not an empty path")
-    return Path(value)
-
-
-def resolve_config_path(value: str | None) -> Path | None:
-    """``--config`` takes a YAML path or the name of a shipped recipe (e.g. ``cifar100-bayesncl``)."""
-    p = path_arg(value, "--config", "a YAML file or recipe name")
-    if p is None:
-        return None
-    if p.exists() or p.suffix in (".yaml", ".yml"):
-        return p
-    shipped = RECIPES_DIR / f"{value}.yaml"
-    if shipped.exists():
-        return shipped
-    names = ", ".join(sorted(q.stem for q in RECIPES_DIR.glob("*.yaml")))
-    raise ConfigError(f"--config {value}: no such file or recipe; recipes: {names}")
-
-
-def _default_run_dir(cfg: Config, prefix: str = "") -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{prefix}{cfg.method.name}-{cfg.data.name}-{stamp}"
 
 
 def parse_dims(value: str | None) -> list[int] | None:
@@ -94,6 +61,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
+    from bayesncl.app.api import default_run_dir
     from bayesncl.app.train import pretrain
     from bayesncl.runs.export import load_run_config
 
@@ -120,8 +88,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
             set_key(cfg, key, value)
         validate(cfg)
     else:
-        cfg = build_config(resolve_config_path(args.config), overrides)
-    run_dir = run_dir_arg or _default_run_dir(cfg)
+        cfg = build_config(args.config, overrides)
+    run_dir = run_dir_arg or default_run_dir(cfg)
     metrics = pretrain(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, evaluate=not args.no_eval)
     if metrics:
         from bayesncl.app.report import format_table
@@ -258,6 +226,10 @@ def _flag(name: str, help: str) -> tuple[tuple[str, ...], dict[str, Any]]:
 
 
 _OVERRIDES = _arg("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+_PLUGIN = _arg(
+    "--plugin", action="append", default=[], metavar="FILE.py",
+    help="a Python file that registers a method (bayesncl.register_method; docs/extending.md); repeatable",
+)
 _LOAD_OVERRIDES = _arg("overrides", nargs="*", metavar="key=value", help=_LOAD_OVERRIDES_HELP)
 _SOURCE = _arg("source", metavar="RUN_DIR_OR_CHECKPOINT")
 
@@ -279,6 +251,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _flag("--skip-corrupt",
                   "skip unreadable images in an image folder and report how many (= data.skip_corrupt=true)"),
             _OVERRIDES,
+            _PLUGIN,
         ],
     ),
     "demo": (
@@ -297,6 +270,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _flag("--resume", "continue the demo in --run-dir"),
             _flag("--overwrite", "replace a demo already in --run-dir"),
             _OVERRIDES,
+            _PLUGIN,
         ],
     ),
     "extract": (
@@ -309,6 +283,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("--out", help="output .npz (default RUN_DIR/features_<split>.npz; for RUN/epoch-NNNN.pt "
                  "RUN/eval-epoch-NNNN/features_<split>.npz)"),
             _LOAD_OVERRIDES,
+            _PLUGIN,
         ],
     ),
     "metrics": (
@@ -342,6 +317,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             ),
             _arg("--probe-epochs", type=int, help="epochs of the paper probe (default 50)"),
             _LOAD_OVERRIDES,
+            _PLUGIN,
         ],
     ),
     "reproduce": (
@@ -369,6 +345,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
                  help="where the table goes (default runs/<stem>-<dataset>, e.g. runs/table1-cifar100)"),
             _arg("--store", help="the shared store of runs (default: variants/ beside the run dir)"),
             _OVERRIDES,
+            _PLUGIN,
         ],
     ),
     "dynamics": (
@@ -384,6 +361,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
                  help="train images for the gradient variance (default 1024)"),
             _arg("--every", type=int, default=1,
                  help="use checkpoints 1, 1+N, 1+2N, ... of the sorted periodic ones (default 1: all)"),
+            _PLUGIN,
         ],
     ),
     "curves": (
@@ -397,6 +375,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("runs", nargs="+", metavar="RUN_DIR", help="run dirs (or their log.csv files)"),
             _arg("--out", help="output .png (default: RUN_DIR/training_curves.png for one run, "
                  "./training_curves.png for several)"),
+            _PLUGIN,
         ],
     ),
     "report": (
@@ -412,6 +391,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         [
             _arg("runs", nargs="+", metavar="RUN_DIR", help="run dirs, or demo/reproduce run dirs"),
             _arg("--out", help="output folder (default RUN_DIR/report for one, ./report for several)"),
+            _PLUGIN,
         ],
     ),
 }
@@ -464,7 +444,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "command", None):
             parser.print_help()
             return 0
-        return run_command(lambda: args.func(args), args.command)
+        return run_command(lambda: _load_plugins(args) or args.func(args), args.command)
+
+
+def _load_plugins(args: argparse.Namespace) -> None:
+    """Import each ``--plugin FILE.py`` (its methods register themselves) before the command runs."""
+    from bayesncl.core.methods.plugins import load_plugin
+
+    for path in getattr(args, "plugin", None) or []:
+        load_plugin(path)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,10 @@ from bayesncl.app.errors import out_of_memory
 from bayesncl.app.heldout import build_heldout
 from bayesncl.app.report.curves import write_training_curves
 from bayesncl.config import Config, ConfigError
-from bayesncl.core import distributed
+from bayesncl.core import distributed, methods
 from bayesncl.core.engine import (
     EpochResult,
+    Hooks,
     Training,
     TrainingError,
     first_non_finite,
@@ -81,6 +82,8 @@ def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> D
             f"{cfg.train.base_lr:g} x global batch {global_batch} / 256), or the schedule would rise to it"
         )
     info = distributed.local_main_first(world, lambda: dataset_info(cfg.data))  # one download per node
+    if methods.get(cfg.method.name).needs_labels and not info.labeled:
+        raise DataError(f"method.name={cfg.method.name} learns from labels: {cfg.data.name} has none here")
     test_info = info
     if evaluate:  # the labelled data the end-of-training evaluation reads (eval.data.*, issue 17)
         from bayesncl.app.evaldata import check_eval_data
@@ -104,9 +107,33 @@ def _check_inputs(cfg: Config, world: distributed.World, *, evaluate: bool) -> D
     return info
 
 
-def _no_probe(row: dict[str, Any], info: DatasetInfo) -> dict[str, Any]:
-    """``row`` with an empty online_acc where the data has no labels (the probe learns nothing)."""
-    return row if info.labeled else {**row, "online_acc": ""}
+def _no_probe(row: dict[str, Any], info: DatasetInfo, cfg: Config) -> dict[str, Any]:
+    """``row`` with the statistics that need labels (the online probe's) empty where the data has none."""
+    if info.labeled:
+        return row
+    blank = [s.name for s in methods.get(cfg.method.name).stats if s.needs_labels and s.name in row]
+    return {**row, **dict.fromkeys(blank, "")}
+
+
+class _TrainHooks(Hooks):
+    """The loop's hooks in a run: the run dir's stop signal, the step log, the progress bar's means
+    and (rank 0, CPU) the time warning."""
+
+    def __init__(self, cfg: Config, run: RunDir, state: TrainState, info: DatasetInfo, warn: Any) -> None:
+        self.cfg, self.run, self.state, self.info, self.warn, self.bar = cfg, run, state, info, warn, None
+
+    def stop_requested(self) -> int | None:
+        return self.run.stop_signal
+
+    def on_sync(self, step: int, means: dict[str, float]) -> None:
+        if hasattr(self.bar, "set_postfix"):
+            self.bar.set_postfix({k: f"{v:.3f}" for k, v in _shown(self.cfg, means).items()})
+        if self.warn is not None:
+            self.warn(step, means)
+
+    def on_step_log(self, step: int, means: dict[str, float], lr: float) -> None:
+        row = step_row(step, self.state.steps_per_epoch, methods.get(self.cfg.method.name).stats, means, lr)
+        self.state.step_log.append(_no_probe(row, self.info, self.cfg))
 
 
 def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
@@ -140,40 +167,39 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
     training = Training(
         wrap_for_training(model, cfg, world), optimizer, scaler, cfg.method, schedule, device,
         world.distributed, torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None,
-        cfg.train.channels_last,
+        cfg.train.channels_last, info.labeled,
     )
-    on_sync = _cpu_time_warning(cfg, device, state.step, schedule.total_steps) if world.is_main else None
-
-    def log_step(step: int, means: dict[str, float], lr: float) -> None:
-        state.step_log.append(_no_probe(step_row(step, steps_per_epoch, means, lr), info))
+    warn = _cpu_time_warning(cfg, device, state.step, schedule.total_steps) if world.is_main else None
+    hooks = _TrainHooks(cfg, run, state, info, warn)
+    stats = methods.get(cfg.method.name).stats
 
     launch_epochs, launch_start = state.epoch, time.time()
     for epoch in range(state.epoch, cfg.train.epochs):
-        partial, state.partial = state.partial, None  # a run stopped inside this epoch goes on from there
-        loader.set_epoch(epoch, start_step=partial["n_seen"] if partial else 0)
-        bar = _progress(loader, epoch, cfg, world, initial=partial["n_seen"] if partial else 0)
-        result = train_one_epoch(
-            training, bar, epoch=epoch, step=state.step, steps_per_epoch=steps_per_epoch, partial=partial,
-            stop_requested=lambda: run.stop_signal, on_sync=_show_means(bar, model.gate is not None, on_sync),
-            on_step_log=log_step, kept=run.kept(),
-        )
+        cursor, state.cursor = state.cursor, None  # a run stopped inside this epoch goes on from there
+        loader.set_epoch(epoch, start_step=cursor.n_seen if cursor else 0)
+        hooks.bar = bar = _progress(loader, epoch, cfg, world, initial=cursor.n_seen if cursor else 0)
+        try:
+            result = train_one_epoch(
+                training, bar, epoch=epoch, step=state.step, steps_per_epoch=steps_per_epoch, cursor=cursor,
+                hooks=hooks,
+            )
+        except TrainingError as e:
+            raise TrainingError(f"{e}; {run.kept()}") from None
         state.step = result.step
         if result.stop_signal is not None:
             run.save_mid_epoch(state, result)
         _check_weights(model, cfg, run, epoch + 1, state.step)
-        rho = cfg.method.rho if model.gate is not None else ""
-        row = epoch_row(epoch + 1, state.step, result.stats, result.lr, result.seconds, rho)
+        row = epoch_row(epoch + 1, state.step, stats, result.stats, cfg.method, result.lr, result.seconds)
         if heldout is not None:
             row.update(heldout.measure(model, device))
-        state.log.append(_no_probe(row, info))
+        state.log.append(_no_probe(row, info, cfg))
         state.epoch = epoch + 1
-        closed = result.stats["rows_all_closed"]
-        if world.is_main and model.gate is not None and closed > 0.5:
-            print(f"warning: gate collapse: {100 * closed:.0f}% of rows have every gate closed")
+        if world.is_main:
+            _alarms(cfg, result.stats)
         run.save(state)
         if world.is_main:
             per_epoch = (time.time() - launch_start) / (state.epoch - launch_epochs)
-            print(_epoch_line(cfg, state, result, model.gate is not None, per_epoch), flush=True)
+            print(_epoch_line(cfg, state, result, per_epoch), flush=True)
     run.finish()
     if world.is_main:
         _export(model, cfg, run.path, drawn=bool(state.log))
@@ -247,22 +273,22 @@ def _progress(loader: Any, epoch: int, cfg: Config, world: distributed.World, in
     return tqdm(loader, desc=desc, initial=initial, total=len(loader), leave=False, dynamic_ncols=True)
 
 
-def _show_means(
-    bar: Any, gated: bool, then: Callable[[int, dict[str, float]], None] | None
-) -> Callable[[int, dict[str, float]], None] | None:
-    """The loop's ``on_sync``: the running means on the progress bar (if any), then ``then``."""
-    if not hasattr(bar, "set_postfix"):
-        return then
+def _shown(cfg: Config, means: dict[str, float]) -> dict[str, float]:
+    """The statistics the progress bar and the epoch line show (``Statistic.short``), by short name;
+    those of a gate only with one."""
+    gated = cfg.method.gate != "none"
+    return {
+        s.short: means[s.name] for s in methods.get(cfg.method.name).stats
+        if s.short and s.name in means and (gated or not s.gated)
+    }
 
-    def show(step: int, means: dict[str, float]) -> None:
-        post = {"loss": f"{means['loss']:.3f}", "kl": f"{means['kl']:.2f}"}
-        if gated:
-            post["open"] = f"{means['gate_open']:.2f}"
-        bar.set_postfix(post)
-        if then is not None:
-            then(step, means)
 
-    return show
+def _alarms(cfg: Config, means: dict[str, float]) -> None:
+    """Print each statistic's alarm (``Statistic.alarm``) whose epoch mean is over its threshold."""
+    gated = cfg.method.gate != "none"
+    for s in methods.get(cfg.method.name).stats:
+        if s.alarm is not None and (gated or not s.gated) and means.get(s.name, 0.0) > s.alarm[0]:
+            print("warning: " + s.alarm[1].format(pct=100 * means[s.name]))
 
 
 def _cpu_time_warning(
@@ -291,15 +317,12 @@ def _cpu_time_warning(
     return check
 
 
-def _epoch_line(cfg: Config, state: TrainState, result: EpochResult, gated: bool, per_epoch: float) -> str:
+def _epoch_line(cfg: Config, state: TrainState, result: EpochResult, per_epoch: float) -> str:
     """``ncl epoch 2/3: loss 5.43 InfoNCE 5.42 KL 8.86 open 0.04 | 32.1 s, ETA 0:01:05``."""
-    s = result.stats
-    gate = f" KL {s['kl']:.2f} open {s['gate_open']:.2f}" if gated else ""
+    shown = " ".join(f"{k} {v:.2f}" for k, v in _shown(cfg, result.stats).items())
     eta = _clock(per_epoch * (cfg.train.epochs - state.epoch))
-    return (
-        f"{cfg.method.name} epoch {state.epoch}/{cfg.train.epochs}: loss {s['loss']:.2f} InfoNCE "
-        f"{s['info_nce']:.2f}{gate} | {result.seconds:.1f} s, ETA {eta}"
-    )
+    where = f"{cfg.method.name} epoch {state.epoch}/{cfg.train.epochs}"
+    return f"{where}: {shown} | {result.seconds:.1f} s, ETA {eta}"
 
 
 def _report_written(run_dir: Path, seconds: float) -> None:

@@ -188,8 +188,13 @@ def gather_with_grad(x: Tensor) -> Tensor:
     return all_gather_single_autograd(x.contiguous(), 0, dist.group.WORLD)
 
 
-def all_reduce_mean(x: Tensor) -> Tensor:
-    """The mean of ``x`` over ranks (a new tensor; no gradient: for logging and checks only)."""
+def all_reduce_mean(x: Any) -> Any:
+    """The mean of ``x`` over ranks (a new tensor; no gradient: for logging and checks only); ``x``
+    a tensor, or a dict of 0-d tensors (named statistics: one all-reduce of them stacked)."""
+    if isinstance(x, dict):
+        if not x:
+            return {}
+        return dict(zip(x, all_reduce_mean(torch.stack(list(x.values()))), strict=True))
     if not is_distributed():
         return x
     y = x.detach().clone()

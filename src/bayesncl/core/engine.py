@@ -1,8 +1,10 @@
 """The training loop without a disk or a screen: one step (:func:`train_step`), one epoch
-(:func:`train_one_epoch`, which returns named statistics), and what wraps the model for DDP.
+(:func:`train_one_epoch`, which returns the method's statistics by name), and what wraps the model
+for DDP.
 
-What leaves the loop goes through callbacks (the step log, a progress display) and through
-:class:`EpochResult`; ``app.train`` runs the epochs and ``runs.rundir`` saves them.
+What leaves the loop goes through one :class:`Hooks` object (the step log, a progress display, a
+stop request) and :class:`EpochResult`; a stop inside an epoch returns a :class:`Cursor` that
+continues it. ``app.train`` runs the epochs and ``runs.rundir`` saves them.
 """
 
 from __future__ import annotations
@@ -10,25 +12,24 @@ from __future__ import annotations
 import math
 import signal
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 
-from bayesncl.core import distributed
+from bayesncl.core import distributed, methods
 from bayesncl.core.model import ContrastiveModel, ModelOutput, contrastive_loss
 from bayesncl.core.optim import LrSchedule
 
-if TYPE_CHECKING:  # config imports core's registries; core reads a checked config
-    from bayesncl.config import Config, MethodConfig
+if TYPE_CHECKING:
+    from bayesncl.core.configs import CoreConfig as Config
+    from bayesncl.core.configs import MethodConfig
 
 B = TypeVar("B")
 
-# The step statistics, in the order of :func:`step_stats`' tensor; online_acc is a fraction.
-STATS = ("loss", "info_nce", "kl", "gate_open", "rows_all_closed", "online_acc")
 STEP_LOG_EVERY = 25  # the CUDA loop's host-sync period, and steps.csv's: rows cost no extra sync
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; a cluster scheduler's preemption notice
 
@@ -68,14 +69,16 @@ def wrap_for_training(model: ContrastiveModel, cfg: Config, world: distributed.W
 
 def forward_loss(
     step_model: nn.Module, x1: Tensor, x2: Tensor, y: Tensor, method: MethodConfig, *, autocast: Any = None,
-    channels_last: bool = False, index: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """This process's loss on one batch, and the batch's (6,) detached statistics (:data:`STATS`).
+    channels_last: bool = False, index: Tensor | None = None, labeled: bool = True,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """This process's loss on one batch, and the method's detached step statistics by name
+    (:func:`bayesncl.core.methods.statistics`, e.g. ``loss``, ``info_nce``, ``online_acc``).
 
-    x1, x2: (n, C, S, S) the two views of n images; y: (n,) labels, used by the online probe only.
-    The loss is InfoNCE + λ·KL over the 2n local rows (under DDP the negatives are gathered from
-    every rank, see :func:`bayesncl.core.model.contrastive_loss`) plus the probe's cross-entropy on
-    sg(h). Each term is a mean over local rows, so DDP's gradient average is the global mean.
+    x1, x2: (n, C, S, S) the two views of n images; y: (n,) labels, read by the online probe and by
+    the terms of a supervised method (``labeled``: False where y carries none). The loss is the
+    method's over the 2n local rows (under DDP the negatives are gathered from every rank, see
+    :func:`bayesncl.core.model.contrastive_loss`) plus the probe's cross-entropy on sg(h). Each
+    term is a mean over local rows, so DDP's gradient average is the global mean.
     index: (n,) dataset indices: the views of one image are all positives (a repeated image).
     """
     x = torch.cat([x1, x2])
@@ -83,20 +86,21 @@ def forward_loss(
         x = x.contiguous(memory_format=torch.channels_last)
     with autocast if autocast is not None else nullcontext():
         out, logits_cls = step_model(x)
-    loss, parts = contrastive_loss(out, method, index=index)
+    labels = y if labeled and methods.get(method.name).needs_labels else None
+    loss, terms = contrastive_loss(out, method, index=index, labels=labels)
     yy = torch.cat([y, y])
     probe_loss = nn.functional.cross_entropy(logits_cls.float(), yy)
     with torch.no_grad():
-        stats = step_stats(loss, parts, out.mask, logits_cls, yy)
+        stats = methods.statistics(method, methods.Step(loss, terms, out, logits_cls, yy))
     return loss + probe_loss, stats
 
 
 def train_step(
     step_model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, *args: Any,
     **kwargs: Any,
-) -> Tensor:
+) -> dict[str, Tensor]:
     """:func:`forward_loss` (``args``, ``kwargs``: its ``x1, x2, y, method`` and keywords), backward,
-    optimiser step. Returns the (6,) statistics, on the device: nothing here waits for the device
+    optimiser step. Returns the statistics, on the device: nothing here waits for the device
     (fp16's GradScaler does, once per step, to skip inf steps; bf16 and fp32 need no scaler)."""
     loss, stats = forward_loss(step_model, *args, **kwargs)
     optimizer.zero_grad(set_to_none=True)
@@ -134,18 +138,6 @@ def prefetch_to_device(batches: Iterable[B], device: torch.device) -> Iterator[B
         yield batch
 
 
-def step_stats(
-    loss: Tensor, parts: dict[str, Tensor], mask: Tensor | None, class_logits: Tensor, y: Tensor
-) -> Tensor:
-    """(6,) tensor in :data:`STATS` order: loss, InfoNCE, KL, gate-open rate, fraction of rows with
-    every gate closed, online-probe accuracy. Stays on the device: no host sync inside the step."""
-    one = torch.ones((), device=loss.device)
-    open_rate = mask.float().mean() if mask is not None else one
-    closed = (mask.sum(1) == 0).float().mean() if mask is not None else 0 * one
-    correct = (class_logits.argmax(1) == y).float().mean()
-    return torch.stack([loss.detach(), parts["info_nce"], parts["kl"], open_rate, closed, correct])
-
-
 # ----------------------------------------------------------------------------- one epoch
 @dataclass
 class Training:
@@ -160,91 +152,133 @@ class Training:
     distributed: bool  # several processes: a stop is decided at a host sync, by all together
     autocast: Any = None
     channels_last: bool = False
+    labeled: bool = True  # the labels of the batches are real (a supervised method's terms read them)
+
+
+class Hooks:
+    """What the loop asks and tells its caller (each a no-op here; ``app.train`` overrides them)."""
+
+    def stop_requested(self) -> int | None:
+        """The stop signal this process received (Ctrl-C, SIGTERM), or None."""
+        return None
+
+    def on_sync(self, step: int, means: dict[str, float]) -> None:
+        """At each host sync: the epoch's running means of the statistics so far."""
+
+    def on_step_log(self, step: int, means: dict[str, float], lr: float) -> None:
+        """Every :data:`STEP_LOG_EVERY` steps: the means since the previous call, and the rate."""
+
+
+@dataclass
+class Cursor:
+    """Where a stopped epoch is, to continue it bit for bit: its steps done, the sums of its step
+    statistics by name (means over processes, CPU), its seconds so far, and the running means and
+    step count at its last step-log row. A checkpoint holds it as a dict (:meth:`to_dict`)."""
+
+    n_seen: int = 0
+    sums: dict[str, Tensor] = field(default_factory=dict)
+    elapsed: float = 0.0
+    window: tuple[dict[str, float], int] = ({}, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_seen": self.n_seen, "sums": self.sums, "elapsed": self.elapsed, "window": self.window}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], names: tuple[str, ...]) -> Cursor:
+        """The cursor a checkpoint holds; ``names``: the statistics of a checkpoint from before they had
+        names (a (k,) tensor of sums and a list of means in that order)."""
+        sums, (means, n) = d["sums"], d["window"]
+        if isinstance(sums, Tensor):
+            sums = dict(zip(names, sums, strict=True))
+            means = dict(zip(names, means or [0.0] * len(names), strict=True))
+        return cls(d["n_seen"], dict(sums), d["elapsed"], (dict(means), n))
 
 
 @dataclass
 class EpochResult:
     """One epoch of :func:`train_one_epoch`."""
 
-    stats: dict[str, float]  # :data:`STATS` means over the epoch's steps and processes ({} if stopped)
+    stats: dict[str, float]  # the method's statistics: means over the epoch's steps and processes
     step: int  # optimiser steps of the run done after it
     lr: float  # its last step's learning rate
     seconds: float  # its training time (a resumed epoch: with the time before its stop)
-    stop_signal: int | None = None  # a stop was asked for: the epoch ended early, see ``partial``
-    # then, what a mid-epoch checkpoint keeps to resume it: {"n_seen": steps done, "sums": (6,) sums
-    # of the step statistics (means over processes, CPU), "elapsed": seconds, "window": (running
-    # means, n_seen) at the epoch's last step-log row}
-    partial: dict[str, Any] | None = None
+    stop_signal: int | None = None  # a stop was asked for: the epoch ended early ({} stats), see cursor
+    cursor: Cursor | None = None  # then, where it stopped
 
 
 def train_one_epoch(
     t: Training, batches: Iterable[tuple[Tensor, Tensor, Tensor]], *, epoch: int, step: int,
-    steps_per_epoch: int, partial: dict[str, Any] | None = None,
-    stop_requested: Callable[[], int | None] = lambda: None,
-    on_sync: Callable[[int, dict[str, float]], None] | None = None,
-    on_step_log: Callable[[int, dict[str, float], float], None] | None = None, kept: str = "",
+    steps_per_epoch: int, cursor: Cursor | None = None, hooks: Hooks | None = None,
 ) -> EpochResult:
     """Train over ``batches`` (this process's (x1, x2, y) of epoch ``epoch``, 0-based), from the
-    run's optimiser step ``step``, or from inside the epoch where ``partial`` (an earlier
-    :attr:`EpochResult.partial`) stopped.
+    run's optimiser step ``step``, or from inside the epoch where ``cursor`` stopped.
 
     The one host sync (every step on the CPU, every :data:`STEP_LOG_EVERY` steps and at the epoch's
-    end on CUDA) averages the running means over processes, with the stop signal any process got
-    (``stop_requested()``: this one's, or None); it calls ``on_sync(step, running means)`` and, every
-    STEP_LOG_EVERY steps, ``on_step_log(step, means since the previous row, lr)``. A stop ends the
-    epoch after the current step (several processes: after the same one, at a sync).
-    Raises TrainingError on a non-finite loss (its message ends with ``kept``).
+    end on CUDA) averages the running means over processes in one all-reduce, with the stop signal
+    any process got; it calls ``hooks.on_sync`` and, every STEP_LOG_EVERY steps,
+    ``hooks.on_step_log``. A stop ends the epoch after the current step (several processes: after
+    the same one, at a sync). Raises TrainingError on a non-finite loss.
     """
-    n_seen = partial["n_seen"] if partial else 0
-    start = time.time() - (partial["elapsed"] if partial else 0.0)
-    sums = partial["sums"].to(t.device) if partial else torch.zeros(len(STATS), device=t.device)
-    window = partial["window"] if partial else ([0.0] * len(STATS), 0)  # at the last steps.csv row
+    hooks = hooks or Hooks()
+    c = cursor or Cursor()
+    start = time.time() - c.elapsed
+    sums = {k: v.to(t.device) for k, v in c.sums.items()}
     peak = t.optimizer.param_groups[0]["peak_lr"]  # the encoder's, the rate logged
     lr = t.schedule.at(max(step - 1, 0), peak) if t.schedule.total_steps else 0.0  # a stop after an epoch
     stop_signal = None
     t.step_model.train()
     for x1, x2, y in prefetch_to_device(batches, t.device):
         lr = t.schedule.apply(t.optimizer, step)
-        stats = train_step(
-            t.step_model, t.optimizer, t.scaler, x1, x2, y, t.method,
-            autocast=t.autocast, channels_last=t.channels_last,
-        )
-        sums += stats
-        n_seen += 1
+        stats = train_step(t.step_model, t.optimizer, t.scaler, x1, x2, y, t.method, autocast=t.autocast,
+                           channels_last=t.channels_last, labeled=t.labeled)
+        sums = {k: sums[k] + v for k, v in stats.items()} if sums else stats
+        c.n_seen += 1
         step += 1
-        if t.device.type == "cpu" or step % STEP_LOG_EVERY == 0 or n_seen == steps_per_epoch:
-            means, stop_signal = _global_means(sums / n_seen, stop_requested())
-            if not math.isfinite(means[0]):
-                raise TrainingError(
-                    # CPU checks every step; CUDA every STEP_LOG_EVERY steps (no per-step host sync)
-                    f"non-finite loss {'at' if t.device.type == 'cpu' else 'detected by'} step {step} "
-                    f"(epoch {epoch + 1}): InfoNCE={float(stats[1]):.4g}, KL={float(stats[2]):.4g}; {kept}"
-                )
-            if on_sync is not None:
-                on_sync(step, dict(zip(STATS, means, strict=True)))
+        if t.device.type == "cpu" or step % STEP_LOG_EVERY == 0 or c.n_seen == steps_per_epoch:
+            means, stop_signal = _global_means(sums, c.n_seen, hooks.stop_requested())
+            if not math.isfinite(means[methods.LOSS.name]):
+                raise TrainingError(_non_finite(t, stats, step, epoch))
+            hooks.on_sync(step, means)
             if step % STEP_LOG_EVERY == 0:
-                base, n0 = window
-                since = [(a * n_seen - b * n0) / (n_seen - n0) for a, b in zip(means, base, strict=True)]
-                if on_step_log is not None:
-                    on_step_log(step, dict(zip(STATS, since, strict=True)), lr)
-                window = (means, n_seen)
-        if stop_signal is not None or (stop_requested() is not None and not t.distributed):
-            stop_signal = stop_signal or stop_requested() or signal.SIGINT
-            sums = distributed.all_reduce_mean(sums.clone()).cpu()  # every rank's share
-            partial = {"n_seen": n_seen, "sums": sums, "elapsed": time.time() - start, "window": window}
-            return EpochResult({}, step, lr, time.time() - start, stop_signal, partial)
-    means, _ = _global_means(sums / max(n_seen, 1), None)
-    return EpochResult(dict(zip(STATS, means, strict=True)), step, lr, time.time() - start)
+                base, n0 = c.window
+                hooks.on_step_log(step, {k: (v * c.n_seen - base.get(k, 0.0) * n0) / (c.n_seen - n0)
+                                         for k, v in means.items()}, lr)
+                c.window = (means, c.n_seen)
+        if stop_signal is not None or (hooks.stop_requested() is not None and not t.distributed):
+            stop_signal = stop_signal or hooks.stop_requested() or signal.SIGINT
+            c.sums = _every_rank(sums)
+            c.elapsed = time.time() - start
+            return EpochResult({}, step, lr, c.elapsed, stop_signal, c)
+    means, _ = _global_means(sums, max(c.n_seen, 1), None)
+    return EpochResult(means, step, lr, time.time() - start)
 
 
-def _global_means(local_means: Tensor, signum: int | None) -> tuple[list[float], int | None]:
-    """The loop's host sync point: the running means averaged over processes (every rank gets the
-    same numbers, so a non-finite loss stops every rank) and the stop signal any process received
-    (``signum``: this one's, or None): SIGTERM if any got one (a preemption), else SIGINT, else None."""
-    flags = torch.tensor([float(signum == s) for s in STOP_SIGNALS], device=local_means.device)
-    values = distributed.all_reduce_mean(torch.cat([local_means, flags])).tolist()
+def _non_finite(t: Training, stats: dict[str, Tensor], step: int, epoch: int) -> str:
+    """The one-line message of a non-finite loss: the step, and this step's value of each loss term."""
+    values = ", ".join(
+        f"{term.label or term.name}={float(stats[term.name]):.4g}" for term in methods.terms(t.method)
+        if term.name in stats
+    )
+    # CPU checks every step; CUDA every STEP_LOG_EVERY steps (no per-step host sync)
+    where = "at" if t.device.type == "cpu" else "detected by"
+    return f"non-finite loss {where} step {step} (epoch {epoch + 1}): {values}"
+
+
+def _every_rank(sums: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The sums averaged over processes (every rank's share), on the CPU, in one all-reduce."""
+    return {k: v.cpu() for k, v in distributed.all_reduce_mean(sums).items()}
+
+
+def _global_means(sums: dict[str, Tensor], n: int, signum: int | None) -> tuple[dict[str, float], int | None]:
+    """The loop's host sync point: the running means ``sums / n`` averaged over processes in one
+    all-reduce (every rank gets the same numbers, so a non-finite loss stops every rank) and the
+    stop signal any process received (``signum``: this one's, or None): SIGTERM if any got one (a
+    preemption), else SIGINT, else None."""
+    local = torch.stack(list(sums.values())) / n if sums else torch.zeros(0)
+    flags = torch.tensor([float(signum == s) for s in STOP_SIGNALS], device=local.device)
+    values = distributed.all_reduce_mean(torch.cat([local, flags])).tolist()
     received = [s for s, v in zip(STOP_SIGNALS, values[-len(flags):], strict=True) if v > 0]
-    return values[: -len(flags)], max(received, default=None)
+    return dict(zip(sums, values[: -len(flags)], strict=True)), max(received, default=None)
 
 
 def first_non_finite(model: nn.Module, rank: int = 0) -> str | None:

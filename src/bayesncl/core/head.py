@@ -2,10 +2,10 @@
 
 :class:`ContrastiveHead` holds the projector, the non-negativity map φ, TopK and the gating head
 with its gate of a method (``method.*``, ``model.proj_*``), built from the same parts as the full
-model (PAPER-NOTES §1), and returns the loss InfoNCE(z̃, τ) + λ·KL(Bern(α) ‖ Bern(ρ)) with its
-named statistics. The backbone, the optimiser, the schedule and the data stay the caller's; the
-gating head's learning rate is ``method.gate_lr_ratio`` times the rest (:meth:`param_groups`).
-docs/api.md shows it in a plain PyTorch loop and in a Lightning module.
+model (PAPER-NOTES §1), and returns the method's loss (InfoNCE(z̃, τ) + λ·KL(Bern(α) ‖ Bern(ρ))
+for BayesNCL) with its named statistics. The backbone, the optimiser, the schedule and the data
+stay the caller's; the gating head's learning rate is ``method.gate_lr_ratio`` times the rest
+(:meth:`param_groups`). docs/api.md shows it in a plain PyTorch loop and in a Lightning module.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
+from bayesncl.core import methods
 from bayesncl.core.model import ContrastiveModel, ModelOutput, contrastive_loss
 
 if TYPE_CHECKING:
-    from bayesncl.config import Config
+    from bayesncl.core.configs import CoreConfig as Config
 
 __all__ = ["ContrastiveHead"]
 
@@ -41,28 +42,26 @@ class ContrastiveHead(nn.Module):
         self._build_parts(h_dim, config.model, config.method)
 
     def forward(
-        self, h1: Tensor, h2: Tensor, *, index: Tensor | None = None, gather: bool | None = None
+        self, h1: Tensor, h2: Tensor, *, index: Tensor | None = None, gather: bool | None = None,
+        labels: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss of a batch of n images from their two views' features ``h1``, ``h2``: (n, H).
 
-        Returns the fp32 scalar loss (InfoNCE over the 2n rows + λ·KL for gated methods) and its
-        detached statistics ``{"loss", "info_nce", "kl", "gate_open", "rows_all_closed"}``: the
-        means over the 2n rows, gate_open the fraction of open gates (1 without a gate),
-        rows_all_closed the fraction of rows with every gate closed. ``gather``: InfoNCE negatives
-        from every process under torch.distributed (default: whenever it runs with > 1 process;
+        Returns the fp32 scalar loss (the method's: InfoNCE over the 2n rows, + λ·KL with a gate)
+        and the method's detached statistics by name but those that need the online probe, e.g.
+        ``{"loss", "info_nce", "kl", "gate_open", "rows_all_closed"}``: means over the 2n rows,
+        gate_open the fraction of open gates (1 without a gate), rows_all_closed the fraction of
+        rows with every gate closed. ``gather``: contrastive negatives from every process under
+        torch.distributed (default: whenever it runs with > 1 process;
         :func:`bayesncl.core.model.contrastive_loss`). ``index``: (n,) dataset indices, for loaders
         that can put one image twice in a (global) batch, e.g. a padding ``DistributedSampler``:
         every view of the same index is then a positive (the authors' rule); without it row i's
-        positive is row i+n, the same when no index repeats."""
+        positive is row i+n, the same when no index repeats. ``labels``: (n,) class labels, for a
+        supervised method."""
         out = self.project(torch.cat([h1, h2]))
-        loss, parts = contrastive_loss(out, self.method, gather=gather, index=index)
-        one = torch.ones((), device=loss.device)
-        mask = out.mask
-        stats = {
-            "loss": loss.detach(), **parts,
-            "gate_open": mask.float().mean().detach() if mask is not None else one,
-            "rows_all_closed": (mask.sum(1) == 0).float().mean().detach() if mask is not None else 0 * one,
-        }
+        loss, terms = contrastive_loss(out, self.method, gather=gather, index=index, labels=labels)
+        with torch.no_grad():
+            stats = methods.statistics(self.method, methods.Step(loss, terms, out), labeled=False)
         return loss, stats
 
     @torch.no_grad()

@@ -1,7 +1,7 @@
 """Model assembly: backbone f → h → projector → p → φ → z → [gating head, gate] → z̃.
 
 A method is a configuration of these parts (``MethodConfig``, preset from a spec of
-:data:`bayesncl.core.methods.METHODS`), never a subclass. Parameter names
+:data:`bayesncl.core.methods.METHODS`, one file each), never a subclass. Parameter names
 follow the authors' layout (``backbone.*``, ``projector.*``, ``gating_head.*``, ``classifier.*``)
 so their checkpoints map onto ours.
 """
@@ -17,11 +17,11 @@ import torchvision
 from torch import Tensor, nn
 
 from bayesncl.core import parts
-from bayesncl.core.losses import bernoulli_kl, info_nce
 from bayesncl.core.parts import Gate, GatingHead, NonNegative, Prevalence, Projector
 
-if TYPE_CHECKING:  # config imports this module's registry
-    from bayesncl.config import Config, MethodConfig, ModelConfig
+if TYPE_CHECKING:
+    from bayesncl.core.configs import CoreConfig as Config
+    from bayesncl.core.configs import MethodConfig, ModelConfig
 
 
 def _conv_bn(cin: int, cout: int, stride: int) -> nn.Sequential:
@@ -224,45 +224,21 @@ def build_model(cfg: Config, in_channels: int, image_size: int, num_classes: int
 
 
 def contrastive_loss(
-    out: ModelOutput, method: MethodConfig, *, gather: bool | None = None, index: Tensor | None = None
+    out: ModelOutput, method: MethodConfig, *, gather: bool | None = None, index: Tensor | None = None,
+    labels: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Loss = InfoNCE(z̃ over 2N views, τ) + λ·KL(Bern(α) ‖ Bern(ρ)) (PAPER-NOTES §1); with
-    ``method.ipw`` it runs on :func:`~bayesncl.core.parts.ipw_features` of z instead of z̃
-    (:func:`~bayesncl.core.losses.ipw_info_nce`).
+    """The loss of the method ``method.name`` on one batch: the weighted sum of its loss terms and
+    its parts' (:func:`bayesncl.core.methods.loss`), e.g. InfoNCE(z̃, τ) + λ·KL(Bern(α) ‖ Bern(ρ))
+    for BayesNCL (PAPER-NOTES §1). Returns the fp32 loss and each term's detached value by name
+    (``{"info_nce"}``, ``{"info_nce", "kl"}`` with a gate), means over the 2n local rows.
 
-    out.z_tilde must hold this process's 2n views laid out ``[view1; view2]``. Returns the fp32 loss
-    and its detached parts ``{"info_nce", "kl"}`` (kl is 0 for methods without a gate); both are
-    means over the 2n local rows.
-
-    gather: take the InfoNCE negatives from every process (an autograd all-gather of z̃, see
-    :func:`bayesncl.core.distributed.gather_with_grad`; every process must hold the same n). ``None``
-    (default): gather whenever torch.distributed runs with more than one process. ``False``: local
-    negatives only (not the paper's objective under DDP). With DDP averaging the gradients, the
-    gradient equals the single-process gradient over the concatenated batch (docs/scaling.md).
-
-    index: (n,) the dataset index of each image; given, every view of the same image anywhere in
-    the (global) batch is a positive, as the authors' loss (:func:`bayesncl.core.losses.info_nce`).
+    out.z_tilde must hold this process's 2n views laid out ``[view1; view2]``. gather: take the
+    contrastive negatives from every process (``None``, the default: whenever torch.distributed runs
+    with more than one process; ``False``: local negatives only, not the paper's objective under
+    DDP). index: (n,) the dataset index of each image (every view of the same image is a positive).
+    labels: (n,) class labels, for the terms of supervised methods.
     """
-    from bayesncl.core import distributed
+    from bayesncl.core import distributed, methods
 
-    z = out.z_tilde if out.ipw_weights is None else parts.ipw_features(out.z, out.ipw_weights)
-    idx = None if index is None else torch.cat([index, index])
-    if gather is None:
-        gather = distributed.is_distributed()
-    if gather and distributed.is_distributed():
-        keys = distributed.gather_with_grad(z)
-        key_idx = None
-        if idx is not None:
-            key_idx = idx.new_empty(len(keys))
-            torch.distributed.all_gather_into_tensor(key_idx, idx.contiguous())
-        offset = torch.distributed.get_rank() * len(z)
-        nce = info_nce(z, method.temperature, keys=keys, offset=offset, index=idx, key_index=key_idx)
-    else:
-        nce = info_nce(z, method.temperature, index=idx)
-    if out.alpha is not None:
-        kl = bernoulli_kl(out.alpha, method.rho)
-        loss = nce + method.lam * kl
-    else:
-        kl = torch.zeros((), device=nce.device)
-        loss = nce
-    return loss, {"info_nce": nce.detach(), "kl": kl.detach()}
+    gather = distributed.is_distributed() if gather is None else gather
+    return methods.loss(out, method, methods.Batch(labels=labels, index=index, gather=gather))

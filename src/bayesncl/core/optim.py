@@ -13,8 +13,8 @@ from torch import nn
 from bayesncl.core.distributed import scaled_lr
 from bayesncl.core.model import ContrastiveModel
 
-if TYPE_CHECKING:  # config imports core's registries; core reads a checked config
-    from bayesncl.config import Config
+if TYPE_CHECKING:
+    from bayesncl.core.configs import CoreConfig as Config
 
 
 # ----------------------------------------------------------------------------- devices, precision

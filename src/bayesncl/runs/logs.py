@@ -1,30 +1,50 @@
 """The run's CSV logs: ``log.csv`` (one row per epoch) and ``steps.csv`` (one row every
-:data:`bayesncl.core.engine.STEP_LOG_EVERY` optimiser steps)."""
+:data:`bayesncl.core.engine.STEP_LOG_EVERY` optimiser steps). Their statistic columns are the
+method's statistics (:class:`bayesncl.core.methods.Statistic`), by name."""
 
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bayesncl.core.configs import MethodConfig
+from bayesncl.core.methods import CONTRASTIVE_STATS, Statistic
 from bayesncl.runs.fileio import atomic_path
 
-LOG_FIELDS = [
-    "epoch", "step", "loss", "info_nce", "kl", "gate_open", "rho", "rows_all_closed", "online_acc", "lr",
-    "epoch_time_s",
-    # the held-out batch scored at the epoch's end (train.monitor_samples; empty when 0):
-    # bayesncl.app.heldout.HELDOUT_FIELDS
+# the held-out batch scored at the epoch's end (train.monitor_samples; empty when 0):
+# bayesncl.app.heldout.HELDOUT_FIELDS
+HELDOUT_FIELDS = [
     "heldout_sc", "heldout_h_sum", "heldout_active_dims", "heldout_effective_rank", "heldout_gate_open",
 ]
+
+
+def stat_columns(stats: Iterable[Statistic], per_step: bool = False) -> list[str]:
+    """The columns of ``stats``: each name, then its reference key (log.csv only, ``per_step`` False)."""
+    cols: list[str] = []
+    for s in stats:
+        if per_step and not s.per_step:
+            continue
+        cols += [s.name] + ([s.reference] if s.reference and not per_step else [])
+    return cols
+
+
+LOG_FIELDS = ["epoch", "step", *stat_columns(CONTRASTIVE_STATS), "lr", "epoch_time_s", *HELDOUT_FIELDS]
+"""log.csv's columns for a built-in method; a method's further statistics go before ``lr``."""
 # steps.csv: one row every STEP_LOG_EVERY optimiser steps, the means over the steps since the
 # previous row of the same epoch (epoch = step / steps per epoch, fractional)
-STEP_LOG_FIELDS = ["step", "epoch", "loss", "info_nce", "kl", "gate_open", "online_acc", "lr"]
+STEP_LOG_FIELDS = ["step", "epoch", *stat_columns(CONTRASTIVE_STATS, per_step=True), "lr"]
 
 
 def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") -> None:
     """Write ``run_dir/log.csv`` (one row per epoch, ``LOG_FIELDS``) or, with ``name="steps.csv"``,
-    the per-step log (``STEP_LOG_FIELDS``), atomically, with ``\\n`` line ends."""
+    the per-step log (``STEP_LOG_FIELDS``), atomically, with ``\\n`` line ends. Columns the rows have
+    beyond those (a method's own statistics) go before ``lr``, in the rows' order."""
     fields = STEP_LOG_FIELDS if name == "steps.csv" else LOG_FIELDS
+    more = list(dict.fromkeys(k for r in rows for k in r if k not in fields))
+    at = fields.index("lr")
+    fields = [*fields[:at], *more, *fields[at:]]
     with atomic_path(run_dir / name) as tmp, tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
         w.writeheader()
@@ -32,23 +52,29 @@ def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") 
             w.writerow({k: r.get(k, "") for k in fields})
 
 
+def _cells(stats: Sequence[Statistic], means: dict[str, float], per_step: bool) -> dict[str, Any]:
+    return {
+        s.name: round(100 * means[s.name], 3) if s.percent else round(means[s.name], 6)
+        for s in stats if s.name in means and (s.per_step or not per_step)
+    }
+
+
 def epoch_row(
-    epoch: int, step: int, stats: dict[str, float], lr: float, seconds: float, rho: float | str
+    epoch: int, step: int, stats: Sequence[Statistic], means: dict[str, float], method: MethodConfig,
+    lr: float, seconds: float,
 ) -> dict[str, Any]:
-    """A log.csv row for epoch ``epoch`` (1-based): ``stats`` are the epoch's means
-    (``core.engine.STATS``; online_acc becomes a percentage), ``rho`` the gate's target ("" if none)."""
-    return {
-        "epoch": epoch, "step": step,
-        **{k: round(stats[k], 6) for k in ("loss", "info_nce", "kl", "gate_open")}, "rho": rho,
-        "rows_all_closed": round(stats["rows_all_closed"], 6),
-        "online_acc": round(100 * stats["online_acc"], 3), "lr": lr, "epoch_time_s": round(seconds, 2),
-    }
+    """A log.csv row for epoch ``epoch`` (1-based): ``means`` are the epoch's means of the method's
+    ``stats`` (a percent one × 100), each statistic's reference key its ``method`` value ("" for a
+    gate's without a gate)."""
+    gated = method.gate != "none"
+    refs = {s.reference: getattr(method, s.reference) if gated or not s.gated else ""
+            for s in stats if s.reference}
+    return {"epoch": epoch, "step": step, **_cells(stats, means, False), **refs, "lr": lr,
+            "epoch_time_s": round(seconds, 2)}
 
 
-def step_row(step: int, steps_per_epoch: int, means: dict[str, float], lr: float) -> dict[str, Any]:
-    """A steps.csv row: ``means`` over the epoch's steps since the previous row (``core.engine.STATS``)."""
-    return {
-        "step": step, "epoch": round(step / steps_per_epoch, 4),
-        **{k: round(means[k], 6) for k in ("loss", "info_nce", "kl", "gate_open")},
-        "online_acc": round(100 * means["online_acc"], 3), "lr": lr,
-    }
+def step_row(
+    step: int, steps_per_epoch: int, stats: Sequence[Statistic], means: dict[str, float], lr: float
+) -> dict[str, Any]:
+    """A steps.csv row: ``means`` of ``stats`` over the epoch's steps since the previous row."""
+    return {"step": step, "epoch": round(step / steps_per_epoch, 4), **_cells(stats, means, True), "lr": lr}

@@ -25,8 +25,10 @@ import torch
 from torch import nn
 
 from bayesncl.config import Config, config_from_dict, diff_configs, dump_yaml, flatten
-from bayesncl.core import distributed
-from bayesncl.core.engine import STOP_SIGNALS, EpochResult
+from bayesncl.core import distributed, methods
+from bayesncl.core.engine import STOP_SIGNALS, Cursor, EpochResult
+from bayesncl.core.methods import CONTRASTIVE_STATS
+from bayesncl.core.methods.plugins import PLUGINS_FILE
 from bayesncl.data import mix_seed
 from bayesncl.runs.fileio import atomic_path, default_file_mode, remove_stale_temporaries
 from bayesncl.runs.loggers import RunLoggers
@@ -132,7 +134,9 @@ RESULT_ARTIFACTS = (
     "dynamics.md",
 )
 # What a run writes into its run dir; --overwrite sets these, and nothing else, aside first.
-RUN_ARTIFACTS = ("config.yaml", "log.csv", "steps.csv", "last.pt", "epoch-*.pt", *RESULT_ARTIFACTS)
+RUN_ARTIFACTS = (
+    "config.yaml", PLUGINS_FILE, "log.csv", "steps.csv", "last.pt", "epoch-*.pt", *RESULT_ARTIFACTS,
+)
 # Folders of results a run dir holds: archived by a longer --resume, and those of `evaluate`/`extract`
 # on an earlier checkpoint (RUN/epoch-NNNN.pt -> RUN/eval-epoch-NNNN/); --overwrite sets them aside too.
 RESULT_FOLDERS = ("results-epoch-*", "eval-epoch-*")
@@ -583,10 +587,11 @@ class RunDir:
         self._trained = (model, optimizer, scaler)
         if ckpt is None:
             return TrainState(steps_per_epoch=steps_per_epoch)
-        partial = ckpt.get("partial")
+        partial = ckpt.get("partial")  # (from before named statistics: the sums in their old order)
+        cursor = Cursor.from_dict(partial, tuple(s.name for s in CONTRASTIVE_STATS)) if partial else None
         done = ckpt["steps_per_epoch"]
         in_epoch = ckpt["step"] - ckpt["epoch"] * done
-        if done != steps_per_epoch or in_epoch != (partial["n_seen"] if partial else 0):
+        if done != steps_per_epoch or in_epoch != (cursor.n_seen if cursor else 0):
             raise RunDirError(
                 f"--resume: the run took {done} steps per epoch, this launch takes {steps_per_epoch} "
                 f"({world.world_size} process(es) x batch {cfg.train.batch_size}); relaunch with as "
@@ -605,7 +610,7 @@ class RunDir:
         optimizer.load_state_dict(ckpt["optimizer"])
         scaler.load_state_dict(ckpt["scaler"])
         state = TrainState(
-            epoch=ckpt["epoch"], step=ckpt["step"], log=list(ckpt["log"]), partial=partial,
+            epoch=ckpt["epoch"], step=ckpt["step"], log=list(ckpt["log"]), cursor=cursor,
             steps_per_epoch=steps_per_epoch, step_log=list(ckpt["step_log"]),
         )
         ranks = ckpt.get("rng_ranks")
@@ -645,13 +650,18 @@ class RunDir:
                 print(f"moved the results of the {ckpt['epoch']}-epoch run to {moved}/ (they would be stale)")
         every, done = cfg.train.checkpoint_every, state.epoch
         periodic = run_dir / f"epoch-{done:04d}.pt"
-        at_boundary = ckpt is not None and not state.partial and done > 0
+        at_boundary = ckpt is not None and not state.cursor and done > 0
         if at_boundary and every and done % every == 0 and not periodic.exists():
             # killed between last.pt and the periodic copy of the same epoch: write the copy now
             with atomic_path(periodic) as tmp:
                 shutil.copyfile(run_dir / "last.pt", tmp)
         with atomic_path(run_dir / "config.yaml") as tmp:  # a kill mid-write must not leave it empty
             tmp.write_text(dump_yaml(cfg))
+        source = methods.get(cfg.method.name).source  # a method from a user's file: which one
+        if source is not None and Path(source).is_file():
+            (run_dir / PLUGINS_FILE).write_text(source + "\n")
+        else:
+            (run_dir / PLUGINS_FILE).unlink(missing_ok=True)
         if ckpt is not None:  # the logs as last.pt holds them: a save cut short after it left them short
             self._write_logs(state)
         # a resume continues the TensorBoard run from the checkpoint's epoch, and the W&B run id
@@ -665,7 +675,7 @@ class RunDir:
 
     def save(self, state: TrainState) -> None:
         """``last.pt``, then the logs (no row without its checkpoint); at an epoch's end (no
-        ``state.partial``) also ``epoch-NNNN.pt`` every ``train.checkpoint_every`` epochs. Every rank
+        ``state.cursor``) also ``epoch-NNNN.pt`` every ``train.checkpoint_every`` epochs. Every rank
         calls it; rank 0 saves while the others wait, so that its error (a full disk) stops them all."""
         state.rng_ranks = distributed.all_gather_objects(rng_state())  # None for one process
         distributed.run_on_main(lambda: self._save(state))
@@ -673,9 +683,9 @@ class RunDir:
     def save_mid_epoch(self, state: TrainState, stopped: EpochResult) -> NoReturn:
         """A stop inside an epoch (``stopped``, from ``core.engine.train_one_epoch``): save the
         resumable state to ``last.pt`` and raise TrainingInterrupted (every rank calls it)."""
-        state.partial = stopped.partial
+        state.cursor = stopped.cursor
         self.save(state)
-        n_seen = stopped.partial["n_seen"] if stopped.partial else 0
+        n_seen = stopped.cursor.n_seen if stopped.cursor else 0
         raise TrainingInterrupted(
             f"stopped in epoch {state.epoch + 1} after {n_seen} of its {state.steps_per_epoch} steps; state "
             f"saved to {self.path / 'last.pt'}; {{resume}} continues from that step",
@@ -704,10 +714,10 @@ class RunDir:
         finish_overwrite(self._aside, keep_new=True)  # the new run has its checkpoint
         self._aside = None
         self._write_logs(state)
-        if state.partial is None and state.log and self.loggers is not None:
+        if state.cursor is None and state.log and self.loggers is not None:
             self.loggers.log_epoch(state.log[-1])  # the epoch's row, once it is on disk
         every = self.cfg.train.checkpoint_every
-        if state.partial is None and every and state.epoch % every == 0:
+        if state.cursor is None and every and state.epoch % every == 0:
             save_checkpoint(self.path / f"epoch-{state.epoch:04d}.pt", *self._trained, state, self.cfg)
 
     def _write_logs(self, state: TrainState) -> None:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from bayesncl.config import Config
+from bayesncl.core.engine import Cursor
 from bayesncl.runs.fileio import atomic_path
 from bayesncl.runs.safe_load import CHECKPOINT_FORMAT
 
@@ -63,7 +64,7 @@ class TrainState:
     step: int = 0  # optimiser steps completed
     log: list[dict[str, Any]] = field(default_factory=list)
     step_log: list[dict[str, Any]] = field(default_factory=list)  # the rows of steps.csv
-    partial: dict[str, Any] | None = None  # stopped inside epoch+1: core.engine.EpochResult.partial
+    cursor: Cursor | None = None  # stopped inside epoch+1: where (core.engine.EpochResult.cursor)
     steps_per_epoch: int = 0
     # Under DDP: every rank's RNG state (rank order), gathered at the save; rank 0's is also "rng".
     rng_ranks: list[dict[str, Any]] | None = None
@@ -77,6 +78,7 @@ def save_checkpoint(
     atomic_save({
         "format": CHECKPOINT_FORMAT, "config": cfg.to_dict(), "state_dict": model.state_dict(),
         "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "epoch": state.epoch,
-        "step": state.step, "log": state.log, "step_log": state.step_log, "partial": state.partial,
+        "step": state.step, "log": state.log, "step_log": state.step_log,
+        "partial": state.cursor and state.cursor.to_dict(),
         "steps_per_epoch": state.steps_per_epoch, "rng_ranks": state.rng_ranks, "rng": rng_state(),
     }, path)  # fmt: skip

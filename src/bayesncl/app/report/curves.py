@@ -1,10 +1,12 @@
 """Training curves: the per-epoch log (``log.csv``) of one run or several, as one figure.
 
-Panels against the epoch: InfoNCE (nats), online probe accuracy (%) and, for gated runs, the KL
-term (:func:`bayesncl.core.losses.bernoulli_kl`, nats) and the gate-open rate with the prior ρ
-dashed (PAPER-NOTES §1). Markers are the epoch means; where the run has a ``steps.csv`` (a row
-every ``STEP_LOG_EVERY`` steps) a thin line of the same colour follows them. One legend under the
-panels names each run once. ``pretrain`` writes ``training_curves.png``, demo and ``reproduce``
+A panel against the epoch for each statistic with a title (a
+:class:`bayesncl.core.methods.Statistic` of a registered method) that some run logged: InfoNCE
+(nats), online probe accuracy (%), a method's own statistics and, for gated runs, the KL term
+(:func:`bayesncl.core.losses.bernoulli_kl`, nats) and the gate-open rate with the prior ρ dashed
+(PAPER-NOTES §1). Markers are the epoch means; where the run has a ``steps.csv`` (a row every
+``STEP_LOG_EVERY`` steps) a thin line of the same colour follows them. One legend under the panels
+names each run once. ``pretrain`` writes ``training_curves.png``, demo and ``reproduce``
 ``curves.png``; ``bayesncl curves RUN_DIR ...`` draws any runs.
 """
 
@@ -16,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bayesncl.core import methods
 from bayesncl.core.engine import STEP_LOG_EVERY
 from bayesncl.runs.fileio import write_failure_reason
 from bayesncl.runs.logs import LOG_FIELDS, STEP_LOG_FIELDS
@@ -23,12 +26,18 @@ from bayesncl.runs.rundir import RunDirError, set_aside_hint
 
 __all__ = ["read_log", "read_steps", "run_label", "training_curves_figure", "write_training_curves"]
 
-# (log column, panel title); the last two only when some run has a gate (a non-empty rho column)
-PANELS = (
-    ("info_nce", "InfoNCE (nats)"), ("online_acc", "online probe accuracy (%)"),
-    ("kl", "KL(Bern(α) ‖ Bern(ρ)), sum over dims"), ("gate_open", "gate open rate vs ρ (dashed)"),
-)
-GATED_PANELS = ("kl", "gate_open")
+
+def panels() -> list[methods.Statistic]:
+    """The statistics with a panel: those of the built-in methods (ungated first), then any other
+    registered method's."""
+    stats = [s for s in methods.all_statistics().values() if s.title]
+    return sorted(stats, key=lambda s: s.gated)
+
+
+def _gated(rows: Sequence[Mapping[str, float]]) -> bool:
+    """Whether a run had a gate: a number in a gate statistic's reference column (its ρ)."""
+    return any(_has(rows, s.reference) for s in methods.all_statistics().values() if s.gated and s.reference)
+
 # the held-out batch scored at each epoch's end (bayesncl.app.heldout), a second row where logged
 HELDOUT_PANELS = (
     ("heldout_sc", "held-out SC (%)"), ("heldout_h_sum", "held-out H_sum (nats)"),
@@ -76,7 +85,7 @@ def _read_csv(path: Path, fields: Sequence[str]) -> list[dict[str, float]]:
         with path.open(newline="", encoding="utf-8-sig") as f:  # (a byte-order mark from an editor)
             reader = csv.DictReader(f)
             header = reader.fieldnames or []
-            missing = [k for k in ("epoch", *(k for k, _ in PANELS)) if k not in header]
+            missing = _missing_columns(header)
             if missing:
                 raise RunDirError(
                     f"{path}: not a bayesncl log (no column {', '.join(missing)}; "
@@ -90,6 +99,15 @@ def _read_csv(path: Path, fields: Sequence[str]) -> list[dict[str, float]]:
             return rows
     except UnicodeDecodeError:
         raise RunDirError(f"{path}: not a bayesncl log (not UTF-8 text)") from None
+
+
+def _missing_columns(header: Sequence[str]) -> list[str]:
+    """What a log lacks to be a bayesncl log: ``epoch`` and the panel statistics of some registered
+    method (those of the method it is closest to, in panel order); [] for a log."""
+    order = [s.name for s in panels()]
+    wanted = [{s.name for s in m.stats if s.title} for m in methods.METHODS.values()]
+    closest = min(wanted, key=lambda names: len(names - set(header)))
+    return [k for k in ("epoch", *(n for n in order if n in closest)) if k not in header]
 
 
 def _number(value: str | None, path: Path, line: int, column: str) -> float:
@@ -117,8 +135,9 @@ def training_curves_figure(
     title: str = "",
     steps: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
 ) -> Any:
-    """A matplotlib figure of ``runs = {label: rows of read_log}``: one panel per entry of ``PANELS``
-    (the gate panels only if some run is gated), one line with markers per run, the same colour
+    """A matplotlib figure of ``runs = {label: rows of read_log}``: one panel per statistic of
+    :func:`panels` that some run logged (a gate's only if some run is gated), one line with markers
+    per run, the same colour
     across panels; ``steps = {label: rows of read_steps}`` adds each run's per-step means as a thin
     line of its colour.
 
@@ -131,10 +150,12 @@ def training_curves_figure(
 
     if not runs or any(len(rows) == 0 for rows in runs.values()):
         raise ValueError("training_curves_figure: expected at least one run, each with >= 1 logged epoch")
-    gated = any(_has(rows, "rho") for rows in runs.values())
-    panels = [(k, t) for k, t in PANELS if gated or k not in GATED_PANELS]
+    gated = any(_gated(rows) for rows in runs.values())
+    drawn = [s for s in panels() if (gated or not s.gated) and any(_has(r, s.name) for r in runs.values())]
+    panels_ = [(s.name, s.title) for s in drawn]
+    by_name = {s.name: s for s in drawn}
     logged = [(k, t) for k, t in HELDOUT_PANELS if any(_has(rows, k) for rows in runs.values())]
-    layout = [panels, logged] if logged else [panels]
+    layout = [panels_, logged] if logged else [panels_]
     cols = max(map(len, layout))
     fig, grid = plt.subplots(len(layout), cols, figsize=(3.3 * cols, 3.0 * len(layout)), squeeze=False)
     flat = []
@@ -142,36 +163,37 @@ def training_curves_figure(
         flat += list(grid[r, : len(row)])
         for ax in grid[r, len(row) :]:
             ax.axis("off")
-    panels, axes = panels + logged, [flat]
+    every, axes = panels_ + logged, [flat]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     if len(runs) > len(colours):  # 20 distinct colours before any repeats
         colours = [plt.get_cmap("tab20")(i) for i in range(20)]
     for i, (label, rows) in enumerate(runs.items()):
         colour = colours[i % len(colours)]
         epochs = [r["epoch"] for r in rows]
-        run_gated = _has(rows, "rho")
+        run_gated = _gated(rows)
         fine = (steps or {}).get(label, [])
-        for ax, (key, _) in zip(axes[0], panels, strict=True):
-            if (key in GATED_PANELS and not run_gated) or not _has(rows, key):
+        for ax, (key, _) in zip(axes[0], every, strict=True):
+            stat = by_name.get(key)
+            if (stat is not None and stat.gated and not run_gated) or not _has(rows, key):
                 continue  # an ungated run has no KL and no gate; an older log no held-out columns
             ax.plot(epochs, [r[key] for r in rows], marker="o", ms=3, color=colour, label=label)
             if fine and key in fine[0]:
                 ax.plot([r["epoch"] for r in fine], [r[key] for r in fine], color=colour, lw=0.7, alpha=0.45,
                         label="_steps")
-            if key == "gate_open":
-                ax.axhline(rows[-1]["rho"], color=colour, ls="--", lw=1)
-                if _has(rows, "heldout_gate_open"):
-                    ax.plot(epochs, [r["heldout_gate_open"] for r in rows], color=colour, ls=":", marker="x",
-                            ms=3, label="_held-out")
+            if stat is not None and stat.reference and _has(rows, stat.reference):
+                ax.axhline(rows[-1][stat.reference], color=colour, ls="--", lw=1)
+            if _has(rows, f"heldout_{key}"):  # the held-out batch's value of the same statistic
+                ax.plot(epochs, [r[f"heldout_{key}"] for r in rows], color=colour, ls=":", marker="x",
+                        ms=3, label="_held-out")
     last = max(r["epoch"] for rows in runs.values() for r in rows)
-    for ax, (key, text) in zip(axes[0], panels, strict=True):
+    for ax, (key, text) in zip(axes[0], every, strict=True):
         ax.set_title(text, fontsize=9)
         ax.set_xlabel("epoch")
         ax.set_xlim(0, last * 1.05)  # from the start of training (a 1-epoch run is a dot at x = 1)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        if key == "gate_open":
-            ax.set_ylim(0, 1.02)
+        if key in by_name and by_name[key].ylim is not None:
+            ax.set_ylim(*by_name[key].ylim)
     _shared_legend(fig, axes[0], title)
     return fig
 

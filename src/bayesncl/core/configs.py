@@ -1,0 +1,100 @@
+"""The configuration types the core reads: the model, the method and the optimisation sections.
+
+:mod:`bayesncl.config` composes them with the data and evaluation sections into its ``Config``,
+loads and checks it; nothing here imports it, so the core and the config do not import each other.
+Core functions that read a whole run's config take any object with these sections
+(:class:`CoreConfig`, e.g. ``bayesncl.config.Config``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported to the user as one line."""
+
+
+@dataclass
+class ModelConfig:
+    """Backbone f and projector (PAPER-NOTES §1)."""
+
+    backbone: str = "resnet18"  # a name of bayesncl.core.model.BACKBONES, or timm:NAME (any timm model)
+    backbone_kwargs: dict[str, Any] = field(default_factory=dict)  # timm: create_model's keyword arguments
+    cifar_stem: str = "auto"  # auto | true | false; auto: true for images <= 64 px
+    stem_padding: int = 2  # the CIFAR stem's conv1 padding: 2 as the authors' code, 1 the usual CIFAR ResNet
+    bn_views: str = "per_view"  # per_view: BatchNorm over each view's n images (authors); joint: over 2n
+    proj_hidden: int = 2048
+    proj_dim: int = 256
+
+
+@dataclass
+class MethodConfig:
+    """The method as a configuration of parts; ``name`` selects a preset of the fields below."""
+
+    name: str = "bayesncl"  # a name of bayesncl.core.methods.METHODS
+    nonneg: str = "rep_relu"  # φ, a name of bayesncl.core.parts.NONNEG
+    temperature: float = 0.2  # InfoNCE temperature
+    topk: bool = False  # keep the round(rho*D) largest entries of z
+    gate: str = "ste"  # a kind of bayesncl.core.parts.GATE_KINDS ("none": no gate)
+    gate_depth: int = 2  # 1, 2 or 3 linear layers
+    gate_hidden: int = 0  # 0: same as model.proj_hidden
+    detach: bool = True  # gate input is sg(h); false is the "no detach" ablation
+    gate_lr: float = 0.0  # > 0: the gate's peak lr, not scaled with the batch (authors' code, recipes: 0.1)
+    gate_lr_ratio: float = 0.25  # used when gate_lr=0: gate lr = ratio * backbone lr (paper Table 15)
+    threshold: float = 0.5  # hard mask 1[alpha > threshold]
+    gate_tau: float = 1.0  # sigmoid temperature tau_s
+    gumbel_noise: str = "gumbel"  # a name of bayesncl.core.parts.NOISES ("gumbel": the authors' code)
+    rho: float = 0.8  # Bernoulli prior; also the TopK keep fraction
+    lam: float = 3e-5  # KL weight lambda
+    ipw: bool = False  # InfoNCE on the inverse-prevalence similarity (Definition 4.4; method ncl-ipw)
+    ipw_momentum: float = 0.99  # EMA momentum of the prevalence pi_k (batch activation frequency of z_k)
+    ipw_eps: float = 0.01  # floor of pi_k in the weights pi_k^(-1/2)
+    # the method's own keys (bayesncl.core.methods.Method.keys): method.NAME, read as cfg.method.NAME;
+    # in the config's dict and YAML they sit beside the keys above
+    own: dict[str, Any] = field(default_factory=dict, metadata={"own": True})
+
+    def __getattr__(self, name: str) -> Any:  # only called for names that are not fields
+        own = self.__dict__.get("own") or {}
+        if name in own:
+            return own[name]
+        raise AttributeError(f"method has no key {name!r} (method.name={self.__dict__.get('name')})")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation (PAPER-NOTES §2)."""
+
+    epochs: int = 200
+    batch_size: int = 256
+    optimizer: str = "lars"  # lars | sgd | adamw
+    base_lr: float = 0.4  # scaled by global batch / 256
+    weight_decay: float = 1e-4
+    momentum: float = 0.9
+    lars_eta: float = 0.02
+    clip_lr: bool = True
+    warmup_epochs: float = 10.0
+    warmup_start_lr: float = 3e-5
+    min_lr: float = 0.0
+    probe_lr: float = 0.1  # online linear probe on sg(h)
+    precision: str = "auto"  # auto | fp32 | fp16 | bf16 (auto: bf16 on CUDA if supported, fp32 on CPU)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    channels_last: bool = False
+    compile: bool = False
+    sync_bn: bool = False
+    checkpoint_every: int = 10  # also write epoch-NNNN.pt every this many epochs (0: only last)
+    progress: bool = True
+    # held-out test images scored every epoch (SC, H_sum, active dims, effective rank, open rate) into
+    # log.csv's heldout_* columns (bayesncl.app.heldout); 0: none
+    monitor_samples: int = 2000
+    loggers: list[str] = field(default_factory=lambda: ["csv"])  # some of LOGGERS (runs.loggers)
+
+
+class CoreConfig(Protocol):
+    """What the core reads of a run's config (``bayesncl.config.Config`` is one)."""
+
+    model: ModelConfig
+    method: MethodConfig
+    train: TrainConfig
+    seed: int

@@ -1,0 +1,36 @@
+"""The methods: one file each (``cl``, ``ncl``, ``ncl_topk``, ``bayesncl``, ``bayesncl_gs``,
+``ncl_ipw``), registered in :data:`METHODS` in the order tables list them.
+
+A method is a :class:`Method` (its parts, loss terms, statistics and own keys; :mod:`.spec`);
+:mod:`.registry` is what config, model, loss and logs read; :mod:`.common` the shared terms and
+statistics; :mod:`.plugins` loads a user's file (``--plugin FILE.py``). docs/extending.md.
+"""
+
+import importlib
+
+from bayesncl.core.methods.common import CONTRASTIVE_STATS, INFO_NCE, KL, LOSS, PARTS, term_statistic
+from bayesncl.core.methods.registry import (
+    METHODS,
+    all_statistics,
+    check,
+    closest,
+    get,
+    loss,
+    preset,
+    register_method,
+    statistics,
+    terms,
+    unread_keys,
+)
+from bayesncl.core.methods.spec import Batch, Key, LossTerm, Method, Part, Statistic, Step
+
+__all__ = [
+    "METHODS", "Method", "LossTerm", "Statistic", "Key", "Part", "Batch", "Step", "register_method", "get",
+    "preset", "closest", "unread_keys", "check", "terms", "loss", "statistics", "all_statistics", "INFO_NCE",
+    "KL", "LOSS", "PARTS", "CONTRASTIVE_STATS", "term_statistic", "BUILT_IN",
+]
+
+BUILT_IN = ("cl", "ncl", "ncl_topk", "bayesncl", "bayesncl_gs", "ncl_ipw")
+"""The files of the built-in methods, imported (so registered) in this order: the tables' order."""
+for _file in BUILT_IN:
+    importlib.import_module(f"{__name__}.{_file}")

@@ -1,0 +1,122 @@
+"""The loss terms, statistics and parts the built-in methods share (PAPER-NOTES §1).
+
+:data:`INFO_NCE` is every built-in method's term; the gate (:data:`PARTS` ``"gate"``) brings
+:data:`KL` to any method it is part of. :data:`CONTRASTIVE_STATS` is what every built-in method
+logs (without a gate, KL is 0 and the open rate 1). torch is imported when a term first runs, so
+reading a config does not import it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bayesncl.core.methods.spec import Batch, LossTerm, Part, Statistic, Step
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from bayesncl.core.configs import MethodConfig
+    from bayesncl.core.model import ModelOutput
+
+__all__ = ["INFO_NCE", "KL", "PARTS", "CONTRASTIVE_STATS", "LOSS", "term_statistic"]
+
+
+def info_nce_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+    """InfoNCE(z̃ over the 2n views, ``method.temperature``), or on
+    :func:`~bayesncl.core.parts.ipw_features` of z with ``method.ipw``
+    (:func:`~bayesncl.core.losses.ipw_info_nce`); a mean over the 2n local rows.
+
+    With ``batch.gather`` under torch.distributed the negatives come from every process (an
+    autograd all-gather, :func:`bayesncl.core.distributed.gather_with_grad`; every process holds the
+    same n): with DDP averaging the gradients, the gradient equals the single-process gradient over
+    the concatenated batch (docs/scaling.md). ``batch.index``: every view of the same image anywhere
+    in the (global) batch is a positive, as the authors' loss (:func:`bayesncl.core.losses.info_nce`)."""
+    import torch
+
+    from bayesncl.core import distributed, parts
+    from bayesncl.core.losses import info_nce
+
+    z = out.z_tilde if out.ipw_weights is None else parts.ipw_features(out.z, out.ipw_weights)
+    idx = None if batch.index is None else torch.cat([batch.index, batch.index])
+    if not (batch.gather and distributed.is_distributed()):
+        return info_nce(z, m.temperature, index=idx)
+    keys = distributed.gather_with_grad(z)
+    key_idx = None
+    if idx is not None:
+        key_idx = idx.new_empty(len(keys))
+        torch.distributed.all_gather_into_tensor(key_idx, idx.contiguous())
+    offset = torch.distributed.get_rank() * len(z)
+    return info_nce(z, m.temperature, keys=keys, offset=offset, index=idx, key_index=key_idx)
+
+
+def kl_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+    """KL(Bern(α) ‖ Bern(ρ)) summed over dims, mean over rows (:func:`~bayesncl.core.losses.bernoulli_kl`)."""
+    from bayesncl.core.losses import bernoulli_kl
+
+    assert out.alpha is not None  # the gate brings this term
+    return bernoulli_kl(out.alpha, m.rho)
+
+
+INFO_NCE = LossTerm("info_nce", info_nce_term, label="InfoNCE", reads=("temperature",))
+KL = LossTerm("kl", kl_term, weight="lam", label="KL", reads=("rho",))
+
+PARTS: dict[str, Part] = {
+    "gate": Part(
+        lambda m: m.gate != "none",
+        ("gate_depth", "gate_hidden", "detach", "gate_lr", "gate_lr_ratio", "threshold", "gate_tau", "rho"),
+        (KL,),
+    ),
+    "topk": Part(lambda m: m.topk, ("rho",)),
+    "gumbel": Part(lambda m: m.gate == "gumbel", ("gumbel_noise",)),
+    "ipw": Part(lambda m: m.ipw, ("ipw_momentum", "ipw_eps")),
+}
+"""The optional parts: the gating head with its gate (and its λ·KL term), TopK (k = round(ρ·D)),
+the Gumbel gate's noise, the prevalence EMA of the inverse-prevalence similarity."""
+
+
+def _zero(step: Step) -> Tensor:
+    return 0 * torch_ones(step)
+
+
+def torch_ones(step: Step) -> Tensor:
+    import torch
+
+    return torch.ones((), device=step.loss.device)
+
+
+def term_statistic(term: LossTerm, title: str = "", short: str = "", gated: bool = False) -> Statistic:
+    """The statistic of a loss term's value (its name), 0 where the term is absent (a gate's KL
+    in a run without a gate)."""
+    return Statistic(term.name, lambda s: s.terms[term.name] if term.name in s.terms else _zero(s),
+                     title=title, short=short, gated=gated)
+
+
+def _open_rate(s: Step) -> Tensor:
+    mask = s.out.mask
+    return mask.float().mean() if mask is not None else torch_ones(s)
+
+
+def _closed_rows(s: Step) -> Tensor:
+    mask = s.out.mask
+    return (mask.sum(1) == 0).float().mean() if mask is not None else _zero(s)
+
+
+def _probe_accuracy(s: Step) -> Tensor:
+    assert s.class_logits is not None and s.labels is not None
+    return (s.class_logits.argmax(1) == s.labels).float().mean()
+
+
+LOSS = Statistic("loss", lambda s: s.loss.detach(), short="loss")
+CONTRASTIVE_STATS: tuple[Statistic, ...] = (
+    LOSS,
+    term_statistic(INFO_NCE, "InfoNCE (nats)", "InfoNCE"),
+    term_statistic(KL, "KL(Bern(α) ‖ Bern(ρ)), sum over dims", "KL", gated=True),
+    Statistic("gate_open", _open_rate, "gate open rate vs ρ (dashed)", "open", gated=True, reference="rho",
+              ylim=(0, 1.02)),
+    Statistic("rows_all_closed", _closed_rows, gated=True, per_step=False,
+              alarm=(0.5, "gate collapse: {pct:.0f}% of rows have every gate closed")),
+    Statistic("online_acc", _probe_accuracy, "online probe accuracy (%)", percent=True, needs_labels=True),
+)
+"""The statistics of every built-in method, in log.csv's order: the loss, InfoNCE, KL, the
+gate-open rate (with ρ), the fraction of rows with every gate closed, the online probe's accuracy
+on sg(h) (a fraction, logged in %). A method's ``stats`` must start with :data:`LOSS`."""

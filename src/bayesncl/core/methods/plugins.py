@@ -1,0 +1,144 @@
+"""Methods from a user's file: :func:`load_plugin` (``--plugin FILE.py``) and :func:`check_method`.
+
+A plugin is a Python file that calls :func:`bayesncl.register_method` when imported (e.g.
+examples/ncl_l1.py; docs/extending.md). A run trained with one records the file in its run dir
+(``plugins.txt``) so that reloading the run without it says what is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig
+from bayesncl.core.methods import registry
+from bayesncl.core.methods.spec import Batch, Method, Step
+
+__all__ = ["load_plugin", "check_method", "register_checked", "PLUGINS_FILE"]
+
+PLUGINS_FILE = "plugins.txt"
+"""The run dir's record of the plugin files its method came from, one absolute path a line."""
+_LOADED: dict[Path, list[str]] = {}  # a file loaded in this process: the methods it registered
+
+
+def load_plugin(path: str | Path) -> list[str]:
+    """Import the Python file ``path`` and return the names of the methods it registered (each
+    checked by :func:`check_method`). Loading the same file again does nothing.
+
+    Raises ConfigError (one line naming the file) if it does not exist or is not a regular file,
+    raises on import, registers no method, or registers one that clashes with a registered name or
+    whose loss term fails on a test batch or returns a non-scalar."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"--plugin {path}: no such file")
+    if not p.is_file():
+        raise ConfigError(f"--plugin {path}: not a regular file (expected a Python file)")
+    p = p.resolve()
+    if p in _LOADED:
+        return _LOADED[p]
+    before = dict(registry.METHODS)
+    name = f"bayesncl_plugin_{abs(hash(str(p))):x}"
+    spec = importlib.util.spec_from_file_location(name, p)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"--plugin {path}: cannot be imported as Python (expected a .py file)")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    _SOURCE.append(str(p))
+    try:
+        spec.loader.exec_module(module)
+    except ConfigError as e:
+        _forget(before, name)
+        raise ConfigError(f"--plugin {path}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a user's file may raise anything
+        _forget(before, name)
+        text = str(e).strip().splitlines()
+        raise ConfigError(
+            f"--plugin {path} raised {type(e).__name__} on import{': ' + text[0] if text else ''}"
+        ) from None
+    finally:
+        _SOURCE.pop()
+    added = [m for m in registry.METHODS if m not in before]
+    if not added:
+        _forget(before, name)
+        raise ConfigError(f"--plugin {path} registers no method (expected bayesncl.register_method(...))")
+    _LOADED[p] = added
+    return added
+
+
+_SOURCE: list[str] = []  # the plugin file being imported (register_checked records it as the source)
+
+
+def _forget(before: dict[str, Method], module: str) -> None:
+    """Undo a plugin that failed: its methods and its module."""
+    registry.METHODS.clear()
+    registry.METHODS.update(before)
+    sys.modules.pop(module, None)
+
+
+def register_checked(method: Method) -> Method:
+    """:func:`~bayesncl.core.methods.registry.register_method` for a user's method, after
+    :func:`check_method` ran it on a test batch; its source is the plugin file being loaded, else the
+    file that calls this (``<python>`` for an interactive session). ``bayesncl.register_method``."""
+    import dataclasses
+
+    if method.source is None:
+        caller = Path(sys._getframe(1).f_code.co_filename)
+        source = _SOURCE[-1] if _SOURCE else str(caller.resolve()) if caller.is_file() else "<python>"
+        method = dataclasses.replace(method, source=source)
+    if method.name in registry.METHODS and registry.METHODS[method.name].source is None:
+        raise ConfigError(f"method {method.name!r} clashes with a built-in method; give it another name")
+    check_method(method)
+    return registry.register_method(method)
+
+
+def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
+    """Run each loss term and statistic of ``method`` (with its parts and its keys' defaults) on
+    random model outputs of 2n rows × ``dim`` dimensions; raise ConfigError (one line) if one
+    raises or returns anything but a 0-d tensor."""
+    import types
+
+    import torch
+
+    from bayesncl.core.head import ContrastiveHead
+
+    model = ModelConfig(proj_dim=dim, proj_hidden=dim)
+    presets = {**method.parts, **{k: key.default for k, key in method.keys.items()}}
+    cfg = MethodConfig(name=method.name, **{k: v for k, v in presets.items() if k not in method.keys},
+                       own={k: key.default for k, key in method.keys.items()})
+    if method.check is not None:
+        try:
+            method.check(cfg, model)
+        except ConfigError as e:
+            raise ConfigError(f"method {method.name!r}: its defaults fail its own check: {e}") from None
+    gen = torch.Generator().manual_seed(0)
+    h = torch.randn(2 * n, dim, generator=gen)
+    head = ContrastiveHead(dim, types.SimpleNamespace(method=cfg, model=model))
+    out = head.project(h)
+    batch = Batch(labels=torch.arange(n) % 2, index=torch.arange(n), gather=False)
+    terms = {}
+    for term in method.terms:
+        value = _run(method, f"loss term {term.name!r}", lambda t=term: t.fn(out, batch, cfg))
+        terms[term.name] = value.detach()
+    step = Step(terms[method.terms[0].name], terms, out, torch.randn(2 * n, 2, generator=gen),
+                         torch.cat([batch.labels, batch.labels]))
+    for stat in method.stats:
+        _run(method, f"statistic {stat.name!r}", lambda s=stat: s.fn(step))
+
+
+def _run(method: Method, what: str, fn: object) -> object:
+    import torch
+
+    try:
+        value = fn()  # type: ignore[operator]
+    except Exception as e:  # noqa: BLE001 - a user's function may raise anything
+        text = str(e).strip().splitlines()
+        raise ConfigError(
+            f"method {method.name!r}: its {what} raises {type(e).__name__} on a test batch"
+            f"{': ' + text[0] if text else ''}"
+        ) from None
+    if not isinstance(value, torch.Tensor) or value.ndim != 0:
+        tensor = isinstance(value, torch.Tensor)
+        got = f"a tensor of shape {tuple(value.shape)}" if tensor else type(value).__name__
+        raise ConfigError(f"method {method.name!r}: its {what} returns {got}, expected a scalar (0-d tensor)")
+    return value

@@ -1,0 +1,206 @@
+"""The method registry: :data:`METHODS` by name, and what config, model, loss and logs read of it.
+
+:func:`register_method` adds a :class:`~bayesncl.core.methods.spec.Method` (the built-in ones in
+their files, a user's from Python or ``--plugin FILE``). :func:`preset` is what ``method.name``
+sets, :func:`closest` the method a configuration of parts is, :func:`unread_keys` the keys no part
+reads, :func:`check` the method's values, :func:`loss` the weighted sum of its terms and
+:func:`statistics` its named step statistics.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import TYPE_CHECKING, Any
+
+from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig
+from bayesncl.core.methods.common import LOSS, PARTS
+from bayesncl.core.methods.spec import Batch, LossTerm, Method, Statistic, Step
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from bayesncl.core.model import ModelOutput
+
+__all__ = [
+    "METHODS", "register_method", "get", "preset", "closest", "unread_keys", "check", "terms", "loss",
+    "statistics", "all_statistics",
+]
+
+METHODS: dict[str, Method] = {}
+"""The methods by name, in the order tables list them (built-ins first)."""
+
+
+def register_method(method: Method) -> Method:
+    """Add ``method`` to :data:`METHODS` (``method.name=NAME`` selects it) and return it.
+
+    Raises ConfigError (one line) if its name is taken (a built-in, or another file's method), a
+    key of its own is a common ``method.*`` key, or its statistics do not start with ``loss``.
+    A method from a user's file is checked on a test batch by :func:`bayesncl.core.methods.plugins.
+    check_method` (``bayesncl.register_method`` and ``--plugin`` do that)."""
+    old = METHODS.get(method.name)
+    if old is not None and not (old.source is not None and old.source == method.source):
+        where = "a built-in method" if old.source is None else f"already registered by {old.source}"
+        raise ConfigError(f"method {method.name!r} clashes with {where}; give it another name")
+    if not method.name or any(c.isspace() or c in "=/" for c in method.name):
+        raise ConfigError(f"method name {method.name!r}: expected a word without spaces, '=' or '/'")
+    common = sorted(set(method.keys) & set(MethodConfig.__dataclass_fields__))
+    if common:
+        raise ConfigError(f"method {method.name!r}: its key method.{common[0]} is a common method key")
+    if not method.terms or not method.stats or method.stats[0] != LOSS:
+        raise ConfigError(f"method {method.name!r}: expected >= 1 loss term, statistics starting with LOSS")
+    METHODS[method.name] = method
+    return method
+
+
+def get(name: str) -> Method:
+    """The method ``name``; ConfigError naming the registered ones (and the close ones) if none."""
+    if name in METHODS:
+        return METHODS[name]
+    close = difflib.get_close_matches(name, METHODS, n=3, cutoff=0.6)
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise ConfigError(
+        f"method.name={name!r}: expected one of {', '.join(METHODS)}{hint}; a method from a user's file "
+        "needs --plugin FILE.py (bayesncl.register_method in Python)"
+    )
+
+
+def preset(name: str) -> dict[str, Any]:
+    """The ``method.*`` values (without the prefix) that ``method.name=name`` sets: the method's parts,
+    its own keys' defaults, and 0 for the weight of each term of a part it lacks (``lam`` for a
+    method without a gate)."""
+    method = get(name)
+    out: dict[str, Any] = dict(method.parts)
+    parts = MethodConfig(**method.parts)
+    for part in PARTS.values():
+        if not part.present(parts):
+            out.update({t.weight: 0.0 for t in part.terms if t.weight})
+    return out | {k: key.default for k, key in method.keys.items()}
+
+
+def closest(m: MethodConfig) -> str:
+    """The method a configuration of parts is: the registered method that agrees on, in this order,
+    having a gate, TopK, the inverse-prevalence similarity, and a non-negativity map (φ ≠
+    identity); ties go to ``m.name`` (the configured method), then to the method with the same gate
+    kind, then to the first registered.
+
+    So the ablations of a method (a soft gate, another φ, another head depth, no detach) stay that
+    method, while switching its defining part off (or another method's on) makes it another, e.g.
+    ncl with ``method.gate=ste`` is bayesncl.
+    """
+
+    def distance(item: tuple[str, Method]) -> tuple[bool, ...]:
+        key, s = item
+        return (
+            s.gated != (m.gate != "none"), s.topk != m.topk, s.ipw != m.ipw,
+            (s.nonneg == "identity") != (m.nonneg == "identity"), key != m.name, s.gate != m.gate,
+        )
+
+    return min(METHODS.items(), key=distance)[0]
+
+
+def terms(m: MethodConfig) -> tuple[LossTerm, ...]:
+    """The loss terms of a run of ``m``: its method's, then those of the parts it has (λ·KL of the gate)."""
+    extra = tuple(t for part in PARTS.values() if part.present(m) for t in part.terms)
+    return get(m.name).terms + extra
+
+
+def unread_keys(m: MethodConfig) -> set[str]:
+    """The keys (without ``method.``) that parts or terms read but none of ``m``'s: e.g.
+    ``{"gumbel_noise", "ipw_momentum", "ipw_eps"}`` for the STE gate. Every other key is read."""
+    every = {k for p in PARTS.values() for k in p.keys} | {
+        k for p in PARTS.values() for t in p.terms for k in (*t.reads, t.weight) if k
+    }
+    read = {k for p in PARTS.values() if p.present(m) for k in p.keys}
+    read |= {k for t in terms(m) for k in (*t.reads, t.weight) if k}
+    return every - read
+
+
+def loss(out: ModelOutput, m: MethodConfig, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss of a run of ``m`` on one batch: Σ weight · term over :func:`terms` (the first term
+    unweighted when it has no weight key), and each term's detached value by name."""
+    total: Tensor | None = None
+    values: dict[str, Tensor] = {}
+    for term in terms(m):
+        value = term.fn(out, batch, m)
+        values[term.name] = value.detach()
+        weighted = value if term.weight is None else getattr(m, term.weight) * value
+        total = weighted if total is None else total + weighted
+    assert total is not None
+    return total, values
+
+
+def statistics(m: MethodConfig, step: Step, labeled: bool = True) -> dict[str, Tensor]:
+    """The method's statistics of one step by name (0-d tensors on the device); ``labeled``: False
+    leaves out those that need labels (no online probe)."""
+    return {s.name: s.fn(step) for s in get(m.name).stats if labeled or not s.needs_labels}
+
+
+def all_statistics() -> dict[str, Statistic]:
+    """Every registered method's statistics by name (the first definition of a name wins), in
+    registration order: what the logs and the curves know how to show."""
+    out: dict[str, Statistic] = {}
+    for method in METHODS.values():
+        for s in method.stats:
+            out.setdefault(s.name, s)
+    return out
+
+
+def check(m: MethodConfig, mo: ModelConfig) -> None:
+    """Raise ConfigError naming the first bad ``method.*`` value: the common keys (the parts'
+    arguments, PAPER-NOTES §1), the method's own keys, then its own ``check``."""
+    _check_common(m, mo)
+    method = get(m.name)
+    for name, key in method.keys.items():
+        value = getattr(m, name)
+        ok = key.check is None or bool(key.check(value))
+        _check(ok, f"method.{name}={value!r}: expected {key.expected}")
+    if method.check is not None:
+        method.check(m, mo)
+
+
+# method.temperature: a much smaller one overflows the logits, a much larger one flattens them.
+TEMPERATURE_RANGE = (0.01, 10.0)
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _check_common(m: MethodConfig, mo: ModelConfig) -> None:
+    _check(0.0 < m.rho < 1.0, f"method.rho={m.rho}: expected 0 < rho < 1")
+    _check(m.lam >= 0.0, f"method.lam={m.lam}: expected lambda >= 0")
+    _check(
+        TEMPERATURE_RANGE[0] <= m.temperature <= TEMPERATURE_RANGE[1],
+        f"method.temperature={m.temperature}: expected {TEMPERATURE_RANGE[0]} <= temperature <= "
+        f"{TEMPERATURE_RANGE[1]:g} (the paper uses 0.2)",
+    )
+    _check(m.gate_tau > 0.0, f"method.gate_tau={m.gate_tau}: expected > 0")
+    _check(0.0 < m.threshold < 1.0, f"method.threshold={m.threshold}: expected 0 < threshold < 1")
+    _check(m.gate_depth in (1, 2, 3), f"method.gate_depth={m.gate_depth}: expected 1, 2 or 3")
+    _check(m.gate_hidden >= 0, f"method.gate_hidden={m.gate_hidden}: expected >= 0")
+    _check(m.gate_lr_ratio >= 0, f"method.gate_lr_ratio={m.gate_lr_ratio}: expected >= 0")
+    _check(0.0 <= m.ipw_momentum < 1.0, f"method.ipw_momentum={m.ipw_momentum}: expected 0 <= momentum < 1")
+    _check(0.0 < m.ipw_eps <= 1.0, f"method.ipw_eps={m.ipw_eps}: expected 0 < eps <= 1")
+    _check(
+        not (m.ipw and m.gate != "none"),
+        f"method.ipw=true (method.name={m.name}) with method.gate={m.gate}: the inverse-prevalence "
+        "similarity replaces the gate it approximates; use method.gate=none (or method.name=bayesncl "
+        "for the gate)",
+    )
+    _check(m.gate_lr >= 0, f"method.gate_lr={m.gate_lr}: expected >= 0 (0: gate_lr_ratio x the backbone lr)")
+    _check(0 <= mo.stem_padding <= 3, f"model.stem_padding={mo.stem_padding}: expected 0 to 3")
+    _check(mo.proj_dim >= 1, f"model.proj_dim={mo.proj_dim}: expected >= 1")
+    _check(mo.proj_hidden >= 1, f"model.proj_hidden={mo.proj_hidden}: expected >= 1")
+    hidden = m.gate_hidden or mo.proj_hidden
+    _check(
+        m.gate == "none" or m.gate_depth < 3 or hidden >= 2,
+        f"method.gate_depth=3: the gate's hidden width is {hidden} (method.gate_hidden, or model.proj_hidden "
+        "when 0): expected >= 2 (its second layer is hidden // 2 wide)",
+    )
+    if m.topk:
+        k = round(m.rho * mo.proj_dim)
+        _check(
+            1 <= k <= mo.proj_dim,
+            f"TopK k=round(rho*D)={k} with rho={m.rho}, D={mo.proj_dim}: expected 1 <= k <= D",
+        )

@@ -1,0 +1,154 @@
+"""What a method is, as data: its parts, its loss terms, its statistics and its own keys.
+
+A method is a :class:`Method`: a configuration of the model's parts (PAPER-NOTES §1), never a
+subclass. Its loss is the sum of its :class:`LossTerm` s (each a pure function of the model output,
+weighted by a ``method.*`` key) and of the terms its parts bring (the gate brings λ·KL); it logs
+its :class:`Statistic` s by name. :mod:`bayesncl.core.methods` registers them; docs/extending.md
+shows a method from a user's file. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from bayesncl.core.configs import MethodConfig, ModelConfig
+    from bayesncl.core.model import ModelOutput
+
+__all__ = ["Batch", "Step", "LossTerm", "Statistic", "Key", "Part", "Method"]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What a loss term reads of the batch besides the model output, for n images (2n views laid out
+    ``[view1; view2]`` in the output). labels: (n,) int class labels, None without labels (a method
+    with ``needs_labels`` always gets them); index: (n,) dataset indices or None (views of one index
+    are all positives); gather: take contrastive negatives from every process (torch.distributed)."""
+
+    labels: Tensor | None = None
+    index: Tensor | None = None
+    gather: bool = False
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """One term of a method's loss: ``weight_value · fn(out, batch, method_cfg)``.
+
+    fn: a pure function of the :class:`~bayesncl.core.model.ModelOutput`, the :class:`Batch` and the
+    checked ``method.*`` config, returning a 0-d float32 tensor, a mean over this process's rows.
+    name: its statistic name (``step.terms[name]``); weight: the ``method.*`` key that weighs it
+    (None: 1, added unscaled); label: its name in messages (``InfoNCE``); reads: the other
+    ``method.*`` keys it reads (a key nothing reads gets a "has no effect" warning)."""
+
+    name: str
+    fn: Callable[[ModelOutput, Batch, MethodConfig], Tensor]
+    weight: str | None = None
+    label: str = ""
+    reads: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a statistic reads of one training step (all on the device, nothing synchronised).
+
+    loss: the method's loss (0-d); terms: each loss term's detached value by name (terms of absent
+    parts are missing); out: the model output; class_logits: (2n, classes) the online probe's logits
+    on sg(h) or None; labels: (2n,) the labels of the 2n views or None."""
+
+    loss: Tensor
+    terms: dict[str, Tensor]
+    out: ModelOutput
+    class_logits: Tensor | None = None
+    labels: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """A training statistic logged under ``name``: ``fn(step)`` is a 0-d tensor per step (no host
+    sync); the loop logs its mean over the epoch's steps and processes (log.csv, steps.csv,
+    TensorBoard, W&B) and the curves draw it.
+
+    title: its training-curves panel ("" none); short: its name on the progress bar and the epoch
+    line ("" not shown); percent: logged × 100; needs_labels: empty where the data has no labels;
+    gated: means something only with a gate (not shown, and no panel, for a run without one);
+    reference: a ``method.*`` key logged beside it and drawn dashed on its panel; per_step: also a
+    steps.csv column; alarm: (threshold, message) printed when the epoch's mean exceeds it (``{pct}``
+    in the message: the mean in %); ylim: the panel's y range."""
+
+    name: str
+    fn: Callable[[Step], Tensor]
+    title: str = ""
+    short: str = ""
+    percent: bool = False
+    needs_labels: bool = False
+    gated: bool = False
+    reference: str = ""
+    per_step: bool = True
+    alarm: tuple[float, str] | None = None
+    ylim: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class Key:
+    """A ``method.*`` key of a method's own: its default (its type is the default's: bool, int,
+    float or str), what it is (``help``), and a check of a value (``check(value)`` True when valid;
+    the error says ``method.NAME=value: expected {expected}``)."""
+
+    default: Any
+    help: str = ""
+    check: Callable[[Any], bool] | None = None
+    expected: str = ""
+
+
+@dataclass(frozen=True)
+class Part:
+    """An optional part of the model (the gate, TopK, ...): whether a method config has it, the
+    ``method.*`` keys only it reads, and the loss terms it brings to any method that has it."""
+
+    present: Callable[[MethodConfig], bool]
+    keys: tuple[str, ...] = ()
+    terms: tuple[LossTerm, ...] = ()
+
+
+@dataclass(frozen=True)
+class Method:
+    """A method: the parts ``method.name=NAME`` presets (the ``method.*`` fields of the same names;
+    an ablation may override any), its loss terms, the statistics it logs, its own keys.
+
+    nonneg: φ, a key of :data:`bayesncl.core.parts.NONNEG`; topk: keep the round(ρ·D) largest
+    entries of z; gate: a kind of :data:`bayesncl.core.parts.GATE_KINDS` ("none": no gating head);
+    gate_depth, detach: the gating head's depth and whether it reads sg(h); ipw: InfoNCE on the
+    inverse-prevalence similarity (Definition 4.4). terms: its loss terms (the gate adds λ·KL);
+    stats: what it logs, :data:`~bayesncl.core.methods.common.CONTRASTIVE_STATS` plus its own;
+    keys: its own ``method.*`` keys; needs_labels: a supervised method (refused with
+    ``data.labels=none``); check: more checks of a config, ``check(method, model)`` raising
+    ConfigError; source: the file that registered it (None: built in)."""
+
+    name: str
+    nonneg: str = "rep_relu"
+    topk: bool = False
+    gate: str = "none"
+    gate_depth: int = 2
+    detach: bool = True
+    ipw: bool = False
+    terms: tuple[LossTerm, ...] = ()
+    stats: tuple[Statistic, ...] = ()
+    keys: Mapping[str, Key] = field(default_factory=dict)
+    needs_labels: bool = False
+    check: Callable[[MethodConfig, ModelConfig], None] | None = None
+    doc: str = ""
+    source: str | None = None
+
+    @property
+    def gated(self) -> bool:
+        return self.gate != "none"
+
+    @property
+    def parts(self) -> dict[str, Any]:
+        """The ``method.*`` fields it presets, e.g. ``{"nonneg": "rep_relu", "topk": False, ...}``."""
+        return {"nonneg": self.nonneg, "topk": self.topk, "gate": self.gate, "gate_depth": self.gate_depth,
+                "detach": self.detach, "ipw": self.ipw}
