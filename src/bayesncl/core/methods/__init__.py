@@ -30,7 +30,10 @@ __all__ = [
     "KL", "LOSS", "PARTS", "CONTRASTIVE_STATS", "term_statistic", "BUILT_IN",
 ]
 
-BUILT_IN = ("cl", "ncl", "ncl_topk", "bayesncl", "bayesncl_gs", "ncl_ipw")
+BUILT_IN = (
+    "cl", "ncl", "ncl_topk", "bayesncl", "bayesncl_gs", "ncl_ipw",
+    "cl_l1", "ncl_l1", "scl", "ncl_scl", "scl_l1", "supcon", "ncl_supcon", "ce", "nce",
+)
 """The files of the built-in methods, imported (so registered) in this order: the tables' order."""
 for _file in BUILT_IN:
     importlib.import_module(f"{__name__}.{_file}")
