@@ -11,8 +11,10 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from bayesncl.app.cli import main
 from bayesncl.config import ConfigError, build_config
@@ -23,7 +25,7 @@ from bayesncl.core.model import build_model, contrastive_loss
 from bayesncl.core.objectives import clip_norm, l1_penalty, linear_cross_entropy, spectral_loss, supcon_loss
 from bayesncl.core.parts import rep_relu
 
-from .conftest import ERROR, TINY_BASE
+from .conftest import ROWS, TINY_BASE, error_line, expect
 
 NEW = ("cl-l1", "ncl-l1", "scl", "ncl-scl", "scl-l1", "supcon", "ncl-supcon", "ce", "nce")
 SUPERVISED = ("supcon", "ncl-supcon", "ce", "nce")
@@ -120,16 +122,10 @@ def test_the_gate_switches_on_any_loss() -> None:
         assert "kl" in terms and float(terms["kl"]) > 0, name
 
 
-def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err.strip()
-    assert err.startswith(ERROR) and "\n" not in err, err
-    return err
-
-
 def test_negative_beta_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY_BASE, "method.name=ncl-l1",
                  "method.beta=-0.1"]) == 2  # fmt: skip
-    assert "method.beta=-0.1: expected beta >= 0" in _one_error_line(capsys)
+    expect("C17", error_line(capsys), tmp_path)
     assert not (tmp_path / "r").exists()
 
 
@@ -139,7 +135,17 @@ def test_supervised_method_without_labels_is_one_line(
     for name in SUPERVISED:
         assert main(["pretrain", "--run-dir", str(tmp_path / name), *TINY_BASE, f"method.name={name}",
                      "data.labels=none"]) == 2  # fmt: skip
-        assert name in _one_error_line(capsys)
+        msg = error_line(capsys)
+        assert msg == ROWS["C18"].replace("supcon", name), msg
+    flat = tmp_path / "flat"  # images without class folders: no labels
+    flat.mkdir()
+    for i in range(12):
+        Image.fromarray(np.full((20, 20, 3), 10 * i, dtype=np.uint8)).save(flat / f"{i}.png")
+    assert main(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY_BASE, "method.name=ce",
+                 "data.name=imagefolder", f"data.root={flat}", "data.train_subset=0", "data.test_subset=0",
+                 ]) == 2  # fmt: skip
+    expect("C19", error_line(capsys), tmp_path)
+    assert not (tmp_path / "r").exists()
 
 
 def test_gate_on_a_method_with_nothing_to_gate_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,8 +153,9 @@ def test_gate_on_a_method_with_nothing_to_gate_is_one_line(capsys: pytest.Captur
                             stats=methods.get("cl").stats, gateable=False, source="test")  # fmt: skip
     methods.register_method(h_only)
     try:
-        with pytest.raises(ConfigError, match="method.gate=ste with method.name=h-only: its loss reads no"):
+        with pytest.raises(ConfigError) as e:
             build_config(overrides=["method.name=h-only", "method.gate=ste"])
+        expect("C20", str(e.value), Path("."))
         build_config(overrides=["method.name=h-only"])  # without the gate it is fine
     finally:
         del methods.METHODS["h-only"]

@@ -84,10 +84,12 @@ class Study:
 
 
 def recipe_for(dataset: str, method: str) -> Path:
-    """The shipped recipe for ``dataset`` × ``method`` (fashion-mnist: the demo budget, any method)."""
+    """The shipped recipe for ``dataset`` × ``method`` (fashion-mnist: the demo budget, any method);
+    the dataset's CL recipe for a method without its own (a study then sets the method's φ)."""
     if dataset == "fashion-mnist":
         return RECIPES / "fashion-mnist-demo.yaml"
-    return RECIPES / f"{dataset}-{method}.yaml"
+    own = RECIPES / f"{dataset}-{method}.yaml"
+    return own if own.exists() else RECIPES / f"{dataset}-cl.yaml"  # a method without its own recipe
 
 
 def base_config(dataset: str, method: str, overrides: list[str]) -> Config:
@@ -313,6 +315,18 @@ STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
     "fig3": _fig3, "fig4a": _fig4a, "fig4b": _fig4b, "ncl-fs": _ncl_fs, "ncl-sepin": _ncl_sepin,
 }  # fmt: skip
 """``bayesncl reproduce ID``: the IDs and their builders."""
+
+
+def _ncl_paper(study_id: str) -> Callable[[str, list[str]], Study]:
+    def build(dataset: str, overrides: list[str]) -> Study:
+        from bayesncl.app import ncl_studies  # it builds on this module's types
+
+        return ncl_studies.NCL_STUDIES[study_id](dataset, overrides)
+
+    return build
+
+
+STUDIES.update({i: _ncl_paper(i) for i in ("ncl-sparsity", "ncl-spectral", "ncl-supervised", "ncl-dead")})
 
 
 def _keys(overrides: list[str]) -> set[str]:
