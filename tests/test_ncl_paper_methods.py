@@ -169,7 +169,7 @@ def test_a_supervised_method_trains_probes_and_evaluates(tmp_path: Path) -> None
     assert main(["pretrain", "--run-dir", str(run), *TINY_BASE, "train.epochs=1", "method.name=nce"]) == 0
     header, row = (run / "log.csv").read_text().splitlines()[:2]
     values = dict(zip(header.split(","), row.split(","), strict=True))
-    assert float(values["ce"]) > 0 and float(values["online_acc"]) >= 0 and "train_acc" in values
+    assert float(values["cross_entropy"]) > 0 and float(values["online_acc"]) >= 0 and "train_acc" in values
     metrics = (run / "metrics.json").read_text()
     assert "semantic_consistency" in metrics and "linear_probe_acc1" in metrics
     state = torch.load(run / "last.pt", weights_only=True)["state_dict"]

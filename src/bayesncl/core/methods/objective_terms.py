@@ -89,8 +89,8 @@ def _classifier(dim: int, classes: int) -> object:
 
 
 SPECTRAL = LossTerm("spectral", spectral_term, label="spectral CL")
-SUPCON = LossTerm("supcon", supcon_term, label="SupCon", reads=("temperature",))
-CROSS_ENTROPY = LossTerm("ce", cross_entropy_term, label="cross-entropy")
+SUPCON = LossTerm("supcon_loss", supcon_term, label="SupCon", reads=("temperature",))
+CROSS_ENTROPY = LossTerm("cross_entropy", cross_entropy_term, label="cross-entropy")
 L1 = LossTerm("l1_penalty", l1_term, weight="beta", label="L1")
 L1_CLIPPED = LossTerm("l1_penalty", l1_clipped_term, weight="beta", label="L1")
 
@@ -115,7 +115,7 @@ def stats_for(*terms: LossTerm, head: bool = False) -> tuple[Statistic, ...]:
     term's value, the gate's (shown only with a gate), the online probe's accuracy, and with
     ``head`` the accuracy of the method's own classifier on the batch."""
     rest = tuple(s for s in CONTRASTIVE_STATS if s.name not in ("loss", "info_nce"))
-    titles = {"spectral": "spectral CL loss", "supcon": "SupCon (nats)", "ce": "cross-entropy (nats)",
-              "l1_penalty": "L1 term mean‖z‖₁ (before β)", "info_nce": "InfoNCE (nats)"}
+    titles = {"spectral": "spectral CL loss", "supcon_loss": "SupCon (nats)", "info_nce": "InfoNCE (nats)",
+              "cross_entropy": "cross-entropy (nats)", "l1_penalty": "L1 term mean‖z‖₁ (before β)"}
     own = tuple(term_statistic(t, titles.get(t.name, t.label), t.label) for t in terms)
     return (LOSS, *own, *rest, *((HEAD_ACCURACY,) if head else ()))

@@ -79,7 +79,7 @@ def preset(name: str) -> dict[str, Any]:
 
 def closest(m: MethodConfig) -> str:
     """The method a configuration of parts is: the registered method that agrees on, in this order,
-    the loss terms of ``m.name``'s method (so a gate switched on ``scl`` keeps it ``scl``), having a
+    the loss terms of ``m.name``'s method (so a gate switched on a method keeps it that method), having a
     gate, TopK, the inverse-prevalence similarity, and a non-negativity map (φ ≠
     identity); ties go to ``m.name`` (the configured method), then to the method with the same gate
     kind, then to the first registered.
