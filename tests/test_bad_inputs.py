@@ -99,7 +99,7 @@ def test_corrupt_image_found_when_read_is_one_line(
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     slept: list[float] = []
-    monkeypatch.setattr(cli_module.time, "sleep", slept.append)
+    monkeypatch.setattr("time.sleep", slept.append)  # (the error layer waits with time.sleep)
 
     def shard_error(args: Any) -> None:
         raise ds.ShardDataError(str(info.value))

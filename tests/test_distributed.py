@@ -462,7 +462,7 @@ def test_an_error_of_one_rank_names_the_rank(
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
     slept: list[float] = []
-    monkeypatch.setattr(cli_module.time, "sleep", slept.append)
+    monkeypatch.setattr("time.sleep", slept.append)  # (the error layer waits with time.sleep)
     assert main(["pretrain", "method.rho=2"]) == 2
     assert capsys.readouterr().err == "" and slept == [2]
 
