@@ -138,7 +138,7 @@ def supcon_loss(
 def linear_cross_entropy(z: Tensor, labels: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """Cross-entropy of a linear classifier on features z: ``mean_i −log softmax(W z_i + b)[y_i]``.
 
-    CE (``z`` the raw representation) and the NCL paper's Non-negative Cross Entropy (§6, NCE: the
+    CE (``z`` the raw representation) and the NCL paper's Non-negative Cross Entropy (NCE: the
     same loss on non-negative features ``z = φ(p)``, so that each class is a non-negative
     combination of feature activations) are this function; they differ only in the z they pass.
 
