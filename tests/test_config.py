@@ -36,7 +36,8 @@ def test_presets_set_the_parts_of_each_method() -> None:
     assert topk.topk and topk.gate == "none" and topk.nonneg == "rep_relu"
     gs = build_config(overrides=["method.name=bayesncl-gs"]).method
     assert gs.gate == "gumbel"
-    assert set(METHOD_PRESETS) == {"cl", "ncl", "ncl-topk", "bayesncl", "bayesncl-gs", "ncl-ipw"}
+    assert set(METHOD_PRESETS) == {"cl", "ncl", "ncl-topk", "bayesncl", "bayesncl-gs", "ncl-ipw", "cl-l1",
+                                   "ncl-l1", "scl", "ncl-scl", "scl-l1", "supcon", "ncl-supcon", "ce", "nce"}
 
 
 def test_overrides_win_over_preset_and_yaml(tmp_path: Path) -> None:
@@ -315,11 +316,18 @@ def _preset_of_by_hand(name: str, nonneg: str, topk: bool, gate: str) -> str:
 
 
 def test_the_method_a_configuration_of_parts_is() -> None:
+    info_nce_only = [n for n, m in METHODS.items() if m.terms == METHODS["cl"].terms]
     for name, nonneg, topk, gate in itertools.product(
-        METHODS, ("identity", "relu", "rep_relu"), (False, True), ("none", "ste", "gumbel", "soft")
+        info_nce_only, ("identity", "relu", "rep_relu"), (False, True), ("none", "ste", "gumbel", "soft")
     ):
         method = MethodConfig(name=name, nonneg=nonneg, topk=topk, gate=gate)
         assert preset_of(method) == _preset_of_by_hand(name, nonneg, topk, gate), method
+    # a method with other loss terms is the one of those terms whose parts agree (issue 25): a gate
+    # switched on keeps it, φ moves it to its twin
+    assert preset_of(MethodConfig(name="scl", nonneg="identity", gate="ste")) == "scl"
+    assert preset_of(MethodConfig(name="scl", nonneg="rep_relu")) == "ncl-scl"
+    assert preset_of(MethodConfig(name="nce", nonneg="identity", gate="ste")) == "ce"
+    assert preset_of(MethodConfig(name="cl-l1", nonneg="relu")) == "ncl-l1"
 
 
 def test_presets_come_from_the_method_specs() -> None:

@@ -32,7 +32,7 @@ from bayesncl.core.engine import TrainForward, forward_loss, wrap_for_training
 from bayesncl.core.model import ContrastiveModel, build_model, contrastive_loss
 from bayesncl.runs.fileio import DiskFullError
 
-METHODS = ("cl", "ncl", "bayesncl")
+METHODS = ("cl", "ncl", "bayesncl", "cl-l1", "scl", "ncl-supcon", "nce")  # the last four: issue 25
 WORLD = 2
 GLOBAL_BATCH = 8  # images (16 views); 4 per process
 TINY_MODEL = [

@@ -365,7 +365,9 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "ablation), 15 (gating-head lr), fig3 "
         "(retrieval vs K), fig4a (SC vs D), fig4b (SC, LP@1 vs rho and lambda), ncl-fs (NCL feature "
         "selection), ncl-sepin (NCL SEPIN@k), ncl-finetune (NCL fine-tuning accuracy: bayesncl finetune "
-        "of CL, NCL, BayesNCL), 6 (background probe of CHECKPOINT_OR_RUN... on waterbirds "
+        "of CL, NCL, BayesNCL), ncl-sparsity (L1 vs non-negativity), ncl-spectral (spectral CL), "
+        "ncl-supervised (CE/NCE, SupCon), ncl-dead (ReLU vs rep_relu dead dims), 6 (background probe of "
+        "CHECKPOINT_OR_RUN... on waterbirds "
         "or fashion-mnist-bg), mechanism (CL, NCL, BayesNCL, NCL-IPW on fashion-mnist-bg), convergence "
         "(SC, active dims, gate-open rate, AF-GV, LP@1 per checkpoint). "
         "CIFAR/ImageNet-100 recipes are GPU-scale; --dataset "
@@ -374,8 +376,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         {},
         [
             _arg("table", metavar="ID",
-                 help="1 2 3 4 5 7 9 15 fig3 fig4a fig4b ncl-fs ncl-sepin ncl-finetune convergence 6 "
-                      "mechanism"),
+                 help="1 2 3 4 5 7 9 15 fig3 fig4a fig4b ncl-fs ncl-sepin ncl-finetune ncl-sparsity "
+                      "ncl-spectral ncl-supervised ncl-dead convergence 6 mechanism"),
             _arg("--dataset", default="cifar100",
                  help="cifar10 | cifar100 | imagenet100 | fashion-mnist | fashion-mnist-long (default "
                       "cifar100); for 6: waterbirds | fashion-mnist-bg; for mechanism: fashion-mnist-bg | "

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesncl.app import studies, variants
+from bayesncl.app.ncl_studies import NCL_MEASURES
 from bayesncl.app.studies import Study
 from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
 
@@ -333,7 +334,7 @@ def _m_finetune(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, fl
 
 MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval": _m_retrieval,
             "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune,
-            "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory}  # fmt: skip
+            "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory, **NCL_MEASURES}  # fmt: skip
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
 
 

@@ -86,12 +86,14 @@ class Study:
 def recipe_for(dataset: str, method: str) -> Path:
     """The shipped recipe for ``dataset`` × ``method``: fashion-mnist: the demo's budget;
     fashion-mnist-long: the long CPU recipe (Fashion-MNIST at ~30x the demo's steps); both for any
-    method; else ``<dataset>-<method>.yaml``."""
+    method; else ``<dataset>-<method>.yaml``, or the dataset's CL recipe for a method without its own
+    (a study then sets the method's φ)."""
     if dataset == "fashion-mnist":
         return RECIPES / "fashion-mnist-demo.yaml"
     if (RECIPES / f"{dataset}.yaml").exists():
         return RECIPES / f"{dataset}.yaml"
-    return RECIPES / f"{dataset}-{method}.yaml"
+    own = RECIPES / f"{dataset}-{method}.yaml"
+    return own if own.exists() else RECIPES / f"{dataset}-cl.yaml"  # a method without its own recipe
 
 
 def base_config(dataset: str, method: str, overrides: list[str]) -> Config:
@@ -422,6 +424,18 @@ STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
     "ncl-sepin": _ncl_sepin, "ncl-finetune": _ncl_finetune, "convergence": _convergence,
 }  # fmt: skip
 """``bayesncl reproduce ID``: the IDs and their builders."""
+
+
+def _ncl_paper(study_id: str) -> Callable[[str, list[str]], Study]:
+    def build(dataset: str, overrides: list[str]) -> Study:
+        from bayesncl.app import ncl_studies  # it builds on this module's types
+
+        return ncl_studies.NCL_STUDIES[study_id](dataset, overrides)
+
+    return build
+
+
+STUDIES.update({i: _ncl_paper(i) for i in ("ncl-sparsity", "ncl-spectral", "ncl-supervised", "ncl-dead")})
 
 
 def _keys(overrides: list[str]) -> set[str]:

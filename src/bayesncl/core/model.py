@@ -9,7 +9,7 @@ so their checkpoints map onto ours.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -150,6 +150,7 @@ class ModelOutput:
     mask: Tensor | None
     z_tilde: Tensor
     ipw_weights: Tensor | None = None
+    heads: dict[str, Tensor] = field(default_factory=dict)
 
 
 class ContrastiveModel(nn.Module):
@@ -163,6 +164,10 @@ class ContrastiveModel(nn.Module):
         self._build_parts(h_dim, model_cfg, method)
         self.classifier = nn.Linear(h_dim, num_classes)
         self.bn_views = model_cfg.bn_views
+        from bayesncl.core import methods  # the registry reads this module's types
+
+        for name, head in methods.get(method.name).heads.items():  # last: the others' RNG draws stay
+            self.heads[name] = head.build(model_cfg.proj_dim, num_classes)
 
     def _build_parts(self, h_dim: int, mo: ModelConfig, m: MethodConfig) -> None:
         """Everything after the backbone (PAPER-NOTES §1), which :class:`~bayesncl.core.head.ContrastiveHead`
@@ -184,6 +189,7 @@ class ContrastiveModel(nn.Module):
         # eval mode only: gate z with alpha instead of the hard mask (the authors' eval.use_soft_gating,
         # main_eval.py:104-113); set by app.evaluate.extract_split from eval.use_soft_gating
         self.soft_eval_gate = False
+        self.heads = nn.ModuleDict()  # a method's own modules (CE's classifier), filled by the model
 
     def project(self, h: Tensor) -> ModelOutput:
         """Run everything after the backbone on h: (B, H)."""
@@ -208,7 +214,8 @@ class ContrastiveModel(nn.Module):
             if self.training:
                 self.prevalence.update(z)  # this batch enters π before π weighs it
             weights = self.prevalence.weights()
-        return ModelOutput(h, p, z, logits, alpha, mask, z_tilde, weights)
+        heads = {name: head(raw_features(z, mask)) for name, head in self.heads.items()}
+        return ModelOutput(h, p, z, logits, alpha, mask, z_tilde, weights, heads)
 
     def forward(self, x: Tensor, views: int = 1) -> ModelOutput:
         """x: (B, C, S, S) normalised images → :class:`ModelOutput`.
@@ -222,6 +229,13 @@ class ContrastiveModel(nn.Module):
         if views > 1 and self.bn_views == "per_view":
             return self.project(torch.cat([self.backbone(v) for v in x.chunk(views)]))
         return self.project(self.backbone(x))
+
+
+def raw_features(z: Tensor, mask: Tensor | None) -> Tensor:
+    """The features of a loss that does its own scaling (the spectral loss, CE's classifier): z
+    (after φ and TopK), gated ``z ⊙ m`` with a gate (the mask's straight-through gradient reaches
+    the gating head), not L2-normalised. z, mask: (M, D). Returns (M, D) in z's dtype."""
+    return z if mask is None else z * mask.to(z.dtype)
 
 
 def build_model(cfg: Config, in_channels: int, image_size: int, num_classes: int) -> ContrastiveModel:

@@ -1,5 +1,6 @@
 """The methods: one file each (``cl``, ``ncl``, ``ncl_topk``, ``bayesncl``, ``bayesncl_gs``,
-``ncl_ipw``), registered in :data:`METHODS` in the order tables list them.
+``ncl_ipw``, then the NCL paper's others, :data:`BUILT_IN`), registered in :data:`METHODS` in the
+order tables list them.
 
 A method is a :class:`Method` (its parts, loss terms, statistics and own keys; :mod:`.spec`);
 :mod:`.registry` is what config, model, loss and logs read; :mod:`.common` the shared terms and
@@ -22,15 +23,18 @@ from bayesncl.core.methods.registry import (
     terms,
     unread_keys,
 )
-from bayesncl.core.methods.spec import Batch, Key, LossTerm, Method, Part, Statistic, Step
+from bayesncl.core.methods.spec import Batch, Head, Key, LossTerm, Method, Part, Statistic, Step
 
 __all__ = [
-    "METHODS", "Method", "LossTerm", "Statistic", "Key", "Part", "Batch", "Step", "register_method", "get",
-    "preset", "closest", "unread_keys", "check", "terms", "loss", "statistics", "all_statistics", "INFO_NCE",
-    "KL", "LOSS", "PARTS", "CONTRASTIVE_STATS", "term_statistic", "BUILT_IN",
+    "METHODS", "Method", "LossTerm", "Statistic", "Key", "Part", "Head", "Batch", "Step", "register_method",
+    "get", "preset", "closest", "unread_keys", "check", "terms", "loss", "statistics", "all_statistics",
+    "INFO_NCE", "KL", "LOSS", "PARTS", "CONTRASTIVE_STATS", "term_statistic", "BUILT_IN",
 ]
 
-BUILT_IN = ("cl", "ncl", "ncl_topk", "bayesncl", "bayesncl_gs", "ncl_ipw")
+BUILT_IN = (
+    "cl", "ncl", "ncl_topk", "bayesncl", "bayesncl_gs", "ncl_ipw",
+    "cl_l1", "ncl_l1", "scl", "ncl_scl", "scl_l1", "supcon", "ncl_supcon", "ce", "nce",
+)
 """The files of the built-in methods, imported (so registered) in this order: the tables' order."""
 for _file in BUILT_IN:
     importlib.import_module(f"{__name__}.{_file}")

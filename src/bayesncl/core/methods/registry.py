@@ -79,7 +79,8 @@ def preset(name: str) -> dict[str, Any]:
 
 def closest(m: MethodConfig) -> str:
     """The method a configuration of parts is: the registered method that agrees on, in this order,
-    having a gate, TopK, the inverse-prevalence similarity, and a non-negativity map (φ ≠
+    the loss terms of ``m.name``'s method (so a gate switched on a method keeps it that method), having a
+    gate, TopK, the inverse-prevalence similarity, and a non-negativity map (φ ≠
     identity); ties go to ``m.name`` (the configured method), then to the method with the same gate
     kind, then to the first registered.
 
@@ -88,9 +89,12 @@ def closest(m: MethodConfig) -> str:
     ncl with ``method.gate=ste`` is bayesncl.
     """
 
+    own = METHODS.get(m.name)
+
     def distance(item: tuple[str, Method]) -> tuple[bool, ...]:
         key, s = item
         return (
+            own is not None and s.terms != own.terms,
             s.gated != (m.gate != "none"), s.topk != m.topk, s.ipw != m.ipw,
             (s.nonneg == "identity") != (m.nonneg == "identity"), key != m.name, s.gate != m.gate,
         )
@@ -150,6 +154,11 @@ def check(m: MethodConfig, mo: ModelConfig) -> None:
     arguments, PAPER-NOTES §1), the method's own keys, then its own ``check``."""
     _check_common(m, mo)
     method = get(m.name)
+    _check(
+        method.gateable or m.gate == "none",
+        f"method.gate={m.gate} with method.name={m.name}: its loss reads no features a gate could gate; "
+        "use method.gate=none",
+    )
     for name, key in method.keys.items():
         value = getattr(m, name)
         ok = key.check is None or bool(key.check(value))

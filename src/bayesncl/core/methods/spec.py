@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from bayesncl.core.configs import MethodConfig, ModelConfig
     from bayesncl.core.model import ModelOutput
 
-__all__ = ["Batch", "Step", "LossTerm", "Statistic", "Key", "Part", "Method"]
+__all__ = ["Batch", "Step", "LossTerm", "Statistic", "Key", "Part", "Head", "Method"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,17 @@ class Part:
 
 
 @dataclass(frozen=True)
+class Head:
+    """A trainable module a method adds after φ, e.g. CE's classifier: ``build(D, classes)`` makes
+    it (D = ``model.proj_dim``, classes = the dataset's), the model runs it on the loss's raw
+    features (z, or z ⊙ m with a gate: :func:`bayesncl.core.model.raw_features`) in every forward
+    and its output is ``out.heads[name]``. Its parameters are ``heads.NAME.*``, trained with the
+    encoder's learning rate."""
+
+    build: Callable[[int, int], Any]
+
+
+@dataclass(frozen=True)
 class Method:
     """A method: the parts ``method.name=NAME`` presets (the ``method.*`` fields of the same names;
     an ablation may override any), its loss terms, the statistics it logs, its own keys.
@@ -125,8 +136,10 @@ class Method:
     inverse-prevalence similarity (Definition 4.4). terms: its loss terms (the gate adds λ·KL);
     stats: what it logs, :data:`~bayesncl.core.methods.common.CONTRASTIVE_STATS` plus its own;
     keys: its own ``method.*`` keys; needs_labels: a supervised method (refused with
-    ``data.labels=none``); check: more checks of a config, ``check(method, model)`` raising
-    ConfigError; source: the file that registered it (None: built in)."""
+    ``data.labels=none``); heads: trainable modules it adds after φ (:class:`Head`); gateable: its
+    loss reads the gated features (False: a ``method.gate`` other than none is refused in one line);
+    check: more checks of a config, ``check(method, model)`` raising ConfigError;
+    source: the file that registered it (None: built in)."""
 
     name: str
     nonneg: str = "rep_relu"
@@ -139,6 +152,8 @@ class Method:
     stats: tuple[Statistic, ...] = ()
     keys: Mapping[str, Key] = field(default_factory=dict)
     needs_labels: bool = False
+    heads: Mapping[str, Head] = field(default_factory=dict)
+    gateable: bool = True
     check: Callable[[MethodConfig, ModelConfig], None] | None = None
     doc: str = ""
     source: str | None = None

@@ -1,0 +1,121 @@
+"""The loss terms, keys, heads and statistics that the NCL paper's other methods share: the spectral
+contrastive loss, SupCon, the cross-entropy of a classifier on z (CE, and NCE on φ(p)) and the L1
+penalty (:mod:`bayesncl.core.objectives` holds their maths; each method's own file combines them).
+
+Every term is a mean over this process's 2n rows and, where it contrasts rows, takes the other
+processes' rows with gradient under torch.distributed (``batch.gather``), so DDP's gradient average
+is the one-process gradient of the whole batch (tests/test_objectives_distributed.py). torch is
+imported when a term first runs, so reading a config does not import it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bayesncl.core.methods.common import CONTRASTIVE_STATS, LOSS, term_statistic
+from bayesncl.core.methods.spec import Batch, Head, Key, LossTerm, Statistic, Step
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from bayesncl.core.configs import MethodConfig
+    from bayesncl.core.model import ModelOutput
+
+__all__ = [
+    "SPECTRAL", "SUPCON", "CROSS_ENTROPY", "L1", "L1_CLIPPED", "BETA", "MU", "CLASSIFIER", "stats_for",
+]
+
+
+def _features(out: ModelOutput) -> Tensor:
+    from bayesncl.core.model import raw_features
+
+    return raw_features(out.z, out.mask)
+
+
+def _labels(batch: Batch) -> Tensor:
+    import torch
+
+    assert batch.labels is not None  # needs_labels: the engine passes them, config refuses data without
+    return torch.cat([batch.labels, batch.labels])
+
+
+def spectral_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+    """The spectral contrastive loss of the raw features (z, or z ⊙ m with a gate), rows clipped to
+    norm √μ (``method.mu``): :func:`bayesncl.core.objectives.global_spectral_loss`."""
+    from bayesncl.core.objectives import global_spectral_loss
+
+    return global_spectral_loss(_features(out), m.mu, gather=batch.gather)
+
+
+def supcon_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+    """SupCon on z̃ at ``method.temperature``, positives the same label anywhere in the global batch:
+    :func:`bayesncl.core.objectives.global_supcon_loss`."""
+    from bayesncl.core.objectives import global_supcon_loss
+
+    return global_supcon_loss(out.z_tilde, _labels(batch), m.temperature, gather=batch.gather)
+
+
+def cross_entropy_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+    """Cross-entropy of the method's classifier (:data:`CLASSIFIER`, a linear layer on the raw
+    features z, or z ⊙ m) over the 2n views: :func:`bayesncl.core.objectives.linear_cross_entropy`'s
+    value, from the logits the model computed."""
+    import torch.nn.functional as F
+
+    from bayesncl.core.parts import fp32_math
+
+    with fp32_math(out.z.device):
+        return F.cross_entropy(out.heads["classifier"].float(), _labels(batch))
+
+
+def l1_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+    """mean‖z̃‖₁ of the unit rows InfoNCE compares (an L1 on z itself would only shrink a scale
+    InfoNCE ignores): :func:`bayesncl.core.objectives.l1_penalty`."""
+    from bayesncl.core.objectives import l1_penalty
+
+    return l1_penalty(out.z_tilde)
+
+
+def l1_clipped_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+    """mean‖z‖₁ of the rows the spectral loss compares (raw features clipped to norm √μ)."""
+    from bayesncl.core.objectives import clip_norm, l1_penalty
+
+    return l1_penalty(clip_norm(_features(out), m.mu))
+
+
+def _classifier(dim: int, classes: int) -> object:
+    from torch import nn
+
+    return nn.Linear(dim, classes)
+
+
+SPECTRAL = LossTerm("spectral", spectral_term, label="spectral CL")
+SUPCON = LossTerm("supcon_loss", supcon_term, label="SupCon", reads=("temperature",))
+CROSS_ENTROPY = LossTerm("cross_entropy", cross_entropy_term, label="cross-entropy")
+L1 = LossTerm("l1_penalty", l1_term, weight="beta", label="L1")
+L1_CLIPPED = LossTerm("l1_penalty", l1_clipped_term, weight="beta", label="L1")
+
+BETA = {"beta": Key(0.01, "weight β of the L1 term β·mean‖z‖₁ (NCL paper's L1-regularised CL)",
+                    lambda v: v >= 0, "beta >= 0 (0: no L1 term)")}
+MU = {"mu": Key(1.0, "μ of the spectral loss: rows clipped to norm √μ, the loss divided by μ (HaoChen)",
+                lambda v: v > 0, "mu > 0 (1 in HaoChen et al.'s CIFAR config)")}
+CLASSIFIER = {"classifier": Head(_classifier)}
+
+
+def _head_accuracy(s: Step) -> Tensor:
+    assert s.labels is not None
+    return (s.out.heads["classifier"].argmax(1) == s.labels).float().mean()
+
+
+HEAD_ACCURACY = Statistic("train_acc", _head_accuracy, "the method's classifier, training accuracy (%)",
+                          "acc", percent=True, needs_labels=True)
+
+
+def stats_for(*terms: LossTerm, head: bool = False) -> tuple[Statistic, ...]:
+    """The statistics of a method whose loss is ``terms`` (in place of InfoNCE): the loss, each
+    term's value, the gate's (shown only with a gate), the online probe's accuracy, and with
+    ``head`` the accuracy of the method's own classifier on the batch."""
+    rest = tuple(s for s in CONTRASTIVE_STATS if s.name not in ("loss", "info_nce"))
+    titles = {"spectral": "spectral CL loss", "supcon_loss": "SupCon (nats)", "info_nce": "InfoNCE (nats)",
+              "cross_entropy": "cross-entropy (nats)", "l1_penalty": "L1 term mean‖z‖₁ (before β)"}
+    own = tuple(term_statistic(t, titles.get(t.name, t.label), t.label) for t in terms)
+    return (LOSS, *own, *rest, *((HEAD_ACCURACY,) if head else ()))
