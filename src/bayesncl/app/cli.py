@@ -143,7 +143,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
     path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
     path_arg(args.out, "--out", "a .npz file path")  # its suffix: extract_command, before any loading
-    out = extract_command(args.source, split=args.split, out=args.out, overrides=args.overrides)
+    out = extract_command(args.source, split=args.split, out=args.out, overrides=args.overrides,
+                          factors=args.factors)
     print(f"wrote {out}")
     return 0
 
@@ -153,7 +154,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from bayesncl.metrics import format_metrics_table
 
     dims = parse_dims(args.retrieval_dims)
-    result = metrics_command(args.features, dims, args.json)
+    result = metrics_command(args.features, dims, args.json, mig=args.mig)
     if args.json:  # exactly the metric keys (+ retrieval, + note on degenerate input)
         print(json.dumps({k: v for k, v in result.items() if k != "source"}, indent=2))
     else:
@@ -308,6 +309,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("--split", choices=("test", "train"), default="test", help="which split (default test)"),
             _arg("--out", help="output .npz (default RUN_DIR/features_<split>.npz; for RUN/epoch-NNNN.pt "
                  "RUN/eval-epoch-NNNN/features_<split>.npz)"),
+            _flag("--factors", "require the generative factors (dsprites) in the file: an error for a "
+                  "dataset without them (they are stored whenever the dataset has them)"),
             _LOAD_OVERRIDES,
         ],
     ),
@@ -320,7 +323,10 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("features", metavar="FEATURES", help="features .npz (from extract, or any npz holding "
                  "'features' (N x D float) and 'labels' (N int))"),
             _flag("--json", "print JSON instead of a table"),
-            _arg("--retrieval-dims", help="comma-separated K list, e.g. 32,64,128"),
+            _arg("--retrieval-dims", help="comma-separated K list, e.g. 32,64,128 (adds NCL's own "
+                 "retrieval map at each K)"),
+            _flag("--mig", "require MIG (an error for a file without 'factors'); a file with factors "
+                  "reports it anyway"),
         ],
     ),
     "evaluate": (
