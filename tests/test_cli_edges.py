@@ -182,6 +182,7 @@ def test_metrics_json_has_exactly_the_issue_keys(tmp_path: Path, capsys: pytest.
         "effective_rank",
         "orthogonality",
         "retrieval",
+        "ncl_map",  # issue 26: the NCL repository's own retrieval number, beside ours
     }
     assert set(out["retrieval"]) == {"4", "8"}
     assert set(out["retrieval"]["4"]) == {"P@1", "P@3", "P@5", "P@10", "mAP@10"}
