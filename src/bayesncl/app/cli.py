@@ -189,6 +189,16 @@ _LOAD_OVERRIDES_HELP = (
 )
 
 
+def cmd_ood(args: argparse.Namespace) -> int:
+    from bayesncl.app.ood import ood_command, parse_list, parse_severities
+
+    path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
+    ood_command(args.source, corruptions=parse_list(args.corruptions, "corruptions"),
+                severities=parse_severities(args.severities), seed=args.seed, cache=args.cache,
+                overrides=args.overrides)
+    return 0
+
+
 def cmd_dynamics(args: argparse.Namespace) -> int:
     from bayesncl.app.dynamics import dynamics_command
 
@@ -311,6 +321,23 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
                  "RUN/eval-epoch-NNNN/features_<split>.npz)"),
             _flag("--factors", "require the generative factors (dsprites) in the file: an error for a "
                   "dataset without them (they are stored whenever the dataset has them)"),
+            _LOAD_OVERRIDES,
+        ],
+    ),
+    "ood": (
+        "out-of-distribution transfer: the linear probe on clean train h, tested on shifted test sets",
+        "Fit the fast linear probe on the clean train split's frozen h once, then score it on every "
+        "corruption x severity of the test split (the ImageNet-C corruptions, imagecorruptions package; "
+        "cached, deterministic by --seed) or, for data.name=imagefolder, on the released imagenet-c/, "
+        "imagenet-sketch/ and stylized-imagenet/ folders under data.root. Writes ood.json, ood.md, ood.png.",
+        {},
+        [
+            _SOURCE,
+            _arg("--corruptions", help="comma-separated names (default the 15 ImageNet-C benchmark ones; "
+                 "'all' adds speckle_noise, gaussian_blur, spatter, saturate)"),
+            _arg("--severities", help="comma-separated severities 1-5 (default 1,2,3,4,5)"),
+            _arg("--seed", type=int, default=0, help="the corruptions' and the probe's seed (default 0)"),
+            _arg("--cache", help="folder of the corrupted copies (default ~/.cache/bayesncl/corrupted)"),
             _LOAD_OVERRIDES,
         ],
     ),

@@ -57,7 +57,8 @@ def _folder_sets(cfg: Config, corruptions: Sequence[str] | None, severities: Seq
 
 
 def ood_evaluate(
-    model: Any, cfg: Config, *, corruptions: Sequence[str] | None = None, severities: Sequence[int] = SEVERITIES,
+    model: Any, cfg: Config, *, corruptions: Sequence[str] | None = None,
+    severities: Sequence[int] = SEVERITIES,
     seed: int = 0, cache: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """The OOD transfer of ``model`` (module doc) on ``cfg``'s data. ``corruptions``: default the 15
@@ -74,8 +75,8 @@ def ood_evaluate(
     sets = _folder_sets(cfg, corruptions, sevs) if folder else {}
     if folder and not sets:
         raise DataError(
-            f"no shifted test set under {cfg.data.root}: expected imagenet-c/<corruption>/<severity>/<class>/, "
-            "imagenet-sketch/<class>/ or stylized-imagenet/<class>/ there"
+            f"no shifted test set under {cfg.data.root}: expected imagenet-c/<corruption>/<severity>/"
+            "<class>/, imagenet-sketch/<class>/ or stylized-imagenet/<class>/ there"
         )
     device = next(model.parameters()).device
     train = extract_split(model, cfg, "train", device, keys=("h",))
@@ -86,8 +87,8 @@ def ood_evaluate(
     bs = cfg.eval.batch_size
     if folder:
         for (n, s), fs in sets.get("c", {}).items():
-            per.setdefault(n, {})[str(s)] = _accuracy(model, probe, shifted_eval_loader(fs, None, cfg.data, bs,
-                                                                                         device), device)
+            loader = shifted_eval_loader(fs, None, cfg.data, bs, device)
+            per.setdefault(n, {})[str(s)] = _accuracy(model, probe, loader, device)
         for key in ("sketch", "stylized"):
             if key in sets:
                 loader = shifted_eval_loader(sets[key], None, cfg.data, bs, device)
@@ -101,7 +102,9 @@ def ood_evaluate(
     if per:
         result["corruptions"] = per
         levels = sorted({s for row in per.values() for s in row}, key=int)
-        result["severity_mean"] = {s: float(np.mean([row[s] for row in per.values() if s in row])) for s in levels}
+        result["severity_mean"] = {
+            s: float(np.mean([row[s] for row in per.values() if s in row])) for s in levels
+        }
         result["corruption_mean"] = float(np.mean([v for row in per.values() for v in row.values()]))
     result["protocol"] = PROTOCOL.format(seed=seed)
     return result
@@ -124,3 +127,64 @@ def ood_markdown(result: dict[str, Any]) -> str:
         if key in result:
             lines.append(f"\n{label} Acc@1: {result[key]:.2f} %")
     return "\n".join(lines)
+
+
+def parse_list(value: str | None, what: str) -> list[str] | None:
+    """A comma-separated option value as a list (None when not given); ``all`` for corruptions is
+    the 15 benchmark ones plus the package's 4 validation ones."""
+    from bayesncl.data.corruptions import EXTRA_CORRUPTIONS
+
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if what == "corruptions" and items == ["all"]:
+        return [*CORRUPTIONS, *EXTRA_CORRUPTIONS]
+    return items
+
+
+def parse_severities(value: str | None) -> list[int]:
+    """``--severities 1,3,5`` as integers (default 1-5). Raises DataError for a non-integer."""
+    from bayesncl.data.sources import DataError
+
+    out = []
+    for v in parse_list(value, "severities") or [str(s) for s in SEVERITIES]:
+        try:
+            out.append(int(v))
+        except ValueError:
+            raise DataError(f"corruption severity {v!r}: expected an integer from 1 to 5") from None
+    return out
+
+
+def ood_command(
+    source: str | Path, *, corruptions: Sequence[str] | None = None, severities: Sequence[int] = SEVERITIES,
+    seed: int = 0, cache: str | os.PathLike[str] | None = None, overrides: list[str] | None = None,
+) -> dict[str, Any]:
+    """``bayesncl ood``: :func:`ood_evaluate` of a trained run or checkpoint, written as ``ood.json``,
+    ``ood.md`` and ``ood.png`` (accuracy against severity) beside it. The corruption names and
+    severities are checked before anything is loaded or written (DataError, one line)."""
+    from bayesncl.app.evaluate import load_trained
+    from bayesncl.app.report import write_results
+
+    check_corruptions(corruptions or CORRUPTIONS, severities)
+    model, cfg, out_dir = load_trained(source, overrides=overrides, command="ood")
+    result = ood_evaluate(model, cfg, corruptions=corruptions, severities=severities, seed=seed, cache=cache)
+    result["method"] = cfg.method.name
+    md = ood_markdown(result)
+    write_results(out_dir, "ood", result, md, header=f"Out-of-distribution transfer of {source} ({PROTOCOL})"
+                  .format(seed=seed))
+    if "severity_mean" in result:
+        write_ood_figure({cfg.method.name: result}, out_dir / "ood.png")
+    print(md)
+    return result
+
+
+def write_ood_figure(results: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Mean accuracy over corruptions against severity (0 = clean), one line per run of ``results``."""
+    from bayesncl.app.report.plots import write_error_bar_figure
+
+    series = []
+    for label, r in results.items():
+        pts = [(0.0, r["clean_acc1"], None)] + [(float(s), v, None) for s, v in r["severity_mean"].items()]
+        series.append((label, pts, ()))
+    panel = ("mean over corruptions", "severity (0 = clean)", "linear probe Acc@1 (%)", "linear", series)
+    return write_error_bar_figure([panel], path, "Out-of-distribution transfer", 1)

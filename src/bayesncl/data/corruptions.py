@@ -72,7 +72,9 @@ def _pad(img: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
     return np.pad(img, pads, mode="edge"), (ph // 2, pw // 2)
 
 
-def corrupt_images(images: torch.Tensor | np.ndarray, name: str, severity: int, seed: int = 0) -> torch.Tensor:
+def corrupt_images(
+    images: torch.Tensor | np.ndarray, name: str, severity: int, seed: int = 0
+) -> torch.Tensor:
     """uint8 ``(N, C, H, W)`` images (C = 1 or 3) corrupted by ``name`` at ``severity`` (module doc),
     the same shape and dtype. Call :func:`check_corruptions` first (nothing is checked here)."""
     import imagecorruptions
@@ -112,8 +114,9 @@ def corrupted_test_split(
     split = load_split(cfg, "test")
     if split.images is None:
         raise DataError(
-            f"data.name={cfg.name}: corrupted copies are made of tensor datasets (fashion-mnist, cifar10, ...); "
-            "for image folders read the released sets (ImageNet-C, -Sketch, Stylized-ImageNet) from data.root"
+            f"data.name={cfg.name}: corrupted copies are made of tensor datasets (fashion-mnist, cifar10, "
+            "...); for image folders read the released sets (ImageNet-C, -Sketch, Stylized-ImageNet) "
+            "from data.root"
         )
     digest = hashlib.sha1(split.images.numpy().tobytes()).hexdigest()[:12]
     folder = Path(os.path.expanduser(str(cache or DEFAULT_CACHE)))

@@ -76,7 +76,9 @@ def imagenet_c_sets(
         raise DataError(f"ImageNet-C folder {r} does not exist (expected <corruption>/<severity>/<class>/)")
     names = list(corruptions) if corruptions else sorted(e.name for e in os.scandir(r) if e.is_dir())
     if not names:
-        raise DataError(f"ImageNet-C folder {r} holds no corruption folders (<corruption>/<severity>/<class>/)")
+        raise DataError(
+            f"ImageNet-C folder {r} holds no corruption folders (<corruption>/<severity>/<class>/ expected)"
+        )
     out = {}
     for n in names:
         for s in severities:

@@ -37,7 +37,8 @@ class FittedProbe:
         train split lacks counts as an error; Acc@5 is Acc@C below 5 classes). Raises EvalError."""
         x, y = validate_features(features, labels)
         if x.shape[1] != self.w.shape[1]:
-            raise EvalError(f"shifted features have D={x.shape[1]}, the probe was fitted on D={self.w.shape[1]}")
+            fitted = self.w.shape[1]
+            raise EvalError(f"shifted features have D={x.shape[1]}; the probe was fitted on D={fitted}")
         assert y is not None
         _, y_idx, c = class_indices(self.classes, y)
         logits = torch.addmm(self.b, (x.to(torch.float32) - self.mean) / self.std, self.w.T)
