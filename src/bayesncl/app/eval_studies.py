@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bayesncl.app import studies
 from bayesncl.app.studies import Column, Panel, Row, Series, Study, Variant
 from bayesncl.config import Config
 
@@ -157,3 +158,4 @@ STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
     "ncl-mig": _ncl_mig, "ncl-ood": _ncl_ood, "appj": _appj,
 }
 MEASURES = {"mig": _m_mig, "ood": _m_ood, "appj": _m_appj, "nclmap": _m_nclmap}
+studies.STUDIES.update(STUDIES)

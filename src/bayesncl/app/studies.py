@@ -322,9 +322,7 @@ STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
 """``bayesncl reproduce ID``: the IDs and their builders."""
 
 
-from bayesncl.app import eval_studies  # noqa: E402 - issue 26's studies (it imports this module's types)
-
-STUDIES.update(eval_studies.STUDIES)
+from bayesncl.app import eval_studies  # noqa: E402, F401 - adds issue 26's studies to STUDIES
 
 
 def _keys(overrides: list[str]) -> set[str]:
