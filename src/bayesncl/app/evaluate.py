@@ -446,7 +446,8 @@ def evaluate_command(
 ) -> dict[str, Any]:
     """``bayesncl evaluate``: load the model, :func:`score` it (metrics, linear probe with mean ± std
     over ``probe_seeds``, kNN, retrieval, feature-selection probe), then write ``features_test.npz``,
-    ``evaluation.json`` / ``.md`` and the figures beside the checkpoint (only once all is computed).
+    ``evaluation.json`` / ``.md``, the figures and ``embedding.png`` (t-SNE of z̃ by class,
+    :mod:`bayesncl.app.report.embedding`) beside the checkpoint (only once all is computed).
 
     ``probe``: fast, paper or none; ``None``: the run's ``eval.probe`` (after ``overrides``).
     ``retrieval_dims``: ``None`` is :func:`score`'s ``"auto"``. ``given``: the options the user gave
@@ -488,6 +489,10 @@ def evaluate_command(
     save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
     write_results(out_dir, "evaluation", result, md)
     write_figures(test, cfg.data, out_dir, label=run_label(cfg.method.name, out_dir))
+    from bayesncl.app.report.embedding import write_embedding_map
+
+    write_embedding_map(test["features"], test["labels"], dataset_info(cfg.data).class_names,
+                        out_dir / "embedding.png", label=run_label(cfg.method.name, out_dir))
     print(md)
     print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
     if report is not None:
