@@ -387,13 +387,16 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "train, to continue, reused, estimated time) is printed first. IDs: 1, 2, 4, 7 (BayesNCL "
         "Tables 1, 2, 4, 7), 3 (gradient dynamics), 5 (ResNet-50), 15 (gating-head lr), fig3 "
         "(retrieval vs K), fig4a (SC vs D), fig4b (SC, LP@1 vs rho and lambda), ncl-fs (NCL feature "
-        "selection), ncl-sepin (NCL SEPIN@k), 6 (background probe of CHECKPOINT_OR_RUN... on waterbirds "
+        "selection, with our mAP@10 and NCL's own map), ncl-sepin (NCL SEPIN@k), ncl-mig (MIG on "
+        "dSprites), ncl-ood (linear probe on corrupted/shifted test sets), appj (BayesNCL Appendix J on "
+        "fashion-mnist-bg), 6 (background probe of CHECKPOINT_OR_RUN... on waterbirds "
         "or fashion-mnist-bg), mechanism (CL, NCL, BayesNCL, NCL-IPW on fashion-mnist-bg). "
         "CIFAR/ImageNet-100 recipes are GPU-scale; --dataset "
         "fashion-mnist uses the CPU demo budget. key=value overrides apply to every variant.",
         {},
         [
-            _arg("table", metavar="ID", help="1 2 3 4 5 7 15 fig3 fig4a fig4b ncl-fs ncl-sepin 6 mechanism"),
+            _arg("table", metavar="ID", help="1 2 3 4 5 7 15 fig3 fig4a fig4b ncl-fs ncl-sepin ncl-mig "
+                 "ncl-ood appj 6 mechanism"),
             _arg("--dataset", default="cifar100",
                  help="cifar10 | cifar100 | imagenet100 | fashion-mnist (default cifar100); for 6: "
                       "waterbirds | fashion-mnist-bg; for mechanism: fashion-mnist-bg"),
