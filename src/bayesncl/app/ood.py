@@ -170,8 +170,8 @@ def ood_command(
     result = ood_evaluate(model, cfg, corruptions=corruptions, severities=severities, seed=seed, cache=cache)
     result["method"] = cfg.method.name
     md = ood_markdown(result)
-    write_results(out_dir, "ood", result, md, header=f"Out-of-distribution transfer of {source} ({PROTOCOL})"
-                  .format(seed=seed))
+    header = f"Out-of-distribution transfer of {source} ({PROTOCOL.format(seed=seed)})."
+    write_results(out_dir, "ood", result, md, header=header)
     if "severity_mean" in result:
         write_ood_figure({cfg.method.name: result}, out_dir / "ood.png")
     print(md)
