@@ -40,7 +40,7 @@ def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["reproduce", "8"]) == 2
     assert error_line(capsys) == (
         "bayesncl: error: reproduce '8': no such table or figure; expected one of 1, 2, 3, 4, 5, 7, 15, "
-        "fig3, fig4a, fig4b, ncl-fs, ncl-sepin, 6, mechanism"
+        "fig3, fig4a, fig4b, ncl-fs, ncl-sepin, ncl-mig, ncl-ood, appj, 6, mechanism"
     )
     with pytest.raises(SystemExit) as e:
         main(["reproduce", "1", "--seeds", "two"])
