@@ -40,7 +40,8 @@ def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["reproduce", "8"]) == 2
     assert error_line(capsys) == (
         "bayesncl: error: reproduce '8': no such table or figure; expected one of 1, 2, 3, 4, 5, 7, 9, 15, "
-        "fig3, fig4a, fig4b, ncl-fs, ncl-sepin, ncl-finetune, convergence, 6, mechanism"
+        "fig3, fig4a, fig4b, ncl-fs, ncl-sepin, ncl-finetune, convergence, ncl-sparsity, ncl-spectral, "
+        "ncl-supervised, ncl-dead, ncl-mig, ncl-ood, appj, 6, mechanism"
     )
     with pytest.raises(SystemExit) as e:
         main(["reproduce", "1", "--seeds", "two"])
@@ -182,6 +183,7 @@ def test_metrics_json_has_exactly_the_issue_keys(tmp_path: Path, capsys: pytest.
         "effective_rank",
         "orthogonality",
         "retrieval",
+        "ncl_map",  # issue 26: the NCL repository's own retrieval number, beside ours
     }
     assert set(out["retrieval"]) == {"4", "8"}
     assert set(out["retrieval"]["4"]) == {"P@1", "P@3", "P@5", "P@10", "mAP@10"}

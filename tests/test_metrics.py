@@ -609,7 +609,7 @@ def test_metrics_command_and_table(tmp_path):
     plain = tmp_path / "plain.npz"
     np.savez(plain, features=feats.float().numpy(), labels=labels.numpy())
     out = metrics_command(plain, retrieval_dims=[4, 16], as_json=True)
-    assert set(out) == set(M.METRIC_KEYS) | {"retrieval", "source"}
+    assert set(out) == set(M.METRIC_KEYS) | {"retrieval", "ncl_map", "source"}
     assert out["source"] == {"path": str(plain), "num_samples": 60, "dim": 16}
     assert set(out["retrieval"]["4"]) == {"P@1", "P@3", "P@5", "P@10", "mAP@10"}
     json.dumps(out, allow_nan=False)

@@ -124,7 +124,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
     path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
     path_arg(args.out, "--out", "a .npz file path")  # its suffix: extract_command, before any loading
-    out = extract_command(args.source, split=args.split, out=args.out, overrides=args.overrides)
+    out = extract_command(args.source, split=args.split, out=args.out, overrides=args.overrides,
+                          factors=args.factors)
     print(f"wrote {out}")
     return 0
 
@@ -134,7 +135,7 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     from bayesncl.metrics import format_metrics_table
 
     dims = parse_dims(args.retrieval_dims)
-    result = metrics_command(args.features, dims, args.json)
+    result = metrics_command(args.features, dims, args.json, mig=args.mig)
     if args.json:  # exactly the metric keys (+ retrieval, + note on degenerate input)
         print(json.dumps({k: v for k, v in result.items() if k != "source"}, indent=2))
     else:
@@ -167,6 +168,16 @@ _LOAD_OVERRIDES_HELP = (
     "official BayesNCL/NCL checkpoint the data (data.name=cifar100 data.root=DIR) and, if not "
     "inferred right, method.name=cl|ncl|ncl-topk|bayesncl-gs"
 )
+
+
+def cmd_ood(args: argparse.Namespace) -> int:
+    from bayesncl.app.ood import ood_command, parse_list, parse_severities
+
+    path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
+    ood_command(args.source, corruptions=parse_list(args.corruptions, "corruptions"),
+                severities=parse_severities(args.severities), seed=args.seed, cache=args.cache,
+                overrides=args.overrides)
+    return 0
 
 
 def cmd_dynamics(args: argparse.Namespace) -> int:
@@ -315,6 +326,25 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("--split", choices=("test", "train"), default="test", help="which split (default test)"),
             _arg("--out", help="output .npz (default RUN_DIR/features_<split>.npz; for RUN/epoch-NNNN.pt "
                  "RUN/eval-epoch-NNNN/features_<split>.npz)"),
+            _flag("--factors", "require the generative factors (dsprites) in the file: an error for a "
+                  "dataset without them (they are stored whenever the dataset has them)"),
+            _LOAD_OVERRIDES,
+        ],
+    ),
+    "ood": (
+        "out-of-distribution transfer: the linear probe on clean train h, tested on shifted test sets",
+        "Fit the fast linear probe on the clean train split's frozen h once, then score it on every "
+        "corruption x severity of the test split (the ImageNet-C corruptions, imagecorruptions package; "
+        "cached, deterministic by --seed) or, for data.name=imagefolder, on the released imagenet-c/, "
+        "imagenet-sketch/ and stylized-imagenet/ folders under data.root. Writes ood.json, ood.md, ood.png.",
+        {},
+        [
+            _SOURCE,
+            _arg("--corruptions", help="comma-separated names (default the 15 ImageNet-C benchmark ones; "
+                 "'all' adds speckle_noise, gaussian_blur, spatter, saturate)"),
+            _arg("--severities", help="comma-separated severities 1-5 (default 1,2,3,4,5)"),
+            _arg("--seed", type=int, default=0, help="the corruptions' and the probe's seed (default 0)"),
+            _arg("--cache", help="folder of the corrupted copies (default ~/.cache/bayesncl/corrupted)"),
             _LOAD_OVERRIDES,
             _PLUGIN,
         ],
@@ -328,7 +358,10 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("features", metavar="FEATURES", help="features .npz (from extract, or any npz holding "
                  "'features' (N x D float) and 'labels' (N int))"),
             _flag("--json", "print JSON instead of a table"),
-            _arg("--retrieval-dims", help="comma-separated K list, e.g. 32,64,128"),
+            _arg("--retrieval-dims", help="comma-separated K list, e.g. 32,64,128 (adds NCL's own "
+                 "retrieval map at each K)"),
+            _flag("--mig", "require MIG (an error for a file without 'factors'); a file with factors "
+                  "reports it anyway"),
         ],
     ),
     "evaluate": (
@@ -364,9 +397,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "Tables 1, 2, 4, 7), 3 (gradient dynamics), 5 (ResNet-50), 9 (Tables 9/10: every metric of every "
         "ablation), 15 (gating-head lr), fig3 "
         "(retrieval vs K), fig4a (SC vs D), fig4b (SC, LP@1 vs rho and lambda), ncl-fs (NCL feature "
-        "selection), ncl-sepin (NCL SEPIN@k), ncl-finetune (NCL fine-tuning accuracy: bayesncl finetune "
-        "of CL, NCL, BayesNCL), ncl-sparsity (L1 vs non-negativity), ncl-spectral (spectral CL), "
-        "ncl-supervised (CE/NCE, SupCon), ncl-dead (ReLU vs rep_relu dead dims), 6 (background probe of "
+        "selection, with our mAP@10 and NCL's own map), ncl-sepin (NCL SEPIN@k), ncl-finetune (NCL "
+        "fine-tuning accuracy: bayesncl finetune of CL, NCL, BayesNCL), ncl-sparsity (L1 vs "
+        "non-negativity), ncl-spectral (spectral CL), ncl-supervised (CE/NCE, SupCon), ncl-dead (ReLU vs "
+        "rep_relu dead dims), ncl-mig (MIG on dSprites), ncl-ood (linear probe on corrupted/shifted test "
+        "sets), appj (BayesNCL Appendix J on fashion-mnist-bg), 6 (background probe of "
         "CHECKPOINT_OR_RUN... on waterbirds "
         "or fashion-mnist-bg), mechanism (CL, NCL, BayesNCL, NCL-IPW on fashion-mnist-bg), convergence "
         "(SC, active dims, gate-open rate, AF-GV, LP@1 per checkpoint). "
@@ -376,8 +411,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         {},
         [
             _arg("table", metavar="ID",
-                 help="1 2 3 4 5 7 9 15 fig3 fig4a fig4b ncl-fs ncl-sepin ncl-finetune ncl-sparsity "
-                      "ncl-spectral ncl-supervised ncl-dead convergence 6 mechanism"),
+                 help="1 2 3 4 5 7 9 15 fig3 fig4a fig4b ncl-fs ncl-sepin ncl-finetune convergence "
+                      "ncl-sparsity ncl-spectral ncl-supervised ncl-dead ncl-mig ncl-ood appj 6 mechanism"),
             _arg("--dataset", default="cifar100",
                  help="cifar10 | cifar100 | imagenet100 | fashion-mnist | fashion-mnist-long (default "
                       "cifar100); for 6: waterbirds | fashion-mnist-bg; for mechanism: fashion-mnist-bg | "

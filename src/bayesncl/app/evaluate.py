@@ -36,6 +36,7 @@ from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.core.optim import Precision, precision_plan
 from bayesncl.data import build_eval_loader, dataset_info, image_geometry
 from bayesncl.data.backgrounds import place_names, places_of
+from bayesncl.data.dsprites import factor_names, factors_of
 from bayesncl.metrics import (
     EvalError,
     EvalWarning,
@@ -45,6 +46,7 @@ from bayesncl.metrics import (
     linear_probe,
 )
 from bayesncl.metrics.background import background_metrics, background_probe, background_probe_one_split
+from bayesncl.metrics.disentanglement import factor_metrics
 from bayesncl.metrics.paper_probe import paper_linear_probe
 from bayesncl.runs.features import load_features, save_features
 from bayesncl.runs.official import load_official_checkpoint, load_state_strict, looks_official
@@ -101,7 +103,8 @@ def extract_split(
 ) -> dict[str, np.ndarray]:
     """:func:`extract_features` over ``split`` of the run's data (eval transforms, eval batch size;
     ``eval.use_soft_gating``: gated by α instead of the hard mask, ``mask`` then holds α), plus
-    ``places`` (N,) int64 for a dataset with backgrounds (:mod:`bayesncl.data.backgrounds`).
+    ``places`` (N,) int64 for a dataset with backgrounds (:mod:`bayesncl.data.backgrounds`) and
+    ``factors`` (N, F) int64 for one with generative factors (:mod:`bayesncl.data.dsprites`).
     A run trained with ``train.precision=fast`` is extracted as it trained (bf16 autocast and
     channels-last on a CPU with native bf16 or on CUDA; the forward pass alone is faster there too);
     every other run in fp32."""
@@ -116,6 +119,9 @@ def extract_split(
     places = places_of(cfg.data, split)
     if places is not None:
         out["places"] = places[out["indices"]]
+    factors = factors_of(cfg.data, split)
+    if factors is not None:
+        out["factors"] = factors[out["indices"]]
     return out
 
 
@@ -199,6 +205,8 @@ def score(
             test["features"], test["labels"], test["places"], z=test.get("z"), mask=test.get("mask")
         ))
         result.update(background_probe(train["h"], train["places"], test["h"], test["places"], seed=cfg.seed))
+    if "factors" in test:  # docs/metrics.md, "MIG"
+        result.update(factor_metrics(test["features"], test["factors"], factor_names(cfg.data.name)))
     return test, result
 
 
@@ -397,16 +405,21 @@ def _load_official(path: Path, obj: Any, overrides: list[str] | None) -> tuple[C
 
 def extract_command(
     source: str | Path, *, split: str = "test", out: str | Path | None = None,
-    overrides: list[str] | None = None,
+    overrides: list[str] | None = None, factors: bool = False,
 ) -> Path:
     """``bayesncl extract``: write ``features_<split>.npz`` (see docs/architecture.md).
 
-    ``overrides``: see :func:`load_trained` (official checkpoints need ``data.name=...``)."""
+    ``overrides``: see :func:`load_trained` (official checkpoints need ``data.name=...``).
+    ``factors``: the factors are required (EvalError, nothing written, for a dataset without them)."""
     if out is not None and Path(out).is_dir():
         raise EvalError(f"--out {out} is a directory; give a file name such as {Path(out) / 'features.npz'}")
     if out is not None and Path(out).suffix.lower() != ".npz":  # never last.pt, config.yaml, ... of a run
         raise EvalError(f"--out {out}: expected a .npz file path (a features file)")
     model, cfg, out_dir = load_trained(source, overrides=overrides, command="extract")
+    if factors and not factor_names(cfg.data.name):
+        raise EvalError(
+            f"--factors: data.name={cfg.data.name} has no generative factors (datasets with them: dsprites)"
+        )
     device = next(model.parameters()).device
     arrays = extract_split(model, cfg, split, device)
     path = Path(out) if out else out_dir / f"features_{split}.npz"
@@ -422,6 +435,8 @@ def save_split_features(
             "class_names": list(dataset_info(cfg.data).class_names), "source": str(source)}  # fmt: skip
     if "places" in arrays:
         meta["place_names"] = list(place_names(cfg.data.name))
+    if "factors" in arrays:
+        meta["factor_names"] = list(factor_names(cfg.data.name))
     save_features(path, meta=meta, **arrays)
 
 
@@ -450,7 +465,8 @@ def evaluate_command(
 ) -> dict[str, Any]:
     """``bayesncl evaluate``: load the model, :func:`score` it (metrics, linear probe with mean ± std
     over ``probe_seeds``, kNN, retrieval, feature-selection probe), then write ``features_test.npz``,
-    ``evaluation.json`` / ``.md`` and the figures beside the checkpoint (only once all is computed).
+    ``evaluation.json`` / ``.md``, the figures and ``embedding.png`` (t-SNE of z̃ by class,
+    :mod:`bayesncl.app.report.embedding`) beside the checkpoint (only once all is computed).
 
     ``probe``: fast, paper or none; ``None``: the run's ``eval.probe`` (after ``overrides``).
     ``retrieval_dims``: ``None`` is :func:`score`'s ``"auto"``. ``given``: the options the user gave
@@ -492,6 +508,10 @@ def evaluate_command(
     save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
     write_results(out_dir, "evaluation", result, md)
     write_figures(test, cfg.data, out_dir, label=run_label(cfg.method.name, out_dir))
+    from bayesncl.app.report.embedding import write_embedding_map
+
+    write_embedding_map(test["features"], test["labels"], dataset_info(cfg.data).class_names,
+                        out_dir / "embedding.png", label=run_label(cfg.method.name, out_dir))
     print(md)
     print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
     if report is not None:
@@ -515,11 +535,14 @@ def _evaluation_markdown(result: dict[str, Any]) -> str:
 
 
 def metrics_command(
-    path: str | os.PathLike[str], retrieval_dims: list[int] | None = None, as_json: bool = False
+    path: str | os.PathLike[str], retrieval_dims: list[int] | None = None, as_json: bool = False,
+    mig: bool = False,
 ) -> dict[str, Any]:
     """Load a features file (or plain .npz with ``features`` and ``labels``) and compute all metrics.
 
-    Returns :func:`compute_all`'s dict plus ``source`` (path, N, D, and ``method``, ``dataset``,
+    ``mig``: MIG is required (EvalError when the file carries no ``factors``); without it MIG is
+    reported whenever the file carries them. Returns :func:`compute_all`'s dict plus ``source``
+    (path, N, D, and ``method``, ``dataset``,
     ``split`` from the file's meta when present), JSON-serialisable (``as_json``: checked by a round
     trip through ``json``).
     """
@@ -535,6 +558,13 @@ def metrics_command(
         probe_on = "h" if fs.h is not None else "features"
         out.update(background_probe_one_split(fs.h if fs.h is not None else fs.features, fs.places))
         out["background_probe_protocol"] += f" (on {probe_on})"
+    if fs.factors is not None or mig:  # docs/metrics.md, "MIG"; --mig without factors: one line
+        if fs.factors is None:
+            raise EvalError(
+                f"{path} carries no factor labels ('factors'): MIG needs them; extract a dataset with "
+                "generative factors (data.name=dsprites)"
+            )
+        out.update(factor_metrics(fs.features, fs.factors, fs.factor_names))
     source: dict[str, Any] = {"path": str(path), "num_samples": fs.num_samples, "dim": fs.dim}
     for key in ("method", "dataset", "split"):
         if key in fs.meta:

@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from bayesncl.app import studies, variants
+from bayesncl.app import eval_studies, studies, variants
 from bayesncl.app.ncl_studies import NCL_MEASURES
 from bayesncl.app.studies import Study
 from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
@@ -336,6 +336,7 @@ MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval"
             "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune,
             "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory, **NCL_MEASURES}  # fmt: skip
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
+MEASURES.update(eval_studies.MEASURES)  # issue 26: mig, ood, appj, nclmap
 
 
 def measure(sub: Path, cfg: Config, wanted: list[tuple[str, tuple[Any, ...]]]) -> dict[str, float]:

@@ -14,7 +14,7 @@ Public API::
 :mod:`~bayesncl.data.loaders` (training and eval loaders, determinism), :mod:`~bayesncl.data.augment`.
 """
 
-from bayesncl.data import backgrounds, provided, stl10  # noqa: F401 - each adds its reader to sources.READERS
+from bayesncl.data import backgrounds, dsprites, provided, stl10  # noqa: F401 - each adds its reader to sources.READERS
 from bayesncl.data.augment import AugmentSpec, BatchAugment, mix_seed, sample_transform
 from bayesncl.data.images import LazyImages, load_split_images
 from bayesncl.data.loaders import (

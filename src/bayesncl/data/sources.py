@@ -13,6 +13,7 @@
 * ``synthetic``: 10 classes of shapes and textures in random colours, 32x32 RGB, 5000 train / 1000
   test, generated deterministically; the shape, not the colour, carries the label.
 * ``fashion-mnist-bg``, ``waterbirds``: :mod:`bayesncl.data.backgrounds`.
+* ``dsprites``: :mod:`bayesncl.data.dsprites` (generated; its subsets are generated, not cut).
 
 ``data.download=true``: torchvision fetches a dataset not found into ``data.root`` (or the cache).
 An image-folder split of at most :data:`VERIFY_MAX_FILES` files is verified upfront
@@ -150,6 +151,7 @@ class Split:
     labeled: bool = True  # False: ``labels`` are all 0, ``class_names`` is (UNLABELED,)
     stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None  # image_stats, once measured
     places: np.ndarray | None = None  # (N,) int64 background labels (bayesncl.data.backgrounds)
+    factors: np.ndarray | None = None  # (N, F) int64 generative factor codes (bayesncl.data.dsprites)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -166,6 +168,7 @@ class _Key(NamedTuple):
     classes: str | None
     labels: str = "auto"  # "none": the pretraining split without its labels (stl10: + unlabeled_X)
     bg_correlation: float = 0.0  # fashion-mnist-bg only (0.0 for every other dataset)
+    sizes: tuple[int, int] = (0, 0)  # dsprites only: (train_subset, test_subset), the images generated
 
 
 def _expand(p: str | Path) -> Path:
@@ -625,7 +628,8 @@ READERS: dict[str, Callable[[_Key], Split]] = {
 }
 """data.name -> reader. Readers in modules of their own add their row when imported (bayesncl.data
 imports them): ``stl10`` (:mod:`bayesncl.data.stl10`), ``fashion-mnist-bg`` and ``waterbirds``
-(:mod:`bayesncl.data.backgrounds`), ``python`` (:mod:`bayesncl.data.provided`)."""
+(:mod:`bayesncl.data.backgrounds`), ``python`` (:mod:`bayesncl.data.provided`), ``dsprites``
+(:mod:`bayesncl.data.dsprites`)."""
 GEOMETRY: dict[str, Callable[[Any], tuple[int, int]]] = {}
 """data.name -> (channels, native side) of a dataset whose geometry the config alone cannot tell
 (``python``: the images handed over); others: :data:`NATIVE_SIZE`, 1 channel for fashion-mnist."""
@@ -642,8 +646,10 @@ def _load_full(cfg: Any, split: str) -> Split:
     root = str(cfg.root) if cfg.root else None
     labels = getattr(cfg, "labels", "auto") if split == "train" else "auto"
     corr = float(cfg.bg_correlation) if cfg.name == "fashion-mnist-bg" else 0.0
+    sizes = (int(cfg.train_subset), int(cfg.test_subset)) if cfg.name == "dsprites" else (0, 0)
     key = _Key(
-        cfg.name, root, bool(cfg.download), split, bool(cfg.skip_corrupt), cfg.classes or None, labels, corr
+        cfg.name, root, bool(cfg.download), split, bool(cfg.skip_corrupt), cfg.classes or None, labels, corr,
+        sizes,
     )
     return _read_cached(key)
 
@@ -715,6 +721,7 @@ def load_split(cfg: Any, split: str) -> Split:
         paths=[full.paths[i] for i in idx] if full.paths is not None else None,
         skipped=full.skipped,
         places=full.places[idx] if full.places is not None else None,
+        factors=full.factors[idx] if full.factors is not None else None,
     )
 
 

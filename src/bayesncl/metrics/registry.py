@@ -16,12 +16,14 @@ import numpy as np
 import torch
 
 from .inputs import needs_labels, validate_features, warn_degenerate
+from .ncl_retrieval import DEPTH, ncl_map_at
 from .retrieval import check_dims, retrieval_metrics
 from .semantic import SemanticStats, undefined_note
 from .spectral import active_mask, spectrum
 
 __all__ = [
-    "BACKGROUND_METRICS", "METRICS", "METRIC_KEYS", "Metric", "Shared", "column", "compute_all",
+    "BACKGROUND_METRICS", "FACTOR_METRICS", "METRICS", "METRIC_KEYS", "Metric", "Shared", "column",
+    "compute_all",
     "format_metrics_table",
 ]
 
@@ -115,6 +117,14 @@ BACKGROUND_METRICS = (
 )  # fmt: skip
 
 
+#: The factor metrics (docs/metrics.md, "MIG"): computed by
+#: :func:`bayesncl.metrics.disentanglement.factor_metrics` for features with ``factors`` (dSprites);
+#: ``value`` takes that function's dict.
+FACTOR_METRICS = (
+    Metric("mig", "Mutual information gap (MIG)", "[0, 1]", "{:.4f}", "MIG", "{:.3f}", lambda r: r["mig"]),
+)  # fmt: skip
+
+
 def _nanmean(values: Any) -> float:
     kept = values[np.isfinite(values)]
     return float(kept.mean()) if kept.size else 0.0
@@ -122,7 +132,7 @@ def _nanmean(values: Any) -> float:
 
 #: The keys of :func:`compute_all`, in order (``retrieval`` and ``note`` are added when present).
 METRIC_KEYS = tuple(m.key for m in METRICS)
-_BY_KEY = {m.key: m for m in (*METRICS, *BACKGROUND_METRICS)}
+_BY_KEY = {m.key: m for m in (*METRICS, *BACKGROUND_METRICS, *FACTOR_METRICS)}
 
 
 def column(key: str) -> tuple[str, str, str]:
@@ -137,7 +147,9 @@ def compute_all(
     """Every metric of :data:`METRICS` (PAPER-NOTES §3) as a JSON-ready dict.
 
     Keys: the nine :data:`METRIC_KEYS`; ``retrieval`` (``{"<K>": {"P@1", "P@3", "P@5", "P@10",
-    "mAP@10"}}``, percent) when ``retrieval_dims`` (one K or a sequence) is given; ``note`` only
+    "mAP@10"}}``, percent) and ``ncl_map`` (``{"<K>": NCL's own retrieval map}``, percent,
+    :mod:`bayesncl.metrics.ncl_retrieval`; with more than 10 samples) when ``retrieval_dims`` (one K or
+    a sequence) is given; ``note`` only
     for degenerate input: ``"no active dimensions"`` (all-zero features: SC, entropies, effective
     rank and orthogonality are 0.0) or ``"no dimension qualifies for <keys>; reported as 0.0"``
     (e.g. every entry is <= 1e-5, so H_freq has no dimension to average), instead of undefined
@@ -151,6 +163,8 @@ def compute_all(
     out: dict[str, Any] = {m.key: m.value(shared) for m in METRICS}
     if retrieval_dims is not None:
         out["retrieval"] = retrieval_metrics(f, y, dims=retrieval_dims)
+        if f.shape[0] > DEPTH:
+            out["ncl_map"] = ncl_map_at(f, y, retrieval_dims)
     undefined = shared.summary[1]
     note = NO_ACTIVE_NOTE if shared.n_active == 0 else (undefined_note(undefined) if undefined else None)
     if note is not None:
@@ -172,7 +186,7 @@ def format_metrics_table(result: dict[str, Any]) -> str:
         )
         lines.append("")
     lines += ["| metric | value | unit |", "|---|---:|---|"]
-    rows = (*METRICS, *BACKGROUND_METRICS)
+    rows = (*METRICS, *BACKGROUND_METRICS, *FACTOR_METRICS)
     lines += [f"| {m.label} | {m.text(result[m.key])} | {m.unit} |" for m in rows if m.key in result]
     if "background_probe_acc1" in result:
         lines.append(f"| Background probe (place) | {float(result['background_probe_acc1']):.2f} | % |")
@@ -184,6 +198,13 @@ def format_metrics_table(result: dict[str, Any]) -> str:
         lines.append("|---:|" + "---:|" * len(cols))
         for k, row in retrieval.items():
             lines.append(f"| {k} | " + " | ".join(f"{float(row[c]):.2f}" for c in cols) + " |")
+    if result.get("ncl_map"):
+        lines += ["", "NCL's own retrieval map (main_eval.py: Euclidean, no re-normalisation), percent:", ""]
+        lines += ["| K | NCL map |", "|---:|---:|"]
+        lines += [f"| {k} | {float(v):.2f} |" for k, v in result["ncl_map"].items()]
+    if "mig_per_factor" in result:
+        per = ", ".join(f"{k} {float(v):.3f}" for k, v in result["mig_per_factor"].items())
+        lines += ["", f"MIG per factor ({result.get('mig_bins', 20)} bins): {per}"]
     if "note" in result:
         lines += ["", f"Note: {result['note']}."]
     return "\n".join(lines)

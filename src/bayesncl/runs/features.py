@@ -2,7 +2,9 @@
 
 A NumPy ``.npz`` read with ``allow_pickle=False``: ``features`` (N, D) float32 z̃ and ``labels``
 (N,) int64, optionally ``indices``, ``h`` (N, H), ``p``, ``z``, ``alpha``, ``mask`` (N, D),
-``places`` (N,) and ``meta`` (0-d JSON string); the keys and their meaning: docs/architecture.md,
+``places`` (N,), ``factors`` (N, F) int
+generative factor codes (dSprites; their names in ``meta["factor_names"]``) and ``meta`` (0-d JSON
+string); the keys and their meaning: docs/architecture.md,
 "Features file". A plain ``.npz`` with only ``features`` and ``labels`` is a valid input
 everywhere. Every problem with a file is an :class:`~bayesncl.metrics.EvalError` (a
 ``ValueError``), one line saying what was found.
@@ -25,7 +27,7 @@ from bayesncl.metrics.inputs import EvalError, validate_features
 from bayesncl.runs.fileio import atomic_path, write_failure_reason
 
 #: Optional per-row arrays of a features file, in the order they are stored.
-OPTIONAL_ARRAYS = ("indices", "h", "p", "z", "alpha", "mask", "places")
+OPTIONAL_ARRAYS = ("indices", "h", "p", "z", "alpha", "mask", "places", "factors")
 
 
 @dataclass
@@ -41,7 +43,19 @@ class FeatureSet:
     alpha: np.ndarray | None = None
     mask: np.ndarray | None = None
     places: np.ndarray | None = None
+    factors: np.ndarray | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def factor_names(self) -> list[str]:
+        """The names of the ``factors`` columns (``meta["factor_names"]``; ``factor_<j>`` where absent)."""
+        if self.factors is None:
+            return []
+        names = self.meta.get("factor_names")
+        width = self.factors.shape[1] if self.factors.ndim == 2 else 1
+        if isinstance(names, list) and len(names) == width:
+            return [str(n) for n in names]
+        return [f"factor_{j}" for j in range(width)]
 
     @property
     def num_samples(self) -> int:

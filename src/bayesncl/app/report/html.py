@@ -33,7 +33,9 @@ from bayesncl.app.report import dimensions as dm
 
 THUMB_PX = 64  # thumbnails: the split's images at their size, shrunk to this longest side if larger
 MARKER = ".bayesncl-report"
-FIGURES = ("training_curves.png", "top_activations.png", "suppressed_features.png", "dynamics.png")
+FIGURES = (
+    "training_curves.png", "top_activations.png", "suppressed_features.png", "dynamics.png", "embedding.png",
+)
 REPORT_FEATURE_KEYS = ("z", "features", "alpha", "mask")
 
 

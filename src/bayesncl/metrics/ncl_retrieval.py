@@ -1,0 +1,79 @@
+"""The NCL repository's own retrieval number, ``map`` (PKU-ML/non_neg ``main_eval.py``, ``retrieval``).
+
+Not our mAP@10 (:mod:`bayesncl.metrics.retrieval`): the rows of F are L2-normalised once over all
+D dims, the dims ranked by the column sums of that matrix (descending), and the K top columns kept
+*without* normalising the rows again; for each query i the other samples are ranked by squared
+Euclidean distance on those K columns (a stable sort, the query's own zero distance first; distances
+rounded to 1e-10, so that rounding errors never reorder ties), and
+``map`` is the mean over queries of (same-label samples among ranks 1..10) / 10, where a rank that
+holds the query itself (a tie ahead of it) counts as a miss, as in their loop. Reported in percent
+(their script prints the fraction; the NCL paper's 10.9 → 14.2 are percent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._numerics import normalize_rows
+from .inputs import EvalError, validate_features
+
+__all__ = ["ncl_map", "ncl_map_at"]
+
+DEPTH = 10
+CANDIDATES = 64  # nearest samples ranked exactly per query (more only where ties reach past them)
+ROUND = 10  # distances (in [0, 4], float64) rounded to 1e-10: closer ones are ties, ranked by index
+
+
+def ncl_map(features: Any, labels: Any, k: int, chunk_size: int = 256) -> float:
+    """NCL's ``map`` (module doc) of ``features`` (N, D) with ``labels`` (N,) on the top ``k`` dims,
+    in percent. Raises EvalError for bad input, K outside 1..D, or N <= 10."""
+    f, y = validate_features(features, labels)
+    n, d = f.shape
+    if isinstance(k, bool) or not 0 < int(k) <= d:
+        raise EvalError(f"NCL map: K={k} is out of range: need 0 < K <= D={d}")
+    if n <= DEPTH:
+        raise EvalError(f"NCL map needs more than {DEPTH} samples (ranks 1..{DEPTH}); got {n}")
+    f = normalize_rows(f.to(torch.float64))  # F.normalize(val_features), eps 1e-12 (overflow-safe)
+    index = torch.sort(f.sum(0), descending=True, stable=True)[1]
+    g = f[:, index[: int(k)]]
+    sq = g.square().sum(1)
+    y = y.to(torch.int64)
+    correct = 0.0
+    for lo in range(0, n, chunk_size):
+        q = g[lo : lo + chunk_size]
+        rows = torch.arange(lo, lo + len(q))
+        dist = (sq[lo : lo + len(q), None] + sq[None, :] - 2 * q @ g.T).clamp_min(0)
+        dist[torch.arange(len(q)), rows] = 0.0  # their (f1 - orig)**2 is exactly 0 for the query
+        order = _first_ranks(dist, n)
+        hit = (y[order] == y[rows, None]) & (order != rows[:, None])
+        correct += float(hit.sum(1).to(torch.float64).div(DEPTH).sum())
+    return 100.0 * correct / n
+
+
+def _ranked(dist: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:
+    """Ranks 1..10 of a stable sort of rows ``dist`` (B, M) over the sample indices ``idx``: the key is
+    the distance in units of 1e-10 (float rounding never reorders a tie: scale invariance), then the index."""
+    key = torch.round(dist * 10.0**ROUND).to(torch.int64) * n + idx
+    pos = torch.topk(key, DEPTH + 1, dim=1, largest=False, sorted=True).indices[:, 1:]
+    return torch.gather(idx.expand_as(dist), 1, pos)
+
+
+def _first_ranks(dist: torch.Tensor, n: int) -> torch.Tensor:
+    """(B, 10) sample indices at ranks 1..10 of each row of ``dist`` (B, N): ranked exactly among the
+    ``CANDIDATES`` nearest; a row whose 11th distance ties past them is ranked over all N."""
+    m = min(n, CANDIDATES)
+    vals, cand = torch.topk(dist, m, dim=1, largest=False, sorted=True)
+    out = _ranked(vals, cand, n)
+    if m < n:
+        units = torch.round(vals * 10.0**ROUND)
+        unsure = torch.nonzero(units[:, -1] <= units[:, DEPTH]).flatten()
+        if unsure.numel():
+            out[unsure] = _ranked(dist[unsure], torch.arange(n).expand(len(unsure), n), n)
+    return out
+
+
+def ncl_map_at(features: Any, labels: Any, dims: list[int]) -> dict[str, float]:
+    """``{"<K>": ncl_map(features, labels, K)}`` for every K in ``dims`` (percent)."""
+    return {str(int(k)): ncl_map(features, labels, int(k)) for k in dims}
