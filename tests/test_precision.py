@@ -95,9 +95,9 @@ def test_fast_run_trains_bf16_channels_last_with_fp32_loss_and_state(
     monkeypatch.setattr(torch.nn.Conv2d, "_conv_forward", conv)
     losses: list[torch.Tensor] = []
 
-    def spy(*args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+    def spy(*args: object, **kwargs: object) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss, stats = forward_loss(*args, **kwargs)  # type: ignore[arg-type]
-        losses.append(stats)
+        losses.extend(stats.values())
         losses.append(loss)
         return loss, stats
 

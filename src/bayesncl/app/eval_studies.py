@@ -50,7 +50,7 @@ def _ncl_mig(dataset: str, overrides: list[str]) -> Study:
 
 
 def _m_mig(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float | None]:
-    from bayesncl.app.reproduce import _features
+    from bayesncl.app.variants import stored_features as _features
     from bayesncl.metrics.disentanglement import mig
 
     _, test = _features(sub)
@@ -138,7 +138,7 @@ def _appj(dataset: str, overrides: list[str]) -> Study:
 
 
 def _m_appj(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float | None]:
-    from bayesncl.app.reproduce import _features
+    from bayesncl.app.variants import stored_features as _features
     from bayesncl.metrics.entropy_background import entropy_background
 
     _, test = _features(sub)
@@ -147,7 +147,7 @@ def _m_appj(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float 
 
 def _m_nclmap(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float | None]:
     """NCL's own retrieval ``map`` (:mod:`bayesncl.metrics.ncl_retrieval`) at each K, for ncl-fs."""
-    from bayesncl.app.reproduce import _features
+    from bayesncl.app.variants import stored_features as _features
     from bayesncl.metrics.ncl_retrieval import ncl_map
 
     _, test = _features(sub)

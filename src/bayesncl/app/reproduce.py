@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from bayesncl.app import eval_studies, studies, variants
+from bayesncl.app import eval_studies, studies, variants  # eval_studies and ncl_studies add their IDs
 from bayesncl.app.ncl_studies import NCL_MEASURES
 from bayesncl.app.studies import Study
 from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
@@ -195,25 +195,7 @@ def _warn_cpu_resnet50(study: Study, runs: dict[str, tuple[Config, str]], est: d
 
 
 # ----------------------------------------------------------------------------- measures
-def _features(sub: Path) -> tuple[Any, Any]:
-    """(train, test) FeatureSets of a stored run (h, z̃, labels), extracted once and kept as
-    ``features_train.npz`` / ``features_test.npz`` beside it."""
-    from bayesncl.app.evaluate import extract_split, load_trained, save_split_features
-    from bayesncl.runs.features import load_features
-
-    paths = {s: sub / f"features_{s}.npz" for s in ("train", "test")}
-    if not all(p.exists() for p in paths.values()):
-        model, cfg, _ = load_trained(sub)
-        device = next(model.parameters()).device
-        for split, path in paths.items():
-            keys = ("h", "features") if split == "train" else ("h", "features", "alpha", "mask")
-            save_split_features(path, extract_split(model, cfg, split, device, keys=keys), cfg, split, sub)
-    train, test = (load_features(paths[s]) for s in ("train", "test"))
-    if train.h is None or test.h is None:  # a features file written without h: extract again
-        for p in paths.values():
-            p.unlink()
-        return _features(sub)
-    return train, test
+_features = variants.stored_features  # (train, test) features of a stored run
 
 
 def _m_base(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:

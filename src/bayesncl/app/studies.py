@@ -433,17 +433,8 @@ STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
 """``bayesncl reproduce ID``: the IDs and their builders."""
 
 
-def _ncl_paper(study_id: str) -> Callable[[str, list[str]], Study]:
-    def build(dataset: str, overrides: list[str]) -> Study:
-        from bayesncl.app import ncl_studies  # it builds on this module's types
-
-        return ncl_studies.NCL_STUDIES[study_id](dataset, overrides)
-
-    return build
-
-
-STUDIES.update({i: _ncl_paper(i) for i in ("ncl-sparsity", "ncl-spectral", "ncl-supervised", "ncl-dead")})
-from bayesncl.app import eval_studies  # noqa: E402, F401 - adds issue 26's studies to STUDIES
+# app.ncl_studies (issue 25) and app.eval_studies (issue 26) add their studies to STUDIES when imported;
+# app.reproduce imports both, so every ID is there wherever a study is built.
 
 
 def _keys(overrides: list[str]) -> set[str]:
@@ -459,7 +450,9 @@ def build(study_id: str, dataset: str, overrides: list[str]) -> Study:
     Raises ConfigError (one line) for an unknown ID (listing the valid ones), an unknown dataset,
     or a bad override."""
     if study_id not in STUDIES:
-        valid = ", ".join([*STUDIES, *MECHANISM_IDS])
+        # tables by number, then the rest by name (modules register theirs in import order)
+        ids = sorted(STUDIES, key=lambda i: (not i.isdigit(), int(i) if i.isdigit() else 0, i))
+        valid = ", ".join([*ids, *MECHANISM_IDS])
         raise ConfigError(f"reproduce {study_id!r}: no such table or figure; expected one of {valid}")
     if dataset not in DATASETS:
         raise ConfigError(f"--dataset {dataset!r}: expected one of {', '.join(DATASETS)}")

@@ -133,3 +133,24 @@ def write_cache(sub: Path, cache: dict[str, Any]) -> None:
 
     ready = _json_ready(json.loads(json.dumps(cache, default=float)))
     write_text_atomic(sub / "reproduce.json", json.dumps(ready, indent=2, allow_nan=False) + "\n")
+
+
+def stored_features(sub: Path) -> tuple[Any, Any]:
+    """(train, test) FeatureSets of a stored run (h, z̃, labels), extracted once and kept as
+    ``features_train.npz`` / ``features_test.npz`` beside it."""
+    from bayesncl.app.evaluate import extract_split, load_trained, save_split_features
+    from bayesncl.runs.features import load_features
+
+    paths = {s: sub / f"features_{s}.npz" for s in ("train", "test")}
+    if not all(p.exists() for p in paths.values()):
+        model, cfg, _ = load_trained(sub)
+        device = next(model.parameters()).device
+        for split, path in paths.items():
+            keys = ("h", "features") if split == "train" else ("h", "features", "alpha", "mask")
+            save_split_features(path, extract_split(model, cfg, split, device, keys=keys), cfg, split, sub)
+    train, test = (load_features(paths[s]) for s in ("train", "test"))
+    if train.h is None or test.h is None:  # a features file written without h: extract again
+        for p in paths.values():
+            p.unlink()
+        return stored_features(sub)
+    return train, test
