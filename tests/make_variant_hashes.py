@@ -9,8 +9,8 @@ import json
 import warnings
 from pathlib import Path
 
-from bayesncl.app import reproduce, studies, variants
 from bayesncl.config import ConfigError, build_config
+from bayesncl.paper import reproduce, studies, variants
 
 OUT = Path(__file__).parent / "data" / "variant_hashes.json"
 METHODS = ("cl", "ncl", "ncl-topk", "bayesncl", "bayesncl-gs", "ncl-ipw")

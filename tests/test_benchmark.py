@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bayesncl.app.benchmark import add_benchmark_parser, format_report, main
+from bayesncl.paper.benchmark import add_benchmark_parser, format_report, main
 
 TINY = [
     "--device", "cpu", "--backbone", "small_cnn", "--image-size", "16", "--batch-size", "8",
@@ -82,8 +82,8 @@ def test_forward_flops_follow_the_papers_table7_convention() -> None:
     from pathlib import Path
 
     import bayesncl
-    from bayesncl.app.benchmark import flops_per_image
     from bayesncl.config import build_config
+    from bayesncl.paper.benchmark import flops_per_image
 
     recipes = Path(bayesncl.__file__).parent / "configs"
     over = ["data.name=synthetic", "data.image_size=224", "data.classes="]  # shapes only: no ImageNet
@@ -128,8 +128,8 @@ def test_plain_nt_xent_is_our_info_nce() -> None:
     per-row loop: same value and same gradient."""
     import torch
 
-    from bayesncl.app.plain_simclr import nt_xent
     from bayesncl.core.losses import info_nce
+    from bayesncl.paper.plain_simclr import nt_xent
 
     g = torch.Generator().manual_seed(0)
     z0, z1 = torch.randn(5, 7, generator=g, requires_grad=True), torch.randn(5, 7, generator=g)
@@ -151,7 +151,7 @@ def test_plain_nt_xent_is_our_info_nce() -> None:
 def test_plain_pairs_are_two_normalised_views() -> None:
     import torch
 
-    from bayesncl.app.plain_simclr import PlainPairs, plain_transform
+    from bayesncl.paper.plain_simclr import PlainPairs, plain_transform
 
     images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
     v1, v2 = PlainPairs(images, plain_transform(16, (0.5,) * 3, (0.25,) * 3))[2]

@@ -393,7 +393,7 @@ def test_evaluate_on_a_dataset_with_other_classes(tmp_path: Path, capsys: pytest
 def test_pretrain_minutes_sum_the_logged_epochs(tmp_path: Path) -> None:
     """Table 7's minutes: 30 s + 90 s of epochs = 2 min, whatever happened around them (a resume
     rewrites log.csv with every epoch of the run, so a resumed variant counts all of them)."""
-    from bayesncl.app.reproduce import pretrain_minutes
+    from bayesncl.paper.reproduce import pretrain_minutes
     from bayesncl.runs.logs import LOG_FIELDS, write_log
 
     rows = [{k: 0 for k in LOG_FIELDS} | {"epoch": e, "epoch_time_s": t} for e, t in ((1, 30.0), (2, 90.0))]

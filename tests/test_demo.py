@@ -131,8 +131,8 @@ def test_method_keys_for_the_bayesncl_run_leave_the_ncl_run_alone(
 
     import yaml
 
-    from bayesncl.app.demo import DEMO_CONFIG, demo_configs
     from bayesncl.config import build_config
+    from bayesncl.paper.demo import DEMO_CONFIG, demo_configs
 
     recipe = build_config(DEMO_CONFIG, ["method.name=ncl"]).method
     recipe_rho = recipe.rho

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bayesncl.app import eval_studies, studies
 from bayesncl.app.cli import main
 from bayesncl.data import clear_cache
+from bayesncl.paper import eval_studies, studies
 
 from .conftest import TINY
 from .test_mechanism import fmnist_folder

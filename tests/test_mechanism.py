@@ -426,7 +426,7 @@ def test_waterbirds_names_what_is_wrong(tmp_path: Path):
 
 
 def test_table6_probes_each_encoder_on_waterbirds(tmp_path: Path, capsys):
-    from bayesncl.app.mechanism import table6
+    from bayesncl.paper.mechanism import table6
 
     clear_cache()
     root = waterbirds_folder(tmp_path / "wb")
@@ -447,8 +447,8 @@ def test_table6_probes_each_encoder_on_waterbirds(tmp_path: Path, capsys):
 
 # ----------------------------------------------------------------------------- the study
 def test_mechanism_configs_and_aggregate():
-    from bayesncl.app.mechanism import _shown as mech_shown
-    from bayesncl.app.mechanism import aggregate, mechanism_configs
+    from bayesncl.paper.mechanism import _shown as mech_shown
+    from bayesncl.paper.mechanism import aggregate, mechanism_configs
 
     cfgs = mechanism_configs("fashion-mnist-bg", 2, ["train.epochs=1"])
     assert len(cfgs) == 4 * 2 * 2
@@ -472,7 +472,7 @@ def test_mechanism_configs_and_aggregate():
 
 
 def test_mechanism_study_end_to_end(tmp_path: Path, fm_root: Path, monkeypatch):
-    from bayesncl.app import mechanism as mech
+    from bayesncl.paper import mechanism as mech
 
     monkeypatch.setattr(mech, "MECHANISM_METHODS", (("BayesNCL (STE)", "bayesncl"),))
     tiny = [o for o in TINY if not o.startswith("data.name")] + [
@@ -491,7 +491,7 @@ def test_mechanism_study_end_to_end(tmp_path: Path, fm_root: Path, monkeypatch):
 
 
 def test_reproduce_dispatches_table_6_and_the_mechanism_study(monkeypatch, capsys):
-    import bayesncl.app.mechanism as mech
+    import bayesncl.paper.mechanism as mech
     from bayesncl.app.cli import main
 
     calls = []

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from bayesncl.app import ncl_studies, studies, variants
 from bayesncl.app.cli import main
+from bayesncl.paper import ncl_studies, studies, variants
 
 from .conftest import TINY as _TINY
 

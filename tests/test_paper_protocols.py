@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bayesncl.app import studies
-from bayesncl.app.variants import variant_hash
 from bayesncl.config import build_config
 from bayesncl.core.model import build_model
 from bayesncl.data.augment import AugmentSpec, BatchAugment, sample_transform
+from bayesncl.paper import studies
+from bayesncl.paper.variants import variant_hash
 
 from .conftest import TINY
 

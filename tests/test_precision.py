@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from bayesncl.app.train import pretrain
-from bayesncl.app.variants import identity, variant_hash
 from bayesncl.config import build_config
 from bayesncl.core import optim
 from bayesncl.core.optim import cpu_flags, native_cpu_bf16, precision_plan, resolve_precision
+from bayesncl.paper.variants import identity, variant_hash
 
 from .conftest import TINY
 

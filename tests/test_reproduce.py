@@ -3,7 +3,7 @@
 The module's fixtures train Table 1's runs once; every later study that needs them must reuse
 them (pretrain is counted), and each table's JSON must keep mean, std, the per-seed values and
 the paper's value of every cell. The sweeps are shortened (module constants of
-``bayesncl.app.studies``) to keep the file fast; each still holds the recipe's value, so a sweep
+``bayesncl.paper.studies``) to keep the file fast; each still holds the recipe's value, so a sweep
 also shows reuse of Table 1's runs."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from bayesncl.app import studies, variants
 from bayesncl.app.cli import main
-from bayesncl.app.reproduce import cell
 from bayesncl.config import build_config
+from bayesncl.paper import studies, variants
+from bayesncl.paper.reproduce import cell
 
 from .conftest import ERROR, error_line, expect
 from .conftest import TINY as _TINY

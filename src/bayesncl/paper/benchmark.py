@@ -27,7 +27,7 @@ Measured, in ONE process and ONE run so the ratios are fair on a noisy machine:
   images) and its share of a demo epoch (the recipe's 20,000 train images at the images/s of that
   recipe's training step, timed in the same rounds): the bound is 5 % (issue 16).
 * ``speedup_vs_plain_simclr`` {default, fp32, bf16}: {cl, ncl, bayesncl}: our step against a plain
-  SimCLR loop of the kind lightly's and torchvision's examples show (:mod:`bayesncl.app.plain_simclr`:
+  SimCLR loop of the kind lightly's and torchvision's examples show (:mod:`bayesncl.paper.plain_simclr`:
   the same backbone, projector and InfoNCE; a DataLoader with per-sample torchvision transforms;
   fp32; the best of 0, 1 and 2 workers), timed in the same rounds: the median over rounds of its
   step time over ours, with our step at the run's precision (``default``), at fp32, and at bf16
@@ -90,7 +90,7 @@ class BenchmarkSettings:
     channels_last: bool | None = None  # CPU: false; CUDA: true
     compile: bool = False
     augment_compare: bool = True  # time the per-sample DataLoader path too
-    plain_compare: bool = True  # time a plain SimCLR loop (app.plain_simclr) and our step at fp32 / bf16 too
+    plain_compare: bool = True  # time a plain SimCLR loop (plain_simclr) and our step at fp32 / bf16 too
     workers: int = 0  # DataLoader workers of the per-sample path
     threads: int = 0  # torch intra-op threads (0: leave as is)
     extra: list[str] = field(default_factory=list)  # more key=value config overrides
@@ -352,9 +352,9 @@ def _precisions(s: BenchmarkSettings, device: torch.device) -> dict[str, Benchma
 
 def _plain_arms(s: BenchmarkSettings, device: torch.device, cl: Config) -> list[_Arm]:
     """Our three methods at the other :func:`_precisions` (``"{method}@{label}"``) and the plain
-    SimCLR loop (:mod:`bayesncl.app.plain_simclr`, the model of ``cl``) with 0, 1 and 2 DataLoader
+    SimCLR loop (:mod:`bayesncl.paper.plain_simclr`, the model of ``cl``) with 0, 1 and 2 DataLoader
     workers (``"plain/w{workers}"``)."""
-    from bayesncl.app.plain_simclr import plain_trainer
+    from bayesncl.paper.plain_simclr import plain_trainer
 
     b, steps = int(s.batch_size or 0), int(s.steps or 0)
     arms = []
@@ -419,8 +419,8 @@ def _demo_arms(s: BenchmarkSettings, device: torch.device) -> list[_Arm]:
     the first convolution differs)."""
     import torch
 
-    from bayesncl.app.demo import DEMO_CONFIG
     from bayesncl.app.heldout import HeldOut
+    from bayesncl.paper.demo import DEMO_CONFIG
 
     over = ["method.name=bayesncl", "data.name=synthetic", "data.image_size=28", f"train.device={s.device}"]
     cfg = build_config(DEMO_CONFIG, over)
@@ -435,7 +435,7 @@ def _demo_arms(s: BenchmarkSettings, device: torch.device) -> list[_Arm]:
 def _heldout_figures(seconds: float, n: int, demo_rate: float) -> dict[str, Any]:
     """The held-out monitor's cost as a share of a demo epoch (the demo recipe's train images at
     ``demo_rate``, its training images/s measured here): the bound is 5 % (issue 16)."""
-    from bayesncl.app.demo import DEMO_CONFIG
+    from bayesncl.paper.demo import DEMO_CONFIG
 
     demo_images = build_config(DEMO_CONFIG).data.train_subset
     epoch_s = demo_images / demo_rate
@@ -665,7 +665,7 @@ def add_benchmark_parser(subparsers: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bayesncl.app.benchmark [options]``: the same command without the ``bayesncl`` CLI."""
+    """``python -m bayesncl.paper.benchmark [options]``: the same command without the ``bayesncl`` CLI."""
     import sys
 
     from bayesncl.app.errors import readers_may_go, run_command

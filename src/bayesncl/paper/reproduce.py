@@ -1,7 +1,7 @@
 """``bayesncl reproduce ID --dataset DS [--seeds N]``: one command per table or figure of both papers.
 
-A study (:mod:`bayesncl.app.studies`) lists variants, each pretrained once per seed 0..N-1 into a
-store shared by every study: ``STORE/<hash>/`` (:func:`bayesncl.app.variants.variant_hash`; default
+A study (:mod:`bayesncl.paper.studies`) lists variants, each pretrained once per seed 0..N-1 into a
+store shared by every study: ``STORE/<hash>/`` (:func:`bayesncl.paper.variants.variant_hash`; default
 ``variants/`` beside the run dir), an ordinary pretrain run dir, reused by any study that needs it
 and continued when interrupted. What a study measures beyond pretrain's evaluation is cached
 beside it (``reproduce.json``, ``features_{test,train}.npz``). The plan (and estimated time) is
@@ -18,10 +18,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from bayesncl.app import eval_studies, studies, variants  # eval_studies and ncl_studies add their IDs
-from bayesncl.app.ncl_studies import NCL_MEASURES
-from bayesncl.app.studies import Study
 from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
+from bayesncl.paper import eval_studies, studies, variants  # eval_studies and ncl_studies add their IDs
+from bayesncl.paper.ncl_studies import NCL_MEASURES
+from bayesncl.paper.studies import Study
 
 # what decides how fast a run trains (runs that agree on these share a measured images/s)
 COST_KEYS = ("data.name", "data.image_size", "model.backbone", "model.cifar_stem", "train.batch_size",
@@ -127,8 +127,8 @@ def _rates(store: Path) -> dict[tuple[Any, ...], list[float]]:
 def estimate_seconds(to_train: dict[str, Config], store: Path) -> tuple[dict[str, float], str]:
     """Estimated training seconds of each run (by hash) and where the rate came from: the median
     images/s of stored runs of the same cost (:data:`COST_KEYS`), else a 3-step measurement here."""
-    from bayesncl.app.benchmark import images_per_second
     from bayesncl.data import dataset_info
+    from bayesncl.paper.benchmark import images_per_second
 
     logged = _rates(store)
     measured: dict[tuple[Any, ...], float] = {}
@@ -204,7 +204,7 @@ def _m_base(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]
 
 
 def _m_flops(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
-    from bayesncl.app.benchmark import flops_per_image
+    from bayesncl.paper.benchmark import flops_per_image
 
     return {"gflops_per_image": flops_per_image(cfg) / 1e9}
 

@@ -2,8 +2,8 @@
 (issue 26): ``ncl-mig`` (dSprites, MIG), ``ncl-ood`` (corrupted / shifted test sets) and ``appj``
 (semantic entropy against background share per dimension, ``fashion-mnist-bg``).
 
-Each adds its builder to :data:`bayesncl.app.studies.STUDIES` and what it measures to
-:data:`MEASURES` (merged into :data:`bayesncl.app.reproduce.MEASURES`); the study machinery (store,
+Each adds its builder to :data:`bayesncl.paper.studies.STUDIES` and what it measures to
+:data:`MEASURES` (merged into :data:`bayesncl.paper.reproduce.MEASURES`); the study machinery (store,
 seeds, cache, table, figure) is the one of every other table.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bayesncl.app import studies
-from bayesncl.app.studies import Column, Panel, Row, Series, Study, Variant
 from bayesncl.config import Config
+from bayesncl.paper import studies
+from bayesncl.paper.studies import Column, Panel, Row, Series, Study, Variant
 
 __all__ = ["APPJ_METHODS", "MEASURES", "MIG_METHODS", "OOD_CORRUPTIONS", "OOD_SEVERITIES", "STUDIES"]
 
@@ -50,8 +50,8 @@ def _ncl_mig(dataset: str, overrides: list[str]) -> Study:
 
 
 def _m_mig(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float | None]:
-    from bayesncl.app.variants import stored_features as _features
     from bayesncl.metrics.disentanglement import mig
+    from bayesncl.paper.variants import stored_features as _features
 
     _, test = _features(sub)
     r = mig(test.features, test.factors, test.factor_names)
@@ -138,8 +138,8 @@ def _appj(dataset: str, overrides: list[str]) -> Study:
 
 
 def _m_appj(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float | None]:
-    from bayesncl.app.variants import stored_features as _features
     from bayesncl.metrics.entropy_background import entropy_background
+    from bayesncl.paper.variants import stored_features as _features
 
     _, test = _features(sub)
     return _finite(entropy_background(test.features, test.labels, test.places))
@@ -147,8 +147,8 @@ def _m_appj(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float 
 
 def _m_nclmap(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float | None]:
     """NCL's own retrieval ``map`` (:mod:`bayesncl.metrics.ncl_retrieval`) at each K, for ncl-fs."""
-    from bayesncl.app.variants import stored_features as _features
     from bayesncl.metrics.ncl_retrieval import ncl_map
+    from bayesncl.paper.variants import stored_features as _features
 
     _, test = _features(sub)
     return {f"K{k}.ncl_map": ncl_map(test.features, test.labels, int(k)) for k in ks}

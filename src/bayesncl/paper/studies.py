@@ -1,7 +1,7 @@
 """Every table and figure of both papers as a *study* for ``bayesncl reproduce ID`` (data only).
 
 A study is a list of variants (a method and overrides on the dataset's recipe), the measures to
-take of every trained variant (:data:`bayesncl.app.reproduce.MEASURES`), the table's rows and
+take of every trained variant (:data:`bayesncl.paper.reproduce.MEASURES`), the table's rows and
 columns, the paper's values where the paper text gives them, and for a figure its panels. What a
 study sweeps may depend on the resolved recipe (the latent width D, ρ, λ): :func:`build` makes
 the concrete study for a dataset and the user's overrides.
@@ -433,15 +433,15 @@ STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
 """``bayesncl reproduce ID``: the IDs and their builders."""
 
 
-# app.ncl_studies (issue 25) and app.eval_studies (issue 26) add their studies to STUDIES when imported;
-# app.reproduce imports both, so every ID is there wherever a study is built.
+# paper.ncl_studies (issue 25) and paper.eval_studies (issue 26) add their studies to STUDIES when imported;
+# paper.reproduce imports both, so every ID is there wherever a study is built.
 
 
 def _keys(overrides: list[str]) -> set[str]:
     return {o.split("=", 1)[0].strip() for o in overrides}
 
 
-MECHANISM_IDS = ("6", "mechanism")  # issue 15's tables: bayesncl.app.mechanism (dispatched by the CLI)
+MECHANISM_IDS = ("6", "mechanism")  # issue 15's tables: bayesncl.paper.mechanism (dispatched by the CLI)
 
 
 def build(study_id: str, dataset: str, overrides: list[str]) -> Study:

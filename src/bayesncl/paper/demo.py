@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bayesncl.app import variants
 from bayesncl.app.report import format_table
 from bayesncl.config import (
     Config,
@@ -25,6 +24,7 @@ from bayesncl.config import (
     valid_keys,
     warn_inert_keys,
 )
+from bayesncl.paper import variants
 
 DEMO_CONFIG = Path(__file__).parents[1] / "configs" / "fashion-mnist-demo.yaml"
 DEMO_METHODS = ("ncl", "bayesncl")

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from bayesncl.app import variants
 from bayesncl.app.report import format_table
 from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
+from bayesncl.paper import variants
 
 __all__ = [
     "TABLE6_PAPER", "MECHANISM_METHODS", "MECHANISM_COLUMNS", "SPURIOUS", "table6", "mechanism_configs",

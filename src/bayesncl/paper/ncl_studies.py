@@ -13,8 +13,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bayesncl.app import studies
-from bayesncl.app.studies import LP1, SC, Column, Panel, Row, Series, Study, Variant, base_config, recipe_for
+from bayesncl.paper import studies
+from bayesncl.paper.studies import (
+    LP1,
+    SC,
+    Column,
+    Panel,
+    Row,
+    Series,
+    Study,
+    Variant,
+    base_config,
+    recipe_for,
+)
 
 L1_BETAS = (1e-3, 1e-2, 1e-1, 1.0)  # ncl-sparsity: β over 3 decades (a module constant: tests shorten it)
 SPARSITY = [Column("sparsity % (|x|<1e-5)", "sparsity_paper"), Column("sparsity % (ε)", "sparsity_eps")]
@@ -24,7 +35,7 @@ SPARSITY_NOTE = "paper: L1 reaches 0.03 % sparsity where NCL reaches 69.65 % (th
 
 def _variant(dataset: str, name: str, method: str, *overrides: str) -> Variant:
     """A variant of ``method``; on a dataset whose recipes set φ and where ``method`` has no recipe of
-    its own (the CL recipe stands in: :func:`~bayesncl.app.studies.recipe_for`), also its φ."""
+    its own (the CL recipe stands in: :func:`~bayesncl.paper.studies.recipe_for`), also its φ."""
     from bayesncl.core import methods
 
     own = recipe_for(dataset, method).stem == f"{dataset}-{method}" or dataset.startswith("fashion-mnist")
@@ -100,7 +111,7 @@ NCL_STUDIES = {"ncl-sparsity": ncl_sparsity, "ncl-spectral": ncl_spectral, "ncl-
 def m_sparsity(sub: Path, cfg: Any, params: tuple[Any, ...]) -> dict[str, float]:
     """Sparsity of the test features z̃ in %: the paper's (|x| < 1e-5, entries of unit rows) and ours
     (the ``sparsity`` metric, relative to each row's norm)."""
-    from bayesncl.app import variants
+    from bayesncl.paper import variants
 
     _, test = variants.stored_features(sub)
     ours = variants.finished_metrics(sub).get("sparsity")
@@ -135,7 +146,7 @@ def m_dead(sub: Path, cfg: Any, params: tuple[Any, ...]) -> dict[str, float]:
     ``heldout_active_dims`` per epoch (``e{epoch}.dead_dims``)."""
     import csv
 
-    from bayesncl.app import variants
+    from bayesncl.paper import variants
 
     d = cfg.model.proj_dim
     out: dict[str, float] = {}
