@@ -120,6 +120,7 @@ def test_only_the_cli_imports_the_paper_package():
         if _room(mod) != "paper" and any(_room(d) == "paper" for d in deps)
     }
     assert importers == {"bayesncl.app.cli"}
+    assert not [m for m, deps in import_graph().items() if _room(m) == "paper" and "bayesncl.app.cli" in deps]
 
 
 def test_no_room_imports_the_public_api_package():
