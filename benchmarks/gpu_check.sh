@@ -31,9 +31,9 @@ else:
 EOF
 [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
 
-if bayesncl benchmark --help >/dev/null 2>&1; then BENCH=(bayesncl benchmark); else BENCH=(python -m bayesncl.app.benchmark); fi
+if bayesncl benchmark --help >/dev/null 2>&1; then BENCH=(bayesncl benchmark); else BENCH=(python -m bayesncl.paper.benchmark); fi
 show() {  # print a benchmark JSON file as the human-readable table
-  python -c "import json,sys; from bayesncl.app.benchmark import format_report; print(format_report(json.load(open(sys.argv[1]))))" "$1"
+  python -c "import json,sys; from bayesncl.paper.benchmark import format_report; print(format_report(json.load(open(sys.argv[1]))))" "$1"
 }
 
 echo; echo "== 1. ${BENCH[*]} --json (GPU defaults)   [t=$(elapsed)s]"
@@ -70,7 +70,7 @@ echo; echo "== 5. host synchronisations per training step (torch.cuda.set_sync_d
 timeout 60 python - <<'EOF' 2>&1 | tee "$OUT_DIR/syncs.txt"
 import collections, warnings
 import torch
-from bayesncl.app.benchmark import BenchmarkSettings, _config, _Trainer, default_settings
+from bayesncl.paper.benchmark import BenchmarkSettings, _config, _Trainer, default_settings
 
 s, device = default_settings(BenchmarkSettings(device="cuda"))
 t = _Trainer(_config(s, "bayesncl", resident=True), device)

@@ -1,17 +1,34 @@
-"""What the tests share: tiny CPU settings (synthetic 16 px images, a small CNN, a few steps per
-epoch), a tiny untrained checkpoint, a small image folder, the one-line error check, and the
-messages of docs/bad-inputs.md (:func:`expect` checks a text against a row's message).
+"""What the tests share: the repository's paths, tiny CPU settings (synthetic 16 px images, a small
+CNN, a few steps per epoch), a tiny untrained checkpoint, small data on disk (an image folder, fake
+Fashion-MNIST idx files), seeded generators, the multi-process harness, a CLI run driven from outside
+(paced, signalled), the one-line error check, and the messages of docs/bad-inputs.md (:func:`expect`
+checks a text against a row's message).
 
-Test modules import the helpers (``from .conftest import TINY_BASE``); each adds its own
-``train.epochs`` where it needs another than :data:`TINY`'s one epoch."""
+The tests are laid out like the package: ``tests/core``, ``data``, ``metrics``, ``runs``, ``app``,
+``paper``, with ``test_config.py`` and ``test_layers.py`` here; data files they read are in
+``tests/fixtures``. Test modules import the helpers (``from ..conftest import TINY_BASE``); each adds
+its own ``train.epochs`` where it needs another than :data:`TINY`'s one epoch."""
 
 from __future__ import annotations
 
+import gzip
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+SRC = ROOT / "src"
+RECIPES = SRC / "bayesncl" / "configs"  # the shipped recipes
+FIXTURES = ROOT / "tests" / "fixtures"  # data files the tests read (variant_hashes.json)
 
 TINY_BASE = [
     "data.name=synthetic",
@@ -59,6 +76,164 @@ def image_folder(root: Path, classes: tuple[str, ...] = ("cat", "dog"), n: int =
             for i in range(count):
                 Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(d / f"{i}.png")
     return root
+
+
+# ----------------------------------------------------------------------------- fake Fashion-MNIST on disk
+def idx_bytes(arr: np.ndarray) -> bytes:
+    """``arr`` as an idx file (uint8): the format of Fashion-MNIST's four files."""
+    header = bytes([0, 0, 0x08, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+    return header + arr.astype(np.uint8).tobytes()
+
+
+def _fmnist_arrays(n: int, seed: int, const: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    labels = (np.arange(n) % 10).astype(np.uint8)
+    rng.shuffle(labels)
+    if const is not None:
+        return np.full((n, 28, 28), const, np.uint8), labels
+    images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
+    images[:, 0, 0] = labels * 20  # a label fingerprint to check the pairing
+    return images, labels
+
+
+def write_fmnist(d: Path, n_train: int = 60, n_test: int = 20, gz: bool = True, const: int | None = None):
+    """The four idx files of random 28 px images (gzipped or raw) in ``d``, for the reader's tests;
+    returns ``{split: (images, labels)}``."""
+    d.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for split, prefix, n, seed in (("train", "train", n_train, 1), ("test", "t10k", n_test, 2)):
+        images, labels = _fmnist_arrays(n, seed, const)
+        for kind, arr in (("images-idx3", images), ("labels-idx1", labels)):
+            name = f"{prefix}-{kind}-ubyte"
+            if gz:
+                with gzip.open(d / f"{name}.gz", "wb") as f:
+                    f.write(idx_bytes(arr))
+            else:
+                (d / name).write_bytes(idx_bytes(arr))
+        out[split] = (images, labels)
+    return out
+
+
+def fmnist_folder(root: Path, n_train: int = 200, n_test: int = 100) -> Path:
+    """Four gzipped idx files of random 28 px 'garments' (a bright square per class position):
+    learnable, for the studies' tiny runs."""
+    rng = np.random.default_rng(1)
+    root.mkdir(parents=True, exist_ok=True)
+    for stem, n in (("train", n_train), ("t10k", n_test)):
+        y = np.arange(n) % 10
+        x = np.zeros((n, 28, 28), dtype=np.uint8)
+        for i, c in enumerate(y):
+            x[i, 4 + c : 14 + c, 6:22] = rng.integers(128, 256, (10, 16))
+        for kind, arr in (("images-idx3", x), ("labels-idx1", y)):
+            with gzip.open(root / f"{stem}-{kind}-ubyte.gz", "wb") as f:
+                f.write(idx_bytes(arr))
+    return root
+
+
+# ----------------------------------------------------------------------------- seeds, processes
+def gen(seed: int):
+    """A seeded CPU ``torch.Generator``."""
+    import torch
+
+    return torch.Generator().manual_seed(seed)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn(fn: Any, args: tuple[Any, ...], nprocs: int, timeout: float) -> None:
+    """torch.multiprocessing as a test harness (not a launcher), with a deadline instead of a hang."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            pytest.fail(f"the {nprocs} processes did not finish within {timeout:.0f} s")
+
+
+# ----------------------------------------------------------------------------- a run driven from outside
+# `bayesncl` with every loss computation delayed by argv[1] seconds, so that a test can signal the
+# process at a known point of training. The delay changes no number: runs stay bit-identical.
+PACED_CLI = """
+import sys, time
+import bayesncl.core.engine as t
+from bayesncl.app.cli import main
+delay = float(sys.argv[1])
+real = t.contrastive_loss
+def paced(*args, **kwargs):
+    time.sleep(delay)
+    return real(*args, **kwargs)
+t.contrastive_loss = paced
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def start_cli(args: list[str], delay: float = 0.0) -> subprocess.Popen[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    return subprocess.Popen(
+        [sys.executable, "-c", PACED_CLI, str(delay), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def wait_for(cond: Any, proc: subprocess.Popen[str], timeout: float = 60.0) -> None:
+    t0 = time.time()
+    while not cond():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"run ended early (status {proc.returncode}): {err[-2000:]}")
+        if time.time() - t0 > timeout:
+            proc.kill()
+            pytest.fail("timed out waiting for the run")
+        time.sleep(0.02)
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    import torch
+
+    from bayesncl.runs.safe_load import load_checkpoint_file
+
+    sa = load_checkpoint_file(a)["state_dict"]
+    sb = load_checkpoint_file(b)["state_dict"]
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+def ctrl_c() -> None:
+    """SIGINT to this process, returning once its handler has run: another thread (torch's, tqdm's)
+    may take the signal and the main thread run the handler later, so that two signals could merge
+    into one, or one land a step late."""
+    before = signal.getsignal(signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
+    deadline = time.time() + 5
+    while signal.getsignal(signal.SIGINT) is before and time.time() < deadline:
+        time.sleep(0.001)
+
+
+def signal_at(monkeypatch: pytest.MonkeyPatch, module: Any, target: str, calls: tuple[int, ...]) -> None:
+    """Send SIGINT to this process during the listed calls (1-based) of ``module.<target>``."""
+    real = getattr(module, target)
+    count = {"n": 0}
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        count["n"] += 1
+        out = real(*args, **kwargs)
+        for _ in range(calls.count(count["n"])):
+            ctrl_c()
+        return out
+
+    monkeypatch.setattr(module, target, wrapped)
 
 
 def error_line(capsys: pytest.CaptureFixture[str]) -> str:

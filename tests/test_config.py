@@ -53,7 +53,7 @@ def test_overrides_win_over_preset_and_yaml(tmp_path: Path) -> None:
 
 def test_a_list_key_takes_a_single_value_on_the_command_line_only(tmp_path: Path) -> None:
     """key=value: 64 and 32,64 are the short forms of [64] and [32, 64] (a bracket needs quoting in a
-    shell); a YAML file writes the list (tests/test_bad_inputs.py: a single value there is refused)."""
+    shell); a YAML file writes the list (tests/app/test_bad_inputs.py: a single value there is refused)."""
     assert build_config(overrides=["eval.retrieval_dims=64"]).eval.retrieval_dims == [64]
     assert build_config(overrides=["eval.retrieval_dims=[32, 64]"]).eval.retrieval_dims == [32, 64]
     y = tmp_path / "c.yaml"
@@ -114,8 +114,8 @@ def test_bad_values_are_one_line_errors(override: str, pattern: str) -> None:
 
 
 # What the losses and the parts checked on every call (or in __init__) before config was the one
-# checker; each value is refused here, once, before a model is built (tests/test_losses.py and
-# tests/test_parts.py test the maths only).
+# checker; each value is refused here, once, before a model is built (tests/core/test_losses.py and
+# tests/core/test_parts.py test the maths only).
 @pytest.mark.parametrize(
     ("override", "message"),
     [

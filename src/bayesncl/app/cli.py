@@ -112,7 +112,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from bayesncl.app.demo import run_demo
+    from bayesncl.paper.demo import run_demo
 
     run_dir = path_arg(args.run_dir, "--run-dir", "a directory")
     run_demo(run_dir, args.overrides, quick=args.quick, resume=args.resume, overwrite=args.overwrite)
@@ -215,12 +215,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from bayesncl.app.reproduce import reproduce
-    from bayesncl.app.studies import MECHANISM_IDS
+    from bayesncl.paper.reproduce import reproduce
+    from bayesncl.paper.studies import MECHANISM_IDS
 
     run_dir = path_arg(args.run_dir, "--run-dir", "a directory")
     if args.table in MECHANISM_IDS:  # issue 15: the background probe (6) and the mechanism study
-        from bayesncl.app import mechanism
+        from bayesncl.paper import mechanism
 
         if args.seeds < 1:
             raise ConfigError(f"--seeds {args.seeds}: expected >= 1 (the number of pretraining seeds)")
@@ -476,7 +476,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``bayesncl`` parser: one subparser per :data:`COMMANDS` entry, and ``benchmark``."""
-    from bayesncl.app.benchmark import add_benchmark_parser
+    from bayesncl.paper.benchmark import add_benchmark_parser
 
     parser = OneLineParser(
         prog="bayesncl", description="Interpretable self-supervised learning: CL, NCL, NCL+TopK and BayesNCL."

@@ -70,7 +70,7 @@ def spectral_loss(z: Tensor, mu: float = 1.0, *, keys: Tensor | None = None, off
     Returns:
         A 0-d float32 tensor. Identical orthonormal views give −2/μ (positive term −2, negatives 0).
         The mean over processes of the local losses is the one-process loss of the whole batch, and
-        with DDP averaging the gradients so is the gradient (tests/test_objectives_distributed.py).
+        with DDP averaging the gradients so is the gradient (tests/core/test_objectives_distributed.py).
     """
     n = z.shape[0] // 2
     with fp32_math(z.device):

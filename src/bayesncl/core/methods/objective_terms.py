@@ -4,7 +4,7 @@ penalty (:mod:`bayesncl.core.objectives` holds their maths; each method's own fi
 
 Every term is a mean over this process's 2n rows and, where it contrasts rows, takes the other
 processes' rows with gradient under torch.distributed (``batch.gather``), so DDP's gradient average
-is the one-process gradient of the whole batch (tests/test_objectives_distributed.py). torch is
+is the one-process gradient of the whole batch (tests/core/test_objectives_distributed.py). torch is
 imported when a term first runs, so reading a config does not import it.
 """
 

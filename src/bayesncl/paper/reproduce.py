@@ -1,0 +1,500 @@
+"""``bayesncl reproduce ID --dataset DS [--seeds N]``: one command per table or figure of both papers.
+
+A study (:mod:`bayesncl.paper.studies`) lists variants, each pretrained once per seed 0..N-1 into a
+store shared by every study: ``STORE/<hash>/`` (:func:`bayesncl.paper.variants.variant_hash`; default
+``variants/`` beside the run dir), an ordinary pretrain run dir, reused by any study that needs it
+and continued when interrupted. What a study measures beyond pretrain's evaluation is cached
+beside it (``reproduce.json``, ``features_{test,train}.npz``). The plan (and estimated time) is
+printed first; each cell is the mean ± std (ddof 1) over seeds, ``<stem>.json`` keeping the
+per-seed ``values`` and the paper's value; figures are ``<stem>.png`` with error bars.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
+from bayesncl.paper import eval_studies, studies, variants  # eval_studies and ncl_studies add their IDs
+from bayesncl.paper.ncl_studies import NCL_MEASURES
+from bayesncl.paper.studies import Study
+
+# what decides how fast a run trains (runs that agree on these share a measured images/s)
+COST_KEYS = ("data.name", "data.image_size", "model.backbone", "model.cifar_stem", "train.batch_size",
+             "train.device", "train.precision", "train.channels_last")  # fmt: skip
+
+
+def pretrain_minutes(run_dir: Path) -> float:
+    """Pretraining time of a finished run, in minutes: the sum of its ``log.csv`` epoch times
+    (``epoch_time_s``: the training loop alone, each epoch whole however often the run was resumed;
+    not the data loading before it, the export or the evaluation after it). Table 7's "minutes".
+    Raises RunDirError if the run has no readable log."""
+    from bayesncl.app.report.curves import read_log
+
+    return sum(row["epoch_time_s"] for row in read_log(run_dir)) / 60
+
+
+# ----------------------------------------------------------------------------- configs and the plan
+Cells = dict[tuple[str, int], str]  # (variant, seed) -> the run's hash
+
+
+def study_configs(
+    study: Study, dataset: str, overrides: list[str], seeds: int
+) -> dict[tuple[str, int], Config]:
+    """Every (variant, seed)'s resolved config, up front (a typo fails before any training).
+    Raises ConfigError for ``--seeds`` < 1, a key the study's variants or ``--seeds`` set, or a
+    bad override."""
+    if seeds < 1:
+        raise ConfigError(f"--seeds {seeds}: expected >= 1 (the number of pretraining seeds, 0..N-1)")
+    refuse_fixed_keys(overrides, study.defines, f"the variants of {_what(study)}")
+    refuse_fixed_keys(overrides, ("seed",), "the runs' seeds (--seeds N trains seeds 0..N-1)")
+    out: dict[tuple[str, int], Config] = {}
+    for v in study.variants:
+        recipe = studies.recipe_for(dataset, v.method)
+        for s in range(seeds):
+            # the user's overrides set the base, the variant its own keys (a sweep's value wins)
+            given = [f"method.name={v.method}", *overrides, *v.overrides, f"seed={s}"]
+            out[v.name, s] = build_config(recipe, given)
+    return out
+
+
+def _what(study: Study) -> str:
+    return f"table {study.id}" if study.id.isdigit() else study.id
+
+
+def _status(sub: Path) -> str:
+    if variants.finished(sub):
+        return "reuse"
+    return "resume" if (sub / "last.pt").exists() else "train"
+
+
+def _check_dirs(run_dir: Path, store: Path, study: Study, runs: dict[str, tuple[Config, str]]) -> None:
+    """Raise RunDirError for a run dir or store that is a file, cannot be written or holds a pretrain
+    run, and for a stored run of the same hash with other settings; before any output."""
+    from bayesncl.runs.rundir import RunDirError, _check_writable, refuse_a_run_in
+
+    _check_writable(run_dir)
+    refuse_a_run_in(run_dir, _what(study))
+    try:
+        _check_writable(store)
+        refuse_a_run_in(store, _what(study))
+    except RunDirError as e:  # the same checks, named for the store
+        raise RunDirError(str(e).replace("run dir", "store", 1).replace("--run-dir", "--store")) from None
+    for h, (cfg, status) in runs.items():
+        sub = store / h
+        if status == "reuse":
+            variants.refuse_other_settings(
+                sub, cfg, f"remove {sub} (or use another --store)", ignore=variants.IDENTITY_IGNORES
+            )
+        missing = [e for e in study.checkpoints if not (sub / f"epoch-{e:04d}.pt").exists()]
+        if status == "reuse" and missing:  # (a run to train or continue writes them with this config)
+            raise RunDirError(
+                f"{_what(study)} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but the stored "
+                f"run {sub} has none (another table trained it with a larger train.checkpoint_every): run "
+                f"{_what(study)} before the tables that share its runs, or use another --store"
+            )
+        else:
+            _check_writable(sub)
+
+
+def _logged_rate(sub: Path) -> tuple[tuple[Any, ...], float] | None:
+    """``(cost key, images/s)`` of a stored run from its config.yaml and log.csv, else None."""
+    from bayesncl.app.report.curves import read_log
+    from bayesncl.config import load_run_yaml
+
+    try:
+        flat = load_run_yaml(sub / "config.yaml")
+        rows = read_log(sub)
+    except (ValueError, OSError):  # ConfigError / RunDirError: no usable record
+        return None
+    seconds = sum(r["epoch_time_s"] for r in rows)
+    images = rows[-1]["step"] * int(flat["train.batch_size"])
+    return (tuple(flat.get(k) for k in COST_KEYS), images / seconds) if seconds > 0 else None
+
+
+def _rates(store: Path) -> dict[tuple[Any, ...], list[float]]:
+    out: dict[tuple[Any, ...], list[float]] = {}
+    for sub in sorted(store.glob("*/log.csv")) if store.is_dir() else []:
+        if (r := _logged_rate(sub.parent)) is not None:
+            out.setdefault(r[0], []).append(r[1])
+    return out
+
+
+def estimate_seconds(to_train: dict[str, Config], store: Path) -> tuple[dict[str, float], str]:
+    """Estimated training seconds of each run (by hash) and where the rate came from: the median
+    images/s of stored runs of the same cost (:data:`COST_KEYS`), else a 3-step measurement here."""
+    from bayesncl.data import dataset_info
+    from bayesncl.paper.benchmark import images_per_second
+
+    logged = _rates(store)
+    measured: dict[tuple[Any, ...], float] = {}
+    out, sources = {}, set()
+    for h, cfg in to_train.items():
+        flat = variants.identity(cfg)
+        key = tuple(flat.get(k) for k in COST_KEYS)
+        if key in logged:
+            rate = sorted(logged[key])[len(logged[key]) // 2]
+            sources.add(f"{len(logged[key])} stored run(s)' log.csv")
+        else:
+            if key not in measured:  # no stored run of this cost: say why the plan is not printed yet
+                print(f"timing {cfg.model.backbone} here (3 training steps) for the plan ...", flush=True)
+                measured[key] = images_per_second(cfg)
+            rate = measured[key]
+            sources.add("a 3-step measurement")
+        steps = max(1, dataset_info(cfg.data).num_train // cfg.train.batch_size)
+        done = _logged_epochs(store / h)
+        out[h] = (cfg.train.epochs - done) * steps * cfg.train.batch_size / rate
+    return out, " and ".join(sorted(sources)) or "nothing to train"
+
+
+def _logged_epochs(sub: Path) -> int:
+    log = sub / "log.csv"
+    return max(0, len(log.read_text().splitlines()) - 1) if log.exists() and (sub / "last.pt").exists() else 0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def _print_plan(study: Study, dataset: str, seeds: int, store: Path, cells: Cells,
+                runs: dict[str, tuple[Config, str]], est: dict[str, float], source: str) -> None:  # fmt: skip
+    counts = {s: sum(1 for _, st in runs.values() if st == s) for s in ("train", "resume", "reuse")}
+    print(f"reproduce {study.id} ({study.title}) on {dataset}: {len(study.variants)} variant(s) x {seeds} "
+          f"seed(s) = {len(cells)} run(s), {len(runs)} distinct; to train {counts['train']}, to continue "
+          f"{counts['resume']}, reused {counts['reuse']} (store {store})")  # fmt: skip
+    for (name, seed), h in cells.items():
+        status = runs[h][1]
+        extra = f", ~{_duration(est[h])}" if h in est else ""
+        print(f"  {name} seed {seed}: {status} {h}{extra}")
+    device = next(iter(runs.values()))[0].train.device
+    print(f"estimated training time on this device ({device}): {_duration(sum(est.values()))} "
+          f"(from {source}; evaluation not included)")  # fmt: skip
+    for note in study.notes:
+        print(f"note: {note}")
+
+
+def _warn_cpu_resnet50(study: Study, runs: dict[str, tuple[Config, str]], est: dict[str, float]) -> None:
+    """Table 5 trains ResNet-50: on a CPU say how long it would take, before any training."""
+    import torch
+
+    from bayesncl.core.distributed import resolve_device
+
+    big = [h for h, (cfg, st) in runs.items() if st != "reuse" and cfg.model.backbone == "resnet50"]
+    if big and resolve_device(runs[big[0]][0].train.device).type == "cpu":
+        warnings.warn(
+            f"{_what(study)} trains ResNet-50 on the CPU ({torch.get_num_threads()} threads): about "
+            f"{_duration(sum(est[h] for h in big))} for {len(big)} run(s); a GPU is advised",
+            stacklevel=3,
+        )
+
+
+# ----------------------------------------------------------------------------- measures
+_features = variants.stored_features  # (train, test) features of a stored run
+
+
+def _m_base(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    m = variants.finished_metrics(sub)
+    return {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _m_flops(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    from bayesncl.paper.benchmark import flops_per_image
+
+    return {"gflops_per_image": flops_per_image(cfg) / 1e9}
+
+
+def _m_probe3(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    from bayesncl.metrics import knn_accuracy, linear_probe
+
+    train, test = _features(sub)
+    lp = linear_probe(train.h, train.labels, test.h, test.labels, seeds=[cfg.seed + i for i in range(3)])
+    knn = knn_accuracy(train.h, train.labels, test.h, test.labels)
+    return {"lp3_acc1": lp["acc1"], "lp3_acc5": lp["acc5"], "knn_acc1": knn["acc1"]}
+
+
+def _m_retrieval(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
+    from bayesncl.metrics import retrieval_metrics
+
+    _, test = _features(sub)
+    r = retrieval_metrics(test.features, test.labels, dims=list(ks), topk=(1, 5, 10))
+    return {f"K{k}.{m}": v for k, row in r.items() for m, v in row.items()}
+
+
+def _m_retrieval_sel(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    """Table 2's retrieval: P@1/5/10 and mAP@10 on the top-K dims (``params``: (K,)); none for CL,
+    whose dims the paper does not select."""
+    from bayesncl.metrics import retrieval_metrics
+
+    if cfg.method.name == "cl":
+        return {}
+    _, test = _features(sub)
+    (row,) = retrieval_metrics(test.features, test.labels, dims=[int(params[0])], topk=(1, 5, 10)).values()
+    return {f"sel.{m}": v for m, v in row.items()}
+
+
+def _m_fs(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
+    """Top-K dims by expected activation (of the train z̃) vs K random dims (seed = the run's)."""
+    import numpy as np
+
+    from bayesncl.metrics import feature_selection_probe, linear_probe
+
+    train, test = _features(sub)
+    rng = np.random.default_rng(cfg.seed)
+    out = {}
+    for k in ks:
+        out[f"K{k}.top_acc1"] = feature_selection_probe(
+            train.features, train.labels, test.features, test.labels, int(k), seeds=cfg.seed
+        )["acc1"]
+        idx = np.sort(rng.choice(train.dim, size=int(k), replace=False))
+        out[f"K{k}.random_acc1"] = linear_probe(
+            train.features[:, idx], train.labels, test.features[:, idx], test.labels, seeds=cfg.seed
+        )["acc1"]
+    return out
+
+
+def _m_sepin(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
+    from bayesncl.metrics import sepin_at_k
+
+    _, test = _features(sub)
+    return {f"sepin@{k}": 100 * sepin_at_k(test.features, test.labels, k) for k in ks}  # in 10⁻² nats
+
+
+def _m_dynamics(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    from bayesncl.app.dynamics import dynamics_command
+
+    epochs, samples = params
+    result = dynamics_command(sub, samples=int(samples), epochs=set(epochs))
+    return {f"e{r['epoch']}.{k}": r[k] for r in result["rows"] for k in ("AF-GV", "GV-SC", "AF-SC")}
+
+
+def _m_trajectory(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    """At each periodic checkpoint ``epoch-NNNN.pt`` of ``params[0]`` (the convergence study): SC,
+    active dims and (gated runs) the gate-open rate of the test split's z̃, and the fast linear
+    probe's Acc@1 on h (fitted on the train split, scored on the test split)."""
+    from bayesncl.app.evaluate import extract_split, load_trained
+    from bayesncl.metrics import compute_all, linear_probe
+
+    (epochs,) = params
+    out: dict[str, float] = {}
+    for e in epochs:
+        model, ck_cfg, _ = load_trained(sub / f"epoch-{int(e):04d}.pt")
+        device = next(model.parameters()).device
+        train = extract_split(model, ck_cfg, "train", device, keys=("h",))
+        test = extract_split(model, ck_cfg, "test", device, keys=("h", "features", "mask"))
+        m = compute_all(test["features"], test["labels"])
+        out[f"e{e}.semantic_consistency"] = m["semantic_consistency"]
+        out[f"e{e}.active_dims"] = float(m["active_dims"])
+        if test.get("mask") is not None:
+            out[f"e{e}.gate_open"] = float(test["mask"].mean())
+        lp = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=ck_cfg.seed)
+        out[f"e{e}.linear_probe_acc1"] = lp["acc1"]
+    return out
+
+
+def _m_finetune(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    """``bayesncl finetune`` of the stored run with the ``train.*`` overrides ``params``, into its own
+    run dir ``sub/finetune-<hash of params>/`` (continued if interrupted; the run itself is only read)."""
+    import hashlib
+    import json
+
+    from bayesncl.app.finetune import finetune
+
+    ft = sub / f"finetune-{hashlib.sha256(repr(params).encode()).hexdigest()[:8]}"
+    if (ft / "finetune.json").exists():
+        result = json.loads((ft / "finetune.json").read_text())
+    else:
+        resume = (ft / "last.pt").exists()
+        result = finetune(sub, ft, list(params), resume=resume, overwrite=ft.exists() and not resume)
+    return {"ft_acc1": result["acc1"], "ft_acc5": result["acc5"]}
+
+
+MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval": _m_retrieval,
+            "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune,
+            "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory, **NCL_MEASURES}  # fmt: skip
+"""What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
+MEASURES.update(eval_studies.MEASURES)  # issue 26: mig, ood, appj, nclmap
+
+
+def measure(sub: Path, cfg: Config, wanted: list[tuple[str, tuple[Any, ...]]]) -> dict[str, float]:
+    """The metrics ``wanted`` of the finished run in ``sub``, from its cache where computed before
+    (``reproduce.json``), plus its ``pretrain_minutes``."""
+    cache = variants.read_cache(sub)
+    out: dict[str, float] = {}
+    changed = False
+    for name, params in [("base", ()), *wanted]:
+        key = f"{name}{list(params)}"
+        if key not in cache:
+            cache[key] = MEASURES[name](sub, cfg, params)
+            changed = True
+        out.update({k: v for k, v in cache[key].items() if v is not None})
+    if changed:
+        variants.write_cache(sub, cache)
+    if (sub / "log.csv").exists():
+        out["pretrain_minutes"] = pretrain_minutes(sub)
+    return out
+
+
+# ----------------------------------------------------------------------------- the table
+def cell(values: list[float | None]) -> dict[str, Any]:
+    """``{"mean", "std", "values"}`` of one table cell over seeds: std with ddof 1 (None for one
+    value), missing values (None, NaN) left out of both; mean None when no value."""
+    ok = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    mean = sum(ok) / len(ok) if ok else None
+    std = math.sqrt(sum((v - mean) ** 2 for v in ok) / (len(ok) - 1)) if len(ok) > 1 else None
+    return {"mean": mean, "std": std, "values": values}
+
+
+def aggregate(study: Study, per_run: dict[tuple[str, int], dict[str, float]], seeds: int) -> dict[str, Any]:
+    """``{row label: {column key: cell + "paper"}}`` over seeds 0..seeds-1."""
+    rows: dict[str, Any] = {}
+    for row in study.rows:
+        paper = study.paper.get(row.label, {})
+        rows[row.label] = {
+            c.key: {**cell([per_run[row.variant, s].get(row.prefix + c.key) for s in range(seeds)]),
+                    "paper": paper.get(c.key)}
+            for c in study.columns
+        }  # fmt: skip
+    return rows
+
+
+def _fmt(c: dict[str, Any], fmt: str) -> str:
+    if c["mean"] is None:
+        return "–"
+    return fmt.format(c["mean"]) + (f" ± {fmt.format(c['std'])}" if c["std"] is not None else "")
+
+
+def format_study(study: Study, rows: dict[str, Any]) -> str:
+    """Markdown: one row per study row, ``mean ± std`` cells, then the paper's value of every column
+    the paper reports."""
+    with_paper = [c for c in study.columns if any(rows[r][c.key]["paper"] is not None for r in rows)]
+    head = ["row", *(c.header for c in study.columns), *(f"paper {c.header}" for c in with_paper)]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for label, cells in rows.items():
+        ours = [_fmt(cells[c.key], c.fmt) for c in study.columns]
+        paper = [c.fmt.format(p) if (p := cells[c.key]["paper"]) is not None else "–" for c in with_paper]
+        lines.append("| " + " | ".join([label, *ours, *paper]) + " |")
+    return "\n".join(lines)
+
+
+def _figure(study: Study, rows: dict[str, Any], path: Path, seeds: int) -> None:
+    from bayesncl.app.report.plots import write_error_bar_figure
+
+    panels = [
+        (p.title, p.xlabel, p.ylabel, p.xscale, [
+            (s.label, [(x, rows[r][k]["mean"], rows[r][k]["std"]) for x, r, k in s.points], s.paper)
+            for s in p.series
+        ])
+        for p in study.panels
+    ]  # fmt: skip
+    write_error_bar_figure(panels, path, study.title, seeds)
+
+
+def _link(run_dir: Path, name: str, target: Path) -> None:
+    """``run_dir/name`` → the stored run (a relative symlink), so the table's folder shows its runs;
+    skipped where something else is there or links cannot be made."""
+    link = run_dir / name
+    try:
+        if link.is_symlink():
+            link.unlink()
+        if not link.exists():
+            link.symlink_to(os.path.relpath(target, run_dir), target_is_directory=True)
+    except OSError:
+        pass
+
+
+# ----------------------------------------------------------------------------- the command
+def _train(h: str, cfg: Config, sub: Path, label: str, i: int, n: int, est: float | None) -> None:
+    from bayesncl.app.train import pretrain
+
+    resume = (sub / "last.pt").exists()
+    what = "continuing" if resume else "training"
+    print(f"[{i}/{n}] {label}: {what} {sub}" + (f" (~{_duration(est)})" if est else ""), flush=True)
+    t = time.time()
+    metrics = pretrain(cfg, sub, resume=resume, overwrite=not resume and sub.exists())
+    variants.save_metrics(sub, label, metrics)
+    print(f"[{i}/{n}] {label}: done in {_duration(time.time() - t)}", flush=True)
+
+
+def reproduce(
+    study_id: str, dataset: str, run_dir: Path | None, overrides: list[str], *, seeds: int = 1,
+    store: Path | None = None,
+) -> dict[str, Any]:
+    """Train (or reuse) every variant of ``study_id`` on ``dataset`` for seeds 0..``seeds``-1, measure
+    them, and write ``RUN_DIR/<stem>.md`` / ``.json`` (and ``<stem>.png`` for a figure, ``curves.png``)
+    with links ``RUN_DIR/<variant>-s<seed>`` to the stored runs. Returns the JSON's dict.
+
+    ``run_dir``: default ``runs/<stem>-<dataset>``; ``store``: default ``RUN_DIR/../variants``.
+    Raises ConfigError for a bad ID (listing the valid ones), dataset, ``seeds`` or override,
+    RunDirError for an unusable run dir or store, before any training."""
+    study = studies.build(study_id, dataset, overrides)
+    configs = study_configs(study, dataset, overrides, seeds)
+    run_dir = run_dir or Path("runs") / f"{study.stem}-{dataset}"
+    store = store or run_dir.parent / "variants"
+    cells = {key: variants.variant_hash(cfg) for key, cfg in configs.items()}
+    runs: dict[str, tuple[Config, str]] = {}
+    for key, h in cells.items():
+        runs.setdefault(h, (configs[key], _status(store / h)))
+    _check_dirs(run_dir, store, study, runs)
+    from bayesncl.data import dataset_info
+
+    for data in {repr(cfg.data): cfg.data for cfg, _ in runs.values()}.values():
+        dataset_info(data)  # the data is there (DataError before any training)
+    to_train = {h: cfg for h, (cfg, st) in runs.items() if st != "reuse"}
+    est, source = estimate_seconds(to_train, store)
+    _print_plan(study, dataset, seeds, store, cells, runs, est, source)
+    _warn_cpu_resnet50(study, runs, est)
+    label = {h: f"{n} seed {s}" for (n, s), h in reversed(cells.items())}
+    for i, h in enumerate(to_train, 1):
+        _train(h, to_train[h], store / h, label[h], i, len(to_train), est.get(h))
+    per_run = {key: measure(store / h, configs[key], study.measures) for key, h in cells.items()}
+    rows = aggregate(study, per_run, seeds)
+    return _write(study, dataset, seeds, run_dir, store, cells, runs, rows)
+
+
+def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, cells: Cells,
+           runs: dict[str, tuple[Config, str]], rows: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    from bayesncl.app.report import write_results
+    from bayesncl.app.report.curves import write_training_curves
+    from bayesncl.app.report.html import write_report_or_warn
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = sorted({cfg.data.name for cfg, _ in runs.values()})
+    recipe = studies.base_config(dataset, "ncl", []).data.name  # imagenet100's is imagefolder
+    overridden = data and data != [recipe]  # a data.name override: say what the runs trained on
+    dataset_shown = f"{', '.join(data)} (with the {dataset} recipe)" if overridden else dataset
+    result = {
+        "id": study.id, "title": study.title, "dataset": dataset, "data": data, "seeds": list(range(seeds)),
+        "store": str(store), "columns": [{"header": c.header, "key": c.key} for c in study.columns],
+        "rows": rows, "notes": study.notes,
+        "runs": {f"{n} seed {s}": h for (n, s), h in cells.items()},
+        "trained": sorted(h for h, (_, st) in runs.items() if st == "train"),
+        "continued": sorted(h for h, (_, st) in runs.items() if st == "resume"),
+        "reused": sorted(h for h, (_, st) in runs.items() if st == "reuse"),
+    }  # fmt: skip
+    md = format_study(study, rows)
+    spread = f"mean ± std (ddof 1) over seeds 0..{seeds - 1}" if seeds > 1 else "one seed (0)"
+    paper = any(c.get("paper") is not None for r in rows.values() for c in r.values() if isinstance(c, dict))
+    versus = " vs the paper's reported values" if paper else "; the paper reports no values for this setting"
+    header = f"{study.title} on {dataset_shown}: ours ({spread}){versus}."
+    write_results(run_dir, study.stem, result, md, header=header)
+    for (name, s), h in cells.items():
+        _link(run_dir, f"{variants.slug(name)}-s{s}", store / h)
+    if study.panels:
+        _figure(study, rows, run_dir / f"{study.stem}.png", seeds)
+    logged = {f"{n} s{s}": store / h for (n, s), h in cells.items() if s == 0}
+    logged = {k: p for k, p in logged.items() if (p / "log.csv").exists()}
+    if logged and len(logged) <= 12:
+        write_training_curves(list(logged.values()), run_dir / "curves.png", labels=list(logged))
+    print(header)
+    print(md)
+    figure = f", {study.stem}.png" if study.panels else ""
+    print(f"wrote {run_dir / (study.stem + '.md')} and .json{figure}")
+    # the HTML report of seed 0 of every variant (the table holds the seeds' spread)
+    write_report_or_warn([run_dir / f"{variants.slug(n)}-s0" for n, s in cells if s == 0], run_dir / "report")
+    return result

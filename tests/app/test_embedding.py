@@ -1,0 +1,39 @@
+"""The embedding map (t-SNE of z̃ by class) in evaluate's outputs and the HTML report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bayesncl.app.cli import main
+
+from ..conftest import tiny_checkpoint
+
+pytest.importorskip("openTSNE")
+
+
+def test_embed_keeps_separated_classes_apart_and_is_deterministic():
+    from bayesncl.app.report.embedding import embed
+
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), 40)
+    f = np.abs(rng.normal(size=(120, 16)) * 0.1 + 3 * np.eye(16)[y * 5])
+    rows, xy = embed(f, y, cap=90)
+    assert len(rows) == 90 and xy.shape == (90, 2)
+    assert np.bincount(y[rows]).tolist() == [30, 30, 30]  # class-stratified cap
+    # every point's nearest neighbour in the map has its class
+    d = ((xy[:, None] - xy[None]) ** 2).sum(-1) + np.diag(np.full(90, np.inf))
+    assert (y[rows][d.argmin(1)] == y[rows]).mean() == 1.0
+    assert np.array_equal(embed(f, y, cap=90)[1], xy)
+    with pytest.raises(ValueError, match="at least 10 test samples"):
+        embed(f[:5], y[:5])
+
+
+def test_evaluate_writes_the_map_and_the_report_shows_it(tmp_path: Path):
+    ckpt = tiny_checkpoint(tmp_path / "m.pt", [])
+    assert main(["evaluate", str(ckpt), "--probe", "none", "--no-knn"]) == 0
+    assert (tmp_path / "embedding.png").read_bytes().startswith(b"\x89PNG")
+    html = (tmp_path / "report" / "index.html").read_text()
+    assert "figures/embedding.png" in html

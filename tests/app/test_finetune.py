@@ -1,0 +1,106 @@
+"""``bayesncl finetune``: the authors' protocol as the default, backbone + head trained end to end in a
+run dir of its own (the pretrained run untouched), a bit-identical resume, and its bad inputs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import bayesncl.core.engine as engine
+from bayesncl.app.cli import main
+from bayesncl.app.finetune import PROTOCOL, finetune, finetune_config, finetune_groups
+from bayesncl.config import build_config
+from bayesncl.core.model import build_model
+from bayesncl.runs.rundir import TrainingInterrupted
+from bayesncl.runs.safe_load import load_checkpoint_file
+
+from ..conftest import TINY, assert_same_weights, error_line, expect, signal_at, tiny_checkpoint
+
+SMALL = ["train.epochs=2", "train.warmup_epochs=1", "train.batch_size=32", "train.progress=false"]
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.is_file()}
+
+
+def test_the_default_is_the_authors_protocol() -> None:
+    cfg = finetune_config(build_config(overrides=TINY), {"train.epochs": 3})
+    t = cfg.train
+    assert (t.epochs, t.batch_size, t.optimizer, t.base_lr, t.probe_lr) == (3, 256, "lars", 0.4, 0.4)
+    assert (t.weight_decay, t.warmup_epochs, t.warmup_start_lr, t.min_lr) == (1e-4, 10.0, 3e-5, 0.0)
+    assert (t.lars_eta, t.clip_lr, t.momentum) == (0.02, True, 0.9)
+    assert PROTOCOL["train.epochs"] == 30
+    model = build_model(cfg, 3, 16, 10)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.split(".")[0] in ("backbone", "classifier"))
+    groups = {g["name"]: g for g in finetune_groups(model, cfg, 256)}
+    assert set(groups) == {"encoder/weight", "encoder/plain", "classifier/weight", "classifier/plain"}
+    assert groups["classifier/weight"]["weight_decay"] == 1e-4 == groups["encoder/weight"]["weight_decay"]
+    assert groups["classifier/plain"]["weight_decay"] == 0.0 == groups["encoder/plain"]["weight_decay"]
+    assert groups["encoder/weight"]["peak_lr"] == pytest.approx(0.4) == groups["classifier/weight"]["peak_lr"]
+    n_trained = sum(p.numel() for g in groups.values() for p in g["params"])
+    trained = [p for n, p in model.named_parameters() if n.startswith(("backbone", "classifier"))]
+    assert n_trained == sum(p.numel() for p in trained)
+
+
+def test_finetune_trains_backbone_and_head_and_leaves_the_pretrained_run_alone(tmp_path: Path) -> None:
+    (tmp_path / "pre").mkdir()
+    src = tiny_checkpoint(tmp_path / "pre" / "run.pt", ["method.name=bayesncl"])
+    before = _digest(src.parent)
+    result = finetune(src, None, SMALL)
+    out = tmp_path / "pre" / "run-finetune"  # the default run dir: beside the pretrained one
+    assert _digest(src.parent) == before == {"run.pt": before["run.pt"]}  # only read
+    assert 0.0 <= result["acc1"] <= result["acc5"] <= 100.0
+    assert json.loads((out / "finetune.json").read_text())["acc1"] == result["acc1"]
+    ours = load_checkpoint_file(out / "last.pt")
+    theirs = load_checkpoint_file(src)["state_dict"]
+    assert (ours["epoch"], ours["step"]) == (2, 6)  # 96 images, batch 32: 3 steps an epoch
+    changed = {k.split(".")[0] for k, v in ours["state_dict"].items() if not torch.equal(v, theirs[k])}
+    assert changed == {"backbone", "classifier"}  # the projector and the gating head as pretrained
+    assert ours["config"]["train"]["base_lr"] == 0.4 and ours["config"]["train"]["epochs"] == 2
+    assert (out / "encoder.safetensors").exists() and len((out / "log.csv").read_text().splitlines()) == 3
+
+
+@pytest.mark.slow
+def test_an_interrupted_finetune_resumes_bit_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tiny_checkpoint(tmp_path / "run.pt", ["method.name=ncl"])
+    finetune(src, tmp_path / "straight", SMALL)
+    signal_at(monkeypatch, engine, "train_step", (4,))  # the first step of epoch 2
+    with pytest.raises(TrainingInterrupted, match="stopped in epoch 2 after 1 of its 3 steps"):
+        finetune(src, tmp_path / "run", SMALL)
+    monkeypatch.undo()
+    finetune(src, tmp_path / "run", SMALL, resume=True)
+    assert_same_weights(tmp_path / "straight" / "last.pt", tmp_path / "run" / "last.pt")
+
+
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from PIL import Image
+
+    photos = tmp_path / "photos"  # a folder of images without classes: no labels
+    photos.mkdir()
+    for i in range(4):
+        Image.new("RGB", (20, 20), (i * 40, 0, 0)).save(photos / f"{i}.png")
+    unlabelled = tiny_checkpoint(
+        tmp_path / "u.pt", ["data.name=imagefolder", f"data.root={photos}", "data.train_subset=0",
+                            "data.test_subset=0"], num_classes=1,
+    )
+    notes = tmp_path / "notes.pt"
+    notes.write_text("hello world")
+    src = tiny_checkpoint(tmp_path / "run.pt", [])
+    cases = [
+        ("V1", [str(unlabelled)]),
+        ("V2", [str(notes)]),
+        ("V3", [str(src), "--run-dir", str(tmp_path)]),
+        ("V4", [str(src), "method.lam=0.1"]),
+    ]
+    for row, args in cases:
+        listing = sorted(p.name for p in tmp_path.iterdir())
+        assert main(["finetune", *args]) == 2
+        expect(row, error_line(capsys), tmp_path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == listing, row  # nothing written

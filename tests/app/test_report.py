@@ -1,0 +1,407 @@
+"""The HTML report: hand-checked dimension numbers, a site whose every link and image resolves, and
+(where Chromium is installed) a real browser opening it from file://."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import numpy as np
+import pytest
+
+from bayesncl.app.report import dimensions as dm
+
+from ..conftest import ERROR, TINY
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+# ----------------------------------------------------------------------------- the numbers
+def _feats() -> dict[str, np.ndarray]:
+    f = np.zeros((6, 4), dtype=np.float32)
+    f[:, 0] = [3, 2, 1, 0, 0, 0]  # fires on rows 0-2: labels 0, 0, 1
+    f[:, 1] = [0, 0, 0, 1, 2, 4]  # rows 3-5: labels 1, 2, 2
+    f[:, 3] = -f[:, 0]  # |z̃| fires where dim 0 does; r(0, 3) = -1
+    mask = np.ones((6, 4), dtype=np.float32)
+    mask[[3, 4], 0] = 0  # dim 0's gate closed on rows 3 and 4
+    z = f.copy()
+    z[3, 0], z[4, 0] = 0.5, 2.0  # pre-gate values of the closed rows: row 4 first
+    return {"features": f, "labels": np.array([0, 0, 1, 1, 2, 2]), "indices": np.arange(6) + 10,
+            "mask": mask, "z": z}
+
+
+def test_summary_by_hand() -> None:
+    rows = dm.summarise(_feats(), 3)
+    assert [r.dim for r in rows] == [0, 1, 3]  # dim 2 never fires
+    r0 = rows[0]
+    assert r0.majority == 0 and r0.majority_share == pytest.approx(2 / 3)
+    assert r0.sc == pytest.approx(2 / 3)  # the largest class share among its firing images
+    assert r0.firing_rate == pytest.approx(0.5)
+    assert r0.mean_activation == pytest.approx(1.0)
+    assert r0.gate_open == pytest.approx(4 / 6)
+    assert rows[1].majority == 2 and rows[1].majority_share == pytest.approx(2 / 3)
+    assert dm.summarise({k: v for k, v in _feats().items() if k != "mask"}, 3)[0].gate_open is None
+
+
+def test_correlations_by_hand() -> None:
+    corr = dm.correlations(_feats()["features"], [0, 1, 3], n=2)
+    assert corr[0][0] == (3, pytest.approx(-1.0))
+    # dims 0 and 1: centred [2,1,0,-1,-1,-1] and [-7/6,-7/6,-7/6,-1/6,5/6,17/6]
+    a = np.array([3, 2, 1, 0, 0, 0.0]) - 1
+    b = np.array([0, 0, 0, 1, 2, 4.0]) - 7 / 6
+    assert corr[0][1] == (1, pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b)))
+    assert dm.correlations(np.zeros((3, 2)), [1]) == {1: []}
+
+
+def test_detail_by_hand() -> None:
+    feats = _feats()
+    counts = dm.class_fire_counts(np.abs(feats["features"]) > dm.EPS, feats["labels"], 3)
+    assert counts[:, 1].tolist() == [0, 1, 2]
+    d = dm.detail(feats, 1, counts, [])
+    assert d.top == [5, 4, 3] and d.zeros == 3 and sum(d.hist[0]) == 3
+    assert d.hist[1][0] == 0 and d.hist[1][-1] == 4  # dim 1 fires with 1, 2, 4: the axis is [0, 4]
+    one = {**feats, "features": np.eye(6)[:, :1] * 0.25}  # a dim firing on one image: [0, 0.25], not v ± 0.5
+    edges = dm.detail(one, 0, counts[:, :1], []).hist[1]
+    assert (edges[0], edges[-1]) == (0, 0.25)
+    assert [r for _, r in d.quantiles] == [3, 4, 5] and d.quantiles[0][0] == 0 and d.quantiles[-1][0] == 1
+    assert d.classes == [(2, pytest.approx(2 / 3)), (1, pytest.approx(1 / 3))]
+    d0 = dm.detail(feats, 0, counts, [])
+    assert d0.closed == [4, 3] and d0.n_closed == 2  # largest pre-gate z first
+    assert dm.images_used([d, d0]).tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_quantile_sample_spreads_and_dedups() -> None:
+    values = np.arange(100.0)
+    picks = dm.quantile_sample(values, np.arange(100), n=5)
+    assert [r for _, r in picks] == [0, 25, 50, 74, 99]  # round(q * 99)
+    assert dm.quantile_sample(values, np.array([7]), n=5) == [(0.0, 7)]
+    assert dm.quantile_sample(values, np.array([], dtype=int)) == []
+
+
+def test_svg_bars_scale_to_the_box() -> None:
+    bars = dm.svg_bars([1, 2, 0], width=30, height=10)
+    assert [b["h"] for b in bars] == [5.0, 10.0, 0.0] and [b["x"] for b in bars] == [0, 10, 20]
+
+
+# ----------------------------------------------------------------------------- a real site
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A demo-like run dir: a bayesncl and an ncl sub-run, 1 epoch of the tiny settings."""
+    from bayesncl.app.train import pretrain
+    from bayesncl.config import build_config
+
+    root = tmp_path_factory.mktemp("demo")
+    for m in ("bayesncl", "ncl"):
+        pretrain(build_config(overrides=[*TINY, f"method.name={m}"]), root / m)
+    return root
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for k, v in attrs:
+            if k in ("href", "src") and v and not v.startswith(("data:", "#")):
+                self.refs.append(v)
+
+
+def _missing(page: Path, html: str) -> list[str]:
+    """The links and images of ``html`` (page ``page``) that lead to no file; remote ones count."""
+    parser = _Links()
+    parser.feed(html)
+    bad = []
+    for ref in parser.refs:
+        url = urlparse(ref)
+        if url.scheme and url.scheme != "file":
+            bad.append(ref)  # the site must work with no network
+        elif not (Path(unquote(url.path)) if url.scheme else page.parent / unquote(url.path)).is_file():
+            bad.append(ref)
+    return bad
+
+
+def test_every_link_and_image_of_every_page_resolves(demo_dir: Path) -> None:
+    from bayesncl.app.report.html import report_command
+
+    index = report_command([demo_dir])
+    assert index == demo_dir / "report" / "index.html"
+    site = index.parent
+    pages = sorted(site.rglob("*.html"))
+    dims = sorted((site / "bayesncl").glob("dim-*.html"))
+    assert len(dims) > 0 and (site / "ncl" / "dims.html").is_file() and (site / "curves.png").is_file()
+    for page in pages:
+        text = page.read_text()
+        assert _missing(page, text) == [], page
+        assert "<script src" not in text and "@import" not in text  # nothing fetched from elsewhere
+    index_html = index.read_text()
+    assert 'id="comparison"' in index_html and index_html.count("<tr><td class=\"l\"><a href=\"#run-") == 2
+    # the dimension index lists every active dim, each linked; gated runs get the gate column
+    table = (site / "bayesncl" / "dims.html").read_text()
+    assert len(re.findall(r'href="dim-\d+\.html"', table)) == len(dims)
+    assert "gate open %" in table and "gate open %" not in (site / "ncl" / "dims.html").read_text()
+    assert "Where the gate closed it" in dims[0].read_text()
+    # thumbnails: one per shown test image, shared by both runs (same data)
+    thumbs = list((site / "thumbs").rglob("*.png"))
+    assert len(list((site / "thumbs").iterdir())) == 1 and 0 < len(thumbs) <= 60
+    # a second report into the same folder replaces it; a foreign folder is refused
+    assert report_command([demo_dir]) == index
+
+
+def test_bad_inputs_are_one_line(tmp_path: Path, demo_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bayesncl.app.cli import main
+
+    from ..conftest import error_line
+
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "holds no run" in error_line(capsys)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    assert main(["report", str(demo_dir / "ncl"), "--out", str(tmp_path / "other")]) == 2
+    assert "not an earlier report" in error_line(capsys)
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+    assert main(["report", str(tmp_path / "nope")]) == 2
+    assert error_line(capsys).startswith(ERROR) and capsys.readouterr().out == ""
+
+
+def _chromium(url: str, user_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    flags = [
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={user_dir}",
+        "--enable-logging=stderr", "--v=0", "--window-size=1100,1400",
+    ]
+    return subprocess.run([CHROMIUM, *flags, *extra, url], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (.ci/run installs Debian's chromium)")
+def test_chromium_opens_the_pages_from_file(demo_dir: Path, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from bayesncl.app.report.html import report_command
+
+    index = report_command([demo_dir / "bayesncl"], out=tmp_path / "site")
+    dim = sorted((tmp_path / "site" / "bayesncl").glob("dim-*.html"))[0]
+    for n, page in enumerate([index, dim, index.parent / "bayesncl" / "dims.html"]):
+        shot = tmp_path / f"shot{n}.png"
+        done = _chromium(page.as_uri(), tmp_path / f"profile{n}", f"--screenshot={shot}")
+        console = [ln for ln in done.stderr.splitlines() if ":CONSOLE" in ln]
+        assert console == [], console  # no script error, no failed load logged
+        pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)
+        assert pixels.std() > 5 and (pixels < 128).mean() > 0.001, page  # not blank
+        dom = _chromium(page.as_uri(), tmp_path / f"profile{n}", "--dump-dom")
+        assert "</table>" in dom.stdout or "<img" in dom.stdout
+        assert _missing(page, dom.stdout) == [], page
+
+
+# ----------------------------------------------------------------------------- the figure fixes
+def test_suppressed_figure_shows_dims_the_gate_filters(tmp_path: Path) -> None:
+    from bayesncl.app.report.figures import filtered_dims, suppressed_features_figure
+
+    mask = np.ones((10, 4), dtype=np.float32)
+    mask[:, 0] = 0  # closed on every image: filters nothing (a dead dim)
+    mask[:5, 1] = 0  # closed on half: the most mixed
+    mask[:2, 2] = 0  # closed on 2
+    assert filtered_dims(mask, 5).tolist() == [1, 2]  # dim 3 always open, dim 0 always closed
+    feats = _feats()
+    feats["mask"][:, 2] = 0  # this features dict: dim 2 closed everywhere, dim 0 on rows 3 and 4
+    feats["indices"] = np.arange(6)
+    assert filtered_dims(feats["mask"], 5).tolist() == [0]
+    images = np.arange(6, dtype=np.uint8).reshape(6, 1, 1, 1).repeat(8, 2).repeat(8, 3)
+    import torch
+
+    out = suppressed_features_figure(feats, torch.from_numpy(images), ["a", "b", "c"], tmp_path / "s.png")
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    feats["mask"][:] = 1
+    with pytest.raises(ValueError, match="filters no dimension"):
+        suppressed_features_figure(feats, torch.from_numpy(images), ["a", "b", "c"], tmp_path / "t.png")
+
+
+def test_retrieval_rows_past_the_active_dims_are_marked() -> None:
+    from bayesncl.app.report import format_retrieval
+
+    row = {"P@1": 1.0, "P@3": 1.0, "P@5": 1.0, "P@10": 1.0, "mAP@10": 1.0}
+    md = format_retrieval({"32": row, "64": row, "96": row}, active=40)
+    lines = md.splitlines()
+    assert [ln.split("|")[1].strip() for ln in lines[2:5]] == ["32", "64*", "96*"]
+    assert "exceeds the 40 active dims" in lines[-1]
+    assert "*" not in format_retrieval({"32": row}, active=40)
+    assert "*" not in format_retrieval({"64": row})  # active unknown: nothing marked
+
+
+def test_top_activation_rows_say_the_share_is_of_the_images_shown() -> None:
+    from bayesncl.app.report.figures import _majority, run_label
+
+    assert _majority(np.array([1, 1, 0, 1]), ["cat", "dog"]) == "dog: 3 of the\n4 shown"
+    assert run_label("bayesncl", Path("runs/demo-1/bayesncl")) == "bayesncl, run demo-1/bayesncl"
+
+
+# ----------------------------------------------------------------------------- while it trains
+def test_heldout_indices_spread_over_the_split() -> None:
+    from bayesncl.app.heldout import heldout_indices
+
+    assert heldout_indices(10, 4).tolist() == [0, 3, 6, 9]
+    assert heldout_indices(5, 2000).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_heldout_measure_leaves_rng_batchnorm_and_modes_as_they_were() -> None:
+    """The monitor runs between epochs: a forward that draws random numbers and would update
+    BatchNorm in train mode changes neither torch's random stream nor the running statistics, and
+    every submodule gets its own train/eval flag back."""
+    from types import SimpleNamespace
+
+    import torch
+    from torch import nn
+
+    from bayesncl.app.heldout import HeldOut
+
+    class Drawing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bn, self.head = nn.BatchNorm1d(3), nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> SimpleNamespace:
+            z = torch.relu(self.head(self.bn(x.flatten(1))) + torch.rand(len(x), 3))
+            return SimpleNamespace(z_tilde=z, mask=None)
+
+    torch.manual_seed(0)
+    model = Drawing().train()
+    model.head.eval()  # a submodule the loop keeps in eval mode
+    x = torch.randn(6, 3, 1, 1) * 5 + 2
+    stats = (model.bn.running_mean.clone(), model.bn.running_var.clone())
+    rng = torch.get_rng_state()
+    row = HeldOut(x, torch.tensor([0, 0, 1, 1, 2, 2]), batch_size=4).measure(model, torch.device("cpu"))
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert torch.equal(model.bn.running_mean, stats[0]) and torch.equal(model.bn.running_var, stats[1])
+    assert model.training and model.bn.training and not model.head.training
+    assert row["heldout_gate_open"] == "" and 0 <= row["heldout_active_dims"] <= 3
+
+
+def test_heldout_columns_match_the_final_evaluation_and_change_no_weight(
+    demo_dir: Path, tmp_path: Path
+) -> None:
+    """With at least as many held-out images as the test split has, the last epoch's held-out SC,
+    H_sum and active dims are the final evaluation's; with the monitor off, the weights are the same."""
+    import torch
+
+    from bayesncl.app.report.curves import read_log
+    from bayesncl.app.train import pretrain
+    from bayesncl.config import build_config
+
+    run = demo_dir / "bayesncl"
+    last = read_log(run)[-1]
+    final = __import__("json").loads((run / "metrics.json").read_text())
+    assert last["heldout_sc"] == pytest.approx(final["semantic_consistency"], abs=1e-3)
+    assert last["heldout_h_sum"] == pytest.approx(final["semantic_entropy_sum"], abs=1e-5)
+    assert last["heldout_active_dims"] == final["active_dims"]
+    assert last["heldout_gate_open"] == pytest.approx(final["gate_open_rate"], abs=1e-5)
+    assert last["heldout_effective_rank"] == pytest.approx(final["effective_rank"], abs=1e-3)
+    off = tmp_path / "off"
+    pretrain(build_config(overrides=[*TINY, "method.name=bayesncl", "train.monitor_samples=0"]), off,
+             evaluate=False)
+    assert all(np.isnan(r["heldout_sc"]) for r in read_log(off))
+    a = torch.load(run / "last.pt", weights_only=True)["state_dict"]
+    b = torch.load(off / "last.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_missing_logger_package_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import builtins
+
+    from bayesncl.app.cli import main
+
+    from ..conftest import error_line
+
+    real = builtins.__import__
+
+    def no_wandb(name: str, *args: object, **kwargs: object) -> object:
+        if name == "wandb":
+            raise ImportError("No module named 'wandb'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    run = tmp_path / "r"
+    assert main(["pretrain", "--run-dir", str(run), *TINY, "train.loggers=csv,wandb"]) == 2
+    assert "pip install 'bayesncl[wandb]'" in error_line(capsys)
+    assert not run.exists()  # refused before the run dir is touched
+
+
+def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_tensorboard_gets_the_log_rows_and_resume_continues_it(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from bayesncl.app.report.curves import read_log
+    from bayesncl.app.train import pretrain
+    from bayesncl.config import build_config
+
+    run = tmp_path / "tb"
+    cfg = build_config(overrides=[*TINY, "method.name=bayesncl", "train.loggers=[csv,tensorboard]"])
+    pretrain(cfg, run, evaluate=False)
+    cfg.train.epochs = 2
+    pretrain(cfg, run, resume=True)
+    rows = read_log(run)
+    for col in ("info_nce", "heldout_sc", "gate_open"):
+        got = _scalars(run / "tensorboard", f"train/{col}")
+        assert got == [(r["epoch"], pytest.approx(r[col])) for r in rows], col
+    assert _scalars(run / "tensorboard", "eval/semantic_consistency")[0][0] == 2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    assert "figures/training_curves" in acc.Tags()["images"]
+
+
+def test_wandb_gets_the_log_rows_and_resume_keeps_its_run_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in ``wandb`` module records what the logger sends (the real one, offline, writes
+    protobuf files only ``wandb sync`` reads)."""
+    import sys
+    import types
+
+    from bayesncl.app.report.curves import read_log
+    from bayesncl.app.train import pretrain
+    from bayesncl.config import build_config
+
+    calls: list[tuple[str, object]] = []
+
+    class _Run:
+        def log(self, values: dict[str, object], step: int) -> None:
+            calls.append(("log", (step, values)))
+
+        def finish(self) -> None:
+            calls.append(("finish", None))
+
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kw: calls.append(("init", kw)) or _Run()  # type: ignore[attr-defined]
+    fake.Image = lambda path: ("image", Path(path).name)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run = tmp_path / "wb"
+    cfg = build_config(overrides=[*TINY, "method.name=bayesncl", "train.loggers=csv,wandb"])
+    pretrain(cfg, run, evaluate=False)
+    cfg.train.epochs = 2
+    pretrain(cfg, run, resume=True)
+    inits = [kw for what, kw in calls if what == "init"]
+    assert len(inits) == 2 and inits[0]["id"] == inits[1]["id"] == (run / "wandb-id.txt").read_text().strip()
+    assert inits[0]["mode"] == "offline" and inits[1]["resume"] == "allow"
+    logs = [v for what, v in calls if what == "log"]
+    rows = read_log(run)
+    epoch_logs = [(step, values) for step, values in logs if "train/info_nce" in values]
+    expected = [(r["epoch"], pytest.approx(r["info_nce"])) for r in rows]
+    assert [(s, v["train/info_nce"]) for s, v in epoch_logs] == expected
+    final_step, final = logs[-1]
+    assert final_step == 2 and final["figures/training_curves"] == ("image", "training_curves.png")
+    assert final["eval/semantic_consistency"] == pytest.approx(read_log(run)[-1]["heldout_sc"], abs=1e-3)

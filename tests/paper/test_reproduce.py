@@ -1,0 +1,281 @@
+"""``bayesncl reproduce ID --seeds 2`` for every ID at tiny scale, sharing one store of runs.
+
+The module's fixtures train Table 1's runs once; every later study that needs them must reuse
+them (pretrain is counted), and each table's JSON must keep mean, std, the per-seed values and
+the paper's value of every cell. The sweeps are shortened (module constants of
+``bayesncl.paper.studies``) to keep the file fast; each still holds the recipe's value, so a sweep
+also shows reuse of Table 1's runs."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bayesncl.app.cli import main
+from bayesncl.config import build_config
+from bayesncl.paper import studies, variants
+from bayesncl.paper.reproduce import cell
+
+from ..conftest import ERROR, error_line, expect
+from ..conftest import TINY as _TINY
+
+# smaller still than the shared tiny settings: 8 px images, 2 steps an epoch (about 50 runs here)
+TINY = [*_TINY, "data.image_size=8", "data.train_subset=64"]
+
+
+class Bench:
+    """The shared store, and a counter of pretrain calls (``resume`` flags)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.store, self.calls = root, root / "store", []
+
+    def run(self, study: str, *extra: str) -> tuple[dict[str, Any], list[bool], str]:
+        """``reproduce STUDY --seeds 2``: (its JSON, the pretrain calls it made, its stdout)."""
+        before = len(self.calls)
+        tiny = [o for o in TINY if not (study == "5" and o.startswith("model.backbone="))]  # table 5's own
+        tiny += ["data.train_subset=32"] if study == "5" else []  # ResNet-50: one step an epoch
+        args = ["reproduce", study, "--dataset", "fashion-mnist", "--seeds", "2", "--store", str(self.store),
+                "--run-dir", str(self.root / study), *tiny, *extra]  # fmt: skip
+        assert main(args) == 0
+        stem = studies.build(study, "fashion-mnist", tiny).stem
+        out = json.loads((self.root / study / f"{stem}.json").read_text())
+        return out, self.calls[before:], ""
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    import bayesncl.app.evaluate as evaluate
+    import bayesncl.app.train as train
+
+    b = Bench(tmp_path_factory.mktemp("reproduce"))
+    real = train.pretrain
+
+    def counted(cfg: Any, run_dir: Any, **kwargs: Any) -> Any:
+        b.calls.append(bool(kwargs.get("resume")))
+        return real(cfg, run_dir, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(train, "pretrain", counted)
+        mp.setattr(evaluate, "write_figures", lambda *a, **k: None)  # pretrain's own figures: not tested here
+        mp.setattr(studies, "GATE_LR_RATIOS", (0.25, 1.0))
+        mp.setattr(studies, "WIDTH_FACTORS", (0.5, 1.0))
+        mp.setattr(studies, "RHOS", (0.3, 0.6))  # 0.3: the recipe's
+        mp.setattr(studies, "LAM_FACTORS", (1.0, 3.0))
+        mp.setattr(studies, "TABLE5_METHODS", ("ncl",))
+        mp.setattr(studies, "FINETUNE_CPU_EPOCHS", 1)
+        yield b
+
+
+@pytest.fixture(scope="module")
+def table1(bench: Bench) -> dict[str, Any]:
+    out, calls, _ = bench.run("1")
+    assert calls == [False] * 10  # 5 methods x 2 seeds, each trained once
+    return out
+
+
+def check_cells(out: dict[str, Any], rows: int, columns: int) -> None:
+    """Every cell: mean/std of its two per-seed values (ddof 1) and the paper's value."""
+    assert out["seeds"] == [0, 1]
+    assert len(out["rows"]) == rows
+    for label, cells in out["rows"].items():
+        assert len(cells) == columns, label
+        for key, c in cells.items():
+            assert set(c) == {"mean", "std", "values", "paper"}, (label, key)
+            assert len(c["values"]) == 2
+            if None not in c["values"]:
+                a, b = c["values"]
+                assert c["mean"] == pytest.approx((a + b) / 2)
+                assert c["std"] == pytest.approx(abs(a - b) / math.sqrt(2))
+
+
+def test_cell_is_mean_and_sample_std() -> None:
+    assert cell([1.0, 3.0]) == {"mean": 2.0, "std": pytest.approx(math.sqrt(2)), "values": [1.0, 3.0]}
+    c = cell([4.0, None, float("nan")])  # missing or undefined values are left out
+    assert (c["mean"], c["std"], len(c["values"])) == (4.0, None, 3)
+    assert cell([None, None])["mean"] is None
+
+
+def test_variant_hash_is_the_resolved_config_and_seed() -> None:
+    a = build_config(overrides=[*TINY, "seed=0"])
+    assert variants.variant_hash(a) == variants.variant_hash(
+        build_config(overrides=[*TINY, "seed=0", "train.progress=true", "train.checkpoint_every=5",
+                                "eval.retrieval_dims=8", "data.num_workers=1"])  # fmt: skip
+    )
+    assert variants.variant_hash(a) != variants.variant_hash(build_config(overrides=[*TINY, "seed=1"]))
+    rho = build_config(overrides=[*TINY, "method.rho=0.5"])
+    assert variants.variant_hash(a) != variants.variant_hash(rho)
+    # a method.name's preset resolves to the same config as its parts given one by one
+    assert variants.variant_hash(build_config(overrides=[*TINY, "method.name=ncl"])) == variants.variant_hash(
+        build_config(overrides=[*TINY, "method.name=ncl", "method.gate=none"])
+    )
+    assert len(variants.variant_hash(a)) == 12 and int(variants.variant_hash(a), 16) >= 0
+
+
+def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> None:
+    check_cells(table1, rows=5, columns=4)
+    assert table1["rows"]["CL"]["activation_ratio"]["mean"] == pytest.approx(1.0)  # CL: every dim active
+    assert len(table1["trained"]) == 10 and table1["reused"] == []
+    link = bench.root / "1" / "bayesncl-ste-s1"  # the table's folder links to its stored runs
+    assert link.resolve() == bench.store / table1["runs"]["BayesNCL (STE) seed 1"]
+    index = (bench.root / "1" / "report" / "index.html").read_text()  # the HTML report: seed 0 of each
+    assert all(f"{v}-s0" in index for v in ("cl", "ncl", "ncl-topk", "bayesncl-ste", "bayesncl-gs"))
+    assert "-s1" not in index
+    # the paper has no Fashion-MNIST numbers: the title says so instead of promising them
+    assert all(c["paper"] is None for r in table1["rows"].values() for c in r.values())
+    title = (bench.root / "1" / "table1.md").read_text().splitlines()[0]
+    assert " on synthetic (with the fashion-mnist recipe): " in title  # TINY overrides data.name
+    assert table1["dataset"] == "fashion-mnist" and table1["data"] == ["synthetic"]
+    assert title.endswith("ours (mean ± std (ddof 1) over seeds 0..1); the paper reports no values for this "
+                          "setting.")
+    out, calls, _ = bench.run("1")
+    assert calls == [] and len(out["reused"]) == 10
+    assert out["rows"] == table1["rows"]
+
+
+@pytest.mark.parametrize(
+    "study", ["2", "3", "7", "fig3", "ncl-fs", "ncl-sepin", "ncl-finetune", "convergence"]
+)
+def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, Any], study: str) -> None:
+    out, calls, _ = bench.run(study)
+    assert calls == []
+    assert set(out["reused"]) <= set(table1["trained"]) and out["trained"] == []
+    built = studies.build(study, "fashion-mnist", TINY)
+    check_cells(out, rows=len(built.rows), columns=len(built.columns))
+    if built.panels:
+        assert (bench.root / study / f"{built.stem}.png").read_bytes().startswith(b"\x89PNG")
+    rows = out["rows"]
+    if study == "2":
+        for r in rows.values():
+            assert all(0 <= v <= 100 for v in r["knn_acc1"]["values"])
+        # retrieval on the top-K dims (K = min(64, D) = 16 here): NCL and BayesNCL, not CL (as the paper)
+        assert rows["CL"]["sel.P@1"]["values"] == [None, None]
+        assert all(0 <= v <= 100 for r in ("NCL", "BayesNCL") for v in rows[r]["sel.mAP@10"]["values"])
+    elif study == "3":
+        assert set(rows) == {"NCL epoch 1", "BayesNCL epoch 1"}
+        values = [v for r in rows.values() for c in r.values() for v in c["values"]]
+        assert all(-1 <= v <= 1 for v in values if v is not None)
+    elif study == "7":
+        assert all(v > 0 for r in rows.values() for c in r.values() for v in c["values"])
+    elif study == "fig3":  # D=16: K = 2, 4, ..., 16; at K = D every dim is used
+        assert "NCL K=2" in rows and "BayesNCL K=16" in rows
+        assert all(0 <= v <= 100 for r in rows.values() for c in r.values() for v in c["values"])
+    elif study == "ncl-fs":  # at K = D the top-K and the random K are the same dims: the same probe
+        full = rows["NCL K=16"]
+        assert full["top_acc1"]["values"] == pytest.approx(full["random_acc1"]["values"])
+    elif study == "ncl-sepin":
+        assert set(rows["CL"]) == {"sepin@1", "sepin@10", "sepin@all"}
+    elif study == "convergence":  # one checkpoint (epoch 1) per tiny run
+        assert set(rows) == {"CL epoch 1", "NCL epoch 1", "BayesNCL epoch 1"}
+        assert rows["NCL epoch 1"]["gate_open"]["mean"] is None  # no gate
+        assert 0 <= rows["BayesNCL epoch 1"]["gate_open"]["mean"] <= 1
+        assert rows["CL epoch 1"]["active_dims"]["mean"] == 16  # CL: every one of the D = 16 dims fires
+        assert all(0 <= r[k]["mean"] <= 100 for r in rows.values() for k in ("semantic_consistency",
+                                                                             "linear_probe_acc1"))
+    elif study == "ncl-finetune":  # each stored run fine-tuned into a folder of its own, then reused
+        for r in rows.values():
+            for a1, a5 in zip(r["ft_acc1"]["values"], r["ft_acc5"]["values"], strict=True):
+                assert 0 <= a1 <= a5 <= 100
+        tuned = sorted(bench.store.glob("*/finetune-*/finetune.json"))
+        assert len(tuned) == 6  # CL, NCL, BayesNCL x 2 seeds
+        again, calls, _ = bench.run(study)
+        assert again["rows"] == rows and sorted(bench.store.glob("*/finetune-*/finetune.json")) == tuned
+
+
+def test_sweeps_reuse_the_recipes_run(bench: Bench, table1: dict[str, Any]) -> None:
+    full = {table1["runs"][f"BayesNCL (STE) seed {s}"] for s in (0, 1)}
+    for study, new in (("4", 8), ("15", 2), ("fig4a", 4), ("fig4b", 4)):
+        out, calls, _ = bench.run(study)
+        assert calls == [False] * new, study
+        assert full <= set(out["reused"]), study
+        built = studies.build(study, "fashion-mnist", TINY)
+        check_cells(out, rows=len(built.rows), columns=len(built.columns))
+    # fig4b's two sweeps meet at the recipe's rho and lambda: one run for both rows
+    assert out["runs"]["rho=0.3 seed 0"] == out["runs"]["lambda=0.001 seed 0"]  # the recipe's lambda
+    # Tables 9/10: every metric of Table 4's runs, trained nothing
+    full, calls, _ = bench.run("9")
+    assert calls == [] and len(full["reused"]) == 10
+    built = studies.build("9", "fashion-mnist", TINY)
+    check_cells(full, rows=5, columns=len(built.columns))
+    assert {"semantic_entropy_freq", "lp3_acc5", "sel.mAP@10", "effective_rank"} <= set(full["rows"]["full"])
+    assert all(v is not None for c in full["rows"]["no detach"].values() for v in c["values"])
+
+
+def test_table5_warns_on_cpu_before_training(bench: Bench, table1: dict[str, Any]) -> None:
+    with pytest.warns(UserWarning) as warned:
+        out, calls, _ = bench.run("5")
+    (cpu,) = [w for w in warned if "ResNet-50" in str(w.message)]
+    expect("P8", str(cpu.message), bench.root)
+    assert calls == [False, False]
+    check_cells(out, rows=1, columns=4)
+
+
+def test_an_interrupted_run_continues(
+    bench: Bench, table1: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    sub = bench.store / table1["runs"]["CL seed 0"]
+    (sub / "metrics.json").unlink()  # killed after its last checkpoint, before the evaluation
+    capsys.readouterr()
+    out, calls, _ = bench.run("2")
+    assert calls == [True]  # resumed, not retrained
+    assert "to train 0, to continue 1, reused 5" in capsys.readouterr().out
+    assert out["continued"] == [sub.name]
+
+
+def test_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--dataset", "fashion-mnist", "--run-dir", str(tmp_path / "t"), *TINY]
+    assert main(["reproduce", "66", *base]) == 2
+    expect("P1", error_line(capsys), tmp_path)
+    assert main(["reproduce", "6", *base]) == 2  # table 6 exists: it needs a dataset with places
+    expect("P2", error_line(capsys), tmp_path)
+    for n in ("0", "-1"):
+        assert main(["reproduce", "1", "--seeds", n, *base]) == 2
+        err = error_line(capsys)
+        expect("P3", err, tmp_path)
+        assert err.startswith(f"{ERROR}--seeds {n}: ")
+    assert main(["reproduce", "1", *base, "seed=3"]) == 2
+    expect("P4", error_line(capsys), tmp_path)
+    assert main(["reproduce", "5", *base, "model.backbone=resnet18"]) == 2
+    expect("P5", error_line(capsys), tmp_path)
+    assert main(["reproduce", "15", *base, "method.gate_lr_ratio=0.5"]) == 2
+    expect("P6", error_line(capsys), tmp_path)
+    assert main(["reproduce", "fig4a", *base, "model.proj_dim=0"]) == 2  # the sweep's base out of range
+    assert "model.proj_dim=0: expected >= 1" in error_line(capsys)
+    assert not (tmp_path / "t").exists()
+
+
+def test_table3_refuses_stored_runs_without_its_checkpoints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Table 7 trains with the default train.checkpoint_every (10): no epoch-0001.pt, which Table 3's
+    dynamics read; said before any training, not a failure after it."""
+    base = ["--dataset", "fashion-mnist", "--store", str(tmp_path / "store"),
+            *(o for o in TINY if not o.startswith("train.checkpoint_every="))]  # fmt: skip
+    assert main(["reproduce", "7", "--run-dir", str(tmp_path / "t7"), *base]) == 0
+    capsys.readouterr()
+    assert main(["reproduce", "3", "--run-dir", str(tmp_path / "t3"), *base]) == 2
+    expect("P7", error_line(capsys), tmp_path)
+    assert not (tmp_path / "t3").exists()
+
+
+def test_an_interrupted_reproduce_says_rerun_not_resume(capsys: pytest.CaptureFixture[str]) -> None:
+    """reproduce has no --resume: the saved run continues when the same command runs again."""
+    from bayesncl.app.errors import run_command
+    from bayesncl.runs.rundir import TrainingInterrupted
+
+    def stop() -> int:
+        raise TrainingInterrupted("stopped in epoch 1 after 3 of its 9 steps; state saved to r/{x}/last.pt; "
+                                  "{resume} continues from that step")  # fmt: skip
+
+    assert run_command(stop, "reproduce") == 130
+    assert capsys.readouterr().err == (
+        "bayesncl: interrupted: stopped in epoch 1 after 3 of its 9 steps; state saved to r/{x}/last.pt; "
+        "the same command continues from that step\n"
+    )
+    assert run_command(stop, "pretrain") == 130
+    assert capsys.readouterr().err.endswith("; --resume continues from that step\n")
+    assert str(TrainingInterrupted("a; {resume} b")) == "a; --resume b"  # what a Python caller reads
