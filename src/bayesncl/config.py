@@ -30,7 +30,7 @@ import yaml
 
 from bayesncl.core import methods
 from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig, TrainConfig
-from bayesncl.core.methods.plugins import PLUGINS_FILE
+from bayesncl.core.methods.plugins import PLUGINS_FILE, load_plugin
 
 RECIPES_DIR = Path(__file__).parent / "configs"  # the shipped recipes (--config NAME)
 
@@ -392,7 +392,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def load_run_yaml(path: str | Path) -> dict[str, Any]:
     """A run's ``config.yaml`` (its whole resolved config) as flat dotted keys, for
-    :func:`config_from_dict`. Raises ConfigError naming the file where :func:`load_yaml` does, and
+    :func:`build_config`. Raises ConfigError naming the file where :func:`load_yaml` does, and
     when the file is empty (no key at all: every setting would silently be a default)."""
     flat = load_yaml(path)
     if not flat:
@@ -435,22 +435,52 @@ def check_keys(keys: typing.Iterable[str], method: str | None = None) -> None:
 
 
 def build_config(
-    yaml_path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None, *,
-    warn_inert: bool = True,
+    base: str | Path | dict[str, Any] | Config | None = None,
+    overrides: list[str] | dict[str, Any] | None = None, *,
+    plugins: typing.Iterable[str | Path] = (), source: str | Path | None = None, warn_inert: bool = True,
 ) -> Config:
-    """Resolve defaults → method preset → YAML (``yaml_path``: a file, or a shipped recipe's name,
-    e.g. ``cifar100-bayesncl``) → overrides, then :func:`validate`.
+    """The one way to a checked Config: a fresh run, ``--resume``, a reloaded run, the Python API,
+    the paper's tables.
+
+    ``base``: None (the defaults) or a YAML file or shipped recipe's name (e.g. ``cifar100-bayesncl``),
+    resolved defaults → the method's preset → the file; or a run's resolved config (a Config, or the
+    dict of its ``config.yaml`` or checkpoint, ``source`` naming that file in its errors), taken as it
+    is. ``overrides`` (``key=value`` strings, or a dict of dotted keys) go on top, after the
+    ``plugins`` (``--plugin`` files) are loaded; then :func:`validate`, once.
 
     Raises ConfigError (one line) for an unknown key, a value of the wrong type or out of range.
     ``warn_inert``: warn about command-line method keys that have no effect with the method
     (:func:`warn_inert_keys`); False for a caller that decides itself (the demo's two runs).
     """
+    for p in plugins:
+        load_plugin(p)
+    command_line = parse_overrides(overrides) if isinstance(overrides, list) else {}
+    given = command_line or flatten(overrides or {})
+    if isinstance(base, (dict, Config)):
+        cfg = _reloaded(base.to_dict() if isinstance(base, Config) else base, source)
+        for k, v in given.items():
+            set_key(cfg, k, v)
+    else:
+        cfg, source = _fresh(base, given), None
+    try:
+        validate(cfg)
+    except ConfigError as e:  # a bad value of the file, unless the overrides set it
+        key = re.match(r"[\w.]*", str(e)).group()  # type: ignore[union-attr]
+        if source is None or key in given:
+            raise
+        raise ConfigError(f"the config in {source}: {e}") from None
+    if not isinstance(base, (dict, Config)):
+        _warn_fresh(cfg, command_line if warn_inert else {})
+    return cfg
+
+
+def _fresh(base: str | Path | None, given: dict[str, Any]) -> Config:
+    """Defaults → the preset of the method ``base`` and ``given`` name → ``base`` → ``given``."""
     user: dict[str, Any] = {}
-    path = resolve_config_path(None if yaml_path is None else str(yaml_path))
+    path = resolve_config_path(None if base is None else str(base))
     if path is not None:
         user.update(load_yaml(path))
-    command_line = parse_overrides(overrides) if isinstance(overrides, list) else {}
-    user.update(flatten(overrides) if isinstance(overrides, dict) else command_line)
+    user.update(given)
     cfg = Config()
     name = str(user.get("method.name", cfg.method.name))
     methods.get(name)  # a method that is not registered: one line naming those that are
@@ -459,9 +489,30 @@ def build_config(
     flat.update({k: v for k, v in user.items() if k != "method.name"})
     for k, v in flat.items():
         set_key(cfg, k, v)
-    validate(cfg)
-    if warn_inert:  # command-line keys only: a recipe file may serve several methods
-        warn_inert_keys(cfg.method, inert_method_keys(cfg.method, command_line), stacklevel=3)
+    return cfg
+
+
+def _reloaded(d: Any, source: str | Path | None) -> Config:
+    """A run's resolved config ``d`` (nested sections) as a Config, no preset applied, unchecked."""
+    try:
+        if not isinstance(d, dict):
+            raise ConfigError(f"expected a mapping of config sections, got {type(d).__name__}")
+        flat = flatten(d)
+        _check_plugin_method(flat.get("method.name"), source)
+        cfg = Config()
+        for k, v in sorted(flat.items(), key=lambda kv: kv[0] != "method.name"):  # the method first
+            set_key(cfg, k, v)
+    except ConfigError as e:
+        if source is None:
+            raise
+        raise ConfigError(f"the config in {source}: {e}") from None
+    return cfg
+
+
+def _warn_fresh(cfg: Config, command_line: dict[str, Any]) -> None:
+    """The warnings of a fresh config: inert ``command_line`` method keys, a method that the parts
+    it was given turn into another, a warmup longer than the run."""
+    warn_inert_keys(cfg.method, inert_method_keys(cfg.method, command_line), stacklevel=4)
     became = preset_of(cfg.method)
     changed = [
         f"{k}={str(v).lower() if isinstance(v, bool) else v}"
@@ -472,7 +523,7 @@ def build_config(
             f"{', '.join(changed)} turn{'s' if len(changed) == 1 else ''} "
             f"method.name={cfg.method.name} into {became}; its results are still labelled "
             f"{cfg.method.name} (use method.name={became} if that is what you want)",
-            stacklevel=2,
+            stacklevel=3,
         )
     t = cfg.train
     if t.warmup_epochs > t.epochs:
@@ -480,9 +531,8 @@ def build_config(
             f"train.warmup_epochs={t.warmup_epochs:g} is more than train.epochs={t.epochs}: the warmup is "
             "cut to the run's length, so the whole run warms up and the cosine decay never starts "
             "(set train.warmup_epochs < train.epochs)",
-            stacklevel=2,
+            stacklevel=3,
         )
-    return cfg
 
 
 def warn_inert_keys(method: MethodConfig, inert: list[str], stacklevel: int = 2) -> None:
@@ -541,34 +591,10 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
         setattr(obj, parts[-1], _coerce(key, value, hints[parts[-1]]))
 
 
-def config_from_dict(d: dict[str, Any], source: str | Path | None = None) -> Config:
-    """Rebuild a resolved Config (e.g. from a run dir's ``config.yaml``) without applying presets.
-
-    ``source``: the file ``d`` was read from (a run's ``config.yaml``, a checkpoint); a ConfigError
-    then names it ("the config in FILE: ..."), since the bad key or value is in that file, not on
-    the command line."""
-    try:
-        if not isinstance(d, dict):
-            raise ConfigError(f"expected a mapping of config sections, got {type(d).__name__}")
-        _check_plugin_method(d, source)
-        cfg = Config()
-        flat = flatten(d)
-        for k, v in sorted(flat.items(), key=lambda kv: kv[0] != "method.name"):  # the method first
-            set_key(cfg, k, v)
-        validate(cfg)
-    except ConfigError as e:
-        if source is None:
-            raise
-        raise ConfigError(f"the config in {source}: {e}") from None
-    return cfg
-
-
-def _check_plugin_method(d: dict[str, Any], source: str | Path | None) -> None:
-    """A run of a method that is not registered now, but came from a plugin its run dir records
-    (``plugins.txt``): ConfigError naming the file to pass with ``--plugin``."""
-    method = d.get("method")
-    name = method.get("name") if isinstance(method, dict) else None
-    if name is None or name in methods.METHODS or source is None:
+def _check_plugin_method(name: Any, source: str | Path | None) -> None:
+    """A run of a method ``name`` that is not registered now, but came from a plugin its run dir
+    records (``plugins.txt``): ConfigError naming the file to pass with ``--plugin``."""
+    if not isinstance(name, str) or name in methods.METHODS or source is None:
         return
     record = Path(source).parent / PLUGINS_FILE
     files = record.read_text().split() if record.is_file() else []

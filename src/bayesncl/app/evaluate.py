@@ -6,7 +6,6 @@ probe, kNN, retrieval and the figures read its output (PAPER-NOTES §3 for which
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -26,11 +25,8 @@ from bayesncl.config import (
     ConfigError,
     build_config,
     check_keys,
-    config_from_dict,
     load_run_yaml,
     parse_overrides,
-    set_key,
-    validate,
 )
 from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.core.optim import Precision, precision_plan
@@ -318,8 +314,6 @@ def _load_own(
     command: str | None = None, cfg_source: Path | None = None,
 ) -> tuple[ContrastiveModel, Config]:
     """``cfg_source``: the file ``cfg_dict`` was read from, named by a config error (default ``path``)."""
-    cfg = config_from_dict(cfg_dict, cfg_source or path)
-    trained_data = copy.deepcopy(cfg.data)
     user = parse_overrides(list(overrides or []))
     check_keys(user)  # an unknown key: the usual error, with the closest keys
     fixed = [k for k in user if not k.startswith(("data.", "eval."))]
@@ -328,9 +322,7 @@ def _load_own(
             f"{path}: {', '.join(fixed)} cannot be overridden for a bayesncl checkpoint (its config defines "
             "the model); only data.* and eval.* can"
         )
-    for k, v in user.items():
-        set_key(cfg, k, v)
-    validate(cfg)
+    cfg = build_config(cfg_dict, user, source=cfg_source or path)
     from bayesncl.config import eval_data
 
     # with eval.data.* the training data need not be here (an encoder trained elsewhere, or on Python data)
@@ -350,6 +342,7 @@ def _load_own(
     try:
         load_state_strict(model, state_dict, str(path), "the architecture its config describes")
     except ValueError as e:
+        trained_data = build_config(cfg_dict).data  # the data it was trained on, before the overrides
         why = _data_mismatch(path, trained_data, cfg, info.channels, info.image_size, command)
         raise EvalError(why or str(e)) from None
     return model, cfg
