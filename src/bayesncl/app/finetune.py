@@ -193,9 +193,9 @@ def finetune_groups(model: ContrastiveModel, cfg: Config, global_batch: int) -> 
     """:func:`bayesncl.core.optim.param_groups` of the trainable parts (backbone at ``train.base_lr``,
     head at ``train.probe_lr``, both × batch/256), with the head's weight decayed too, as the
     authors' fine-tuning decays every tensor that is not 1-D."""
-    from bayesncl.core.optim import param_groups
+    from bayesncl.core.optim import param_groups, peak_lrs
 
-    groups = param_groups(model, cfg, global_batch)
+    groups = param_groups(model, cfg, peak_lrs(cfg, global_batch))
     for g in groups:
         if g["name"] == "classifier/weight":
             g["weight_decay"] = cfg.train.weight_decay
