@@ -5,7 +5,9 @@ Resolution order (later wins):
 1. dataclass defaults below;
 2. the preset named by ``method.name`` (:data:`METHOD_PRESETS`);
 3. the YAML file given with ``--config``;
-4. ``key=value`` overrides from the command line.
+4. ``key=value`` overrides from the command line;
+
+or a run's saved config, overrides on top (``--resume``, a reloaded run): :func:`build_config` builds both.
 
 An unknown key is an error naming the key and the closest valid keys; values are coerced to the
 field's type and range-checked by :func:`validate` before any training starts.
@@ -439,14 +441,10 @@ def build_config(
     overrides: list[str] | dict[str, Any] | None = None, *,
     plugins: typing.Iterable[str | Path] = (), source: str | Path | None = None, warn_inert: bool = True,
 ) -> Config:
-    """The one way to a checked Config: a fresh run, ``--resume``, a reloaded run, the Python API,
-    the paper's tables.
-
-    ``base``: None (the defaults) or a YAML file or shipped recipe's name (e.g. ``cifar100-bayesncl``),
-    resolved defaults → the method's preset → the file; or a run's resolved config (a Config, or the
-    dict of its ``config.yaml`` or checkpoint, ``source`` naming that file in its errors), taken as it
-    is. ``overrides`` (``key=value`` strings, or a dict of dotted keys) go on top, after the
-    ``plugins`` (``--plugin`` files) are loaded; then :func:`validate`, once.
+    """The one way to a checked Config. ``base``: None or a YAML file or recipe name (e.g.
+    ``cifar100-bayesncl``): defaults → the method's preset → the file; or a run's saved config (a
+    Config or dict; ``source``: its file, named by its errors) as it is. Then ``overrides``
+    (``key=value`` strings or dotted keys), after loading the ``plugins``; :func:`validate` once.
 
     Raises ConfigError (one line) for an unknown key, a value of the wrong type or out of range.
     ``warn_inert``: warn about command-line method keys that have no effect with the method
@@ -456,7 +454,8 @@ def build_config(
         load_plugin(p)
     command_line = parse_overrides(overrides) if isinstance(overrides, list) else {}
     given = command_line or flatten(overrides or {})
-    if isinstance(base, (dict, Config)):
+    reload = not isinstance(base, (str, Path, type(None)))
+    if reload:
         cfg = _reloaded(base.to_dict() if isinstance(base, Config) else base, source)
         for k, v in given.items():
             set_key(cfg, k, v)
@@ -469,8 +468,30 @@ def build_config(
         if source is None or key in given:
             raise
         raise ConfigError(f"the config in {source}: {e}") from None
-    if not isinstance(base, (dict, Config)):
-        _warn_fresh(cfg, command_line if warn_inert else {})
+    if reload:
+        return cfg
+    if warn_inert:  # command-line keys only: a recipe file may serve several methods
+        warn_inert_keys(cfg.method, inert_method_keys(cfg.method, command_line), stacklevel=3)
+    became = preset_of(cfg.method)
+    changed = [
+        f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+        for k, v in command_line.items() if k in ("method.nonneg", "method.topk", "method.gate")
+    ]
+    if changed and became != cfg.method.name:
+        warnings.warn(
+            f"{', '.join(changed)} turn{'s' if len(changed) == 1 else ''} "
+            f"method.name={cfg.method.name} into {became}; its results are still labelled "
+            f"{cfg.method.name} (use method.name={became} if that is what you want)",
+            stacklevel=2,
+        )
+    t = cfg.train
+    if t.warmup_epochs > t.epochs:
+        warnings.warn(
+            f"train.warmup_epochs={t.warmup_epochs:g} is more than train.epochs={t.epochs}: the warmup is "
+            "cut to the run's length, so the whole run warms up and the cosine decay never starts "
+            "(set train.warmup_epochs < train.epochs)",
+            stacklevel=2,
+        )
     return cfg
 
 
@@ -497,8 +518,14 @@ def _reloaded(d: Any, source: str | Path | None) -> Config:
     try:
         if not isinstance(d, dict):
             raise ConfigError(f"expected a mapping of config sections, got {type(d).__name__}")
-        flat = flatten(d)
-        _check_plugin_method(flat.get("method.name"), source)
+        flat, record = flatten(d), Path(source or ".").parent / PLUGINS_FILE
+        files = record.read_text().split() if source and record.is_file() else []
+        name = flat.get("method.name")
+        if files and isinstance(name, str) and name not in methods.METHODS:  # a plugin's: name its file
+            raise ConfigError(
+                f"method.name={name} was registered by the plugin {', '.join(files)} ({record}): pass "
+                f"{' '.join(f'--plugin {f}' for f in files)}"
+            )
         cfg = Config()
         for k, v in sorted(flat.items(), key=lambda kv: kv[0] != "method.name"):  # the method first
             set_key(cfg, k, v)
@@ -507,32 +534,6 @@ def _reloaded(d: Any, source: str | Path | None) -> Config:
             raise
         raise ConfigError(f"the config in {source}: {e}") from None
     return cfg
-
-
-def _warn_fresh(cfg: Config, command_line: dict[str, Any]) -> None:
-    """The warnings of a fresh config: inert ``command_line`` method keys, a method that the parts
-    it was given turn into another, a warmup longer than the run."""
-    warn_inert_keys(cfg.method, inert_method_keys(cfg.method, command_line), stacklevel=4)
-    became = preset_of(cfg.method)
-    changed = [
-        f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-        for k, v in command_line.items() if k in ("method.nonneg", "method.topk", "method.gate")
-    ]
-    if changed and became != cfg.method.name:
-        warnings.warn(
-            f"{', '.join(changed)} turn{'s' if len(changed) == 1 else ''} "
-            f"method.name={cfg.method.name} into {became}; its results are still labelled "
-            f"{cfg.method.name} (use method.name={became} if that is what you want)",
-            stacklevel=3,
-        )
-    t = cfg.train
-    if t.warmup_epochs > t.epochs:
-        warnings.warn(
-            f"train.warmup_epochs={t.warmup_epochs:g} is more than train.epochs={t.epochs}: the warmup is "
-            "cut to the run's length, so the whole run warms up and the cosine decay never starts "
-            "(set train.warmup_epochs < train.epochs)",
-            stacklevel=3,
-        )
 
 
 def warn_inert_keys(method: MethodConfig, inert: list[str], stacklevel: int = 2) -> None:
@@ -589,20 +590,6 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
         raise _unknown_key(key, cfg.method.name)
     else:
         setattr(obj, parts[-1], _coerce(key, value, hints[parts[-1]]))
-
-
-def _check_plugin_method(name: Any, source: str | Path | None) -> None:
-    """A run of a method ``name`` that is not registered now, but came from a plugin its run dir
-    records (``plugins.txt``): ConfigError naming the file to pass with ``--plugin``."""
-    if not isinstance(name, str) or name in methods.METHODS or source is None:
-        return
-    record = Path(source).parent / PLUGINS_FILE
-    files = record.read_text().split() if record.is_file() else []
-    if files:
-        raise ConfigError(
-            f"method.name={name} was registered by the plugin {', '.join(files)} ({record}): pass "
-            f"{' '.join(f'--plugin {f}' for f in files)}"
-        )
 
 
 # Smallest data.image_size (besides 0, native): 8 px still trains with every backbone and stem; below

@@ -114,14 +114,9 @@ def run_facts(
     e = eval_data(cfg)
     test_info = info if e == cfg.data else distributed.local_main_first(world, lambda: dataset_info(e))
     skipped = no_labels_note(cfg, run_dir, test_info)
-    if skipped is None:
-        check_eval_data(cfg, info, test_info)
-        _check_probe(cfg, info, test_info)
-    return RunFacts(info, None if skipped else test_info, peaks, steps), skipped
-
-
-def _check_probe(cfg: Config, info: DatasetInfo, test_info: DatasetInfo) -> None:
-    """DataError when the end-of-training fast probe cannot run on ``test_info``'s data."""
+    if skipped is not None:
+        return RunFacts(info, None, peaks, steps), skipped
+    check_eval_data(cfg, info, test_info)
     if cfg.eval.probe == "fast" and test_info.num_classes < 2:
         raise DataError(
             f"{cfg.data.name} has {info.num_classes} class: the end-of-training linear probe needs >= 2; "
@@ -137,6 +132,7 @@ def _check_probe(cfg: Config, info: DatasetInfo, test_info: DatasetInfo) -> None
             f"strength); {'raise data.train_subset' if k else 'add images'}, or pass --no-eval "
             "(evaluate=False in Python) or eval.probe=none"
         )
+    return RunFacts(info, test_info, peaks, steps), None
 
 
 def _no_probe(row: dict[str, Any], info: DatasetInfo, cfg: Config) -> dict[str, Any]:
