@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from bayesncl.config import Config
 
 __version__ = "0.1.0"
@@ -41,11 +43,16 @@ _LAZY = {  # name -> (module, attribute; None for the module itself)
 }
 
 
-def build_config(overrides: list[str] | None = None, config: str | Path | None = None) -> Config:
+def build_config(
+    overrides: list[str] | None = None, config: str | Path | None = None, *,
+    plugins: Iterable[str | Path] = (),
+) -> Config:
     """A validated :class:`~bayesncl.config.Config`: the defaults, the method's preset, the YAML
     ``config`` (a path or a shipped recipe name, e.g. ``"cifar100-bayesncl"``), then the
     ``key=value`` ``overrides`` (``model.backbone_kwargs.patch_size=4`` sets one entry of a dict
-    key). Raises ConfigError (one line) for an unknown key or a bad value."""
+    key), after loading the ``plugins`` (files that register methods, as ``--plugin``); what
+    ``bayesncl pretrain [--config CONFIG] [--plugin FILE] OVERRIDES`` trains. Raises ConfigError
+    (one line) for an unknown key or a bad value."""
     from bayesncl.config import ConfigError
     from bayesncl.config import build_config as resolve
 
@@ -53,7 +60,7 @@ def build_config(overrides: list[str] | None = None, config: str | Path | None =
         raise ConfigError(
             f"overrides={overrides!r}: expected a list of key=value strings, e.g. [{overrides!r}]"
         )
-    return resolve(config, overrides)
+    return resolve(config, overrides, plugins=plugins)
 
 
 def __getattr__(name: str) -> Any:

@@ -5,7 +5,9 @@ Resolution order (later wins):
 1. dataclass defaults below;
 2. the preset named by ``method.name`` (:data:`METHOD_PRESETS`);
 3. the YAML file given with ``--config``;
-4. ``key=value`` overrides from the command line.
+4. ``key=value`` overrides from the command line;
+
+or a run's saved config, overrides on top (``--resume``, a reloaded run): :func:`build_config` builds both.
 
 An unknown key is an error naming the key and the closest valid keys; values are coerced to the
 field's type and range-checked by :func:`validate` before any training starts.
@@ -30,7 +32,7 @@ import yaml
 
 from bayesncl.core import methods
 from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig, TrainConfig
-from bayesncl.core.methods.plugins import PLUGINS_FILE
+from bayesncl.core.methods.plugins import PLUGINS_FILE, load_plugin
 
 RECIPES_DIR = Path(__file__).parent / "configs"  # the shipped recipes (--config NAME)
 
@@ -392,7 +394,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def load_run_yaml(path: str | Path) -> dict[str, Any]:
     """A run's ``config.yaml`` (its whole resolved config) as flat dotted keys, for
-    :func:`config_from_dict`. Raises ConfigError naming the file where :func:`load_yaml` does, and
+    :func:`build_config`. Raises ConfigError naming the file where :func:`load_yaml` does, and
     when the file is empty (no key at all: every setting would silently be a default)."""
     flat = load_yaml(path)
     if not flat:
@@ -435,31 +437,39 @@ def check_keys(keys: typing.Iterable[str], method: str | None = None) -> None:
 
 
 def build_config(
-    yaml_path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None, *,
-    warn_inert: bool = True,
+    base: str | Path | dict[str, Any] | Config | None = None,
+    overrides: list[str] | dict[str, Any] | None = None, *,
+    plugins: typing.Iterable[str | Path] = (), source: str | Path | None = None, warn_inert: bool = True,
 ) -> Config:
-    """Resolve defaults → method preset → YAML (``yaml_path``: a file, or a shipped recipe's name,
-    e.g. ``cifar100-bayesncl``) → overrides, then :func:`validate`.
+    """The one way to a checked Config. ``base``: None or a YAML file or recipe name (e.g.
+    ``cifar100-bayesncl``): defaults → the method's preset → the file; or a run's saved config (a
+    Config or dict; ``source``: its file, named by its errors) as it is. Then ``overrides``
+    (``key=value`` strings or dotted keys), after loading the ``plugins``; :func:`validate` once.
 
     Raises ConfigError (one line) for an unknown key, a value of the wrong type or out of range.
     ``warn_inert``: warn about command-line method keys that have no effect with the method
     (:func:`warn_inert_keys`); False for a caller that decides itself (the demo's two runs).
     """
-    user: dict[str, Any] = {}
-    path = resolve_config_path(None if yaml_path is None else str(yaml_path))
-    if path is not None:
-        user.update(load_yaml(path))
+    for p in plugins:
+        load_plugin(p)
     command_line = parse_overrides(overrides) if isinstance(overrides, list) else {}
-    user.update(flatten(overrides) if isinstance(overrides, dict) else command_line)
-    cfg = Config()
-    name = str(user.get("method.name", cfg.method.name))
-    methods.get(name)  # a method that is not registered: one line naming those that are
-    check_keys(user, name)
-    flat = {"method.name": name, **{f"method.{k}": v for k, v in methods.preset(name).items()}}
-    flat.update({k: v for k, v in user.items() if k != "method.name"})
-    for k, v in flat.items():
-        set_key(cfg, k, v)
-    validate(cfg)
+    given = command_line or flatten(overrides or {})
+    reload = not isinstance(base, (str, Path, type(None)))
+    if reload:
+        cfg = _reloaded(base.to_dict() if isinstance(base, Config) else base, source)
+        for k, v in given.items():
+            set_key(cfg, k, v)
+    else:
+        cfg, source = _fresh(base, given), None
+    try:
+        validate(cfg)
+    except ConfigError as e:  # a bad value of the file, unless the overrides set it
+        key = re.match(r"[\w.]*", str(e)).group()  # type: ignore[union-attr]
+        if source is None or key in given:
+            raise
+        raise ConfigError(f"the config in {source}: {e}") from None
+    if reload:
+        return cfg
     if warn_inert:  # command-line keys only: a recipe file may serve several methods
         warn_inert_keys(cfg.method, inert_method_keys(cfg.method, command_line), stacklevel=3)
     became = preset_of(cfg.method)
@@ -482,6 +492,47 @@ def build_config(
             "(set train.warmup_epochs < train.epochs)",
             stacklevel=2,
         )
+    return cfg
+
+
+def _fresh(base: str | Path | None, given: dict[str, Any]) -> Config:
+    """Defaults → the preset of the method ``base`` and ``given`` name → ``base`` → ``given``."""
+    user: dict[str, Any] = {}
+    path = resolve_config_path(None if base is None else str(base))
+    if path is not None:
+        user.update(load_yaml(path))
+    user.update(given)
+    cfg = Config()
+    name = str(user.get("method.name", cfg.method.name))
+    methods.get(name)  # a method that is not registered: one line naming those that are
+    check_keys(user, name)
+    flat = {"method.name": name, **{f"method.{k}": v for k, v in methods.preset(name).items()}}
+    flat.update({k: v for k, v in user.items() if k != "method.name"})
+    for k, v in flat.items():
+        set_key(cfg, k, v)
+    return cfg
+
+
+def _reloaded(d: Any, source: str | Path | None) -> Config:
+    """A run's resolved config ``d`` (nested sections) as a Config, no preset applied, unchecked."""
+    try:
+        if not isinstance(d, dict):
+            raise ConfigError(f"expected a mapping of config sections, got {type(d).__name__}")
+        flat, record = flatten(d), Path(source or ".").parent / PLUGINS_FILE
+        files = record.read_text().split() if source and record.is_file() else []
+        name = flat.get("method.name")
+        if files and isinstance(name, str) and name not in methods.METHODS:  # a plugin's: name its file
+            raise ConfigError(
+                f"method.name={name} was registered by the plugin {', '.join(files)} ({record}): pass "
+                f"{' '.join(f'--plugin {f}' for f in files)}"
+            )
+        cfg = Config()
+        for k, v in sorted(flat.items(), key=lambda kv: kv[0] != "method.name"):  # the method first
+            set_key(cfg, k, v)
+    except ConfigError as e:
+        if source is None:
+            raise
+        raise ConfigError(f"the config in {source}: {e}") from None
     return cfg
 
 
@@ -539,44 +590,6 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
         raise _unknown_key(key, cfg.method.name)
     else:
         setattr(obj, parts[-1], _coerce(key, value, hints[parts[-1]]))
-
-
-def config_from_dict(d: dict[str, Any], source: str | Path | None = None) -> Config:
-    """Rebuild a resolved Config (e.g. from a run dir's ``config.yaml``) without applying presets.
-
-    ``source``: the file ``d`` was read from (a run's ``config.yaml``, a checkpoint); a ConfigError
-    then names it ("the config in FILE: ..."), since the bad key or value is in that file, not on
-    the command line."""
-    try:
-        if not isinstance(d, dict):
-            raise ConfigError(f"expected a mapping of config sections, got {type(d).__name__}")
-        _check_plugin_method(d, source)
-        cfg = Config()
-        flat = flatten(d)
-        for k, v in sorted(flat.items(), key=lambda kv: kv[0] != "method.name"):  # the method first
-            set_key(cfg, k, v)
-        validate(cfg)
-    except ConfigError as e:
-        if source is None:
-            raise
-        raise ConfigError(f"the config in {source}: {e}") from None
-    return cfg
-
-
-def _check_plugin_method(d: dict[str, Any], source: str | Path | None) -> None:
-    """A run of a method that is not registered now, but came from a plugin its run dir records
-    (``plugins.txt``): ConfigError naming the file to pass with ``--plugin``."""
-    method = d.get("method")
-    name = method.get("name") if isinstance(method, dict) else None
-    if name is None or name in methods.METHODS or source is None:
-        return
-    record = Path(source).parent / PLUGINS_FILE
-    files = record.read_text().split() if record.is_file() else []
-    if files:
-        raise ConfigError(
-            f"method.name={name} was registered by the plugin {', '.join(files)} ({record}): pass "
-            f"{' '.join(f'--plugin {f}' for f in files)}"
-        )
 
 
 # Smallest data.image_size (besides 0, native): 8 px still trains with every backbone and stem; below

@@ -12,7 +12,7 @@ import torch
 
 from bayesncl.app.cli import main
 from bayesncl.app.train import pretrain
-from bayesncl.config import ConfigError, build_config, config_from_dict, diff_configs, eval_data
+from bayesncl.config import ConfigError, build_config, diff_configs, eval_data
 from bayesncl.core.model import BackboneError, build_model
 from bayesncl.data import DataError, clear_cache, dataset_info
 from bayesncl.data.sources import load_split, read_class_list
@@ -39,7 +39,7 @@ def test_backbone_kwargs_is_a_dict_key_set_by_entry_or_whole(tmp_path: Path) -> 
     assert build_config(y).model.backbone_kwargs == {"drop_rate": 0.1}
     whole = build_config(overrides=["model.backbone=timm:resnet18", "model.backbone_kwargs={drop_rate: 0.2}"])
     assert whole.model.backbone_kwargs == {"drop_rate": 0.2}
-    again = config_from_dict(cfg.to_dict())  # a run's config.yaml reads back the same
+    again = build_config(cfg.to_dict())  # a run's config.yaml reads back the same
     assert again.model.backbone_kwargs == cfg.model.backbone_kwargs and not diff_configs(cfg, again)
     assert diff_configs(cfg, build_config(overrides=VIT)) == ["model.backbone_kwargs.img_size"]
 

@@ -17,7 +17,7 @@ from bayesncl.config import build_config
 from bayesncl.core.engine import TrainForward
 from bayesncl.core.losses import info_nce
 from bayesncl.core.model import build_backbone, build_model
-from bayesncl.core.optim import LrSchedule, build_optimizer, param_groups
+from bayesncl.core.optim import LrSchedule, build_optimizer, param_groups, peak_lrs
 from bayesncl.core.parts import Gate, gumbel_noise
 from bayesncl.data.augment import AugmentSpec, BatchAugment, sample_transform
 
@@ -60,7 +60,7 @@ def test_cifar_stem_padding(padding: int) -> None:
 def _lrs(recipe: str, *overrides: str, batch: int, world: int = 1) -> dict[str, float]:
     cfg = build_config(RECIPES / f"{recipe}.yaml", overrides=["model.proj_hidden=16", *overrides])
     model = build_model(cfg, 3, 32, 10)
-    return {g["name"]: g["lr"] for g in param_groups(model, cfg, batch * world)}
+    return {g["name"]: g["lr"] for g in param_groups(model, cfg, peak_lrs(cfg, batch * world))}
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_group_learning_rates(
 def test_lars_adapts_the_classifier_weight_not_its_bias() -> None:
     cfg = _cfg("method.name=ncl")
     model = build_model(cfg, 3, 16, 4)
-    groups = {g["name"]: g for g in param_groups(model, cfg, 256)}
+    groups = {g["name"]: g for g in param_groups(model, cfg, peak_lrs(cfg, 256))}
     assert groups["classifier/weight"]["weight_decay"] == groups["classifier/plain"]["weight_decay"] == 0.0
     assert groups["classifier/weight"]["always_adapt"] and not groups["classifier/plain"]["always_adapt"]
     opt = build_optimizer(list(groups.values()), cfg)
@@ -112,7 +112,7 @@ def test_schedule_starts_every_group_at_warmup_start_and_peaks_at_w_minus_1() ->
         assert s.at(60, peak) == pytest.approx(peak / 2)
     cfg = _cfg()
     model = build_model(cfg, 3, 16, 4)
-    opt = build_optimizer(param_groups(model, cfg, 256), cfg)
+    opt = build_optimizer(param_groups(model, cfg, peak_lrs(cfg, 256)), cfg)
     assert s.apply(opt, 0) == 3e-5 and {g["lr"] for g in opt.param_groups} == {3e-5}
     assert s.apply(opt, 9) == pytest.approx(0.4)
     assert {g["name"]: g["lr"] for g in opt.param_groups}["gating_head/weight"] == pytest.approx(0.1)

@@ -18,7 +18,7 @@ import torch
 
 import bayesncl
 from bayesncl.app.cli import main
-from bayesncl.config import ConfigError, build_config, config_from_dict, valid_keys
+from bayesncl.config import ConfigError, build_config, valid_keys
 from bayesncl.core import methods
 from bayesncl.core.engine import Cursor
 from bayesncl.core.losses import info_nce
@@ -124,7 +124,7 @@ def test_a_methods_own_keys(registry: None, tmp_path: Path, capsys: pytest.Captu
     assert cfg.method.l1_weight == 0.5 and "method.l1_weight" in valid_keys("test-ncl-l1")
     assert cfg.to_dict()["method"]["l1_weight"] == 0.5  # beside the common keys, in config.yaml too
     assert "own" not in cfg.to_dict()["method"] and "method.own" not in valid_keys("test-ncl-l1")
-    again = config_from_dict(cfg.to_dict())
+    again = build_config(cfg.to_dict())
     assert again == cfg
     later = build_config(overrides=[*SMALL, "method.l1_weight=2", "method.name=test-ncl-l1"])  # any order
     assert later.method.l1_weight == 2

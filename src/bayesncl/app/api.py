@@ -6,7 +6,6 @@ Errors are the CLI's one-line exceptions (ConfigError, DataError, EvalError, ...
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bayesncl.config import Config, ConfigError
+from bayesncl.config import Config, ConfigError, build_config
 
 __all__ = ["pretrain", "evaluate", "finetune", "load_encoder"]
 
@@ -32,8 +31,12 @@ def _with_python_data(cfg: Config, dataset: Any, eval_dataset: Any, labels: Any)
 
     token = provided.provide(dataset, eval_dataset, image_size=cfg.data.image_size, labels=labels)
     size = cfg.data.image_size or provided.geometry(token)[1]
-    data = dataclasses.replace(cfg.data, name="python", root=token, image_size=size, classes=None)
-    return dataclasses.replace(cfg, data=data), token
+    data = {"data.name": "python", "data.root": token, "data.image_size": size, "data.classes": None}
+    try:
+        return build_config(cfg, data), token
+    except ConfigError:
+        provided.release(token)
+        raise
 
 
 def pretrain(
@@ -132,7 +135,6 @@ def load_encoder(
     x: (B, C, S, S) to a ModelOutput (``.h`` (B, H) backbone features, ``.z_tilde`` (B, D) the
     evaluation features); ``model.backbone`` is the encoder f alone. Raises EvalError (one line)."""
     from bayesncl.app.evaluate import _encoder_config, _is_own_encoder, load_trained
-    from bayesncl.config import config_from_dict
     from bayesncl.core.model import build_model
     from bayesncl.metrics.inputs import EvalError
     from bayesncl.runs.official import load_state_strict
@@ -154,7 +156,7 @@ def load_encoder(
         cfg_dict, state = _encoder_config(path)[0], obj
     else:  # an official checkpoint (it records no data: load_trained asks for data.name=...)
         return load_trained(path, torch.device(device), overrides)[0]
-    cfg = config_from_dict(cfg_dict, path)
+    cfg = build_config(cfg_dict, source=path)
     channels, size = _geometry(cfg, state)
     head = state.get("classifier.weight")
     model = build_model(cfg, channels, size, int(head.shape[0]) if head is not None else 1)

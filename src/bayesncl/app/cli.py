@@ -71,9 +71,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise ConfigError("--resume and --overwrite contradict each other: continue the run, or replace it")
     overrides = [*args.overrides, "data.skip_corrupt=true"] if args.skip_corrupt else args.overrides
-    if args.resume and args.config is None:
-        # continue the run as it was configured; key=value on top (e.g. train.epochs=400 to extend)
-        from bayesncl.config import parse_overrides, set_key, validate
+    if args.resume and args.config is None:  # the run's config, key=value on top (train.epochs=400)
         from bayesncl.runs.rundir import RunDirError, settle_run_dir
 
         assert run_dir_arg is not None
@@ -83,12 +81,9 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
             settle_run_dir(run_dir_arg)
         if not (run_dir_arg / "config.yaml").exists() and not (run_dir_arg / "last.pt").exists():
             raise RunDirError(f"--resume: no checkpoint {run_dir_arg / 'last.pt'} to resume from")
-        cfg = load_run_config(run_dir_arg)
-        for key, value in parse_overrides(overrides).items():
-            set_key(cfg, key, value)
-        validate(cfg)
+        cfg = load_run_config(run_dir_arg, overrides)
     else:
-        cfg = build_config(args.config, overrides)
+        cfg = build_config(args.config, overrides, plugins=args.plugin)
     run_dir = run_dir_arg or default_run_dir(cfg)
     metrics = pretrain(cfg, run_dir, resume=args.resume, overwrite=args.overwrite, evaluate=not args.no_eval)
     if metrics:

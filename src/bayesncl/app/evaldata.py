@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from bayesncl.config import Config, eval_data
-from bayesncl.data import DataError, DatasetInfo, dataset_info
+from bayesncl.data import DataError, DatasetInfo
 
 
 def with_eval_data(cfg: Config) -> Config:
@@ -28,15 +28,12 @@ def _what(cfg: Config) -> str:
     return f"data.root={d.root} (an image folder without class folders)" if d.root else d.name
 
 
-def no_labels_note(cfg: Config, run_dir: object) -> str | None:
+def no_labels_note(cfg: Config, run_dir: object, info: DatasetInfo) -> str | None:
     """The line ``pretrain`` prints instead of evaluating when the training data has no labels (or no
     test split) and no ``eval.data.*`` was asked for, saying how to evaluate ``run_dir`` later; None
     when there is labelled data to evaluate with, or when ``eval.data.name`` asks for some (that
     request is checked by :func:`check_eval_data`, which refuses one that cannot be met)."""
-    if cfg.eval.data.name:
-        return None
-    info = dataset_info(with_eval_data(cfg).data)
-    if info.labeled and info.num_test > 0:
+    if cfg.eval.data.name or (info.labeled and info.num_test > 0):
         return None
     how = (
         f"bayesncl.evaluate('{run_dir}', dataset=...) with labelled data" if cfg.data.name == "python"
@@ -47,12 +44,12 @@ def no_labels_note(cfg: Config, run_dir: object) -> str | None:
     )
 
 
-def check_eval_data(cfg: Config, train_info: DatasetInfo, command: str = "pretrain") -> DatasetInfo:
-    """The DatasetInfo of the data evaluation reads, refused before training when it has no labels
-    or another channel count than the training data. ``command``: named in the advice. Raises
-    DataError (one line)."""
-    e = with_eval_data(cfg)
-    info = dataset_info(e.data)
+def check_eval_data(
+    cfg: Config, train_info: DatasetInfo, info: DatasetInfo, command: str = "pretrain"
+) -> None:
+    """Refuse the data evaluation reads (``info``: its DatasetInfo) before training when it has no
+    labels or another channel count than the training data. ``command``: named in the advice.
+    Raises DataError (one line)."""
     if not info.labeled or (info.num_test == 0 and not cfg.eval.data.name):
         src = _what(cfg) if not cfg.eval.data.name else f"eval.data.name={cfg.eval.data.name}"
         python = cfg.data.name == "python"
@@ -67,4 +64,3 @@ def check_eval_data(cfg: Config, train_info: DatasetInfo, command: str = "pretra
             f"eval.data.name={cfg.eval.data.name} has {info.channels}-channel images, the training data "
             f"{train_info.channels}-channel ones: evaluate on data with {train_info.channels} channel(s)"
         )
-    return info

@@ -6,7 +6,6 @@ probe, kNN, retrieval and the figures read its output (PAPER-NOTES §3 for which
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -26,15 +25,12 @@ from bayesncl.config import (
     ConfigError,
     build_config,
     check_keys,
-    config_from_dict,
     load_run_yaml,
     parse_overrides,
-    set_key,
-    validate,
 )
 from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.core.optim import Precision, precision_plan
-from bayesncl.data import build_eval_loader, dataset_info, image_geometry
+from bayesncl.data import DatasetInfo, build_eval_loader, dataset_info, image_geometry
 from bayesncl.data.backgrounds import place_names, places_of
 from bayesncl.data.dsprites import factor_names, factors_of
 from bayesncl.metrics import (
@@ -99,7 +95,7 @@ def extract_features(
 
 def extract_split(
     model: ContrastiveModel, cfg: Config, split: str, device: torch.device,
-    keys: tuple[str, ...] = FEATURE_KEYS,
+    keys: tuple[str, ...] = FEATURE_KEYS, info: DatasetInfo | None = None,
 ) -> dict[str, np.ndarray]:
     """:func:`extract_features` over ``split`` of the run's data (eval transforms, eval batch size;
     ``eval.use_soft_gating``: gated by α instead of the hard mask, ``mask`` then holds α), plus
@@ -107,8 +103,8 @@ def extract_split(
     ``factors`` (N, F) int64 for one with generative factors (:mod:`bayesncl.data.dsprites`).
     A run trained with ``train.precision=fast`` is extracted as it trained (bf16 autocast and
     channels-last on a CPU with native bf16 or on CUDA; the forward pass alone is faster there too);
-    every other run in fp32."""
-    loader = build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device)
+    every other run in fp32. ``info``: ``dataset_info(cfg.data)`` where the caller has it."""
+    loader = build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device, info=info)
     fast = cfg.train.precision == "fast"
     precision = precision_plan("fast", False, device) if fast else None
     soft, model.soft_eval_gate = model.soft_eval_gate, cfg.eval.use_soft_gating
@@ -126,26 +122,29 @@ def extract_split(
 
 
 def evaluate_model(
-    model: ContrastiveModel, cfg: Config, run_dir: Path, *, device: torch.device
+    model: ContrastiveModel, cfg: Config, run_dir: Path, *, device: torch.device,
+    info: DatasetInfo | None = None,
 ) -> dict[str, Any]:
     """End-of-pretraining evaluation on the test split: :func:`score` with the metrics, retrieval at
     ``eval.retrieval_dims`` and (``eval.probe=fast``) the fast linear probe at ``seed``, plus the
     gate's open rate for gated methods. Writes the figures, ``metrics.json`` and ``metrics.md`` into
     ``run_dir``; returns the metrics dict. LP@1 is the *offline* fast probe on frozen h (not the
     online probe; solo-learn #221); the paper probe is not run here (``bayesncl evaluate`` runs it).
+    ``info``: the DatasetInfo of the data it reads, where the caller has it (the run's facts).
     """
     from bayesncl.app.evaldata import with_eval_data
 
     cfg = with_eval_data(cfg)  # eval.data.* when set (an unlabeled pretraining set), else data.*
     probe = "fast" if cfg.eval.probe == "fast" else "none"
     dims = cfg.eval.retrieval_dims or None
-    test, metrics = score(model, cfg, device=device, probe=probe, retrieval_dims=dims)
+    test, metrics = score(model, cfg, device=device, probe=probe, retrieval_dims=dims, info=info)
     if model.gate is not None:
         metrics["gate_open_rate"] = float(test["mask"].mean())
         metrics["rows_all_closed"] = float((test["mask"].sum(1) == 0).mean())
     metrics["method"] = cfg.method.name
     metrics["n_test"] = int(len(test["labels"]))
-    write_figures(test, cfg.data, run_dir, label=run_label(cfg.method.name, run_dir))
+    names = info.class_names if info is not None else None
+    write_figures(test, cfg.data, run_dir, label=run_label(cfg.method.name, run_dir), names=names)
     write_results(run_dir, "metrics", metrics, format_table({cfg.method.name: metrics}))
     return metrics
 
@@ -153,7 +152,7 @@ def evaluate_model(
 def score(
     model: ContrastiveModel, cfg: Config, *, device: torch.device, probe: str = "none",
     seeds: list[int] | None = None, probe_epochs: int = 50, retrieval_dims: list[int] | str | None = None,
-    selection_probe: bool = False, knn: bool = False,
+    selection_probe: bool = False, knn: bool = False, info: DatasetInfo | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The one evaluation path: extract the test split (and the train split where a probe or kNN
     needs it), then :func:`compute_all`, the linear probe, the feature-selection probe and kNN.
@@ -165,11 +164,11 @@ def score(
     selection_probe: at K = min(``eval.retrieval_dims`` or [64, D]), with a probe. knn: Acc@1 on h.
     Returns ``(test arrays of extract_features, results)``; writes nothing. Raises EvalError.
     """
-    test = extract_split(model, cfg, "test", device)
+    test = extract_split(model, cfg, "test", device, info=info)
     train: dict[str, np.ndarray] = {}
     if knn or "places" in test or (probe != "none" and (probe == "fast" or selection_probe)):
         keys = ("h", "features") if selection_probe else ("h",)
-        train = extract_split(model, cfg, "train", device, keys=keys)
+        train = extract_split(model, cfg, "train", device, keys=keys, info=info)
     n_test, d = test["features"].shape
     note = None
     if retrieval_dims == "auto":
@@ -318,8 +317,6 @@ def _load_own(
     command: str | None = None, cfg_source: Path | None = None,
 ) -> tuple[ContrastiveModel, Config]:
     """``cfg_source``: the file ``cfg_dict`` was read from, named by a config error (default ``path``)."""
-    cfg = config_from_dict(cfg_dict, cfg_source or path)
-    trained_data = copy.deepcopy(cfg.data)
     user = parse_overrides(list(overrides or []))
     check_keys(user)  # an unknown key: the usual error, with the closest keys
     fixed = [k for k in user if not k.startswith(("data.", "eval."))]
@@ -328,9 +325,7 @@ def _load_own(
             f"{path}: {', '.join(fixed)} cannot be overridden for a bayesncl checkpoint (its config defines "
             "the model); only data.* and eval.* can"
         )
-    for k, v in user.items():
-        set_key(cfg, k, v)
-    validate(cfg)
+    cfg = build_config(cfg_dict, user, source=cfg_source or path)
     from bayesncl.config import eval_data
 
     # with eval.data.* the training data need not be here (an encoder trained elsewhere, or on Python data)
@@ -350,6 +345,7 @@ def _load_own(
     try:
         load_state_strict(model, state_dict, str(path), "the architecture its config describes")
     except ValueError as e:
+        trained_data = build_config(cfg_dict).data  # the data it was trained on, before the overrides
         why = _data_mismatch(path, trained_data, cfg, info.channels, info.image_size, command)
         raise EvalError(why or str(e)) from None
     return model, cfg
@@ -485,16 +481,16 @@ def evaluate_command(
     model, cfg, out_dir = load_trained(source, overrides=overrides, command="evaluate")
     from bayesncl.app.evaldata import check_eval_data, with_eval_data
 
-    built_for = dataset_info(with_eval_data(cfg).data if cfg.eval.data.name else cfg.data)  # as _load_own
-    check_eval_data(cfg, built_for, command="evaluate")
+    info = dataset_info(with_eval_data(cfg).data)  # the data the model was built for (as _load_own)
+    check_eval_data(cfg, info, info, command="evaluate")
     cfg = with_eval_data(cfg)  # eval.data.* when set (an unlabeled pretraining set), else data.*
     if probe is None:
         where = f"eval.probe={asked}" if asked is not None else f"the run's eval.probe={cfg.eval.probe}"
         _refuse_unused_probe_options(cfg.eval.probe, where, given, probe_seeds, probe_epochs)
     probe = probe or cfg.eval.probe
-    if probe != "none" and (n_classes := dataset_info(cfg.data).num_classes) < 2:
+    if probe != "none" and info.num_classes < 2:
         raise EvalError(
-            f"{cfg.data.name} has {n_classes} class: the linear probe needs >= 2; pass --probe none "
+            f"{cfg.data.name} has {info.num_classes} class: the linear probe needs >= 2; pass --probe none "
             "or eval.probe=none"
         )
     seeds, device = [cfg.seed + i for i in range(probe_seeds)], next(model.parameters()).device
@@ -510,7 +506,7 @@ def evaluate_command(
     write_figures(test, cfg.data, out_dir, label=run_label(cfg.method.name, out_dir))
     from bayesncl.app.report.embedding import write_embedding_map
 
-    write_embedding_map(test["features"], test["labels"], dataset_info(cfg.data).class_names,
+    write_embedding_map(test["features"], test["labels"], info.class_names,
                         out_dir / "embedding.png", label=run_label(cfg.method.name, out_dir))
     print(md)
     print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))

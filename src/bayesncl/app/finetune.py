@@ -21,9 +21,9 @@ step uses the first.
 
 from __future__ import annotations
 
-import copy
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +34,10 @@ from bayesncl.config import (
     Config,
     ConfigError,
     EvalDataConfig,
+    build_config,
     check_keys,
     eval_data,
     parse_overrides,
-    set_key,
 )
 from bayesncl.core.model import ContrastiveModel
 
@@ -100,15 +100,9 @@ def finetune_config(pretrained: Config, train_overrides: dict[str, Any]) -> Conf
     """The fine-tuning run's config: ``pretrained``'s, reading its labelled data (``data.*`` with labels,
     or ``eval.data.*`` where set: :func:`bayesncl.config.eval_data`), with :data:`PROTOCOL` and then
     ``train_overrides`` (dotted ``train.*``/``seed``) set. Raises ConfigError for a bad value."""
-    from bayesncl.config import validate
-
-    cfg = copy.deepcopy(pretrained)
-    cfg.data = eval_data(pretrained)
-    cfg.eval.data = EvalDataConfig()
-    for k, v in {**PROTOCOL, **train_overrides}.items():
-        set_key(cfg, k, v)
-    validate(cfg)
-    return cfg
+    no_eval_data = replace(pretrained.eval, data=EvalDataConfig())
+    labelled = replace(pretrained, data=eval_data(pretrained), eval=no_eval_data)
+    return build_config(labelled, {**PROTOCOL, **train_overrides})
 
 
 def default_run_dir(source: Path) -> Path:
@@ -199,9 +193,9 @@ def finetune_groups(model: ContrastiveModel, cfg: Config, global_batch: int) -> 
     """:func:`bayesncl.core.optim.param_groups` of the trainable parts (backbone at ``train.base_lr``,
     head at ``train.probe_lr``, both × batch/256), with the head's weight decayed too, as the
     authors' fine-tuning decays every tensor that is not 1-D."""
-    from bayesncl.core.optim import param_groups
+    from bayesncl.core.optim import param_groups, peak_lrs
 
-    groups = param_groups(model, cfg, global_batch)
+    groups = param_groups(model, cfg, peak_lrs(cfg, global_batch))
     for g in groups:
         if g["name"] == "classifier/weight":
             g["weight_decay"] = cfg.train.weight_decay

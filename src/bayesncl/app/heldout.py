@@ -76,22 +76,23 @@ def heldout_indices(n_test: int, n: int) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, n_test - 1, n)).astype(np.int64))
 
 
-def build_heldout(cfg: Any) -> HeldOut | None:
+def build_heldout(cfg: Any, info: Any) -> HeldOut | None:
     """The held-out batch of ``cfg`` (``train.monitor_samples`` images; None when 0): the test
-    split read once through the evaluation loader, keeping :func:`heldout_indices`. Raises DataError."""
-    from bayesncl.data import build_eval_loader, dataset_info
+    split of ``cfg.data`` (``info``: its DatasetInfo) read once through the evaluation loader,
+    keeping :func:`heldout_indices`. Raises DataError."""
+    from bayesncl.data import build_eval_loader
 
     n = cfg.train.monitor_samples
     if n <= 0:
         return None
-    keep = heldout_indices(dataset_info(cfg.data).num_test, n)
+    keep = heldout_indices(info.num_test, n)
     if len(keep) == 0:  # no test split to hold out (a dataset handed over from Python, say)
         return None
     wanted = torch.zeros(int(keep[-1]) + 1, dtype=torch.bool)
     wanted[torch.from_numpy(keep)] = True
     xs, ys = [], []
     with _no_rng_draws(torch.device("cpu")):  # a folder DataLoader draws its base seed
-        for x, y, idx in build_eval_loader(cfg.data, "test", cfg.eval.batch_size, device="cpu"):
+        for x, y, idx in build_eval_loader(cfg.data, "test", cfg.eval.batch_size, device="cpu", info=info):
             sel = wanted[idx.clamp(max=len(wanted) - 1)] & (idx < len(wanted))
             xs.append(x[sel])
             ys.append(y[sel])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import torch
 from bayesncl.app.errors import out_of_memory
 from bayesncl.app.heldout import build_heldout
 from bayesncl.app.report.curves import write_training_curves
-from bayesncl.config import Config, ConfigError
+from bayesncl.config import Config, ConfigError, eval_data
 from bayesncl.core import distributed, methods
 from bayesncl.core.engine import (
     EpochResult,
@@ -32,7 +33,7 @@ from bayesncl.core.engine import (
     wrap_for_training,
 )
 from bayesncl.core.model import ContrastiveModel, build_model
-from bayesncl.core.optim import LrSchedule, build_optimizer, param_groups, precision_plan
+from bayesncl.core.optim import LrSchedule, build_optimizer, param_groups, peak_lrs, precision_plan
 from bayesncl.data import DataError, DatasetInfo, build_train_loader, dataset_info
 from bayesncl.runs.export import export_encoder
 from bayesncl.runs.loggers import require as require_loggers
@@ -58,11 +59,11 @@ def pretrain(
     started = time.time()
     world = distributed.setup(cfg.train.device)
     try:
-        info, skipped = _check_inputs(cfg, world, run_dir, evaluate=evaluate)
-        evaluate = evaluate and skipped is None
+        facts, skipped = run_facts(cfg, world, run_dir, evaluate=evaluate)
         with RunDir(run_dir, cfg, world, resume=resume, overwrite=overwrite) as run:
-            model = train(cfg, run, info)
-            metrics = _evaluate(model, cfg, run.path, world.device) if evaluate and world.is_main else {}
+            model = train(cfg, run, facts)
+            evaluated = facts.eval_data is not None and world.is_main
+            metrics = _evaluate(model, cfg, run.path, world.device, facts.eval_data) if evaluated else {}
             run.log_results(metrics)
         if world.is_main:
             _report_written(run.path, time.time() - started)
@@ -73,45 +74,55 @@ def pretrain(
         world.close()
 
 
-def _no_labels_note(cfg: Config, world: distributed.World, run_dir: str | Path) -> str | None:
-    """Training data without labels and no ``eval.data.*``: train, then skip the evaluation with this
-    line (:func:`bayesncl.app.evaldata.no_labels_note`); None where there is labelled data."""
-    from bayesncl.app.evaldata import no_labels_note
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run derives from its config and its data, computed once (:func:`run_facts`) and
+    passed to whoever needs it."""
 
-    return distributed.local_main_first(world, lambda: no_labels_note(cfg, run_dir))
+    data: DatasetInfo  # the training data's
+    eval_data: DatasetInfo | None  # the data the end-of-training evaluation reads; None: no evaluation
+    peak_lrs: dict[str, float]  # each part's peak learning rate (core.optim.peak_lrs)
+    steps_per_epoch: int  # this process's batches per epoch (the train loader's len)
 
 
-def _check_inputs(
+def run_facts(
     cfg: Config, world: distributed.World, run_dir: str | Path, *, evaluate: bool
-) -> tuple[DatasetInfo, str | None]:
-    """What is refused before the run dir is looked at; returns the dataset's facts and, for data
-    without labels and no ``eval.data.*``, the line printed instead of the evaluation."""
+) -> tuple[RunFacts, str | None]:
+    """The run's :class:`RunFacts`, refusing before the run dir is looked at what cannot train or be
+    evaluated; and, for data without labels and no ``eval.data.*``, the line printed instead of the
+    evaluation (then ``eval_data`` is None)."""
+    from bayesncl.app.evaldata import check_eval_data, no_labels_note
+
     distributed.check_sync_bn(cfg.train.sync_bn, world)
     if world.is_main:
         require_loggers(cfg.train.loggers)  # a missing package: one line, before the run dir is touched
     global_batch = cfg.train.batch_size * world.world_size
-    peak = distributed.scaled_lr(cfg.train.base_lr, global_batch)
-    if cfg.train.min_lr > peak:  # the cosine "decay" would raise the rate to min_lr
+    peaks = peak_lrs(cfg, global_batch)
+    if cfg.train.min_lr > peaks["encoder"]:  # the cosine "decay" would raise the rate to min_lr
         raise ConfigError(
-            f"train.min_lr={cfg.train.min_lr:g}: expected <= the peak learning rate {peak:g} (train.base_lr="
-            f"{cfg.train.base_lr:g} x global batch {global_batch} / 256), or the schedule would rise to it"
+            f"train.min_lr={cfg.train.min_lr:g}: expected <= the peak learning rate {peaks['encoder']:g} "
+            f"(train.base_lr={cfg.train.base_lr:g} x global batch {global_batch} / 256), or the schedule "
+            "would rise to it"
         )
     info = distributed.local_main_first(world, lambda: dataset_info(cfg.data))  # one download per node
     if methods.get(cfg.method.name).needs_labels and not info.labeled:
         raise DataError(f"method.name={cfg.method.name} learns from labels: {cfg.data.name} has none here")
-    skipped = _no_labels_note(cfg, world, run_dir) if evaluate else None
-    evaluate = evaluate and skipped is None
-    test_info = info
-    if evaluate:  # the labelled data the end-of-training evaluation reads (eval.data.*, issue 17)
-        from bayesncl.app.evaldata import check_eval_data
-
-        test_info = distributed.local_main_first(world, lambda: check_eval_data(cfg, info))
-    if evaluate and cfg.eval.probe == "fast" and test_info.num_classes < 2:
+    steps = info.num_train // world.world_size // cfg.train.batch_size
+    if not evaluate:
+        return RunFacts(info, None, peaks, steps), None
+    # the labelled data the end-of-training evaluation reads (eval.data.*, issue 17)
+    e = eval_data(cfg)
+    test_info = info if e == cfg.data else distributed.local_main_first(world, lambda: dataset_info(e))
+    skipped = no_labels_note(cfg, run_dir, test_info)
+    if skipped is not None:
+        return RunFacts(info, None, peaks, steps), skipped
+    check_eval_data(cfg, info, test_info)
+    if cfg.eval.probe == "fast" and test_info.num_classes < 2:
         raise DataError(
             f"{cfg.data.name} has {info.num_classes} class: the end-of-training linear probe needs >= 2; "
             "pass --no-eval (evaluate=False in Python) or eval.probe=none"
         )
-    if evaluate and cfg.eval.probe == "fast" and max(test_info.train_class_counts, default=2) < 2:
+    if cfg.eval.probe == "fast" and max(test_info.train_class_counts, default=2) < 2:
         # the probe holds out one image of a class to choose its L2 strength: refused before training
         k = cfg.data.train_subset
         subset = f"data.train_subset={k} leaves" if k else "there are"
@@ -121,7 +132,7 @@ def _check_inputs(
             f"strength); {'raise data.train_subset' if k else 'add images'}, or pass --no-eval "
             "(evaluate=False in Python) or eval.probe=none"
         )
-    return info, skipped
+    return RunFacts(info, test_info, peaks, steps), None
 
 
 def _no_probe(row: dict[str, Any], info: DatasetInfo, cfg: Config) -> dict[str, Any]:
@@ -153,7 +164,7 @@ class _TrainHooks(Hooks):
         self.state.step_log.append(_no_probe(row, self.info, self.cfg))
 
 
-def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
+def train(cfg: Config, run: RunDir, facts: RunFacts) -> ContrastiveModel:
     """Train ``cfg`` in ``run`` (entered) from its checkpoint, if any, to ``train.epochs``; rank 0
     then draws the curves and exports the encoder. Returns the trained model."""
     world = run.world
@@ -167,17 +178,17 @@ def train(cfg: Config, run: RunDir, info: DatasetInfo) -> ContrastiveModel:
 
     # data: this rank's shard; augmentation seeded by (seed, epoch, rank, step)
     seed_everything(distributed.rank_seed(cfg.seed, world.rank))
+    info, steps_per_epoch = facts.data, facts.steps_per_epoch
     loader = build_train_loader(
         cfg.data, cfg.train.batch_size, seed=cfg.seed, device=device,
-        rank=world.rank, world_size=world.world_size,
+        rank=world.rank, world_size=world.world_size, info=info,
     )
     if world.is_main and loader.note:
         print(f"data: {loader.note}", flush=True)
     # rank 0: the held-out batch scored at each epoch's end (log.csv's heldout_*; no RNG draw)
-    heldout = build_heldout(cfg) if world.is_main else None
+    heldout = build_heldout(cfg, info) if world.is_main else None
     # model, optimiser (LARS) and schedule: lr scaled by the global batch, warmup then cosine per step
-    model, optimizer, scaler = _model_and_optimizer(cfg, world, info, amp_dtype, precision.channels_last)
-    steps_per_epoch = len(loader)
+    model, optimizer, scaler = _model_and_optimizer(cfg, world, facts, amp_dtype, precision.channels_last)
     schedule = LrSchedule(
         cfg.train.epochs * steps_per_epoch, round(cfg.train.warmup_epochs * steps_per_epoch),
         start=cfg.train.warmup_start_lr, final=cfg.train.min_lr,
@@ -240,14 +251,15 @@ def _export(model: ContrastiveModel, cfg: Config, run_dir: Path, *, drawn: bool)
 
 
 def _model_and_optimizer(
-    cfg: Config, world: distributed.World, info: DatasetInfo, amp_dtype: torch.dtype | None,
+    cfg: Config, world: distributed.World, facts: RunFacts, amp_dtype: torch.dtype | None,
     channels_last: bool,
 ) -> tuple[ContrastiveModel, torch.optim.Optimizer, torch.amp.GradScaler]:
+    info = facts.data
     model = build_model(cfg, info.channels, info.image_size, info.num_classes).to(world.device)
     model = distributed.convert_sync_bn(model, cfg.train.sync_bn, world)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = build_optimizer(param_groups(model, cfg, cfg.train.batch_size * world.world_size), cfg)
+    optimizer = build_optimizer(param_groups(model, cfg, facts.peak_lrs), cfg)
     scaler = torch.amp.GradScaler(world.device.type, enabled=amp_dtype == torch.float16)
     return model, optimizer, scaler
 
@@ -264,13 +276,15 @@ def _check_weights(model: ContrastiveModel, cfg: Config, run: RunDir, epoch: int
         )
 
 
-def _evaluate(model: ContrastiveModel, cfg: Config, run_dir: Path, device: torch.device) -> dict[str, Any]:
+def _evaluate(
+    model: ContrastiveModel, cfg: Config, run_dir: Path, device: torch.device, info: DatasetInfo
+) -> dict[str, Any]:
     """The end-of-training evaluation (``app.evaluate``); a Ctrl-C or an out-of-memory here says
     that training is complete and how to evaluate it again."""
     from bayesncl.app.evaluate import evaluate_model
 
     try:
-        return evaluate_model(model, cfg, run_dir, device=device)
+        return evaluate_model(model, cfg, run_dir, device=device, info=info)
     except KeyboardInterrupt:
         raise TrainingInterrupted(
             f"stopped during the end-of-training evaluation; training is complete ({run_dir / 'last.pt'}): "

@@ -183,15 +183,15 @@ def peak_lrs(cfg: Config, global_batch: int) -> dict[str, float]:
     return {"encoder": encoder, "gating_head": gate, "classifier": probe}
 
 
-def param_groups(model: ContrastiveModel, cfg: Config, global_batch: int) -> list[dict[str, Any]]:
-    """Named parameter groups, each with its ``peak_lr`` (:func:`peak_lrs`) as its initial ``lr``.
+def param_groups(model: ContrastiveModel, cfg: Config, peaks: dict[str, float]) -> list[dict[str, Any]]:
+    """Named parameter groups, each with its part's ``peak_lr`` (``peaks``: :func:`peak_lrs`) as its
+    initial ``lr``.
 
     Bias and norm parameters (1-D, or named ``.bias``) get no weight decay and no LARS adaptation
     (solo-learn #301). The online classifier has no weight decay, but LARS adapts its weight as
     the authors' LARS does (solo/utils/lars.py:140-150 adapts every tensor that is not 1-D).
     """
     wd = cfg.train.weight_decay
-    peaks = peak_lrs(cfg, global_batch)
     buckets: dict[str, list[nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:

@@ -243,7 +243,7 @@ class PerSampleTwoViewLoader(TwoViewLoader):
 
 def build_train_loader(
     cfg: Any, batch_size: int, *, seed: int, device: torch.device | str, rank: int = 0, world_size: int = 1,
-    crop_flip_only: bool = False,
+    crop_flip_only: bool = False, info: DatasetInfo | None = None,
 ) -> TwoViewLoader:
     """The two-view training loader of ``cfg`` (a DataConfig): resident or per-sample (see module doc).
 
@@ -252,12 +252,12 @@ def build_train_loader(
     or blur): the augmentation of the paper's linear-probe protocol (PAPER-NOTES §2).
 
     Raises DataError for missing data, ``batch_size < 2`` or ``batch_size`` larger than this
-    rank's share of the training split.
+    rank's share of the training split. ``info``: ``dataset_info(cfg)`` where the caller has it.
     """
     device = torch.device(device)
     if batch_size < 2:
         raise DataError(f"batch_size={batch_size}: expected >= 2 (InfoNCE needs negatives)")
-    info = dataset_info(cfg)
+    info = info or dataset_info(cfg)
     data = load_split(cfg, "train")
     n = len(data)
     per_rank = n // world_size
@@ -361,12 +361,15 @@ class _FolderEvalLoader(EvalLoader):
             yield x.to(self.device, non_blocking=nb), y.to(self.device), idx.to(self.device)
 
 
-def build_eval_loader(cfg: Any, split: str, batch_size: int, *, device: torch.device | str) -> EvalLoader:
+def build_eval_loader(
+    cfg: Any, split: str, batch_size: int, *, device: torch.device | str, info: DatasetInfo | None = None
+) -> EvalLoader:
     """Unaugmented ``(x, y, idx)`` batches of ``split`` ("train" or "test"; folders: test = val/):
     float ``(B, C, S, S)`` resized to S if needed and normalised, int64 labels and split indices,
-    in split order (no drop_last). Raises DataError."""
+    in split order (no drop_last). ``info``: ``dataset_info(cfg)`` where the caller has it. Raises
+    DataError."""
     device = torch.device(device)
-    info = dataset_info(cfg)
+    info = info or dataset_info(cfg)
     data = load_split(cfg, split)
     if data.images is not None:
         labels = torch.from_numpy(data.labels.copy())

@@ -193,7 +193,7 @@ def _trainer(
     from bayesncl.core.distributed import World
     from bayesncl.core.engine import prefetch_to_device, train_step, wrap_for_training
     from bayesncl.core.model import build_model
-    from bayesncl.core.optim import build_optimizer, param_groups, precision_plan
+    from bayesncl.core.optim import build_optimizer, param_groups, peak_lrs, precision_plan
     from bayesncl.data import build_train_loader, dataset_info
 
     info = dataset_info(cfg.data)
@@ -202,7 +202,8 @@ def _trainer(
     plan = precision_plan(cfg.train.precision, cfg.train.channels_last, device)
     if plan.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = build_optimizer(param_groups(model, cfg, cfg.train.batch_size), cfg)  # at the peak lrs
+    groups = param_groups(model, cfg, peak_lrs(cfg, cfg.train.batch_size))
+    optimizer = build_optimizer(groups, cfg)  # at the peak lrs
     amp = plan.dtype
     autocast = torch.autocast(device.type, dtype=amp) if amp is not None else None
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torchvision
 
-from bayesncl.config import Config, config_from_dict, load_run_yaml
+from bayesncl.config import Config, build_config, load_run_yaml
 from bayesncl.core.model import ContrastiveModel
 from bayesncl.runs.fileio import atomic_path
 from bayesncl.runs.rundir import RunDirError
@@ -50,14 +50,15 @@ def export_encoder(model: ContrastiveModel, run_dir: Path, cfg: Config | None = 
     )
 
 
-def load_run_config(run_dir: Path) -> Config:
-    """The resolved config of an existing run dir: its ``config.yaml``, or the one inside its
-    ``last.pt`` where the YAML is missing (e.g. deleted by hand)."""
+def load_run_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
+    """The resolved config of an existing run dir, ``overrides`` (``key=value``) on top, checked once
+    (:func:`~bayesncl.config.build_config`): its ``config.yaml``, or the one inside its ``last.pt``
+    where the YAML is missing (e.g. deleted by hand)."""
     if not (run_dir / "config.yaml").exists() and (run_dir / "last.pt").exists():
         ckpt = load_checkpoint_file(run_dir / "last.pt")
         if not isinstance(ckpt, dict):
             what = type(ckpt).__name__
             raise RunDirError(f"{run_dir / 'last.pt'} holds a {what}, not a bayesncl checkpoint")
         check_checkpoint_entries(ckpt, run_dir / "last.pt")
-        return config_from_dict(ckpt["config"], run_dir / "last.pt")
-    return config_from_dict(load_run_yaml(run_dir / "config.yaml"), run_dir / "config.yaml")
+        return build_config(ckpt["config"], overrides, source=run_dir / "last.pt")
+    return build_config(load_run_yaml(run_dir / "config.yaml"), overrides, source=run_dir / "config.yaml")

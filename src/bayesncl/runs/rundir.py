@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 import torch
 from torch import nn
 
-from bayesncl.config import Config, config_from_dict, diff_configs, dump_yaml, flatten
+from bayesncl.config import Config, build_config, diff_configs, dump_yaml, flatten
 from bayesncl.core import distributed, methods
 from bayesncl.core.engine import STOP_SIGNALS, Cursor, EpochResult
 from bayesncl.core.methods import CONTRASTIVE_STATS
@@ -401,7 +401,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
                 f"--resume: train.epochs={cfg.train.epochs} is fewer than {started}: {done}; give "
                 f"train.epochs >= {started} to continue it"
             )
-        old = config_from_dict(ckpt["config"], ckpt_path)
+        old = build_config(ckpt["config"], source=ckpt_path)
         diff = describe_config_diff(old, cfg)
         if diff:
             raise RunDirError(
@@ -467,7 +467,7 @@ def _is_run_config(path: Path) -> bool:
     from bayesncl.config import ConfigError, load_run_yaml
 
     try:
-        config_from_dict(load_run_yaml(path))
+        build_config(load_run_yaml(path))
     except (ConfigError, OSError):
         return False
     return True
