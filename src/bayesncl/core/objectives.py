@@ -139,8 +139,9 @@ def linear_cross_entropy(z: Tensor, labels: Tensor, weight: Tensor, bias: Tensor
     """Cross-entropy of a linear classifier on features z: ``mean_i −log softmax(W z_i + b)[y_i]``.
 
     CE (``z`` the raw representation) and the NCL paper's Non-negative Cross Entropy (NCE: the
-    same loss on non-negative features ``z = φ(p)``, so that each class is a non-negative
-    combination of feature activations) are this function; they differ only in the z they pass.
+    same loss on non-negative features ``z = φ(p)``; the weights stay unconstrained, so a class
+    score is a signed combination of non-negative activations) are this function; they differ
+    only in the z they pass.
 
     Args:
         z: (M, D) features, any float dtype (cast to float32; float64 stays float64).
