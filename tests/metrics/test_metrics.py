@@ -673,33 +673,3 @@ def test_bad_arrays_raise():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert M.semantic_consistency(np.ones((3, 3)), np.array([0.0, 1.0, 1.0])) == pytest.approx(200 / 3)
-
-
-def _selection_case(informative_scale: float, noise_scale: float, n: int = 240, seed: int = 0):
-    """4 balanced classes; dims 0-1 carry the class's two bits (each bit a level 1 or 2, times
-    ``informative_scale``), dims 2-5 are uniform noise in [0, ``noise_scale``): non-negative features,
-    so the expected activation of a dim grows with its scale."""
-    rng = np.random.default_rng(seed)
-    y = np.arange(n) % 4
-    bits = np.stack([y & 1, y >> 1], axis=1).astype(np.float64) + 1.0
-    x = np.concatenate([bits * informative_scale, rng.uniform(0, noise_scale, (n, 4))], axis=1)
-    half = n // 2
-    return x[:half], y[:half], x[half:], y[half:]
-
-
-def test_selection_probes_keep_the_top_dims_by_expected_activation() -> None:
-    # the informative dims have the larger activations: the top 2 are them, and they separate the classes
-    xtr, ytr, xte, yte = _selection_case(informative_scale=5.0, noise_scale=0.1)
-    out = M.selection_probes(xtr, ytr, xte, yte, ks=(2, 6), seed=3)
-    assert set(out) == {2, 6}
-    assert out[2]["top_acc1"] == 100.0
-    # the random dims: the draws of default_rng(seed) in the order of ks, probed like any linear probe
-    rng = np.random.default_rng(3)
-    idx = np.sort(rng.choice(6, size=2, replace=False))
-    expected = M.linear_probe(xtr[:, idx], ytr, xte[:, idx], yte, seeds=3)["acc1"]
-    assert out[2]["random_acc1"] == pytest.approx(expected)
-    # K = D: both keep every dim, the same probe
-    assert out[6]["top_acc1"] == pytest.approx(out[6]["random_acc1"])
-    # the noise dims have the larger activations: the top 2 are noise, about chance (25 %) on 4 classes
-    xtr, ytr, xte, yte = _selection_case(informative_scale=0.05, noise_scale=10.0)
-    assert M.selection_probes(xtr, ytr, xte, yte, ks=(2,), seed=3)[2]["top_acc1"] < 50.0

@@ -68,8 +68,6 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
         mp.setattr(studies, "LAM_FACTORS", (1.0, 3.0))
         mp.setattr(studies, "TABLE5_METHODS", ("ncl",))
         mp.setattr(studies, "FINETUNE_CPU_EPOCHS", 1)
-        # ncl-fs's transfer set: the runs' own data and subsets (TINY), so it must repeat the in-domain probe
-        mp.setattr(studies, "TRANSFER_DATA", {"synthetic": ("synthetic", 64, 60)})
         yield b
 
 
@@ -169,13 +167,6 @@ def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, A
     elif study == "ncl-fs":  # at K = D the top-K and the random K are the same dims: the same probe
         full = rows["NCL K=16"]
         assert full["top_acc1"]["values"] == pytest.approx(full["random_acc1"]["values"])
-        # the transfer columns on a "transfer" set that is the runs' own data (the fixture's TRANSFER_DATA):
-        # the same images through the same encoder, ranked and probed alike, so every cell repeats its
-        # in-domain twin, the random dims included (one seeded draw per K)
-        for label, r in rows.items():
-            for key in ("top_acc1", "random_acc1"):
-                assert r[f"transfer_{key}"]["values"] == pytest.approx(r[key]["values"]), (label, key)
-        assert any("transfer: the same probes on synthetic (train 64, test 60" in n for n in out["notes"])
     elif study == "ncl-sepin":
         assert set(rows["CL"]) == {"sepin@1", "sepin@10", "sepin@all"}
     elif study == "convergence":  # one checkpoint (epoch 1) per tiny run
@@ -288,31 +279,3 @@ def test_an_interrupted_reproduce_says_rerun_not_resume(capsys: pytest.CaptureFi
     assert run_command(stop, "pretrain") == 130
     assert capsys.readouterr().err.endswith("; --resume continues from that step\n")
     assert str(TrainingInterrupted("a; {resume} b")) == "a; --resume b"  # what a Python caller reads
-
-
-def test_ncl_fs_transfer_set_by_dataset() -> None:
-    """ncl-fs measures the transfer columns on studies.TRANSFER_DATA's set for the runs' data.name;
-    without one (synthetic here, image folders) the columns stay empty and a note says why; the paper
-    values are the NCL paper's ImageNet-100 ones."""
-    fs = studies.build("ncl-fs", "fashion-mnist", TINY)  # TINY trains on synthetic: no transfer set
-    assert [m for m, _ in fs.measures] == ["fs", "retrieval", "nclmap"]
-    assert any("no transfer dataset for data.name=synthetic" in n for n in fs.notes)
-    fm = studies.build("ncl-fs", "fashion-mnist", [])  # the recipe's fashion-mnist: generated dSprites
-    assert ("fs_transfer", (("dsprites", 10_000, 5_000), (8, 16, 32, 64, 128, 256))) in fm.measures  # D=256
-    assert {"transfer_top_acc1", "transfer_random_acc1"} <= {c.key for c in fm.columns}
-    c10 = studies.build("ncl-fs", "cifar10", [])
-    assert dict(c10.measures)["fs_transfer"][0] == ("cifar100", 0, 0)
-    paper = studies.build("ncl-fs", "imagenet100", []).paper
-    assert paper["NCL K=2048"] == {"ncl_map": 14.2, "transfer_top_acc1": 19.9}
-    assert paper["NCL K=512"] == {"top_acc1": 68.9, "ncl_map": 14.2, "transfer_top_acc1": 19.8}
-    assert paper["CL K=512"] == {"random_acc1": 66.2} and paper["CL K=2048"] == {"ncl_map": 10.9}
-
-
-def test_transfer_config_keeps_the_runs_geometry() -> None:
-    from bayesncl.paper.reproduce import transfer_config
-
-    cfg = build_config(overrides=["data.name=fashion-mnist", "data.train_subset=500", "data.test_subset=70"])
-    t = transfer_config(cfg, "dsprites", 100, 50)
-    assert (t.data.name, t.data.train_subset, t.data.test_subset) == ("dsprites", 100, 50)
-    assert t.data.image_size == 28 and t.data.labels == "auto"  # fashion-mnist's native 28 px, with labels
-    assert t.model == cfg.model and cfg.data.name == "fashion-mnist"  # the run's config is not altered

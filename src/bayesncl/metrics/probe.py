@@ -20,8 +20,7 @@ from ._numerics import downscale_exponent, scaled
 from .inputs import EvalError, class_indices, validate_train_test
 from .retrieval import select_top_dims
 
-__all__ = ["DEFAULT_L2_GRID", "feature_selection_probe", "linear_probe", "selection_probes",
-           "stratified_split"]
+__all__ = ["DEFAULT_L2_GRID", "feature_selection_probe", "linear_probe", "stratified_split"]
 
 DEFAULT_L2_GRID = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5)
 
@@ -208,25 +207,3 @@ def feature_selection_probe(
     idx = select_top_dims(xtr, k)
     out = linear_probe(xtr[:, idx], train_labels, xte[:, idx], test_labels, **probe_kwargs)
     return {**out, "k": int(k), "dims": idx.tolist()}
-
-
-def selection_probes(
-    train_features: Any, train_labels: Any, test_features: Any, test_labels: Any, ks: Sequence[int],
-    seed: int = 0,
-) -> dict[int, dict[str, float]]:
-    """NCL's feature-selection comparison at every K of ``ks``: ``{K: {"top_acc1", "random_acc1"}}``, the
-    Acc@1 (%) of :func:`feature_selection_probe` (the top-K dims by expected activation of the train
-    features) and of :func:`linear_probe` on K dims drawn without replacement, both at probe seed
-    ``seed``. The random dims come from one ``numpy.random.default_rng(seed)`` drawn once per K in the
-    order of ``ks``, so the same seed and ``ks`` pick the same dims for any features of width D (a
-    transfer set's probe uses the in-domain probe's random dims). Raises :class:`EvalError` as those
-    two do."""
-    xtr, _, xte, _ = validate_train_test(train_features, None, test_features, None)
-    rng = np.random.default_rng(seed)
-    out: dict[int, dict[str, float]] = {}
-    for k in ks:
-        top = feature_selection_probe(xtr, train_labels, xte, test_labels, int(k), seeds=seed)["acc1"]
-        idx = torch.from_numpy(np.sort(rng.choice(xtr.shape[1], size=int(k), replace=False)))
-        rand = linear_probe(xtr[:, idx], train_labels, xte[:, idx], test_labels, seeds=seed)["acc1"]
-        out[int(k)] = {"top_acc1": top, "random_acc1": rand}
-    return out

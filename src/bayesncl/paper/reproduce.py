@@ -240,43 +240,22 @@ def _m_retrieval_sel(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[st
 
 def _m_fs(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
     """Top-K dims by expected activation (of the train z̃) vs K random dims (seed = the run's)."""
-    from bayesncl.metrics import selection_probes
+    import numpy as np
+
+    from bayesncl.metrics import feature_selection_probe, linear_probe
 
     train, test = _features(sub)
-    r = selection_probes(train.features, train.labels, test.features, test.labels, ks, seed=cfg.seed)
-    return {f"K{k}.{m}": v for k, row in r.items() for m, v in row.items()}
-
-
-def transfer_config(cfg: Config, name: str, train_subset: int = 0, test_subset: int = 0) -> Config:
-    """``cfg`` with its data replaced by the labelled dataset ``name`` (its own subsets, labels and
-    class list; the run's ``data.root`` and image geometry), for features of a transfer set."""
-    import dataclasses
-
-    from bayesncl.data import image_geometry
-
-    size = cfg.data.image_size or image_geometry(cfg.data)[1]
-    data = dataclasses.replace(cfg.data, name=name, train_subset=int(train_subset),
-                               test_subset=int(test_subset), image_size=size, classes=None, labels="auto")
-    return dataclasses.replace(cfg, data=data)
-
-
-def _m_fs_transfer(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
-    """ncl-fs's transfer columns: :func:`~bayesncl.metrics.selection_probes` on the z̃ of the transfer
-    set ``params[0]`` = (data.name, train_subset, test_subset), both splits through the stored run's
-    encoder, the top-K dims ranked on the transfer set's own train split (the NCL code's
-    selected-dims probe ranks on the split it fits: ``solo/methods/linear.py``) at every K of
-    ``params[1]``; keys ``K<k>.transfer_top_acc1`` / ``K<k>.transfer_random_acc1``."""
-    from bayesncl.app.evaluate import extract_split, load_trained
-    from bayesncl.metrics import selection_probes
-
-    (name, n_train, n_test), ks = params
-    model, loaded, _ = load_trained(sub)
-    tcfg = transfer_config(loaded, name, n_train, n_test)
-    device = next(model.parameters()).device
-    train, test = (extract_split(model, tcfg, s, device, keys=("features",)) for s in ("train", "test"))
-    r = selection_probes(train["features"], train["labels"], test["features"], test["labels"], ks,
-                         seed=cfg.seed)
-    return {f"K{k}.transfer_{m}": v for k, row in r.items() for m, v in row.items()}
+    rng = np.random.default_rng(cfg.seed)
+    out = {}
+    for k in ks:
+        out[f"K{k}.top_acc1"] = feature_selection_probe(
+            train.features, train.labels, test.features, test.labels, int(k), seeds=cfg.seed
+        )["acc1"]
+        idx = np.sort(rng.choice(train.dim, size=int(k), replace=False))
+        out[f"K{k}.random_acc1"] = linear_probe(
+            train.features[:, idx], train.labels, test.features[:, idx], test.labels, seeds=cfg.seed
+        )["acc1"]
+    return out
 
 
 def _m_sepin(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
@@ -336,9 +315,8 @@ def _m_finetune(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, fl
 
 
 MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval": _m_retrieval,
-            "fs": _m_fs, "fs_transfer": _m_fs_transfer, "sepin": _m_sepin, "dynamics": _m_dynamics,
-            "finetune": _m_finetune, "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory,
-            **NCL_MEASURES}  # fmt: skip
+            "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune,
+            "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory, **NCL_MEASURES}  # fmt: skip
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
 MEASURES.update(eval_studies.MEASURES)  # issue 26: mig, ood, appj, nclmap
 
