@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from bayesncl.config import Config
 
 __version__ = "0.1.0"
@@ -44,8 +42,7 @@ _LAZY = {  # name -> (module, attribute; None for the module itself)
 
 
 def build_config(
-    overrides: list[str] | None = None, config: str | Path | None = None, *,
-    plugins: Iterable[str | Path] = (),
+    overrides: list[str] | None = None, config: str | Path | None = None, *, plugins: Any = ()
 ) -> Config:
     """A validated :class:`~bayesncl.config.Config`: the defaults, the method's preset, the YAML
     ``config`` (a path or a shipped recipe name, e.g. ``"cifar100-bayesncl"``), then the
