@@ -279,3 +279,19 @@ def test_an_interrupted_reproduce_says_rerun_not_resume(capsys: pytest.CaptureFi
     assert run_command(stop, "pretrain") == 130
     assert capsys.readouterr().err.endswith("; --resume continues from that step\n")
     assert str(TrainingInterrupted("a; {resume} b")) == "a; --resume b"  # what a Python caller reads
+
+
+def test_the_plans_rate_is_a_stored_runs_fastest_epoch(tmp_path: Path) -> None:
+    """A run whose first epochs ran on loaded cores (100 s, 50 s) and its last on idle ones (2 s): the
+    plan's images/s is one epoch's images over the fastest epoch, 10 steps x 32 / 2 s = 160."""
+    from bayesncl.config import dump_yaml
+    from bayesncl.paper.reproduce import _logged_rate
+    from bayesncl.runs.logs import LOG_FIELDS, write_log
+
+    cfg = build_config(overrides=[*TINY, "train.batch_size=32"])
+    (tmp_path / "config.yaml").write_text(dump_yaml(cfg))
+    rows = [{f: 0.0 for f in LOG_FIELDS} | {"epoch": e, "step": 10 * e, "epoch_time_s": t}
+            for e, t in ((1, 100.0), (2, 50.0), (3, 2.0))]
+    write_log(tmp_path, rows)
+    rate = _logged_rate(tmp_path)
+    assert rate is not None and rate[1] == pytest.approx(160.0)

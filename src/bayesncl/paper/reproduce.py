@@ -102,7 +102,9 @@ def _check_dirs(run_dir: Path, store: Path, study: Study, runs: dict[str, tuple[
 
 
 def _logged_rate(sub: Path) -> tuple[tuple[Any, ...], float] | None:
-    """``(cost key, images/s)`` of a stored run from its config.yaml and log.csv, else None."""
+    """``(cost key, images/s)`` of a stored run from its config.yaml and log.csv, else None. The rate
+    of its fastest logged epoch: an epoch slowed by other jobs on the cores (or a resume's first
+    epoch) says nothing of this machine's speed, the fastest one comes closest to it."""
     from bayesncl.app.report.curves import read_log
     from bayesncl.config import load_run_yaml
 
@@ -111,8 +113,8 @@ def _logged_rate(sub: Path) -> tuple[tuple[Any, ...], float] | None:
         rows = read_log(sub)
     except (ValueError, OSError):  # ConfigError / RunDirError: no usable record
         return None
-    seconds = sum(r["epoch_time_s"] for r in rows)
-    images = rows[-1]["step"] * int(flat["train.batch_size"])
+    seconds = min((r["epoch_time_s"] for r in rows), default=0.0)
+    images = rows[-1]["step"] / len(rows) * int(flat["train.batch_size"]) if rows else 0  # one epoch's
     return (tuple(flat.get(k) for k in COST_KEYS), images / seconds) if seconds > 0 else None
 
 
