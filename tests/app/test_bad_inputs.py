@@ -88,9 +88,10 @@ def test_corrupt_image_found_when_read_is_one_line(
     and the worker's whole traceback. Under torchrun only the process whose shard holds the image
     meets it: that process prints it, naming its rank (a rank > 0 kept quiet, and nothing was said)."""
     import bayesncl.app.cli as cli_module
+    import bayesncl.data.folders as folders
     import bayesncl.data.sources as ds
 
-    monkeypatch.setattr(ds, "VERIFY_MAX_FILES", 0)
+    monkeypatch.setattr(folders, "VERIFY_MAX_FILES", 0)
     image_folder(tmp_path / "folder")
     (tmp_path / "folder/train/cat/broken.png").write_bytes(b"not an image at all")
     args = [*FOLDER, f"data.root={tmp_path}/folder", "data.resident=false", "data.num_workers=1"]
