@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,6 @@ import bayesncl.config.build as config_module  # build_config calls validate fro
 import bayesncl.data.sources as sources
 from bayesncl.app.cli import main
 from bayesncl.config import Config, ConfigError, build_config, dump_yaml
-from bayesncl.core import methods
-from bayesncl.core.methods import plugins
 from bayesncl.runs.export import load_run_config
 from bayesncl.runs.safe_load import load_checkpoint_file
 
@@ -48,17 +45,6 @@ def trained(monkeypatch: pytest.MonkeyPatch) -> list[Config]:
     got: list[Config] = []
     monkeypatch.setattr(train_module, "pretrain", lambda cfg, *a, **k: got.append(cfg) or {})
     return got
-
-
-@pytest.fixture
-def registry() -> Iterator[None]:
-    """The registry as it was before the test (a plugin registers its methods for the process)."""
-    before, loaded = dict(methods.METHODS), dict(plugins._LOADED)
-    yield
-    methods.METHODS.clear()
-    methods.METHODS.update(before)
-    plugins._LOADED.clear()
-    plugins._LOADED.update(loaded)
 
 
 def _run_dir(tmp_path: Path, overrides: list[str]) -> Path:
