@@ -12,7 +12,7 @@ import yaml
 
 import bayesncl
 import bayesncl.app.train as train_module
-import bayesncl.config.build as config_module  # build_config calls validate from here
+import bayesncl.config as config_module
 import bayesncl.data.sources as sources
 from bayesncl.app.cli import main
 from bayesncl.config import Config, ConfigError, build_config, dump_yaml

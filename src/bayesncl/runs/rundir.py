@@ -24,32 +24,11 @@ from bayesncl.core.engine import STOP_SIGNALS, Cursor, EpochResult
 from bayesncl.core.methods import CONTRASTIVE_STATS
 from bayesncl.core.methods.plugins import PLUGINS_FILE
 from bayesncl.data import mix_seed
+from bayesncl.runs import layout, lock, messages
 from bayesncl.runs.fileio import atomic_path, remove_stale_temporaries
-from bayesncl.runs.layout import (
-    RUN_ARTIFACTS,
-    archive_results,
-    artifact_files,
-    check_writable,
-    discard_unstarted_run,
-    holds_run,
-    run_markers,
-)
-from bayesncl.runs.lock import (
-    RunDirLock,
-    finish_overwrite,
-    lock_run_dir,
-    set_aside_run_artifacts,
-    settle_run_dir,
-)
 from bayesncl.runs.loggers import RunLoggers
 from bayesncl.runs.logs import write_log
-from bayesncl.runs.messages import (
-    RunDirError,
-    TrainingInterrupted,
-    describe_config_diff,
-    occupied_run_dir,
-    some_names,
-)
+from bayesncl.runs.messages import RunDirError, TrainingInterrupted
 from bayesncl.runs.safe_load import (
     CHECKPOINT_FORMAT,
     CheckpointError,
@@ -64,7 +43,7 @@ def no_last_pt(run_dir: Path, has_run: bool) -> str:
     """The end of --resume's "no checkpoint" message: why there is no last.pt and what to do."""
     ckpt_path = run_dir / "last.pt"
     if has_run:  # a log or export, no last.pt: killed while writing it, or deleted (not unstarted)
-        found = run_markers(run_dir)[0]  # (no last.pt here)
+        found = layout.run_markers(run_dir)[0]  # (no last.pt here)
         periodic = sorted(run_dir.glob("epoch-[0-9]*.pt"))
         how = (
             f"copy {periodic[-1]} to {ckpt_path} to resume from there, or pass --overwrite "
@@ -88,10 +67,10 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     run's temporary files are removed.
     """
     run_dir = Path(run_dir)
-    check_writable(run_dir)
-    settle_run_dir(run_dir)
+    layout.check_writable(run_dir)
+    lock.settle_run_dir(run_dir)
     # A run dir with only config.yaml holds a run killed before its first checkpoint: nothing to keep.
-    has_run = holds_run(run_dir)
+    has_run = layout.holds_run(run_dir)
     if resume:
         ckpt_path = run_dir / "last.pt"
         if not ckpt_path.exists():
@@ -115,7 +94,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
                 f"train.epochs >= {started} to continue it"
             )
         old = build_config(ckpt["config"], source=ckpt_path)
-        diff = describe_config_diff(old, cfg)
+        diff = messages.describe_config_diff(old, cfg)
         if diff:
             raise RunDirError(
                 f"--resume: the config differs from the run's in: {diff} (run's -> now); resume with "
@@ -126,15 +105,15 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
         remove_stale_temporaries(run_dir)
         return ckpt
     if has_run and not overwrite:
-        raise occupied_run_dir(run_dir)
+        raise messages.occupied_run_dir(run_dir)
     if not has_run and (subruns := runs_below(run_dir)):
-        names = some_names([f"{p.name}/" for p in subruns])
+        names = messages.some_names([f"{p.name}/" for p in subruns])
         raise RunDirError(
             f"run dir {run_dir} holds runs in its folders ({names}; a demo or reproduce table?): a run "
             "here would be mixed in with them; choose another --run-dir"
         )
     if not overwrite and (foreign := files_a_run_would_replace(run_dir)):
-        names = some_names([p.name for p in foreign])
+        names = messages.some_names([p.name for p in foreign])
         raise RunDirError(
             f"run dir {run_dir} holds files that are not a bayesncl run's but that a run writes ({names}): "
             "training would replace them; choose another --run-dir, or pass --overwrite to replace them"
@@ -147,7 +126,7 @@ def files_a_run_would_replace(run_dir: Path) -> list[Path]:
     leaving out what a run killed before its first checkpoint leaves (its config.yaml, steps.csv),
     which a rerun may replace. A config.yaml that is not a bayesncl run config is a user's file."""
     found = []
-    for p in artifact_files(run_dir, RUN_ARTIFACTS):
+    for p in layout.artifact_files(run_dir, layout.RUN_ARTIFACTS):
         if p.name == "steps.csv" or (p.name == "config.yaml" and _is_run_config(p)):
             continue
         found.append(p)
@@ -205,7 +184,7 @@ class RunDir:
         self.stop_signal: int | None = None  # the first Ctrl-C/SIGTERM since claim()
         self._existed = self.path.exists()
         self._claimed = False
-        self._lock: RunDirLock | None = None
+        self._lock: lock.RunDirLock | None = None
         self._aside: Path | None = None  # --overwrite: where the previous run waits
         self._handlers: list[tuple[int, Any]] = []
         self.loggers: RunLoggers | None = None  # rank 0, from claim() to the end of the ``with``
@@ -222,9 +201,9 @@ class RunDir:
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         try:  # an error, or a second Ctrl-C that stopped at once
             if exc_type is not None and self._claimed and not self.resume:
-                discard_unstarted_run(self.path, self._existed)  # a run without a checkpoint: no trace
+                layout.discard_unstarted_run(self.path, self._existed)  # a run without a checkpoint: no trace
                 if self._aside is not None:
-                    finish_overwrite(self._aside, keep_new=False)
+                    lock.finish_overwrite(self._aside, keep_new=False)
                     print(f"put the previous run back in {self.path} (the new one had no checkpoint)",
                           flush=True)
         finally:
@@ -292,19 +271,19 @@ class RunDir:
     def _claim(self, state: TrainState) -> None:
         run_dir, ckpt, cfg = self.path, self.checkpoint, self.cfg
         run_dir.mkdir(parents=True, exist_ok=True)
-        lock = lock_run_dir(run_dir)  # the first write; None where there are no file locks
-        if ckpt is None and not self.overwrite and holds_run(run_dir):
+        claim = lock.lock_run_dir(run_dir)  # the first write; None where there are no file locks
+        if ckpt is None and not self.overwrite and layout.holds_run(run_dir):
             # another command wrote a run here after prepare_run_dir: refuse, as it did, touching nothing
-            if lock is not None:
-                lock.release()
-            raise occupied_run_dir(run_dir)
-        self._lock, self._claimed = lock, True
+            if claim is not None:
+                claim.release()
+            raise messages.occupied_run_dir(run_dir)
+        self._lock, self._claimed = claim, True
         if ckpt is None and self.overwrite:  # the previous run waits aside until this one has a checkpoint
-            self._aside = set_aside_run_artifacts(run_dir)
+            self._aside = lock.set_aside_run_artifacts(run_dir)
         if ckpt is None:  # a run killed before its first checkpoint may have left its step log
             (run_dir / "steps.csv").unlink(missing_ok=True)
         if ckpt is not None and ckpt["epoch"] < cfg.train.epochs:
-            moved = archive_results(run_dir, ckpt["epoch"])
+            moved = layout.archive_results(run_dir, ckpt["epoch"])
             if moved is not None:
                 print(f"moved the results of the {ckpt['epoch']}-epoch run to {moved}/ (they would be stale)")
         every, done = cfg.train.checkpoint_every, state.epoch
@@ -370,7 +349,7 @@ class RunDir:
 
     def _save(self, state: TrainState) -> None:
         save_checkpoint(self.path / "last.pt", *self._trained, state, self.cfg)
-        finish_overwrite(self._aside, keep_new=True)  # the new run has its checkpoint
+        lock.finish_overwrite(self._aside, keep_new=True)  # the new run has its checkpoint
         self._aside = None
         self._write_logs(state)
         if state.cursor is None and state.log and self.loggers is not None:
