@@ -63,7 +63,7 @@ def test_resume_builds_the_runs_saved_config_checked_once(
     validations.clear()
     assert main(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=4"]) == 0
     (cfg,) = trained
-    assert len(validations) == 1 and validations[0] is cfg  # checked once, in config.py
+    assert len(validations) == 1 and validations[0] is cfg  # checked once, in bayesncl.config
     assert cfg.train.epochs == 4
     saved["train"]["epochs"] = 4
     assert cfg.to_dict() == saved  # the run's config, the override on top, nothing else
