@@ -376,7 +376,7 @@ _RACE_HOOK = textwrap.dedent(
     # pretrain's first run-dir check and just before this one takes the run dir's lock.
     import os
     if os.environ.get("RANK") == "0":
-        import bayesncl.runs.rundir as _t
+        import bayesncl.runs.lock as _t
 
         _real = _t.lock_run_dir
 
