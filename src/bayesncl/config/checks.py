@@ -42,7 +42,6 @@ def inert_method_keys(method: MethodConfig, keys: typing.Iterable[str]) -> list[
     return [k for k in keys if k.startswith("method.") and k.split(".", 1)[1] in inert]
 
 
-
 # Smallest data.image_size (besides 0, native): 8 px still trains with every backbone and stem; below
 # that the augmentations degenerate (1 px crashes kornia's blur, 2-3 px train at chance).
 MIN_IMAGE_SIZE = 8

@@ -21,7 +21,6 @@ _SECTION_EXAMPLES = {
 }
 
 
-
 class _UniqueKeyLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last one
     silently: a second ``method:`` section dropped every key of the first)."""

@@ -122,7 +122,6 @@ def refuse_fixed_keys(overrides: typing.Iterable[str], fixed: typing.Iterable[st
         )
 
 
-
 def set_key(cfg: Config, key: str, value: Any) -> None:
     """Set dotted ``key`` on ``cfg`` with type coercion. Raises ConfigError if unknown or mistyped.
 
@@ -151,7 +150,6 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
         raise unknown_key(key, cfg.method.name)
     else:
         setattr(obj, parts[-1], _coerce(key, value, hints[parts[-1]]))
-
 
 
 def dump_yaml(cfg: Config) -> str:

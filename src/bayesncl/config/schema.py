@@ -183,7 +183,6 @@ def unknown_key(key: str, method: str | None = None) -> ConfigError:
     return ConfigError(f"unknown config key '{key}'{hint}")
 
 
-
 def check_keys(keys: typing.Iterable[str], method: str | None = None) -> None:
     """Raise ConfigError for the first dotted key that is not a config key (with the own keys of
     ``method``), naming the closest ones."""

@@ -130,7 +130,6 @@ class SplitKey(NamedTuple):
     sizes: tuple[int, int] = (0, 0)  # dsprites only: (train_subset, test_subset), the images generated
 
 
-
 # ============================================================================ registry, cache, subsets
 # data.name -> reader of one full split; config.validate takes the allowed names from here.
 READERS: dict[str, Callable[[SplitKey], Split]] = {}
