@@ -63,7 +63,7 @@ def lock_run_dir(run_dir: Path) -> RunDirLock | None:
     return RunDirLock(path, fd)
 
 
-def process_alive(pid: int) -> bool:
+def _process_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
     try:
@@ -140,7 +140,7 @@ def recover_interrupted_overwrite(run_dir: Path, *, owner_gone: bool = False) ->
     folders of a process alive on this machine are left alone. Returns one message per folder."""
     done = []
     for aside, pid in _asides(run_dir):
-        if not owner_gone and process_alive(pid):
+        if not owner_gone and _process_alive(pid):
             continue
         complete = (aside / _ASIDE_COMPLETE).exists()
         keep_new = complete and (aside.parent / "last.pt").exists()
@@ -157,7 +157,7 @@ def set_aside_hint(run_dir: Path) -> str:
     """For commands that only read a run dir (evaluate, extract, curves, dynamics) and find it empty:
     ``"; ..."`` naming the previous run an interrupted ``--overwrite`` left set aside in it (the files
     they look for are there), else ``""``."""
-    asides = [p for p, pid in _asides(run_dir) if not process_alive(pid)]  # not an --overwrite under way
+    asides = [p for p, pid in _asides(run_dir) if not _process_alive(pid)]  # not an --overwrite under way
     if not asides:
         return ""
     return (

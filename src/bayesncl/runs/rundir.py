@@ -39,7 +39,7 @@ from bayesncl.runs.safe_load import (
 from bayesncl.runs.state import TrainState, rng_state, save_checkpoint, seed_everything, set_rng_state
 
 
-def no_last_pt(run_dir: Path, has_run: bool) -> str:
+def _no_last_pt(run_dir: Path, has_run: bool) -> str:
     """The end of --resume's "no checkpoint" message: why there is no last.pt and what to do."""
     ckpt_path = run_dir / "last.pt"
     if has_run:  # a log or export, no last.pt: killed while writing it, or deleted (not unstarted)
@@ -74,7 +74,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     if resume:
         ckpt_path = run_dir / "last.pt"
         if not ckpt_path.exists():
-            why = no_last_pt(run_dir, has_run)
+            why = _no_last_pt(run_dir, has_run)
             raise RunDirError(f"--resume: no checkpoint {ckpt_path} to resume from{why}")
         try:
             ckpt = load_checkpoint_file(ckpt_path)
@@ -106,13 +106,13 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
         return ckpt
     if has_run and not overwrite:
         raise messages.occupied_run_dir(run_dir)
-    if not has_run and (subruns := runs_below(run_dir)):
+    if not has_run and (subruns := _runs_below(run_dir)):
         names = messages.some_names([f"{p.name}/" for p in subruns])
         raise RunDirError(
             f"run dir {run_dir} holds runs in its folders ({names}; a demo or reproduce table?): a run "
             "here would be mixed in with them; choose another --run-dir"
         )
-    if not overwrite and (foreign := files_a_run_would_replace(run_dir)):
+    if not overwrite and (foreign := _files_a_run_would_replace(run_dir)):
         names = messages.some_names([p.name for p in foreign])
         raise RunDirError(
             f"run dir {run_dir} holds files that are not a bayesncl run's but that a run writes ({names}): "
@@ -121,7 +121,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     return None
 
 
-def files_a_run_would_replace(run_dir: Path) -> list[Path]:
+def _files_a_run_would_replace(run_dir: Path) -> list[Path]:
     """Files in a run dir without a run (no checkpoint, log or export) that a run would write over,
     leaving out what a run killed before its first checkpoint leaves (its config.yaml, steps.csv),
     which a rerun may replace. A config.yaml that is not a bayesncl run config is a user's file."""
@@ -133,7 +133,7 @@ def files_a_run_would_replace(run_dir: Path) -> list[Path]:
     return found
 
 
-def runs_below(run_dir: Path) -> list[Path]:
+def _runs_below(run_dir: Path) -> list[Path]:
     """The folders directly in ``run_dir`` that hold a run (a checkpoint or a log), as the runs of
     ``demo`` and ``reproduce`` do; a run's own results-epoch-*/eval-epoch-* folders hold neither, and
     hidden ones (``.replaced-PID/``: a previous run set aside by ``--overwrite``) are the run's own."""
