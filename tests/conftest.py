@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,21 @@ TINY_BASE = [
 ]
 TINY = [*TINY_BASE, "train.epochs=1"]
 ERROR = "bayesncl: error: "
+
+
+@pytest.fixture
+def registry() -> Iterator[None]:
+    """The method registry as the built-in methods left it, before and after the test (a plugin
+    registers its methods for the rest of the process)."""
+    from bayesncl.core import methods
+    from bayesncl.core.methods import plugins
+
+    before, loaded = dict(methods.METHODS), dict(plugins._LOADED)
+    yield
+    methods.METHODS.clear()
+    methods.METHODS.update(before)
+    plugins._LOADED.clear()
+    plugins._LOADED.update(loaded)
 
 
 def tiny_checkpoint(path: Path, overrides: list[str], channels: int = 3, num_classes: int = 10) -> Path:

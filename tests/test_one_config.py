@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,6 @@ import bayesncl.config as config_module
 import bayesncl.data.sources as sources
 from bayesncl.app.cli import main
 from bayesncl.config import Config, ConfigError, build_config, dump_yaml
-from bayesncl.core import methods
-from bayesncl.core.methods import plugins
 from bayesncl.runs.export import load_run_config
 from bayesncl.runs.safe_load import load_checkpoint_file
 
@@ -50,17 +47,6 @@ def trained(monkeypatch: pytest.MonkeyPatch) -> list[Config]:
     return got
 
 
-@pytest.fixture
-def registry() -> Iterator[None]:
-    """The registry as it was before the test (a plugin registers its methods for the process)."""
-    before, loaded = dict(methods.METHODS), dict(plugins._LOADED)
-    yield
-    methods.METHODS.clear()
-    methods.METHODS.update(before)
-    plugins._LOADED.clear()
-    plugins._LOADED.update(loaded)
-
-
 def _run_dir(tmp_path: Path, overrides: list[str]) -> Path:
     """A run dir holding only the ``config.yaml`` of ``overrides``, as a run killed early leaves it."""
     run = tmp_path / "run"
@@ -77,7 +63,7 @@ def test_resume_builds_the_runs_saved_config_checked_once(
     validations.clear()
     assert main(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=4"]) == 0
     (cfg,) = trained
-    assert len(validations) == 1 and validations[0] is cfg  # checked once, in config.py
+    assert len(validations) == 1 and validations[0] is cfg  # checked once, in bayesncl.config
     assert cfg.train.epochs == 4
     saved["train"]["epochs"] = 4
     assert cfg.to_dict() == saved  # the run's config, the override on top, nothing else

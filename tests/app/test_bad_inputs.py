@@ -88,9 +88,10 @@ def test_corrupt_image_found_when_read_is_one_line(
     and the worker's whole traceback. Under torchrun only the process whose shard holds the image
     meets it: that process prints it, naming its rank (a rank > 0 kept quiet, and nothing was said)."""
     import bayesncl.app.cli as cli_module
+    import bayesncl.data.folders as folders
     import bayesncl.data.sources as ds
 
-    monkeypatch.setattr(ds, "VERIFY_MAX_FILES", 0)
+    monkeypatch.setattr(folders, "VERIFY_MAX_FILES", 0)
     image_folder(tmp_path / "folder")
     (tmp_path / "folder/train/cat/broken.png").write_bytes(b"not an image at all")
     args = [*FOLDER, f"data.root={tmp_path}/folder", "data.resident=false", "data.num_workers=1"]
@@ -653,12 +654,12 @@ def test_a_run_written_while_this_one_set_up_is_not_overwritten(
     """The run dir is checked before the data is loaded and the model built, and locked only after:
     another command that wrote a whole run in between (and ended, dropping its lock) used to be
     trained over without --overwrite. Now the check is repeated under the lock (R4)."""
-    import bayesncl.runs.rundir as rundir_module
+    import bayesncl.runs.lock as lock_module
 
     run = tmp_path / "run"
     other = tmp_path / "other"
     assert main(["pretrain", "--run-dir", str(other), *TINY, "--no-eval"]) == 0
-    real_lock = rundir_module.lock_run_dir
+    real_lock = lock_module.lock_run_dir
 
     def the_other_command_finishes_first(run_dir: Path) -> Any:
         for p in other.iterdir():
@@ -666,7 +667,7 @@ def test_a_run_written_while_this_one_set_up_is_not_overwritten(
                 (run_dir / p.name).write_bytes(p.read_bytes())
         return real_lock(run_dir)
 
-    monkeypatch.setattr(rundir_module, "lock_run_dir", the_other_command_finishes_first)
+    monkeypatch.setattr(lock_module, "lock_run_dir", the_other_command_finishes_first)
     before = {p.name: p.read_bytes() for p in other.iterdir() if p.is_file() and not p.name.startswith(".")}
     expect("R4", cli_error(["pretrain", "--run-dir", str(run), *TINY, "seed=7"], capsys), tmp_path)
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # no lock file left either

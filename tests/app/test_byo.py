@@ -15,7 +15,8 @@ from bayesncl.app.train import pretrain
 from bayesncl.config import ConfigError, build_config, diff_configs, eval_data
 from bayesncl.core.model import BackboneError, build_model
 from bayesncl.data import DataError, clear_cache, dataset_info
-from bayesncl.data.sources import load_split, read_class_list
+from bayesncl.data.folders import read_class_list
+from bayesncl.data.sources import load_split
 
 from ..conftest import ERROR, RECIPES, TINY, TINY_BASE, error_line, expect
 

@@ -11,7 +11,7 @@ import pytest
 from bayesncl.app.cli import main
 from bayesncl.app.report.curves import read_log, read_steps, run_label, training_curves_figure
 from bayesncl.runs.logs import write_log
-from bayesncl.runs.rundir import RunDirError
+from bayesncl.runs.messages import RunDirError
 
 
 def _rows(rho: float | str, nce: list[float]) -> list[dict[str, object]]:

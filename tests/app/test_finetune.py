@@ -15,7 +15,7 @@ from bayesncl.app.cli import main
 from bayesncl.app.finetune import PROTOCOL, finetune, finetune_config, finetune_groups
 from bayesncl.config import build_config
 from bayesncl.core.model import build_model
-from bayesncl.runs.rundir import TrainingInterrupted
+from bayesncl.runs.messages import TrainingInterrupted
 from bayesncl.runs.safe_load import load_checkpoint_file
 
 from ..conftest import TINY, assert_same_weights, error_line, expect, signal_at, tiny_checkpoint

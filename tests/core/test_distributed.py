@@ -376,7 +376,7 @@ _RACE_HOOK = textwrap.dedent(
     # pretrain's first run-dir check and just before this one takes the run dir's lock.
     import os
     if os.environ.get("RANK") == "0":
-        import bayesncl.runs.rundir as _t
+        import bayesncl.runs.lock as _t
 
         _real = _t.lock_run_dir
 
@@ -473,9 +473,9 @@ _CORRUPT_ON_RANK1_HOOK = textwrap.dedent(
     import os
     if os.environ.get("RANK") is not None:
         import bayesncl.data.images as _images
-        import bayesncl.data.sources as _sources
+        import bayesncl.data.folders as _folders
 
-        _sources.VERIFY_MAX_FILES = 0
+        _folders.VERIFY_MAX_FILES = 0
         if os.environ["RANK"] == "1":
             def _open_rgb(path):
                 raise OSError("cannot identify image file")

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,6 @@ from bayesncl.config import ConfigError, build_config, valid_keys
 from bayesncl.core import methods
 from bayesncl.core.engine import Cursor
 from bayesncl.core.losses import info_nce
-from bayesncl.core.methods import plugins
 from bayesncl.core.model import build_model, contrastive_loss
 
 from ..conftest import ROOT, TINY_BASE, expect
@@ -30,18 +28,6 @@ from ..conftest import ROOT, TINY_BASE, expect
 EXAMPLE = ROOT / "examples" / "ncl_l1.py"
 SMALL = [*TINY_BASE, "train.epochs=1", "train.warmup_epochs=0", "train.progress=false",
          "train.monitor_samples=0"]
-
-
-@pytest.fixture
-def registry() -> Iterator[None]:
-    """The registry as the built-in methods left it, before and after the test (a plugin registers
-    its methods for the rest of the process)."""
-    before, loaded = dict(methods.METHODS), dict(plugins._LOADED)
-    yield
-    methods.METHODS.clear()
-    methods.METHODS.update(before)
-    plugins._LOADED.clear()
-    plugins._LOADED.update(loaded)
 
 
 def _l1(out: object, batch: object, m: object) -> torch.Tensor:

@@ -34,7 +34,7 @@ from bayesncl.data import (
     stratified_subset,
 )
 from bayesncl.data.augment import pil_box_kernels, seeded
-from bayesncl.data.sources import _read_cached
+from bayesncl.data.sources import read_cached
 
 from ..conftest import ROOT, write_fmnist
 
@@ -53,9 +53,9 @@ def _one_thread():
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-    _read_cached.cache_clear()
+    read_cached.cache_clear()
     yield
-    _read_cached.cache_clear()
+    read_cached.cache_clear()
 
 
 # ----------------------------------------------------------------------------- fake data on disk
@@ -166,7 +166,7 @@ def test_cifar_pickles(tmp_path, name):
 
 
 def test_synthetic_is_deterministic_and_balanced(synthetic_cfg):
-    from bayesncl.data.sources import _synthetic
+    from bayesncl.data.synthetic import _synthetic
 
     x, y = _synthetic("test")
     x2, y2 = _synthetic.__wrapped__("test")
@@ -223,15 +223,15 @@ def test_imagefolder_skip_corrupt(tmp_path, caplog):
 
 def test_imagefolder_corrupt_at_load_time(tmp_path, monkeypatch):
     """Folders above VERIFY_MAX_FILES are not verified upfront: the failure comes at decode time."""
-    import bayesncl.data.sources as sources
+    import bayesncl.data.folders as folders
 
     write_folder(tmp_path)
-    monkeypatch.setattr(sources, "VERIFY_MAX_FILES", 0)
+    monkeypatch.setattr(folders, "VERIFY_MAX_FILES", 0)
     cfg = DataConfig(name="imagefolder", root=str(tmp_path), image_size=32, train_subset=0)
     images, _ = load_split_images(cfg, "train")
     with pytest.raises(DataError, match="bad.png"):
         images[12]  # sorted: dog/0.png ... dog/5.png, dog/bad.png
-    _read_cached.cache_clear()
+    read_cached.cache_clear()
     images, _ = load_split_images(dataclasses.replace(cfg, skip_corrupt=True), "train")
     assert len(images) == 13 and images[12].shape == (3, 32, 32)  # replaced by the next readable one
     assert images._src.num_skipped == 1
@@ -253,7 +253,7 @@ def test_imagefolder_class_list_selects_and_orders_classes(tmp_path):
     _, labels = load_split_images(cfg, "train")
     assert labels.tolist() == [0] * 6 + [1] * 6
     listing.write_bytes("\ufeffdog\r\n".encode())  # saved with a byte-order mark and CRLF
-    _read_cached.cache_clear()
+    read_cached.cache_clear()
     _, labels = load_split_images(cfg, "test")
     assert dataset_info(cfg).class_names == ("dog",) and labels.tolist() == [0, 0]
     bad = {
@@ -264,7 +264,7 @@ def test_imagefolder_class_list_selects_and_orders_classes(tmp_path):
     }
     for text, message in bad.items():
         listing.write_text(text)
-        _read_cached.cache_clear()
+        read_cached.cache_clear()
         with pytest.raises(DataError) as e:
             dataset_info(cfg)
         assert str(e.value) == message
@@ -503,7 +503,7 @@ CMC_LIST = ROOT.parent / "shared" / "data" / "imagenet100_classes.txt"
 
 @pytest.mark.skipif(not CMC_LIST.is_file(), reason="the team's copy of the CMC ImageNet-100 list is not here")
 def test_the_cmc_imagenet100_list_reads_as_100_wordnet_ids():
-    from bayesncl.data.sources import read_class_list
+    from bayesncl.data.folders import read_class_list
 
     names = read_class_list(CMC_LIST)
     assert len(names) == 100 and all(n.startswith("n") and len(n) == 9 for n in names)
@@ -532,7 +532,7 @@ def test_a_failed_download_leaves_the_disk_as_it_was(tmp_path, monkeypatch):
     mine = tmp_path / "mine"
     (mine / "FashionMNIST").mkdir(parents=True)
     (mine / "notes.txt").write_text("kept")
-    _read_cached.cache_clear()
+    read_cached.cache_clear()
     with pytest.raises(DataError):
         dataset_info(DataConfig(name="fashion-mnist", root=str(mine), download=True))
     assert sorted(str(p.relative_to(mine)) for p in mine.rglob("*")) == ["FashionMNIST", "notes.txt"]
@@ -542,7 +542,7 @@ def test_a_download_error_without_its_reason_gets_one(tmp_path, monkeypatch):
     """torchvision's first line ("Error downloading X:") says no reason: the cause, else the usual one."""
     import torchvision.datasets
 
-    from bayesncl.data.sources import _download_failure
+    from bayesncl.data.download import download_failure
 
     def no_reason(root, train=True, download=False):
         raise RuntimeError("Error downloading train-images-idx3-ubyte.gz:\n")
@@ -557,13 +557,13 @@ def test_a_download_error_without_its_reason_gets_one(tmp_path, monkeypatch):
     )
     err = RuntimeError("Error downloading x.gz:")
     err.__cause__ = ConnectionRefusedError(111, "Connection refused")
-    assert _download_failure(err) == "Error downloading x.gz: [Errno 111] Connection refused"
+    assert download_failure(err) == "Error downloading x.gz: [Errno 111] Connection refused"
     two_mirrors = RuntimeError(
         "Error downloading x.gz:\nTried http://a/, got:\n<urlopen error timed out>\n"
         "Tried http://b/, got:\n<urlopen error timed out>\n"
     )
-    assert _download_failure(two_mirrors) == "Error downloading x.gz: <urlopen error timed out>"
-    assert _download_failure(OSError()) == "OSError"
+    assert download_failure(two_mirrors) == "Error downloading x.gz: <urlopen error timed out>"
+    assert download_failure(OSError()) == "OSError"
 
 
 def test_a_subset_larger_than_the_split_warns_and_uses_the_whole_split() -> None:
@@ -640,7 +640,7 @@ def test_folder_held_in_memory_gives_the_same_batches(tmp_path, monkeypatch):
     with pytest.raises(DataError):
         next(iter(disk))
     disk = None
-    _read_cached.cache_clear()
+    read_cached.cache_clear()
     write_folder(tmp_path / "again", corrupt=False)
     disk = build_train_loader(
         dataclasses.replace(cfg, root=str(tmp_path / "again"), resident="false"), 4, seed=3, device=CPU

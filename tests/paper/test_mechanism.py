@@ -14,7 +14,8 @@ from bayesncl.app.cli import main
 from bayesncl.config import ConfigError, build_config
 from bayesncl.data import clear_cache
 from bayesncl.data.backgrounds import PLACE_NAMES, composite, draw_places, places_of
-from bayesncl.data.sources import DEBIAN_FMNIST, STATS, DataError, load_split
+from bayesncl.data.fmnist import DEBIAN_FMNIST
+from bayesncl.data.sources import STATS, DataError, load_split
 
 from ..conftest import ERROR, TINY, TINY_BASE, error_line, expect, fmnist_folder, tiny_checkpoint
 

@@ -265,7 +265,7 @@ def test_table3_refuses_stored_runs_without_its_checkpoints(
 def test_an_interrupted_reproduce_says_rerun_not_resume(capsys: pytest.CaptureFixture[str]) -> None:
     """reproduce has no --resume: the saved run continues when the same command runs again."""
     from bayesncl.app.errors import run_command
-    from bayesncl.runs.rundir import TrainingInterrupted
+    from bayesncl.runs.messages import TrainingInterrupted
 
     def stop() -> int:
         raise TrainingInterrupted("stopped in epoch 1 after 3 of its 9 steps; state saved to r/{x}/last.pt; "

@@ -23,8 +23,9 @@ from bayesncl.metrics.inputs import EvalError
 from bayesncl.runs.export import export_encoder
 from bayesncl.runs.features import load_features
 from bayesncl.runs.logs import LOG_FIELDS, write_log
+from bayesncl.runs.messages import RunDirError, describe_config_diff
 from bayesncl.runs.official import infer_official_config, load_official_checkpoint, official_state_dict
-from bayesncl.runs.rundir import RunDirError, describe_config_diff, prepare_run_dir
+from bayesncl.runs.rundir import prepare_run_dir
 from bayesncl.runs.safe_load import CheckpointError, load_checkpoint_file
 from bayesncl.runs.state import atomic_save, rng_state, set_rng_state
 

@@ -598,7 +598,7 @@ def test_reading_commands_point_to_the_run_a_killed_overwrite_set_aside(
 def test_a_killed_overwrite_that_had_a_checkpoint_keeps_the_new_run(tmp_path: Path) -> None:
     """Killed between the new run's first last.pt and the deletion of the previous run: the new run
     stays, the previous one goes (as the overwrite would have done); a live process's folder stays."""
-    from bayesncl.runs.rundir import recover_interrupted_overwrite
+    from bayesncl.runs.lock import recover_interrupted_overwrite
 
     run = tmp_path / "run"
     run.mkdir()
@@ -623,7 +623,7 @@ def test_resume_after_a_killed_overwrite_and_a_cut_short_set_aside(
 ) -> None:
     """--resume reads the run's config only after the previous run is back; a set-aside that was
     itself cut short (no .complete marker) is put back, never taken for a finished overwrite."""
-    from bayesncl.runs.rundir import recover_interrupted_overwrite, set_aside_run_artifacts
+    from bayesncl.runs.lock import recover_interrupted_overwrite, set_aside_run_artifacts
 
     run = tmp_path / "run"
     args = ["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]

@@ -72,7 +72,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         raise ConfigError("--resume and --overwrite contradict each other: continue the run, or replace it")
     overrides = [*args.overrides, "data.skip_corrupt=true"] if args.skip_corrupt else args.overrides
     if args.resume and args.config is None:  # the run's config, key=value on top (train.epochs=400)
-        from bayesncl.runs.rundir import RunDirError, settle_run_dir
+        from bayesncl.runs.lock import settle_run_dir
+        from bayesncl.runs.messages import RunDirError
 
         assert run_dir_arg is not None
         # a killed --overwrite's previous run goes back before its config is read; rank 0 alone, as

@@ -59,7 +59,7 @@ def dynamics_command(
     found = [(e, p) for e, p in checkpoint_epochs(run) if epochs is None or e in epochs]
     ckpts = found[:: max(every, 1)]
     if not ckpts:
-        from bayesncl.runs.rundir import set_aside_hint
+        from bayesncl.runs.lock import set_aside_hint
 
         raise EvalError(
             f"{run} holds no periodic checkpoints epoch-NNNN.pt (train.checkpoint_every > 0)"

@@ -105,7 +105,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from bayesncl.data import DataError
     from bayesncl.metrics.inputs import EvalError
     from bayesncl.runs.fileio import DiskFullError
-    from bayesncl.runs.rundir import RunDirError
+    from bayesncl.runs.messages import RunDirError
     from bayesncl.runs.safe_load import CheckpointError
 
     return (

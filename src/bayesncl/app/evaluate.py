@@ -45,8 +45,8 @@ from bayesncl.metrics.background import background_metrics, background_probe, ba
 from bayesncl.metrics.disentanglement import factor_metrics
 from bayesncl.metrics.paper_probe import paper_linear_probe
 from bayesncl.runs.features import load_features, save_features
+from bayesncl.runs.lock import set_aside_hint
 from bayesncl.runs.official import load_official_checkpoint, load_state_strict, looks_official
-from bayesncl.runs.rundir import set_aside_hint
 from bayesncl.runs.safe_load import (
     CheckpointError,
     check_checkpoint_entries,

@@ -38,7 +38,8 @@ from bayesncl.data import DataError, DatasetInfo, build_train_loader, dataset_in
 from bayesncl.runs.export import export_encoder
 from bayesncl.runs.loggers import require as require_loggers
 from bayesncl.runs.logs import epoch_row, step_row
-from bayesncl.runs.rundir import RunDir, RunDirError, TrainingInterrupted
+from bayesncl.runs.messages import RunDirError, TrainingInterrupted
+from bayesncl.runs.rundir import RunDir
 from bayesncl.runs.state import TrainState, seed_everything
 
 CPU_WARN_AFTER_S = 3600  # a CPU run estimated to take longer is told about the CPU recipe

@@ -10,11 +10,14 @@ Public API::
     DataError(ValueError)
 
 ``cfg`` is a validated :class:`bayesncl.config.DataConfig`. Modules: :mod:`~bayesncl.data.sources`
-(readers, downloads, subsets, metadata), :mod:`~bayesncl.data.images` (decoding, figure images),
-:mod:`~bayesncl.data.loaders` (training and eval loaders, determinism), :mod:`~bayesncl.data.augment`.
+(the readers' registry, subsets, metadata), a module per reader family (``fmnist``, ``cifar``,
+``folders``, ``synthetic``, ``stl10``, ...), :mod:`~bayesncl.data.download`, :mod:`~bayesncl.data.images`
+(decoding, figure images), :mod:`~bayesncl.data.loaders` (training and eval loaders, determinism),
+:mod:`~bayesncl.data.augment`.
 """
 
-from bayesncl.data import backgrounds, dsprites, provided, stl10  # noqa: F401 - each adds its reader to sources.READERS
+# each reader module registers its data.name(s) in sources.READERS as imported, in this order (DATASETS')
+from bayesncl.data import fmnist, cifar, folders, synthetic, backgrounds, dsprites, provided, stl10  # noqa: F401, I001
 from bayesncl.data.augment import AugmentSpec, BatchAugment, mix_seed, sample_transform
 from bayesncl.data.images import LazyImages, load_split_images
 from bayesncl.data.loaders import (

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 
 from bayesncl.data import sources as src
+from bayesncl.data.download import expand
+from bayesncl.data.fmnist import FMNIST_CLASSES
 
 __all__ = [
     "PLACE_NAMES", "WATERBIRDS_PLACES", "BG_SEED", "places_of", "place_names", "read_fmnist_bg",
@@ -147,10 +149,11 @@ def composite(garments: np.ndarray, bg: np.ndarray) -> np.ndarray:
     return np.rint((g + (1 - g) * bg) * np.float32(255)).astype(np.uint8)
 
 
+@src.reader("fashion-mnist-bg")
 def read_fmnist_bg(k: Any) -> Any:
     """The reader of ``data.name=fashion-mnist-bg`` (see the module doc): a :class:`Split` of
     uint8 (N, 3, 32, 32) images with ``places``. Raises DataError where Fashion-MNIST is missing."""
-    fm = src._read_cached(k._replace(name="fashion-mnist", bg_correlation=0.0))
+    fm = src.read_cached(k._replace(name="fashion-mnist", bg_correlation=0.0))
     split_id = 0 if k.split == "train" else 1
     labels = fm.labels
     p = k.bg_correlation if k.split == "train" else 0.0
@@ -162,7 +165,7 @@ def read_fmnist_bg(k: Any) -> Any:
     for i in range(0, len(labels), step):
         out[i : i + step] = composite(garments[i : i + step], backgrounds(places[i : i + step], rng))
     source = f"{fm.source} on procedural backgrounds (seed={BG_SEED}, bg_correlation={p:g})"
-    return src.Split(labels, src.FMNIST_CLASSES, source, images=torch.from_numpy(out), places=places)
+    return src.Split(labels, FMNIST_CLASSES, source, images=torch.from_numpy(out), places=places)
 
 
 # ============================================================================ waterbirds
@@ -189,13 +192,14 @@ def _waterbirds_rows(root: Path) -> list[dict[str, str]]:
         raise src.DataError(f"{meta} cannot be read: {e}") from None
 
 
+@src.reader("waterbirds")
 def read_waterbirds(k: Any) -> Any:
     """The reader of ``data.name=waterbirds`` (module doc): a path :class:`Split` with ``places``.
     Raises DataError (one line) without data.root, without metadata.csv, for missing columns, bad
     values (the line is named), or image files that do not exist (up to 3 are named, with the count)."""
     if not k.root:
         raise src.DataError("data.name=waterbirds needs data.root: the folder holding metadata.csv")
-    root = src._expand(k.root)
+    root = expand(k.root)
     rows = _waterbirds_rows(root)
     table = []
     for line, r in enumerate(rows, start=2):  # line 1 is the header
@@ -239,7 +243,3 @@ def places_of(cfg: Any, split: str) -> np.ndarray | None:
 def place_names(name: str) -> tuple[str, ...]:
     """The place names of dataset ``name`` (empty for a dataset without places)."""
     return {"fashion-mnist-bg": PLACE_NAMES, "waterbirds": WATERBIRDS_PLACES}.get(name, ())
-
-
-src.READERS["fashion-mnist-bg"] = read_fmnist_bg
-src.READERS["waterbirds"] = read_waterbirds

@@ -111,6 +111,7 @@ def _generate(split: str, sizes: tuple[int, int]) -> tuple[torch.Tensor, np.ndar
     return torch.from_numpy(render(factors)).unsqueeze(1).contiguous(), factors
 
 
+@src.reader("dsprites", geometry=lambda cfg: (1, SIZE))
 def read_dsprites(k: Any) -> src.Split:
     """The reader of ``data.name=dsprites``: a :class:`~bayesncl.data.sources.Split` of uint8
     (N, 1, 64, 64) images, shape labels and ``factors`` (N, 5)."""
@@ -130,7 +131,5 @@ def factor_names(name: str) -> tuple[str, ...]:
     return FACTOR_NAMES if name == "dsprites" else ()
 
 
-src.READERS["dsprites"] = read_dsprites
 src.NATIVE_SIZE["dsprites"] = SIZE
-src.GEOMETRY["dsprites"] = lambda cfg: (1, SIZE)
 src.STATS["dsprites"] = ((0.0368,), (0.1884,))  # measured on a 20,000-image train subset

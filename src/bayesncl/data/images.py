@@ -1,6 +1,6 @@
 """Image access: folder images decoded on demand, resizing, and the split images for figures.
 
-Folder images that fail to decode when read (splits above ``sources.VERIFY_MAX_FILES`` are not
+Folder images that fail to decode when read (splits above ``folders.VERIFY_MAX_FILES`` are not
 verified upfront, and ``verify`` cannot see every truncation) raise DataError naming the file, or
 with ``data.skip_corrupt`` are replaced by the next readable image of the split and counted (in
 that process: DataLoader workers count and warn separately).
@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from bayesncl.data.augment import eval_folder_transform
-from bayesncl.data.sources import DataError, corrupt_error, image_geometry, load_split, logger
+from bayesncl.data.folders import corrupt_error
+from bayesncl.data.sources import DataError, image_geometry, load_split, logger
 
 
 def _open_rgb(path: str):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesncl.data.sources import GEOMETRY, READERS, UNLABELED, DataError, Split, clear_cache
+from bayesncl.data.sources import UNLABELED, DataError, Split, clear_cache, reader
 
 _PROVIDED: dict[str, dict[str, Split]] = {}
 _COUNTER = itertools.count(1)
@@ -58,6 +58,7 @@ def _entry(token: str | None) -> dict[str, Split]:
     return _PROVIDED[token]
 
 
+@reader("python", geometry=lambda cfg: geometry(cfg.root))
 def read(k: Any) -> Split:
     """The ``k.split`` split held for ``k.root``; an empty unlabeled test split if none was given."""
     entry = _entry(k.root)
@@ -182,7 +183,3 @@ def _class_names(obj: Any, y: np.ndarray, what: str) -> tuple[str, ...]:
     if isinstance(names, (list, tuple)) and len(names) >= n and all(isinstance(c, str) for c in names):
         return tuple(names)
     return tuple(str(c) for c in range(n))
-
-
-READERS["python"] = read
-GEOMETRY["python"] = lambda cfg: geometry(cfg.root)

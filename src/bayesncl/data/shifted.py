@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesncl.data.sources import IMG_EXTENSIONS, DataError
+from bayesncl.data.folders import IMG_EXTENSIONS
+from bayesncl.data.sources import DataError
 
 __all__ = ["FolderSet", "imagenet_c_sets", "class_folder_set", "shifted_eval_loader"]
 

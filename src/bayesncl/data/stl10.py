@@ -19,14 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from bayesncl.data.download import default_bases, expand, find_or_fetch
 from bayesncl.data.sources import (
-    READERS,
     UNLABELED,
     DataError,
     Split,
-    _default_bases,
-    _expand,
-    _find_or_fetch,
+    reader,
 )
 
 FOLDER = "stl10_binary"
@@ -37,7 +35,7 @@ CLASS_FILE = "class_names.txt"
 
 
 def _find(root: str | None) -> Path | None:
-    bases = [_expand(root)] if root else _default_bases()
+    bases = [expand(root)] if root else default_bases()
     for b in bases:
         for d in (b, b / FOLDER):
             if (d / FILES["train"][0]).is_file() and (d / FILES["test"][0]).is_file():
@@ -88,9 +86,10 @@ def _class_names(d: Path) -> tuple[str, ...]:
     return names
 
 
+@reader("stl10")
 def read(k: Any) -> Split:
     """One split of STL-10 (``k``: the source key of :mod:`bayesncl.data.sources`). Raises DataError."""
-    d = _find_or_fetch("STL-10", k, _find, _fetch)
+    d = find_or_fetch("STL-10", k, _find, _fetch)
     if d is None:
         searched = k.root or "./data, ~/.cache/bayesncl"
         raise DataError(
@@ -111,5 +110,3 @@ def read(k: Any) -> Split:
     y = read_labels(d / y_file, len(x), len(names))
     return Split(y, names, str(d), images=x)
 
-
-READERS["stl10"] = read

@@ -69,9 +69,11 @@ def _plan(run_dir: Path, configs: dict[str, Config], *, resume: bool, overwrite:
     Checks what a sub-run will check, writing nothing. Raises RunDirError if the run dir is occupied
     without --resume/--overwrite, holds no demo to resume, a sub-run's settings differ, or it
     cannot be written."""
-    from bayesncl.runs.rundir import RunDirError, _check_writable, prepare_run_dir, refuse_a_run_in
+    from bayesncl.runs.layout import check_writable, refuse_a_run_in
+    from bayesncl.runs.messages import RunDirError
+    from bayesncl.runs.rundir import prepare_run_dir
 
-    _check_writable(run_dir)
+    check_writable(run_dir)
     if overwrite:  # (without --resume or --overwrite a folder with files is refused below)
         refuse_a_run_in(run_dir, "the demo")  # --overwrite replaces a demo, not a pretrain run
     if not (resume or overwrite) and run_dir.exists() and any(run_dir.iterdir()):
@@ -110,7 +112,7 @@ def run_demo(
     """
     from bayesncl.app.train import pretrain
     from bayesncl.data import dataset_info
-    from bayesncl.runs.rundir import RunDirError
+    from bayesncl.runs.messages import RunDirError
 
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other: continue the demo, or replace it")

@@ -75,12 +75,13 @@ def _status(sub: Path) -> str:
 def _check_dirs(run_dir: Path, store: Path, study: Study, runs: dict[str, tuple[Config, str]]) -> None:
     """Raise RunDirError for a run dir or store that is a file, cannot be written or holds a pretrain
     run, and for a stored run of the same hash with other settings; before any output."""
-    from bayesncl.runs.rundir import RunDirError, _check_writable, refuse_a_run_in
+    from bayesncl.runs.layout import check_writable, refuse_a_run_in
+    from bayesncl.runs.messages import RunDirError
 
-    _check_writable(run_dir)
+    check_writable(run_dir)
     refuse_a_run_in(run_dir, _what(study))
     try:
-        _check_writable(store)
+        check_writable(store)
         refuse_a_run_in(store, _what(study))
     except RunDirError as e:  # the same checks, named for the store
         raise RunDirError(str(e).replace("run dir", "store", 1).replace("--run-dir", "--store")) from None
@@ -98,7 +99,7 @@ def _check_dirs(run_dir: Path, store: Path, study: Study, runs: dict[str, tuple[
                 f"{_what(study)} before the tables that share its runs, or use another --store"
             )
         else:
-            _check_writable(sub)
+            check_writable(sub)
 
 
 def _logged_rate(sub: Path) -> tuple[tuple[Any, ...], float] | None:

@@ -37,7 +37,7 @@ def refuse_other_settings(
     :data:`REUSE_IGNORES` and ``ignore``)."""
     from bayesncl.config import diff_configs
     from bayesncl.runs.export import load_run_config
-    from bayesncl.runs.rundir import RunDirError
+    from bayesncl.runs.messages import RunDirError
 
     changed = diff_configs(load_run_config(sub), cfg, ignore=(*REUSE_IGNORES, *ignore))
     if changed:

@@ -19,7 +19,7 @@ import torchvision
 from bayesncl.config import Config, build_config, load_run_yaml
 from bayesncl.core.model import ContrastiveModel
 from bayesncl.runs.fileio import atomic_path
-from bayesncl.runs.rundir import RunDirError
+from bayesncl.runs.messages import RunDirError
 from bayesncl.runs.safe_load import check_checkpoint_entries, load_checkpoint_file
 from bayesncl.runs.state import atomic_save
 

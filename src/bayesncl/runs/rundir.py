@@ -1,38 +1,34 @@
-"""The run directory of a pretraining run: what it holds, the checks before a run, and the
+"""The run directory of a pretraining run: the checks before a run (:func:`prepare_run_dir`) and the
 :class:`RunDir` that owns it while training (lock, claim, ``--overwrite``'s set-aside, archived
 results, restore, Ctrl-C/SIGTERM, the saves at an epoch's end and mid-epoch).
 
-Layout: ``config.yaml`` (the resolved config), ``log.csv`` and ``steps.csv`` (``runs.logs``, written
-after their checkpoint), ``last.pt`` (``runs.state``, atomic), ``epoch-NNNN.pt`` every
-``train.checkpoint_every`` epochs, then the results (:data:`RESULT_ARTIFACTS`: the export, metrics,
-figures).
+Its layout: :mod:`~bayesncl.runs.layout`; the lock and ``--overwrite``'s set-aside:
+:mod:`~bayesncl.runs.lock`; what the checks and a stopped run say: :mod:`~bayesncl.runs.messages`.
 """
 
 from __future__ import annotations
 
-import errno
-import os
-import re
 import shutil
 import signal
 import warnings
 from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
 from torch import nn
 
-from bayesncl.config import Config, build_config, diff_configs, dump_yaml, flatten
+from bayesncl.config import Config, build_config, dump_yaml
 from bayesncl.core import distributed, methods
 from bayesncl.core.engine import STOP_SIGNALS, Cursor, EpochResult
 from bayesncl.core.methods import CONTRASTIVE_STATS
 from bayesncl.core.methods.plugins import PLUGINS_FILE
 from bayesncl.data import mix_seed
-from bayesncl.runs.fileio import atomic_path, default_file_mode, remove_stale_temporaries
+from bayesncl.runs import layout, lock, messages
+from bayesncl.runs.fileio import atomic_path, remove_stale_temporaries
 from bayesncl.runs.loggers import RunLoggers
 from bayesncl.runs.logs import write_log
+from bayesncl.runs.messages import RunDirError, TrainingInterrupted
 from bayesncl.runs.safe_load import (
     CHECKPOINT_FORMAT,
     CheckpointError,
@@ -43,315 +39,11 @@ from bayesncl.runs.safe_load import (
 from bayesncl.runs.state import TrainState, rng_state, save_checkpoint, seed_everything, set_rng_state
 
 
-class RunDirError(ValueError):
-    """The run directory cannot be used as asked (exists, unwritable, config differs)."""
-
-
-def _show(v: Any) -> str:
-    return repr(v) if isinstance(v, str) else str(v)
-
-
-def describe_config_diff(old: Config, new: Config) -> str:
-    """``"key: old -> new; ..."`` for every key whose value differs (but the resume-free keys)."""
-    fo, fn = flatten(old.to_dict()), flatten(new.to_dict())
-    return "; ".join(f"{k}: {_show(fo.get(k))} -> {_show(fn.get(k))}" for k in diff_configs(old, new))
-
-
-def _check_writable(run_dir: Path) -> None:
-    """Raise RunDirError unless ``run_dir`` exists as a writable directory or can be created. Writes
-    nothing that stays: a temporary file in the nearest existing folder, removed at once
-    (``os.access`` alone says yes to root even on a read-only mount)."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirError(f"run dir {run_dir} is a file, not a directory; choose another --run-dir")
-    probe = run_dir
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise RunDirError(f"run dir {run_dir} cannot be created: {probe} is a file, not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise RunDirError(f"run dir {run_dir} is not writable (no write permission on {probe})")
-    import tempfile
-
-    try:
-        with tempfile.TemporaryFile(dir=probe, prefix=".bayesncl-write-test"):
-            pass
-    except OSError as e:
-        virtual = _virtual_file_system(probe) if e.errno == errno.ENOENT else None
-        if virtual is not None:  # "no such file" for a new entry in a folder that exists: /proc
-            if probe == run_dir:
-                raise RunDirError(
-                    f"run dir {run_dir} is not writable: it does not accept new files ({virtual})"
-                ) from None
-            raise RunDirError(
-                f"run dir {run_dir} cannot be created: {probe} does not accept new folders ({virtual})"
-            ) from None
-        reason = e.strerror or str(e)
-        raise RunDirError(f"run dir {run_dir} is not writable ({reason}: {probe})") from None
-
-
-def _virtual_file_system(folder: Path) -> str | None:
-    """``"a virtual file system: proc"`` when ``folder`` is on a file system with no storage behind
-    it (its type from /proc/self/mounts where there is one), else None."""
-    try:
-        if os.statvfs(folder).f_blocks != 0:
-            return None
-    except (OSError, AttributeError):  # AttributeError: no statvfs (Windows)
-        return None
-    fs_type = None
-    try:
-        resolved = str(folder.resolve())
-        best = ""
-        for line in Path("/proc/self/mounts").read_text().splitlines():
-            fields = line.split()
-            if len(fields) < 3:
-                continue
-            mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])  # \040: space
-            inside = resolved == mount or resolved.startswith(mount.rstrip("/") + "/")
-            if inside and len(mount) >= len(best):
-                best, fs_type = mount, fields[2]
-    except OSError:
-        pass
-    return f"a virtual file system: {fs_type}" if fs_type else "a virtual file system"
-
-
-# What is computed from the final weights (export, evaluation, figures, dynamics): stale once a
-# --resume trains further, so archive_results moves it aside first.
-RESULT_ARTIFACTS = (
-    "encoder.safetensors",
-    "backbone_torchvision.pt",
-    "metrics.json",
-    "metrics.md",
-    "evaluation.json",
-    "evaluation.md",
-    "features_test.npz",
-    "features_train.npz",
-    # the figures by name: a user's own *.png in the folder is not the run's (--overwrite deleted it)
-    "training_curves.png",
-    "top_activations.png",
-    "suppressed_features.png",
-    "dynamics.png",
-    "dynamics.json",
-    "dynamics.md",
-    "finetune.json",  # a finetune run dir's results (app.finetune)
-    "finetune.md",
-)
-# What a run writes into its run dir; --overwrite sets these, and nothing else, aside first.
-RUN_ARTIFACTS = (
-    "config.yaml", PLUGINS_FILE, "log.csv", "steps.csv", "last.pt", "epoch-*.pt", *RESULT_ARTIFACTS,
-)
-# Folders of results a run dir holds: archived by a longer --resume, and those of `evaluate`/`extract`
-# on an earlier checkpoint (RUN/epoch-NNNN.pt -> RUN/eval-epoch-NNNN/); --overwrite sets them aside too.
-RESULT_FOLDERS = ("results-epoch-*", "eval-epoch-*")
-
-
-def _files(run_dir: Path, patterns: tuple[str, ...]) -> list[Path]:
-    return [p for pattern in patterns for p in sorted(Path(run_dir).glob(pattern)) if p.is_file()]
-
-
-def _move_into(paths: list[Path], dest: Path) -> Path:
-    dest.mkdir(exist_ok=True)
-    for p in paths:
-        os.replace(p, dest / p.name)
-    return dest
-
-
-def set_aside_run_artifacts(run_dir: Path) -> Path | None:
-    """--overwrite, first half: move a previous run's files (``RUN_ARTIFACTS`` and archived results),
-    and nothing else, into a hidden ``run_dir/.replaced-PID/`` until :func:`finish_overwrite` deletes
-    them or puts them back. Returns the folder, or None when there was nothing to move."""
-    run_dir = Path(run_dir)
-    found = _files(run_dir, RUN_ARTIFACTS)
-    found += [
-        d
-        for pattern in RESULT_FOLDERS
-        for d in sorted(run_dir.glob(pattern))
-        if d.is_dir() and all(p.is_file() for p in d.iterdir())
-    ]
-    if not found:
-        return None
-    aside = _move_into(found, run_dir / f".replaced-{os.getpid()}")
-    (aside / _ASIDE_COMPLETE).touch()  # a folder without it was interrupted while filling
-    return aside
-
-
-_ASIDE_COMPLETE = ".complete"
-
-
-def finish_overwrite(aside: Path | None, *, keep_new: bool) -> None:
-    """--overwrite, second half: ``keep_new=True`` deletes the previous run set aside by
-    :func:`set_aside_run_artifacts`; ``False`` removes what the new run wrote (its ``RUN_ARTIFACTS``)
-    and moves the previous run back."""
-    if aside is None or not aside.is_dir():
-        return
-    if keep_new:
-        shutil.rmtree(aside)
-        return
-    complete = (aside / _ASIDE_COMPLETE).exists()
-    (aside / _ASIDE_COMPLETE).unlink(missing_ok=True)
-    if complete:  # the new run's files give way (cut short, the set-aside left the rest of the old run)
-        for p in _files(aside.parent, RUN_ARTIFACTS):
-            p.unlink()
-    for p in aside.iterdir():  # an archive folder of the same name gives way
-        if (aside.parent / p.name).is_dir():
-            shutil.rmtree(aside.parent / p.name)
-    _move_into(list(aside.iterdir()), aside.parent)
-    aside.rmdir()
-
-
-def settle_run_dir(run_dir: Path) -> None:
-    """Before a command reads or checks ``run_dir``: raise RunDirError if another process is using it
-    (:func:`lock_run_dir`), and finish (printing it) an ``--overwrite`` a killed process left half done."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return
-    probe = lock_run_dir(run_dir)
-    try:
-        for message in recover_interrupted_overwrite(run_dir, owner_gone=probe is not None):
-            print(message, flush=True)
-    finally:
-        if probe is not None:
-            probe.release()
-
-
-def recover_interrupted_overwrite(run_dir: Path, *, owner_gone: bool = False) -> list[str]:
-    """Finish an ``--overwrite`` whose process died (SIGKILL, power loss) as it would have: its
-    ``run_dir/.replaced-PID/`` is deleted if the new run has a ``last.pt``, else (or if the set-aside
-    was cut short) put back. ``owner_gone``: this process holds the run dir's lock; without it,
-    folders of a process alive on this machine are left alone. Returns one message per folder."""
-    done = []
-    for aside, pid in _asides(run_dir):
-        if not owner_gone and _process_alive(pid):
-            continue
-        complete = (aside / _ASIDE_COMPLETE).exists()
-        keep_new = complete and (aside.parent / "last.pt").exists()
-        finish_overwrite(aside, keep_new=keep_new)
-        done.append(
-            f"an interrupted --overwrite (process {pid}) had set the previous run aside: "
-            + ("its new run has a checkpoint, so the previous one was deleted" if keep_new
-               else f"put the previous run back in {aside.parent}")
-        )
-    return done
-
-
-def set_aside_hint(run_dir: Path) -> str:
-    """For commands that only read a run dir (evaluate, extract, curves, dynamics) and find it empty:
-    ``"; ..."`` naming the previous run an interrupted ``--overwrite`` left set aside in it (the files
-    they look for are there), else ``""``."""
-    asides = [p for p, pid in _asides(run_dir) if not _process_alive(pid)]  # not an --overwrite under way
-    if not asides:
-        return ""
-    return (
-        f" (an --overwrite that was killed left the previous run in {asides[-1]}/: `bayesncl pretrain "
-        f"--run-dir {run_dir} --resume` puts it back)"
-    )
-
-
-def _asides(run_dir: Path) -> list[tuple[Path, int]]:
-    """The ``.replaced-PID/`` folders of ``run_dir`` (an ``--overwrite``'s set-aside), with their PID."""
-    found = sorted(Path(run_dir).glob(".replaced-*"))
-    return [(p, int(p.name[10:])) for p in found if p.is_dir() and p.name[10:].isdigit()]
-
-
-def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
-
-
-LOCK_NAME = ".bayesncl.lock"
-
-
-@dataclass
-class RunDirLock:
-    """An exclusive claim on a run dir by this process (see :func:`lock_run_dir`)."""
-
-    path: Path
-    fd: int
-
-    def release(self) -> None:
-        self.path.unlink(missing_ok=True)
-        os.close(self.fd)
-
-
-def lock_run_dir(run_dir: Path) -> RunDirLock | None:
-    """Claim ``run_dir`` (which must exist) until ``release()``: an OS file lock (``fcntl.flock``) on
-    ``run_dir/.bayesncl.lock``, dropped by the OS if the process dies. Returns None where file locks
-    are unavailable (Windows, some network file systems). Raises RunDirError (one line, naming the
-    holder's pid) if another process holds it."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    path = Path(run_dir) / LOCK_NAME
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, default_file_mode())
-        except IsADirectoryError:
-            raise RunDirError(f"{path} is a directory, not bayesncl's lock file: remove it") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise RunDirError(
-                f"run dir {run_dir} is in use by another bayesncl process (pid {holder}); wait for it to "
-                "end, or choose another --run-dir"
-            ) from None
-        except OSError:  # no lock support on this file system
-            os.close(fd)
-            return None
-        try:
-            if os.fstat(fd).st_ino == os.stat(path).st_ino:  # not a file its holder unlinked meanwhile
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return RunDirLock(path, fd)
-
-
-def discard_unstarted_run(run_dir: Path, existed: bool) -> None:
-    """After a fresh run failed before its first checkpoint: remove what it wrote (``config.yaml``,
-    ``steps.csv``, ``log.csv``, temporaries) and the run dir if this run created it and it is now
-    empty, so the command can be rerun. A run dir holding a ``last.pt`` is left alone."""
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir() or (run_dir / "last.pt").exists():
-        return
-    for name in ("config.yaml", "steps.csv", "log.csv"):  # (the logs follow their checkpoint: none, here)
-        (run_dir / name).unlink(missing_ok=True)
-    remove_stale_temporaries(run_dir)
-    if not existed and all(p.name == LOCK_NAME for p in run_dir.iterdir()):
-        (run_dir / LOCK_NAME).unlink(missing_ok=True)  # (its holder, this process, is ending)
-        run_dir.rmdir()
-
-
-def archive_results(run_dir: Path, epoch: int) -> Path | None:
-    """Move the results of the ``epoch``-epoch run (``RESULT_ARTIFACTS``) into
-    ``run_dir/results-epoch-NNNN/`` before a --resume trains further (results of two lengths never
-    mix). Returns the folder, or None when there was nothing to move."""
-    run_dir = Path(run_dir)
-    found = _files(run_dir, RESULT_ARTIFACTS)
-    if not found:
-        return None
-    dest = run_dir / f"results-epoch-{epoch:04d}"
-    n = 2
-    while dest.exists():
-        dest, n = run_dir / f"results-epoch-{epoch:04d}-{n}", n + 1
-    return _move_into(found, dest)
-
-
 def _no_last_pt(run_dir: Path, has_run: bool) -> str:
     """The end of --resume's "no checkpoint" message: why there is no last.pt and what to do."""
     ckpt_path = run_dir / "last.pt"
     if has_run:  # a log or export, no last.pt: killed while writing it, or deleted (not unstarted)
-        found = run_markers(run_dir)[0]  # (no last.pt here)
+        found = layout.run_markers(run_dir)[0]  # (no last.pt here)
         periodic = sorted(run_dir.glob("epoch-[0-9]*.pt"))
         how = (
             f"copy {periodic[-1]} to {ckpt_path} to resume from there, or pass --overwrite "
@@ -375,10 +67,10 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     run's temporary files are removed.
     """
     run_dir = Path(run_dir)
-    _check_writable(run_dir)
-    settle_run_dir(run_dir)
+    layout.check_writable(run_dir)
+    lock.settle_run_dir(run_dir)
     # A run dir with only config.yaml holds a run killed before its first checkpoint: nothing to keep.
-    has_run = holds_run(run_dir)
+    has_run = layout.holds_run(run_dir)
     if resume:
         ckpt_path = run_dir / "last.pt"
         if not ckpt_path.exists():
@@ -402,7 +94,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
                 f"train.epochs >= {started} to continue it"
             )
         old = build_config(ckpt["config"], source=ckpt_path)
-        diff = describe_config_diff(old, cfg)
+        diff = messages.describe_config_diff(old, cfg)
         if diff:
             raise RunDirError(
                 f"--resume: the config differs from the run's in: {diff} (run's -> now); resume with "
@@ -413,15 +105,15 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
         remove_stale_temporaries(run_dir)
         return ckpt
     if has_run and not overwrite:
-        raise occupied_run_dir(run_dir)
+        raise messages.occupied_run_dir(run_dir)
     if not has_run and (subruns := _runs_below(run_dir)):
-        names = _some_names([f"{p.name}/" for p in subruns])
+        names = messages.some_names([f"{p.name}/" for p in subruns])
         raise RunDirError(
             f"run dir {run_dir} holds runs in its folders ({names}; a demo or reproduce table?): a run "
             "here would be mixed in with them; choose another --run-dir"
         )
     if not overwrite and (foreign := _files_a_run_would_replace(run_dir)):
-        names = _some_names([p.name for p in foreign])
+        names = messages.some_names([p.name for p in foreign])
         raise RunDirError(
             f"run dir {run_dir} holds files that are not a bayesncl run's but that a run writes ({names}): "
             "training would replace them; choose another --run-dir, or pass --overwrite to replace them"
@@ -429,18 +121,12 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     return None
 
 
-def _some_names(names: list[str], shown: int = 4) -> str:
-    """``"a, b, c, d and 3 more"``: the first ``shown`` names of a list for a one-line message."""
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
-
-
 def _files_a_run_would_replace(run_dir: Path) -> list[Path]:
     """Files in a run dir without a run (no checkpoint, log or export) that a run would write over,
     leaving out what a run killed before its first checkpoint leaves (its config.yaml, steps.csv),
     which a rerun may replace. A config.yaml that is not a bayesncl run config is a user's file."""
     found = []
-    for p in _files(run_dir, RUN_ARTIFACTS):
+    for p in layout.artifact_files(run_dir, layout.RUN_ARTIFACTS):
         if p.name == "steps.csv" or (p.name == "config.yaml" and _is_run_config(p)):
             continue
         found.append(p)
@@ -473,56 +159,6 @@ def _is_run_config(path: Path) -> bool:
     return True
 
 
-# The files that mark a folder as holding a run: a checkpoint, a log or an export.
-RUN_MARKERS = ("last.pt", "log.csv", "encoder.safetensors")
-
-
-def run_markers(run_dir: Path) -> list[str]:
-    """The :data:`RUN_MARKERS` that ``run_dir`` holds, in that order."""
-    return [name for name in RUN_MARKERS if (Path(run_dir) / name).exists()]
-
-
-def holds_run(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run (a checkpoint, a log or an export); a run dir with only
-    ``config.yaml`` holds a run killed before its first checkpoint: nothing to keep."""
-    return bool(run_markers(run_dir))
-
-
-def refuse_a_run_in(run_dir: Path, command: str) -> None:
-    """``demo``/``reproduce`` train in ``run_dir``'s folders: raise RunDirError if ``run_dir`` itself
-    holds a (pretrain) run, which they would be mixed in with (the mirror of prepare_run_dir's check
-    for runs in a pretrain run dir's folders)."""
-    if found := run_markers(run_dir):
-        raise RunDirError(
-            f"run dir {run_dir} holds a pretrain run ({', '.join(found)}): {command}'s runs in its folders "
-            "would be mixed in with it; choose another --run-dir"
-        )
-
-
-def occupied_run_dir(run_dir: Path) -> RunDirError:
-    return RunDirError(
-        f"run dir {run_dir} already holds a run; pass --resume to continue it, "
-        "--overwrite to replace it, or choose another --run-dir"
-    )
-
-
-# ----------------------------------------------------------------------------- a run's run dir
-class TrainingInterrupted(KeyboardInterrupt):
-    """Training stopped by Ctrl-C or SIGTERM after saving a resumable ``last.pt`` (one-line message);
-    ``exit_code`` is 128 + the signal number (130 for Ctrl-C, 143 for SIGTERM). ``template``: the
-    message with ``{resume}`` where it says how to continue; ``str()`` reads ``--resume`` there, the
-    app's error layer what the command takes (:data:`bayesncl.app.errors.RESUME_VIA`)."""
-
-    def __init__(self, template: str, signum: int = signal.SIGINT) -> None:
-        super().__init__(self.with_resume(template, "--resume"))
-        self.template = template
-        self.exit_code = 128 + int(signum)
-
-    @staticmethod
-    def with_resume(template: str, how: str) -> str:
-        return template.replace("{resume}", how)  # not str.format: a path may hold braces
-
-
 class RunDir:
     """The run dir of one pretraining run, from its checks to the end of training; every process
     makes one (under ``torchrun`` rank 0 alone writes, the others wait: ``distributed.run_on_main``)::
@@ -548,7 +184,7 @@ class RunDir:
         self.stop_signal: int | None = None  # the first Ctrl-C/SIGTERM since claim()
         self._existed = self.path.exists()
         self._claimed = False
-        self._lock: RunDirLock | None = None
+        self._lock: lock.RunDirLock | None = None
         self._aside: Path | None = None  # --overwrite: where the previous run waits
         self._handlers: list[tuple[int, Any]] = []
         self.loggers: RunLoggers | None = None  # rank 0, from claim() to the end of the ``with``
@@ -565,9 +201,9 @@ class RunDir:
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         try:  # an error, or a second Ctrl-C that stopped at once
             if exc_type is not None and self._claimed and not self.resume:
-                discard_unstarted_run(self.path, self._existed)  # a run without a checkpoint: no trace
+                layout.discard_unstarted_run(self.path, self._existed)  # a run without a checkpoint: no trace
                 if self._aside is not None:
-                    finish_overwrite(self._aside, keep_new=False)
+                    lock.finish_overwrite(self._aside, keep_new=False)
                     print(f"put the previous run back in {self.path} (the new one had no checkpoint)",
                           flush=True)
         finally:
@@ -635,19 +271,19 @@ class RunDir:
     def _claim(self, state: TrainState) -> None:
         run_dir, ckpt, cfg = self.path, self.checkpoint, self.cfg
         run_dir.mkdir(parents=True, exist_ok=True)
-        lock = lock_run_dir(run_dir)  # the first write; None where there are no file locks
-        if ckpt is None and not self.overwrite and holds_run(run_dir):
+        claim = lock.lock_run_dir(run_dir)  # the first write; None where there are no file locks
+        if ckpt is None and not self.overwrite and layout.holds_run(run_dir):
             # another command wrote a run here after prepare_run_dir: refuse, as it did, touching nothing
-            if lock is not None:
-                lock.release()
-            raise occupied_run_dir(run_dir)
-        self._lock, self._claimed = lock, True
+            if claim is not None:
+                claim.release()
+            raise messages.occupied_run_dir(run_dir)
+        self._lock, self._claimed = claim, True
         if ckpt is None and self.overwrite:  # the previous run waits aside until this one has a checkpoint
-            self._aside = set_aside_run_artifacts(run_dir)
+            self._aside = lock.set_aside_run_artifacts(run_dir)
         if ckpt is None:  # a run killed before its first checkpoint may have left its step log
             (run_dir / "steps.csv").unlink(missing_ok=True)
         if ckpt is not None and ckpt["epoch"] < cfg.train.epochs:
-            moved = archive_results(run_dir, ckpt["epoch"])
+            moved = layout.archive_results(run_dir, ckpt["epoch"])
             if moved is not None:
                 print(f"moved the results of the {ckpt['epoch']}-epoch run to {moved}/ (they would be stale)")
         every, done = cfg.train.checkpoint_every, state.epoch
@@ -713,7 +349,7 @@ class RunDir:
 
     def _save(self, state: TrainState) -> None:
         save_checkpoint(self.path / "last.pt", *self._trained, state, self.cfg)
-        finish_overwrite(self._aside, keep_new=True)  # the new run has its checkpoint
+        lock.finish_overwrite(self._aside, keep_new=True)  # the new run has its checkpoint
         self._aside = None
         self._write_logs(state)
         if state.cursor is None and state.log and self.loggers is not None:
@@ -749,4 +385,3 @@ class RunDir:
             signum, previous = self._handlers.pop()
             with suppress(ValueError):
                 signal.signal(signum, previous)
-

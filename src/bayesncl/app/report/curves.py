@@ -21,8 +21,9 @@ from typing import Any
 from bayesncl.core import methods
 from bayesncl.core.engine import STEP_LOG_EVERY
 from bayesncl.runs.fileio import write_failure_reason
+from bayesncl.runs.lock import set_aside_hint
 from bayesncl.runs.logs import LOG_FIELDS, STEP_LOG_FIELDS
-from bayesncl.runs.rundir import RunDirError, set_aside_hint
+from bayesncl.runs.messages import RunDirError
 
 __all__ = ["read_log", "read_steps", "run_label", "training_curves_figure", "write_training_curves"]
 

@@ -59,7 +59,7 @@ def _is_run(path: Path) -> bool:
 def find_runs(sources: Sequence[str | Path]) -> list[Path]:
     """The run dirs of ``sources``: a run dir itself, or (a demo or reproduce run dir) the runs in
     its sub-folders, sorted. Raises RunDirError (one line) for a source holding neither."""
-    from bayesncl.runs.rundir import RunDirError
+    from bayesncl.runs.messages import RunDirError
 
     runs: list[Path] = []
     for s in map(Path, sources):
@@ -130,7 +130,7 @@ def _env() -> Any:
 
 def prepare_out(out: Path) -> None:
     """Create ``out``, refusing a non-empty folder that is not an earlier report (RunDirError)."""
-    from bayesncl.runs.rundir import RunDirError
+    from bayesncl.runs.messages import RunDirError
 
     if out.exists() and not out.is_dir():
         raise RunDirError(f"--out {out} is a file, expected a folder for the report")
@@ -210,7 +210,7 @@ def _copy_figures(run: RunInput, out: Path) -> list[str]:
     """Copy the run's figures into ``out/<run>/figures/`` (training curves redrawn from log.csv);
     returns their paths relative to ``out``."""
     from bayesncl.app.report.curves import write_training_curves
-    from bayesncl.runs.rundir import RunDirError
+    from bayesncl.runs.messages import RunDirError
 
     dest = out / run.label / "figures"
     dest.mkdir(parents=True, exist_ok=True)
@@ -268,7 +268,7 @@ def _scalars(metrics: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _overlaid_curves(runs: Sequence[RunInput], out: Path) -> str | None:
     from bayesncl.app.report.curves import write_training_curves
-    from bayesncl.runs.rundir import RunDirError
+    from bayesncl.runs.messages import RunDirError
 
     logged = [r for r in runs if (r.path / "log.csv").is_file()]
     if not logged:

@@ -2,18 +2,6 @@
 z = φ(p). Only the features are constrained: each class score is a signed linear combination of
 non-negative activations (the classifier's weights are free, docs/paper-notes.md §6)."""
 
-from bayesncl.core.methods.objective_terms import CLASSIFIER, CROSS_ENTROPY, stats_for
-from bayesncl.core.methods.registry import register_method
-from bayesncl.core.methods.spec import Method
+from bayesncl.core.methods.objective_terms import CROSS_ENTROPY, paper_method
 
-METHOD = register_method(
-    Method(
-        "nce",
-        nonneg="rep_relu",
-        terms=(CROSS_ENTROPY,),
-        stats=stats_for(CROSS_ENTROPY, head=True),
-        needs_labels=True,
-        heads=CLASSIFIER,
-        doc=__doc__,
-    )
-)
+METHOD = paper_method("nce", __doc__, CROSS_ENTROPY, nonneg="rep_relu", classifier=True)

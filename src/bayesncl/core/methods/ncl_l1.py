@@ -2,17 +2,6 @@
 the sparsity non-negativity gives."""
 
 from bayesncl.core.methods.common import INFO_NCE
-from bayesncl.core.methods.objective_terms import BETA, L1, stats_for
-from bayesncl.core.methods.registry import register_method
-from bayesncl.core.methods.spec import Method
+from bayesncl.core.methods.objective_terms import BETA, L1, paper_method
 
-METHOD = register_method(
-    Method(
-        "ncl-l1",
-        nonneg="rep_relu",
-        terms=(INFO_NCE, L1),
-        stats=stats_for(INFO_NCE, L1),
-        keys=BETA,
-        doc=__doc__,
-    )
-)
+METHOD = paper_method("ncl-l1", __doc__, INFO_NCE, L1, nonneg="rep_relu", keys=BETA)

@@ -10,10 +10,12 @@ imported when a term first runs, so reading a config does not import it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from bayesncl.core.methods.common import CONTRASTIVE_STATS, LOSS, term_statistic
-from bayesncl.core.methods.spec import Batch, Head, Key, LossTerm, Statistic, Step
+from bayesncl.core.methods.registry import register_method
+from bayesncl.core.methods.spec import Batch, Head, Key, LossTerm, Method, Statistic, Step
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SPECTRAL", "SUPCON", "CROSS_ENTROPY", "L1", "L1_CLIPPED", "BETA", "MU", "CLASSIFIER", "stats_for",
+    "paper_method",
 ]
 
 
@@ -119,3 +122,18 @@ def stats_for(*terms: LossTerm, head: bool = False) -> tuple[Statistic, ...]:
               "cross_entropy": "cross-entropy (nats)", "l1_penalty": "L1 term mean‖z‖₁ (before β)"}
     own = tuple(term_statistic(t, titles.get(t.name, t.label), t.label) for t in terms)
     return (LOSS, *own, *rest, *((HEAD_ACCURACY,) if head else ()))
+
+
+def paper_method(
+    name: str, doc: str, *terms: LossTerm, nonneg: str, keys: Mapping[str, Key] | None = None,
+    labels: bool = False, classifier: bool = False,
+) -> Method:
+    """Register the NCL paper's method ``name`` (``doc``: its file's docstring): the loss ``terms`` on
+    z = φ(p) (φ = ``nonneg``), logging :func:`stats_for` them; ``keys``: its own ``method.*`` keys;
+    ``labels``: trained with labels; ``classifier``: a linear classifier on z (:data:`CLASSIFIER`,
+    trained with labels, its batch accuracy logged)."""
+    stats, heads = stats_for(*terms, head=classifier), CLASSIFIER if classifier else {}
+    return register_method(Method(
+        name, nonneg=nonneg, terms=terms, stats=stats, keys=dict(keys or {}), heads=heads,
+        needs_labels=labels or classifier, doc=doc,
+    ))
