@@ -93,6 +93,17 @@ def extract_features(
     return {k: np.concatenate(v) for k, v in out.items() if v}
 
 
+def extraction_precision(name: str, device: torch.device) -> Precision | None:
+    """The precision features of a run trained with ``train.precision=name`` are extracted in on
+    ``device`` (:func:`extract_split`): its bf16 autocast + channels-last where ``fast`` or (on a
+    CPU) ``auto`` resolves to bf16 there, else None (fp32)."""
+    if name == "fast" or (name == "auto" and device.type == "cpu"):
+        plan = precision_plan(name, False, device)
+        if plan.dtype is not None and plan.channels_last:
+            return plan
+    return None
+
+
 def extract_split(
     model: ContrastiveModel, cfg: Config, split: str, device: torch.device,
     keys: tuple[str, ...] = FEATURE_KEYS, info: DatasetInfo | None = None,
@@ -101,12 +112,12 @@ def extract_split(
     ``eval.use_soft_gating``: gated by α instead of the hard mask, ``mask`` then holds α), plus
     ``places`` (N,) int64 for a dataset with backgrounds (:mod:`bayesncl.data.backgrounds`) and
     ``factors`` (N, F) int64 for one with generative factors (:mod:`bayesncl.data.dsprites`).
-    A run trained with ``train.precision=fast`` is extracted as it trained (bf16 autocast and
-    channels-last on a CPU with native bf16 or on CUDA; the forward pass alone is faster there too);
-    every other run in fp32. ``info``: ``dataset_info(cfg.data)`` where the caller has it."""
+    A run is extracted in its training precision where that is bf16 autocast + channels-last:
+    ``train.precision=fast`` on a CPU with native bf16 or on CUDA, and ``auto`` on a CPU with native
+    bf16 (the forward pass alone is 1.27x as fast there, docs/scaling.md); every other run in fp32
+    (``auto`` on CUDA too, as before). ``info``: ``dataset_info(cfg.data)`` where the caller has it."""
     loader = build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device, info=info)
-    fast = cfg.train.precision == "fast"
-    precision = precision_plan("fast", False, device) if fast else None
+    precision = extraction_precision(cfg.train.precision, device)
     soft, model.soft_eval_gate = model.soft_eval_gate, cfg.eval.use_soft_gating
     try:
         out = extract_features(model, loader, device, keys=keys, precision=precision)
