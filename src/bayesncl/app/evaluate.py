@@ -29,7 +29,7 @@ from bayesncl.config import (
     parse_overrides,
 )
 from bayesncl.core.model import ContrastiveModel, build_model
-from bayesncl.core.optim import Precision, precision_plan
+from bayesncl.core.optim import Precision, extraction_precision
 from bayesncl.data import DatasetInfo, build_eval_loader, dataset_info, image_geometry
 from bayesncl.data.backgrounds import place_names, places_of
 from bayesncl.data.dsprites import factor_names, factors_of
@@ -91,17 +91,6 @@ def extract_features(
         out["indices"].append(idx.cpu().numpy().astype(np.int64))
     model.train(was_training)
     return {k: np.concatenate(v) for k, v in out.items() if v}
-
-
-def extraction_precision(name: str, device: torch.device) -> Precision | None:
-    """The precision features of a run trained with ``train.precision=name`` are extracted in on
-    ``device`` (:func:`extract_split`): its bf16 autocast + channels-last where ``fast`` or (on a
-    CPU) ``auto`` resolves to bf16 there, else None (fp32)."""
-    if name == "fast" or (name == "auto" and device.type == "cpu"):
-        plan = precision_plan(name, False, device)
-        if plan.dtype is not None and plan.channels_last:
-            return plan
-    return None
 
 
 def extract_split(

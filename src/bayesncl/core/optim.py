@@ -139,6 +139,18 @@ def identity_precision(name: str, device_name: str) -> str:
     return f"fast:{dtype_name(resolve_precision(name, device))}"
 
 
+def extraction_precision(name: str, device: torch.device) -> Precision | None:
+    """The precision a run trained with ``train.precision=name`` is evaluated in on ``device`` (the
+    features of ``app.evaluate.extract_split`` and the held-out monitor of ``app.heldout``): its
+    autocast + channels-last where ``fast``, or ``auto`` on a CPU, resolves to an autocast dtype
+    there (bf16 on a CPU with native bf16), else None (fp32; ``auto`` on CUDA too, as before)."""
+    if name == "fast" or (name == "auto" and device.type == "cpu"):
+        plan = precision_plan(name, False, device)
+        if plan.dtype is not None and plan.channels_last:
+            return plan
+    return None
+
+
 # ----------------------------------------------------------------------------- optimisation
 @dataclass(frozen=True)
 class LrSchedule:

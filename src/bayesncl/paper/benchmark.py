@@ -430,7 +430,7 @@ def _demo_arms(s: BenchmarkSettings, device: torch.device) -> list[_Arm]:
     step, _, model = _trainer(cfg, device)
     n = cfg.train.monitor_samples
     x = torch.randn(n, 3, 28, 28, generator=torch.Generator().manual_seed(0))
-    held = HeldOut(x, torch.arange(n) % 10, cfg.eval.batch_size)
+    held = HeldOut(x, torch.arange(n) % 10, cfg.eval.batch_size, cfg.train.precision)
     return [_Arm("demo-step", lambda: step(None), cfg.train.batch_size, 1),
             _Arm("demo-heldout", lambda: held.measure(model, device), n, 1)]
 
