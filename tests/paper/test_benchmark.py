@@ -61,7 +61,10 @@ def test_values_are_sane(result: dict[str, Any]) -> None:
     assert result["heldout_monitor_pct_of_demo_epoch"] == pytest.approx(share, abs=0.01)
     st = result["settings"]
     assert (st["backbone"], st["image_size"], st["batch_size"]) == ("small_cnn", 16, 8)
-    assert st["precision"] == "fp32"
+    from bayesncl.core.optim import native_cpu_bf16
+
+    native = native_cpu_bf16() is not None  # the default is training's auto: bf16 + channels-last there
+    assert (st["precision"], st["channels_last"]) == (("bf16", True) if native else ("fp32", False))
 
 
 def test_flops_differ_by_exactly_the_gating_head(result: dict[str, Any]) -> None:
@@ -108,8 +111,9 @@ def test_text_report(capsys: pytest.CaptureFixture[str], result: dict[str, Any])
 
 # ----------------------------------------------------------------------------- the plain SimCLR loop
 def test_plain_simclr_comparison_keys(result: dict[str, Any]) -> None:
-    """Our step against the plain loop at the run's precision (fp32 on CPU: the same arms as the
-    fp32 row), and at bf16 + channels-last exactly where this CPU computes bf16 natively."""
+    """Our step against the plain loop at the run's precision (auto: on a CPU with native bf16 the
+    same arms as the bf16 row, on another CPU the fp32 row's), at fp32, and at bf16 + channels-last
+    exactly where this CPU computes bf16 natively."""
     from bayesncl.core.optim import native_cpu_bf16
 
     speed, rates = result["speedup_vs_plain_simclr"], result["images_per_s_by_precision"]
@@ -117,7 +121,8 @@ def test_plain_simclr_comparison_keys(result: dict[str, Any]) -> None:
     for label, by in speed.items():
         assert set(by) == set(rates[label]) == {"cl", "ncl", "bayesncl"}
         assert all(math.isfinite(v) and v > 0 for v in [*by.values(), *rates[label].values()])
-    assert speed["default"] == speed["fp32"] and rates["default"] == result["images_per_s"]
+    same = "bf16" if native_cpu_bf16() else "fp32"
+    assert speed["default"] == speed[same] and rates["default"] == rates[same] == result["images_per_s"]
     plain = result["plain_simclr"]
     assert set(plain["images_per_s_by_workers"]) == {"0", "1", "2"} and plain["workers"] in (0, 1, 2)
     assert plain["images_per_s"] == max(plain["images_per_s_by_workers"].values()) > 0

@@ -38,7 +38,9 @@ from bayesncl.runs.safe_load import load_checkpoint_file
 
 from ..conftest import TINY_BASE, assert_same_weights, ctrl_c, signal_at, start_cli, wait_for
 
-TINY = [*TINY_BASE, "method.name=bayesncl", "method.lam=0.01"]
+# fp32 on every CPU: with the default `auto`, a CPU with native bf16 trains in bf16 (issue 23), and the
+# resume tests must test the same thing on either kind of CPU; bf16's own resume test is further down
+TINY = [*TINY_BASE, "method.name=bayesncl", "method.lam=0.01", "train.precision=fp32"]
 
 def run_cli(args: list[str]) -> tuple[int, str, str]:
     p = start_cli(args)
@@ -172,6 +174,39 @@ def test_step_log_rows_and_a_mid_epoch_resume(tmp_path: Path, monkeypatch: pytes
     pretrain(build_config(overrides=args), run, resume=True, evaluate=False)
     assert read_steps(run) == steps
     assert_same_weights(straight / "last.pt", run / "last.pt")
+
+
+def test_a_mid_epoch_resume_under_bf16_autocast_is_bit_identical(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The default ``auto`` on a (reported) native-bf16 CPU: bf16 autocast + channels-last. A run
+    stopped inside epoch 2 and resumed ends with the same weights, optimiser state and log rows as
+    an uninterrupted one, bit for bit: the bf16 kernels are as deterministic as the fp32 ones, and
+    the weights and optimiser state they update are fp32."""
+    from bayesncl.core import optim
+
+    monkeypatch.setattr(optim, "native_cpu_bf16", lambda flags=None: "AVX512-BF16")
+    args = [*TINY_BASE, "method.name=bayesncl", "method.lam=0.01", "train.epochs=2"]  # auto; 3 steps/epoch
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    pretrain(build_config(overrides=args), straight, evaluate=False)
+    assert "precision: bf16 autocast + channels-last (train.precision=auto" in capsys.readouterr().out
+    with monkeypatch.context() as m:
+        signal_at(m, engine_module, "train_step", (5,))  # inside epoch 2
+        stopped = "stopped in epoch 2 after 2 of its 3 steps"
+        with pytest.raises(rundir_module.TrainingInterrupted, match=stopped):
+            pretrain(build_config(overrides=args), run, evaluate=False)
+    pretrain(build_config(overrides=args), run, resume=True, evaluate=False)
+    assert_same_weights(straight / "last.pt", run / "last.pt")
+    a, b = load_checkpoint_file(straight / "last.pt"), load_checkpoint_file(run / "last.pt")
+    opt_a, opt_b = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert a["step"] == b["step"] == 6 and opt_a.keys() == opt_b.keys()
+    for k in opt_a:
+        assert all(torch.equal(v, opt_b[k][n]) for n, v in opt_a[k].items() if torch.is_tensor(v)), k
+
+    def rows(r: Path) -> list[dict[str, str]]:
+        return [{k: v for k, v in row.items() if k != "epoch_time_s"} for row in log_rows(r)]
+
+    assert rows(run) == rows(straight)
 
 
 def test_resume_that_changes_the_length_of_an_unfinished_run_warns(

@@ -29,7 +29,7 @@ from bayesncl.config import (
     parse_overrides,
 )
 from bayesncl.core.model import ContrastiveModel, build_model
-from bayesncl.core.optim import Precision, precision_plan
+from bayesncl.core.optim import Precision, extraction_precision
 from bayesncl.data import DatasetInfo, build_eval_loader, dataset_info, image_geometry
 from bayesncl.data.backgrounds import place_names, places_of
 from bayesncl.data.dsprites import factor_names, factors_of
@@ -101,12 +101,12 @@ def extract_split(
     ``eval.use_soft_gating``: gated by α instead of the hard mask, ``mask`` then holds α), plus
     ``places`` (N,) int64 for a dataset with backgrounds (:mod:`bayesncl.data.backgrounds`) and
     ``factors`` (N, F) int64 for one with generative factors (:mod:`bayesncl.data.dsprites`).
-    A run trained with ``train.precision=fast`` is extracted as it trained (bf16 autocast and
-    channels-last on a CPU with native bf16 or on CUDA; the forward pass alone is faster there too);
-    every other run in fp32. ``info``: ``dataset_info(cfg.data)`` where the caller has it."""
+    A run is extracted in its training precision where that is bf16 autocast + channels-last:
+    ``train.precision=fast`` on a CPU with native bf16 or on CUDA, and ``auto`` on a CPU with native
+    bf16 (the forward pass alone is 1.27x as fast there, docs/scaling.md); every other run in fp32
+    (``auto`` on CUDA too, as before). ``info``: ``dataset_info(cfg.data)`` where the caller has it."""
     loader = build_eval_loader(cfg.data, split, cfg.eval.batch_size, device=device, info=info)
-    fast = cfg.train.precision == "fast"
-    precision = precision_plan("fast", False, device) if fast else None
+    precision = extraction_precision(cfg.train.precision, device)
     soft, model.soft_eval_gate = model.soft_eval_gate, cfg.eval.use_soft_gating
     try:
         out = extract_features(model, loader, device, keys=keys, precision=precision)

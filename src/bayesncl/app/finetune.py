@@ -207,13 +207,14 @@ def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> Contras
     from bayesncl.app.train import _clock, _progress
     from bayesncl.core import distributed
     from bayesncl.core.engine import Training, TrainingError, train_one_epoch, wrap_for_training
-    from bayesncl.core.optim import LrSchedule, build_optimizer, resolve_precision
+    from bayesncl.core.optim import LrSchedule, build_optimizer, precision_plan
     from bayesncl.data import build_train_loader
     from bayesncl.runs.state import seed_everything
 
     world = run.world
     device = world.device
-    amp_dtype = resolve_precision(cfg.train.precision, device)
+    precision = precision_plan(cfg.train.precision, cfg.train.channels_last, device)  # as pretraining's
+    amp_dtype = precision.dtype
     seed_everything(distributed.rank_seed(cfg.seed, world.rank))
     model = _prepare(model, cfg, info.num_classes, device)
     model = distributed.convert_sync_bn(model, cfg.train.sync_bn, world)
@@ -231,7 +232,7 @@ def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> Contras
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
     training = Training(
         wrap_for_training(model, cfg, world, FinetuneForward), optimizer, scaler, cfg.method, schedule,
-        device, world.distributed, autocast, cfg.train.channels_last, loss_fn=finetune_loss,
+        device, world.distributed, autocast, precision.channels_last, loss_fn=finetune_loss,
     )
     start = time.time()
     for epoch in range(state.epoch, cfg.train.epochs):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -24,24 +25,31 @@ HELDOUT_FIELDS = (
 
 
 class HeldOut:
-    """The held-out batch: ``x`` float (n, C, S, S) on the CPU, ``y`` int64 (n,) labels."""
+    """The held-out batch: ``x`` float (n, C, S, S) on the CPU, ``y`` int64 (n,) labels, scored in
+    the evaluation's precision of a run at ``train.precision=precision``
+    (:func:`bayesncl.core.optim.extraction_precision`: bf16 where ``auto`` is bf16 on the CPU), so
+    that the last epoch's columns are the final evaluation's."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int) -> None:
-        self.x, self.y, self.batch_size = x, y, batch_size
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, precision: str = "fp32") -> None:
+        self.x, self.y, self.batch_size, self.precision = x, y, batch_size, precision
 
     @torch.no_grad()
     def measure(self, model: Any, device: torch.device) -> dict[str, float | str]:
         """The :data:`HELDOUT_FIELDS` of ``model`` (a ContrastiveModel) on the batch, rounded as
         log.csv stores them. The model's train/eval mode is restored."""
+        from bayesncl.core.optim import extraction_precision
         from bayesncl.metrics import active_dims, effective_rank, semantic_consistency, semantic_entropy_sum
 
+        plan = extraction_precision(self.precision, device)
+        autocast = torch.autocast(device.type, dtype=plan.dtype) if plan is not None else nullcontext()
         modes = [(m, m.training) for m in model.modules()]
         model.eval()
         feats, masks = [], []
         try:
-            with _no_rng_draws(device):
+            with _no_rng_draws(device), autocast:
                 for i in range(0, len(self.x), self.batch_size):
-                    out = model(self.x[i : i + self.batch_size].to(device, non_blocking=True))
+                    x = self.x[i : i + self.batch_size].to(device, non_blocking=True)
+                    out = model(x.contiguous(memory_format=torch.channels_last) if plan is not None else x)
                     feats.append(out.z_tilde.float().cpu())
                     if out.mask is not None:
                         masks.append(out.mask.float().cpu())
@@ -98,4 +106,4 @@ def build_heldout(cfg: Any, info: Any) -> HeldOut | None:
             ys.append(y[sel])
             if int(idx.max()) >= keep[-1]:
                 break
-    return HeldOut(torch.cat(xs), torch.cat(ys).long(), cfg.eval.batch_size)
+    return HeldOut(torch.cat(xs), torch.cat(ys).long(), cfg.eval.batch_size, cfg.train.precision)

@@ -78,8 +78,9 @@ class TrainConfig:
     warmup_start_lr: float = 3e-5
     min_lr: float = 0.0
     probe_lr: float = 0.1  # online linear probe on sg(h)
-    # auto | fast | fp32 | fp16 | bf16 (auto: bf16 on CUDA if supported, else fp16 there, fp32 on CPU;
-    # fast: as auto, and bf16 autocast + channels-last on a CPU with native bf16, AVX512-BF16 or AMX)
+    # auto | fast | fp32 | fp16 | bf16 (auto: bf16 on CUDA if supported, else fp16 there; on a CPU
+    # with native bf16 (AVX512-BF16 or AMX) bf16 autocast + channels-last, fp32 on other CPUs;
+    # fast: as auto, plus channels-last on CUDA; fp32: fp32 everywhere, as the CPU's auto was before)
     precision: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     channels_last: bool = False

@@ -60,7 +60,7 @@ def native_cpu_bf16(flags: frozenset[str] | set[str] | None = None) -> str | Non
 @dataclass(frozen=True)
 class Precision:
     """What a run computes in: the autocast ``dtype`` (None: fp32), the channels-last memory format,
-    and ``why`` (one line for the log, e.g. ``"bf16 autocast + channels-last (train.precision=fast:
+    and ``why`` (one line for the log, e.g. ``"bf16 autocast + channels-last (train.precision=auto:
     this CPU has AVX512-BF16)"``)."""
 
     dtype: torch.dtype | None
@@ -81,48 +81,74 @@ def dtype_name(dtype: torch.dtype | None) -> str:
 def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
     """Autocast dtype, or None for fp32 (``train.precision``; :func:`precision_plan` says more).
 
-    ``auto``: bf16 on a CUDA device that supports it, else fp16 there (the paper's fp16 mixed
-    precision, PAPER-NOTES §2); fp32 on CPU, the CPU default until a seeded comparison shows that
-    bf16 leaves the tables' numbers within their spread (issue 23). ``fast``: as ``auto``, and bf16
-    on a CPU with native bf16 (:func:`native_cpu_bf16`; there bf16 autocast with channels-last ran
-    the step 1.45-2.7x as fast as fp32, docs/scaling.md). bf16 has fp32's range, so it needs no
+    ``auto`` (the default): bf16 on a CUDA device that supports it, else fp16 there (the paper's fp16
+    mixed precision, PAPER-NOTES §2); on a CPU, bf16 where it computes bf16 natively
+    (:func:`native_cpu_bf16`: AVX512-BF16 or AMX), fp32 on any other CPU. There bf16 autocast with
+    channels-last ran the step 1.45-2.7x as fast as fp32 (docs/scaling.md) and left the seeded
+    Table 1 on Fashion-MNIST within its seed spread (CONFIG.md, "Table 1 in bf16 + channels-last";
+    docs/decisions.md). ``fast``: the same choice of dtype (an alias kept for the runs and commands
+    that name it; it also adds channels-last on CUDA). bf16 has fp32's range, so it needs no
     GradScaler, whose inf check waits for the device every step. The loss, the KL, the statistics
     and the optimiser state are fp32 whatever the autocast dtype (``bayesncl.core.losses``).
     """
     if name in ("auto", "fast"):
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if name == "fast" and native_cpu_bf16() else None
+        return torch.bfloat16 if native_cpu_bf16() else None
     return {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
 def precision_plan(name: str, channels_last: bool, device: torch.device) -> Precision:
     """The precision and memory format of ``train.precision=name``, ``train.channels_last`` on
-    ``device``: ``fast`` adds channels-last wherever it picks an autocast dtype."""
+    ``device``: channels-last where ``channels_last`` asks for it, wherever ``fast`` picks an
+    autocast dtype, and wherever ``auto`` picks bf16 on a CPU (on CUDA ``auto`` keeps the memory
+    format ``train.channels_last`` says). ``why`` names the choice and its reason, e.g.
+    ``"bf16 autocast + channels-last (train.precision=auto: this CPU has AVX512-BF16)"``."""
     dtype = resolve_precision(name, device)
-    cl = channels_last or (name == "fast" and dtype is not None)
+    cpu_auto = name == "auto" and device.type == "cpu"
+    cl = channels_last or (dtype is not None and (name == "fast" or cpu_auto))
     what = ("fp32" if dtype is None else f"{dtype_name(dtype)} autocast") + (" + channels-last" if cl else "")
     if device.type == "cuda" or name not in ("auto", "fast"):
         reason = f"train.precision={name} on {device.type}"
     else:
         native = native_cpu_bf16()
-        has = f"this CPU has {native}" if native else "this CPU has no native bf16 (AVX512-BF16 or AMX)"
-        reason = f"train.precision={name}: {has}" + ("; train.precision=fast would use bf16" if native and
-                                                     name == "auto" else "")
+        reason = f"train.precision={name}: " + (
+            f"this CPU has {native}" if native else "this CPU has no native bf16 (AVX512-BF16 or AMX)"
+        )
     return Precision(dtype, cl, f"{what} ({reason})")
 
 
 def identity_precision(name: str, device_name: str) -> str:
-    """``train.precision`` as a run's identity holds it: ``fast`` with what it resolves to on this
-    machine (``"fast:bf16"``, ``"fast:fp32"``, ...), so that a bf16 run is never reused for an fp32
-    one; every other value as is (so stored runs keep their names)."""
-    if name != "fast":
+    """``train.precision`` as a run's identity holds it, so that a bf16 run is never reused for an
+    fp32 one and every run stored before ``auto`` meant bf16 on a CPU keeps its name:
+
+    * ``fast``: with what it resolves to on this machine (``"fast:bf16"``, ``"fast:fp32"``, ...);
+    * ``auto`` on a CPU with native bf16: ``"auto:bf16"``; ``auto`` anywhere else (fp32 on another
+      CPU, the CUDA choice on CUDA, as before): ``"auto"``;
+    * every other value as is.
+
+    ``device_name`` is ``train.device`` (``auto`` resolves to CUDA where it is available)."""
+    if name not in ("auto", "fast"):
         return name
     device = torch.device("cuda" if device_name == "auto" and torch.cuda.is_available() else
                           "cpu" if device_name == "auto" else device_name)
+    if name == "auto":
+        return "auto:bf16" if device.type == "cpu" and resolve_precision(name, device) is not None else "auto"
     if device.type == "cuda" and not torch.cuda.is_available():  # refused later, when the run starts
         return "fast:cuda"
     return f"fast:{dtype_name(resolve_precision(name, device))}"
+
+
+def extraction_precision(name: str, device: torch.device) -> Precision | None:
+    """The precision a run trained with ``train.precision=name`` is evaluated in on ``device`` (the
+    features of ``app.evaluate.extract_split`` and the held-out monitor of ``app.heldout``): its
+    autocast + channels-last where ``fast``, or ``auto`` on a CPU, resolves to an autocast dtype
+    there (bf16 on a CPU with native bf16), else None (fp32; ``auto`` on CUDA too, as before)."""
+    if name == "fast" or (name == "auto" and device.type == "cpu"):
+        plan = precision_plan(name, False, device)
+        if plan.dtype is not None and plan.channels_last:
+            return plan
+    return None
 
 
 # ----------------------------------------------------------------------------- optimisation

@@ -38,9 +38,10 @@ Measured, in ONE process and ONE run so the ratios are fair on a noisy machine:
   part limits the step); on CUDA also BayesNCL without :func:`bayesncl.core.engine.prefetch_to_device`
   (the loader on the main stream).
 
-Defaults: CPU: ResNet-18 with the ImageNet stem, 32 px, batch 64, fp32 (about 25 s on 2 idle
-cores, up to a minute on busy ones); CUDA: ResNet-18 with the CIFAR stem, batch 256, 32 px, bf16
-autocast, channels_last.
+Defaults: CPU: ResNet-18 with the ImageNet stem, 32 px, batch 64, ``train.precision=auto`` as
+training (bf16 autocast + channels-last on a CPU with native bf16, fp32 on others; ``--precision
+fp32`` for the fp32 figures recorded before, about 25 s on 2 idle cores, up to a minute on busy
+ones); CUDA: ResNet-18 with the CIFAR stem, batch 256, 32 px, bf16 autocast, channels_last.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class BenchmarkSettings:
     steps: int | None = None  # timed steps per arm and round; CPU: 1, CUDA: 20
     rounds: int | None = None  # interleaved rounds; CPU: 12, CUDA: 5
     warmup: int = 2  # untimed steps per arm before the first round
-    precision: str | None = None  # CPU: fp32; CUDA: auto (bf16 where supported)
+    precision: str | None = None  # auto: the training default (bf16 + channels-last on a native-bf16 CPU)
     channels_last: bool | None = None  # CPU: false; CUDA: true
     compile: bool = False
     augment_compare: bool = True  # time the per-sample DataLoader path too
@@ -136,7 +137,7 @@ def default_settings(settings: BenchmarkSettings) -> tuple[BenchmarkSettings, to
     s = BenchmarkSettings(**asdict(settings))
     defaults = {
         "cifar_stem": "true" if cuda else "false", "batch_size": 256 if cuda else 64,
-        "steps": 20 if cuda else 1, "rounds": 5 if cuda else 12, "precision": "auto" if cuda else "fp32",
+        "steps": 20 if cuda else 1, "rounds": 5 if cuda else 12, "precision": "auto",
         "channels_last": cuda,
     }
     for name, value in defaults.items():
@@ -429,7 +430,7 @@ def _demo_arms(s: BenchmarkSettings, device: torch.device) -> list[_Arm]:
     step, _, model = _trainer(cfg, device)
     n = cfg.train.monitor_samples
     x = torch.randn(n, 3, 28, 28, generator=torch.Generator().manual_seed(0))
-    held = HeldOut(x, torch.arange(n) % 10, cfg.eval.batch_size)
+    held = HeldOut(x, torch.arange(n) % 10, cfg.eval.batch_size, cfg.train.precision)
     return [_Arm("demo-step", lambda: step(None), cfg.train.batch_size, 1),
             _Arm("demo-heldout", lambda: held.measure(model, device), n, 1)]
 
@@ -650,10 +651,11 @@ def add_benchmark_parser(subparsers: Any) -> None:
         ("--rounds", number, "interleaved rounds; medians (default 12 CPU, 5 CUDA)"),
         ("--warmup", {**number, "default": 2}, "untimed steps per arm first (default 2)"),
         ("--precision", {"choices": ("auto", "fast", "fp32", "fp16", "bf16")},
-         "autocast dtype (default fp32 on CPU, auto = bf16 on CUDA; fast: bf16 + channels-last on a CPU "
-         "with native bf16 too)"),
+         "autocast dtype (default auto, as training: bf16 on CUDA; bf16 + channels-last on a CPU with "
+         "native bf16, AVX512-BF16 or AMX; fp32 on other CPUs. fp32: the CPU default before)"),
         ("--channels-last", {"action": argparse.BooleanOptionalAction},
-         "channels_last memory format (default on for CUDA, off for CPU)"),
+         "channels_last memory format (default on for CUDA; off for CPU, where --precision auto or "
+         "fast adds it with bf16)"),
         ("--compile", flag, "torch.compile the model (slow first steps)"),
         ("--no-augment-compare", flag, "skip the per-sample DataLoader path"),
         ("--no-plain-compare", flag, "skip the plain SimCLR loop and our step at the other precisions"),

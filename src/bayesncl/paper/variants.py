@@ -94,16 +94,18 @@ ADDED_KEYS: dict[str, Any] = {
 def identity(cfg: Config) -> dict[str, Any]:
     """The resolved config as flat dotted keys, without :data:`IDENTITY_IGNORES` and without the
     :data:`ADDED_KEYS` at their old value: what makes two runs the same run (the seed is one of its
-    keys). ``train.precision=fast`` is held with what it resolves to on this machine (``fast:bf16``
-    on a CPU with native bf16, ``fast:fp32`` on one without; ``core.optim.identity_precision``)."""
+    keys). ``train.precision`` ``auto`` and ``fast`` are held with what they resolve to on this
+    machine where that matters (``core.optim.identity_precision``): ``auto:bf16`` / ``fast:bf16`` on a
+    CPU with native bf16, ``fast:fp32`` on one without, and plain ``auto`` wherever ``auto`` means
+    what it meant before it chose bf16 on such CPUs (so every stored fp32 run keeps its name)."""
     ident = {
         k: v for k, v in flatten(cfg.to_dict()).items()
         if not ignored(k, IDENTITY_IGNORES) and not (k in ADDED_KEYS and ADDED_KEYS[k] == v)
     }
-    if ident.get("train.precision") == "fast":  # what it resolves to here: a bf16 run is not an fp32 one
+    if ident.get("train.precision") in ("auto", "fast"):  # what it resolves to here: bf16 is not fp32
         from bayesncl.core.optim import identity_precision
 
-        ident["train.precision"] = identity_precision("fast", str(cfg.train.device))
+        ident["train.precision"] = identity_precision(ident["train.precision"], str(cfg.train.device))
     return ident
 
 
