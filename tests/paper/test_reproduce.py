@@ -314,7 +314,7 @@ def test_ncl_fs_transfer_set_by_dataset() -> None:
     without one (synthetic, image folders) the columns stay empty and a note says why; the paper's
     cells are the NCL paper's ImageNet-100 ones."""
     fs = studies.build("ncl-fs", "fashion-mnist", TINY)  # TINY trains on synthetic: no transfer set
-    assert [m for m, _ in fs.measures] == ["fs", "retrieval", "nclmap"]
+    assert [m for m, _ in fs.measures] == ["selection", "retrieval", "nclmap"]
     assert [c.key for c in fs.columns][-2:] == ["transfer_top_acc1", "transfer_random_acc1"]
     assert any("transfer columns empty: no transfer set for data.name=synthetic" in n for n in fs.notes)
     fm = studies.build("ncl-fs", "fashion-mnist", [])  # the recipe: D = 256, generated dSprites (shape)

@@ -308,7 +308,7 @@ def _m_finetune(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, fl
 
 
 MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval": _m_retrieval,
-            "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune,
+            "selection": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune,
             "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory, **NCL_MEASURES}  # fmt: skip
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
 MEASURES.update(eval_studies.MEASURES)  # issue 26: mig, ood, appj, nclmap
