@@ -11,7 +11,13 @@ import torch
 import bayesncl.metrics.knn as knn_module
 from bayesncl.metrics.inputs import EvalError
 from bayesncl.metrics.knn import knn_accuracy
-from bayesncl.metrics.probe import feature_selection_probe, linear_probe, stratified_split
+from bayesncl.metrics.probe import (
+    feature_selection_probe,
+    linear_probe,
+    probe_columns,
+    selection_probes,
+    stratified_split,
+)
 
 
 def blobs(n_train=600, n_test=300, d=16, classes=5, sep=4.0, seed=0, nonneg=False):
@@ -140,3 +146,65 @@ def test_probe_knn_bad_inputs():
         linear_probe(xtr, torch.zeros_like(ytr), xte, yte)
     with pytest.raises(EvalError, match="needs train and test labels"):
         knn_accuracy(xtr, None, xte, yte)
+
+
+def _one_label_dim(n_train: int = 200, n_test: int = 100, d: int = 8, seed: int = 0):
+    """2 classes; dim 0 is 1 + the label (1 or 2: it alone carries the label, and its expected
+    activation is the largest), dims 1..7 are uniform noise in [0, 0.1·k) (so their ranks by expected
+    activation run 7, 6, ..., 1: not index order). Non-negative, as NCL's z̃."""
+    g = torch.Generator().manual_seed(seed)
+
+    def split(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.arange(n) % 2
+        noise = torch.rand(n, d - 1, generator=g) * (0.1 * torch.arange(1, d))
+        return torch.cat([(1.0 + y)[:, None].float(), noise], 1), y
+
+    (xtr, ytr), (xte, yte) = split(n_train), split(n_test)
+    return xtr, ytr, xte, yte
+
+
+def test_selection_probes_top1_finds_the_label_dim_and_random1_is_worse_on_average():
+    xtr, ytr, xte, yte = _one_label_dim()
+    assert feature_selection_probe(xtr, ytr, xte, yte, k=1)["dims"] == [0]
+    assert feature_selection_probe(xtr, ytr, xte, yte, k=8)["dims"] == [0, 7, 6, 5, 4, 3, 2, 1]
+    runs = [selection_probes(xtr, ytr, xte, yte, ks=(1,), seed=s)[1] for s in range(16)]
+    assert all(r["top_acc1"] == 100.0 for r in runs)  # dim 0 separates the two classes exactly
+    # random 1: dim 0 with chance 1/8 (100 %), else a noise dim (about 50 %): about 56 % expected
+    hits = [s for s in range(16) if np.random.default_rng(s).choice(8, size=1, replace=False)[0] == 0]
+    for s, r in enumerate(runs):
+        assert (r["random_acc1"] == 100.0) == (s in hits), s
+    mean = float(np.mean([r["random_acc1"] for r in runs]))
+    assert 40.0 < mean < 80.0
+
+
+def test_selection_probes_at_k_equal_d_are_the_same_probe():
+    # top-D in rank order (0, 7, 6, ..., 1) and random D (a permutation) are the same set of dims: the
+    # probe sees them in index order, so both are bit for bit the probe on all features
+    xtr, ytr, xte, yte = _one_label_dim(seed=3)
+    xtr[:, 0] += 0.3 * torch.rand(len(xtr), generator=torch.Generator().manual_seed(1))  # not separable
+    xte[:, 0] += 0.3 * torch.rand(len(xte), generator=torch.Generator().manual_seed(2))
+    full = linear_probe(xtr, ytr, xte, yte, seeds=5)["acc1"]
+    for seed in (5, 6):
+        out = selection_probes(xtr, ytr, xte, yte, ks=(2, 8), seed=seed)
+        assert out[8]["top_acc1"] == out[8]["random_acc1"]
+        assert feature_selection_probe(xtr, ytr, xte, yte, k=8, seeds=5)["acc1"] == full
+    assert selection_probes(xtr, ytr, xte, yte, ks=(8,), seed=5)[8]["top_acc1"] == full
+    # the random dims: default_rng(seed) drawn once per K in the order of ks
+    rng = np.random.default_rng(6)
+    idx = np.sort(rng.choice(8, size=2, replace=False))
+    expected = linear_probe(xtr[:, idx], ytr, xte[:, idx], yte, seeds=6)["acc1"]
+    assert selection_probes(xtr, ytr, xte, yte, ks=(2, 8), seed=6)[2]["random_acc1"] == expected
+
+
+def test_probe_columns_depends_on_the_set_of_columns_only():
+    xtr, ytr, xte, yte = blobs(d=6, sep=1.0, seed=2)
+    a = probe_columns(xtr, ytr, xte, yte, [4, 0, 2])
+    b = probe_columns(xtr, ytr, xte, yte, np.array([0, 2, 4]))
+    assert a["acc1"] == b["acc1"] and a["per_seed"] == b["per_seed"]
+    assert a["acc1"] == linear_probe(xtr[:, [0, 2, 4]], ytr, xte[:, [0, 2, 4]], yte)["acc1"]
+    for bad in ([], [1, 1], [6], [-1]):
+        with pytest.raises(EvalError, match=r"^probe columns must be distinct dims in 0\.\.5; got "):
+            probe_columns(xtr, ytr, xte, yte, bad)
+    msg = "selection_probes: k=7: expected the number of top dims to keep, an integer with 1 <= k <= D=6"
+    with pytest.raises(EvalError, match="^" + re.escape(msg) + "$"):
+        selection_probes(xtr, ytr, xte, yte, ks=(2, 7))

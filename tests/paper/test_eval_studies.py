@@ -1,5 +1,6 @@
-"""Issue 26's studies on tiny runs: ``reproduce ncl-mig``, ``ncl-ood``, ``appj`` (and the Appendix J
-relation by hand). Seeded studies are never run for real here: a few steps, 8 px images."""
+"""Issue 26's studies on tiny runs: ``reproduce ncl-mig``, ``ncl-ood``, ``appj``, ncl-fs's transfer
+measure (and the Appendix J relation by hand). Seeded studies are never run for real here: a few
+steps, 8 px images."""
 
 from __future__ import annotations
 
@@ -96,3 +97,24 @@ def test_entropy_background_by_hand():
     assert r["q1.entropy"] == pytest.approx(0.0) and r["q2.entropy"] == pytest.approx(np.log(4))
     assert r["q1.bg_share"] == pytest.approx(0.0) and r["q2.bg_share"] == pytest.approx(1.0)
     assert r["q1.bg_dims"] == 0.0 and r["q2.bg_dims"] == 1.0
+
+
+def test_ncl_fs_transfer_measure_on_dsprites(tmp_path: Path) -> None:
+    """ncl-fs's transfer measure through a 1-channel encoder (a fashion-mnist model) on generated
+    dSprites, labelled by shape: every K gets both cells, and at K = D they are one probe; a transfer
+    set that cannot be read is one line naming it."""
+    from bayesncl.config import build_config
+    from bayesncl.data import DataError
+
+    from ..conftest import tiny_checkpoint
+
+    over = ["data.name=fashion-mnist", "data.image_size=16", f"data.root={fmnist_folder(tmp_path / 'fm')}"]
+    ckpt = tiny_checkpoint(tmp_path / "m.pt", over, channels=1, num_classes=10)
+    cfg = build_config(overrides=[*TINY, *over])
+    out = eval_studies.MEASURES["fs_transfer"](ckpt, cfg, (("dsprites", 96, 60), (2, 16)))
+    assert set(out) == {f"K{k}.transfer_{m}_acc1" for k in (2, 16) for m in ("top", "random")}
+    assert all(0.0 <= v <= 100.0 for v in out.values())
+    assert out["K16.transfer_top_acc1"] == out["K16.transfer_random_acc1"]
+    with pytest.raises(DataError, match=r"^ncl-fs's transfer set cifar100 \(studies\.TRANSFER_DATA for "
+                                        r"fashion-mnist\): "):  # fmt: skip
+        eval_studies.MEASURES["fs_transfer"](ckpt, cfg, (("cifar100", 0, 0), (2,)))

@@ -68,6 +68,8 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
         mp.setattr(studies, "LAM_FACTORS", (1.0, 3.0))
         mp.setattr(studies, "TABLE5_METHODS", ("ncl",))
         mp.setattr(studies, "FINETUNE_CPU_EPOCHS", 1)
+        # ncl-fs's transfer set: the runs' own data and sizes (TINY), so it repeats the in-domain probes
+        mp.setattr(studies, "TRANSFER_DATA", {"synthetic": ("synthetic", 64, 60)})
         yield b
 
 
@@ -165,8 +167,18 @@ def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, A
         assert "NCL K=2" in rows and "BayesNCL K=16" in rows
         assert all(0 <= v <= 100 for r in rows.values() for c in r.values() for v in c["values"])
     elif study == "ncl-fs":  # at K = D the top-K and the random K are the same dims: the same probe
-        full = rows["NCL K=16"]
-        assert full["top_acc1"]["values"] == pytest.approx(full["random_acc1"]["values"])
+        for v in ("CL", "NCL"):
+            full = rows[f"{v} K=16"]
+            assert full["top_acc1"]["values"] == full["random_acc1"]["values"]  # exactly: the same columns
+            assert full["transfer_top_acc1"]["values"] == full["transfer_random_acc1"]["values"]
+        # the "transfer" set is the runs' own data (the fixture's TRANSFER_DATA): the same images through the
+        # same encoder, ranked and probed alike (the random dims: one seeded draw per K), so every transfer
+        # cell repeats its in-domain twin
+        for label, r in rows.items():
+            for key in ("top_acc1", "random_acc1"):
+                assert r[f"transfer_{key}"]["values"] == pytest.approx(r[key]["values"]), (label, key)
+        note = "transfer: the same two probes on synthetic (train 64, test 60;"
+        assert any(note in n for n in out["notes"])
     elif study == "ncl-sepin":
         assert set(rows["CL"]) == {"sepin@1", "sepin@10", "sepin@all"}
     elif study == "convergence":  # one checkpoint (epoch 1) per tiny run
@@ -295,3 +307,33 @@ def test_the_plans_rate_is_a_stored_runs_fastest_epoch(tmp_path: Path) -> None:
     write_log(tmp_path, rows)
     rate = _logged_rate(tmp_path)
     assert rate is not None and rate[1] == pytest.approx(160.0)
+
+
+def test_ncl_fs_transfer_set_by_dataset() -> None:
+    """ncl-fs measures its transfer columns on studies.TRANSFER_DATA's set for the runs' data.name;
+    without one (synthetic, image folders) the columns stay empty and a note says why; the paper's
+    cells are the NCL paper's ImageNet-100 ones."""
+    fs = studies.build("ncl-fs", "fashion-mnist", TINY)  # TINY trains on synthetic: no transfer set
+    assert [m for m, _ in fs.measures] == ["selection", "retrieval", "nclmap"]
+    assert [c.key for c in fs.columns][-2:] == ["transfer_top_acc1", "transfer_random_acc1"]
+    assert any("transfer columns empty: no transfer set for data.name=synthetic" in n for n in fs.notes)
+    fm = studies.build("ncl-fs", "fashion-mnist", [])  # the recipe: D = 256, generated dSprites (shape)
+    assert ("fs_transfer", (("dsprites", 10_000, 5_000), (8, 16, 32, 64, 128, 256))) in fm.measures
+    assert len(fm.panels[0].series) == 8  # CL, NCL x top-K, random K, transfer top-K, transfer random K
+    assert dict(studies.build("ncl-fs", "cifar10", []).measures)["fs_transfer"][0] == ("cifar100", 0, 0)
+    assert dict(studies.build("ncl-fs", "cifar100", []).measures)["fs_transfer"][0] == ("cifar10", 0, 0)
+    paper = studies.build("ncl-fs", "imagenet100", []).paper
+    assert paper["NCL K=2048"] == {"ncl_map": 14.2, "transfer_top_acc1": 19.9}
+    assert paper["NCL K=512"] == {"top_acc1": 68.9, "ncl_map": 14.2, "transfer_top_acc1": 19.8}
+    assert paper["CL K=512"] == {"random_acc1": 66.2} and paper["CL K=2048"] == {"ncl_map": 10.9}
+    assert fm.paper == {}
+
+
+def test_transfer_config_keeps_the_runs_geometry() -> None:
+    from bayesncl.paper.eval_studies import transfer_config
+
+    cfg = build_config(overrides=["data.name=fashion-mnist", "data.train_subset=500", "data.test_subset=70"])
+    t = transfer_config(cfg, "dsprites", 100, 50)
+    assert (t.data.name, t.data.train_subset, t.data.test_subset) == ("dsprites", 100, 50)
+    assert t.data.image_size == 28 and t.data.labels == "auto"  # fashion-mnist's native 28 px, labelled
+    assert t.model == cfg.model and cfg.data.name == "fashion-mnist"  # the run's config is not altered

@@ -9,7 +9,7 @@ Definitions, units, edge cases and sources: docs/metrics.md. :data:`METRICS` (mo
 
 from bayesncl.metrics.inputs import EvalError, EvalWarning
 from bayesncl.metrics.knn import knn_accuracy
-from bayesncl.metrics.probe import feature_selection_probe, linear_probe
+from bayesncl.metrics.probe import feature_selection_probe, linear_probe, probe_columns, selection_probes
 from bayesncl.metrics.registry import METRIC_KEYS, METRICS, Metric, column, compute_all, format_metrics_table
 from bayesncl.metrics.retrieval import retrieval_metrics
 from bayesncl.metrics.semantic import (
@@ -33,7 +33,8 @@ from bayesncl.metrics.spectral import (
 __all__ = [
     "METRICS", "METRIC_KEYS", "EvalError", "EvalWarning", "Metric", "activation_ratio", "active_dims",
     "column", "compute_all", "effective_rank", "feature_selection_probe", "format_metrics_table",
-    "knn_accuracy", "linear_probe", "orthogonality", "retrieval_metrics", "semantic_consistency",
-    "semantic_consistency_per_dim", "semantic_entropy_freq", "semantic_entropy_mean",
-    "semantic_entropy_sum", "semantic_metrics", "sepin_at_k", "sepin_scores", "sparsity", "spectral_entropy",
+    "knn_accuracy", "linear_probe", "orthogonality", "probe_columns", "retrieval_metrics",
+    "selection_probes", "semantic_consistency", "semantic_consistency_per_dim", "semantic_entropy_freq",
+    "semantic_entropy_mean", "semantic_entropy_sum", "semantic_metrics", "sepin_at_k", "sepin_scores",
+    "sparsity", "spectral_entropy",
 ]

@@ -20,7 +20,8 @@ from ._numerics import downscale_exponent, scaled
 from .inputs import EvalError, class_indices, validate_train_test
 from .retrieval import select_top_dims
 
-__all__ = ["DEFAULT_L2_GRID", "feature_selection_probe", "linear_probe", "stratified_split"]
+__all__ = ["DEFAULT_L2_GRID", "feature_selection_probe", "linear_probe", "probe_columns", "selection_probes",
+           "stratified_split"]
 
 DEFAULT_L2_GRID = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5)
 
@@ -194,16 +195,65 @@ def feature_selection_probe(
     train_features: Any, train_labels: Any, test_features: Any, test_labels: Any, k: int, **probe_kwargs: Any
 ) -> dict[str, Any]:
     """Linear probe on the top-``k`` dims ranked by expected activation Σ_n normalize(F)_nk of
-    the *train* features (NCL's feature-selection protocol); adds ``k`` and ``dims`` to the
-    :func:`linear_probe` result. Raises :class:`EvalError` unless ``k`` is an integer with
-    1 <= k <= D (the feature dimension), and for everything :func:`linear_probe` rejects."""
+    the *train* features (NCL's feature-selection protocol); adds ``k`` and ``dims`` (the selected
+    dims in rank order, largest expected activation first) to the :func:`linear_probe` result. The
+    probe sees the selected columns in index order (:func:`probe_columns`), so it depends on the
+    *set* of dims only: at k = D it is exactly the probe on all features. Raises
+    :class:`EvalError` unless ``k`` is an integer with 1 <= k <= D (the feature dimension), and for
+    everything :func:`linear_probe` rejects."""
     xtr, _, xte, _ = validate_train_test(train_features, None, test_features, None)
-    d = xtr.shape[1]
+    _check_k(k, xtr.shape[1], "feature_selection_probe")
+    idx = select_top_dims(xtr, k)
+    out = probe_columns(xtr, train_labels, xte, test_labels, idx, **probe_kwargs)
+    return {**out, "k": int(k), "dims": idx.tolist()}
+
+
+def _check_k(k: Any, d: int, who: str) -> None:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= d:
         raise EvalError(
-            f"feature_selection_probe: k={k!r}: expected the number of top dims to keep, an integer "
-            f"with 1 <= k <= D={d}"
+            f"{who}: k={k!r}: expected the number of top dims to keep, an integer with 1 <= k <= D={d}"
         )
-    idx = select_top_dims(xtr, k)
-    out = linear_probe(xtr[:, idx], train_labels, xte[:, idx], test_labels, **probe_kwargs)
-    return {**out, "k": int(k), "dims": idx.tolist()}
+
+
+def probe_columns(
+    train_features: Any, train_labels: Any, test_features: Any, test_labels: Any, columns: Any,
+    **probe_kwargs: Any,
+) -> dict[str, Any]:
+    """:func:`linear_probe` on the feature ``columns`` (a sequence of distinct dim indices) of
+    train and test, taken in increasing index order whatever order they are given in: the probe
+    is a function of the set of columns (the same set gives bit-identical results, so a top-K and a
+    random-K selection that pick the same dims report the same accuracy). Raises
+    :class:`EvalError` for an empty, repeated or out-of-range column, and as :func:`linear_probe`."""
+    xtr, _, xte, _ = validate_train_test(train_features, None, test_features, None)
+    cols = np.asarray(torch.as_tensor(columns).cpu(), dtype=np.int64).ravel()
+    d = xtr.shape[1]
+    if cols.size == 0 or len(set(cols.tolist())) != cols.size or cols.min() < 0 or cols.max() >= d:
+        raise EvalError(f"probe columns must be distinct dims in 0..{d - 1}; got {cols.tolist()}")
+    idx = torch.from_numpy(np.sort(cols))
+    return linear_probe(xtr[:, idx], train_labels, xte[:, idx], test_labels, **probe_kwargs)
+
+
+def selection_probes(
+    train_features: Any, train_labels: Any, test_features: Any, test_labels: Any, ks: Sequence[int],
+    seed: int = 0,
+) -> dict[int, dict[str, float]]:
+    """NCL's feature-selection comparison (its ``scripts/selected`` probe) at every K of ``ks``:
+    ``{K: {"top_acc1": …, "random_acc1": …}}``, percent. ``top_acc1``: the probe on the K dims of
+    largest expected activation of the *train* features (:func:`feature_selection_probe`);
+    ``random_acc1``: the probe on K dims drawn without replacement by one
+    ``numpy.random.default_rng(seed)``, one draw per K in the order of ``ks`` (so a seed and ``ks``
+    pick the same dims for any features of width D). Both are :func:`probe_columns` at probe seed
+    ``seed``: deterministic given the set of dims, so at K = D (both keep every dim) the two are
+    equal. Raises :class:`EvalError` for a K outside 1..D and as :func:`linear_probe`."""
+    xtr, _, xte, _ = validate_train_test(train_features, None, test_features, None)
+    d = xtr.shape[1]
+    for k in ks:
+        _check_k(k, d, "selection_probes")
+    rng = np.random.default_rng(seed)
+    out: dict[int, dict[str, float]] = {}
+    for k in ks:
+        top = probe_columns(xtr, train_labels, xte, test_labels, select_top_dims(xtr, int(k)), seeds=seed)
+        drawn = rng.choice(d, size=int(k), replace=False)
+        rand = probe_columns(xtr, train_labels, xte, test_labels, drawn, seeds=seed)
+        out[int(k)] = {"top_acc1": top["acc1"], "random_acc1": rand["acc1"]}
+    return out

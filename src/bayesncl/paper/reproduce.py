@@ -242,23 +242,14 @@ def _m_retrieval_sel(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[st
 
 
 def _m_fs(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
-    """Top-K dims by expected activation (of the train z̃) vs K random dims (seed = the run's)."""
-    import numpy as np
-
-    from bayesncl.metrics import feature_selection_probe, linear_probe
+    """Top-K dims by expected activation (of the train z̃) vs K random dims (seed = the run's):
+    :func:`~bayesncl.metrics.selection_probes`; keys ``K<k>.top_acc1`` / ``K<k>.random_acc1``."""
+    from bayesncl.metrics import selection_probes
 
     train, test = _features(sub)
-    rng = np.random.default_rng(cfg.seed)
-    out = {}
-    for k in ks:
-        out[f"K{k}.top_acc1"] = feature_selection_probe(
-            train.features, train.labels, test.features, test.labels, int(k), seeds=cfg.seed
-        )["acc1"]
-        idx = np.sort(rng.choice(train.dim, size=int(k), replace=False))
-        out[f"K{k}.random_acc1"] = linear_probe(
-            train.features[:, idx], train.labels, test.features[:, idx], test.labels, seeds=cfg.seed
-        )["acc1"]
-    return out
+    r = selection_probes(train.features, train.labels, test.features, test.labels, [int(k) for k in ks],
+                         seed=cfg.seed)  # fmt: skip
+    return {f"K{k}.{m}": v for k, row in r.items() for m, v in row.items()}
 
 
 def _m_sepin(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
@@ -318,7 +309,7 @@ def _m_finetune(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, fl
 
 
 MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval": _m_retrieval,
-            "fs": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune,
+            "selection": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune,
             "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory, **NCL_MEASURES}  # fmt: skip
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
 MEASURES.update(eval_studies.MEASURES)  # issue 26: mig, ood, appj, nclmap
