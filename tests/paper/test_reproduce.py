@@ -26,6 +26,7 @@ from ..conftest import TINY as _TINY
 
 # smaller still than the shared tiny settings: 8 px images, 2 steps an epoch (about 50 runs here)
 TINY = [*_TINY, "data.image_size=8", "data.train_subset=64"]
+SHIPPED_TRANSFER_DATA = dict(studies.TRANSFER_DATA)  # before the module's bench fixture patches it
 
 
 class Bench:
@@ -309,10 +310,11 @@ def test_the_plans_rate_is_a_stored_runs_fastest_epoch(tmp_path: Path) -> None:
     assert rate is not None and rate[1] == pytest.approx(160.0)
 
 
-def test_ncl_fs_transfer_set_by_dataset() -> None:
+def test_ncl_fs_transfer_set_by_dataset(monkeypatch: pytest.MonkeyPatch) -> None:
     """ncl-fs measures its transfer columns on studies.TRANSFER_DATA's set for the runs' data.name;
     without one (synthetic, image folders) the columns stay empty and a note says why; the paper's
     cells are the NCL paper's ImageNet-100 ones."""
+    monkeypatch.setattr(studies, "TRANSFER_DATA", SHIPPED_TRANSFER_DATA)  # not the bench fixture's, if active
     fs = studies.build("ncl-fs", "fashion-mnist", TINY)  # TINY trains on synthetic: no transfer set
     assert [m for m, _ in fs.measures] == ["selection", "retrieval", "nclmap"]
     assert [c.key for c in fs.columns][-2:] == ["transfer_top_acc1", "transfer_random_acc1"]
