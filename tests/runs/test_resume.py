@@ -209,6 +209,46 @@ def test_a_mid_epoch_resume_under_bf16_autocast_is_bit_identical(
     assert rows(run) == rows(straight)
 
 
+def test_resume_says_what_it_loaded_and_keeps_the_precision_the_run_trained_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 23's follow-up: ``auto`` resolved to bf16 where the run started (a native-bf16 CPU); a
+    ``--resume`` on a CPU without native bf16 (where ``auto`` is fp32) keeps bf16 autocast, which runs
+    on any CPU, and says so; the checkpoints record it. ``--resume`` says what it loaded."""
+    from bayesncl.core import optim
+
+    args = [*TINY_BASE, "method.name=ncl", "train.epochs=1"]  # auto; 3 steps an epoch
+    run = tmp_path / "run"
+    monkeypatch.setattr(optim, "native_cpu_bf16", lambda flags=None: "AVX512-BF16")
+    pretrain(build_config(overrides=args), run, evaluate=False)
+    recorded = {"dtype": "bf16", "channels_last": True}
+    assert load_checkpoint_file(run / "last.pt")["precision"] == recorded
+    capsys.readouterr()
+    monkeypatch.setattr(optim, "native_cpu_bf16", lambda flags=None: None)
+    more = [*args[:-1], "train.epochs=2"]
+    pretrain(build_config(overrides=more), run, resume=True, evaluate=False)
+    out = capsys.readouterr().out
+    assert f"resuming {run} from last.pt at epoch 1 (step 3)\n" in out
+    assert (
+        "precision: bf16 autocast + channels-last (the run's, from its checkpoint: train.precision=auto "
+        "chose it where the run started; here it would choose fp32)\n"
+    ) in out
+    assert load_checkpoint_file(run / "last.pt")["precision"] == recorded
+
+    # a precision this device cannot compute in (fp16 on a CPU): this machine's, and a warning
+    ckpt = load_checkpoint_file(run / "last.pt")
+    ckpt["precision"] = {"dtype": "fp16", "channels_last": False}
+    torch.save(ckpt, run / "last.pt")
+    with pytest.warns(UserWarning) as record:
+        pretrain(build_config(overrides=[*args[:-1], "train.epochs=3"]), run, resume=True, evaluate=False)
+    assert [str(w.message) for w in record] == [
+        "--resume: the run trained in fp16 (train.precision=auto where it started), which this cpu cannot "
+        "compute in: it continues in fp32"
+    ]
+    assert "precision: fp32 (train.precision=auto: this CPU has no native bf16" in capsys.readouterr().out
+    assert load_checkpoint_file(run / "last.pt")["precision"] == {"dtype": "fp32", "channels_last": False}
+
+
 def test_resume_that_changes_the_length_of_an_unfinished_run_warns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -213,7 +213,8 @@ def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> Contras
 
     world = run.world
     device = world.device
-    precision = precision_plan(cfg.train.precision, cfg.train.channels_last, device)  # as pretraining's
+    # as pretraining's; on --resume what the run trained in (RunDir.precision)
+    precision = run.precision(precision_plan(cfg.train.precision, cfg.train.channels_last, device))
     amp_dtype = precision.dtype
     seed_everything(distributed.rank_seed(cfg.seed, world.rank))
     model = _prepare(model, cfg, info.num_classes, device)

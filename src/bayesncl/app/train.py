@@ -170,7 +170,7 @@ def train(cfg: Config, run: RunDir, facts: RunFacts) -> ContrastiveModel:
     then draws the curves and exports the encoder. Returns the trained model."""
     world = run.world
     device = world.device
-    precision = precision_plan(cfg.train.precision, cfg.train.channels_last, device)
+    precision = run.precision(precision_plan(cfg.train.precision, cfg.train.channels_last, device))
     amp_dtype = precision.dtype
     if world.is_main:
         print(f"precision: {precision.why}", flush=True)

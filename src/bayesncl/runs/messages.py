@@ -51,3 +51,10 @@ def occupied_run_dir(run_dir: Path) -> RunDirError:
         f"run dir {run_dir} already holds a run; pass --resume to continue it, "
         "--overwrite to replace it, or choose another --run-dir"
     )
+
+
+def resuming(run_dir: Path, state: Any) -> str:
+    """``"resuming RUN from last.pt at epoch N (step S)"``: what ``--resume`` loaded (``state``: the
+    restored ``runs.state.TrainState``), with how far into the next epoch a stop inside it had come."""
+    inside = f", {state.cursor.n_seen} steps into epoch {state.epoch + 1}" if state.cursor else ""
+    return f"resuming {run_dir} from last.pt at epoch {state.epoch} (step {state.step}{inside})"

@@ -23,6 +23,7 @@ from bayesncl.core import distributed, methods
 from bayesncl.core.engine import STOP_SIGNALS, Cursor, EpochResult
 from bayesncl.core.methods import CONTRASTIVE_STATS
 from bayesncl.core.methods.plugins import PLUGINS_FILE
+from bayesncl.core.optim import Precision, resolve_precision
 from bayesncl.data import mix_seed
 from bayesncl.runs import layout, lock, messages
 from bayesncl.runs.fileio import atomic_path, remove_stale_temporaries
@@ -189,6 +190,7 @@ class RunDir:
         self._handlers: list[tuple[int, Any]] = []
         self.loggers: RunLoggers | None = None  # rank 0, from claim() to the end of the ``with``
         self._trained: tuple[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler]  # by restore()
+        self._precision: Precision | None = None  # by precision(): recorded in the checkpoints
 
     def __enter__(self) -> RunDir:
         self.checkpoint = distributed.run_on_main(
@@ -213,6 +215,35 @@ class RunDir:
                 self._lock.release()
             self._restore_handlers()
 
+    def precision(self, plan: Precision) -> Precision:
+        """What to train in: ``plan`` (``core.optim.precision_plan`` on this machine), or on --resume
+        what the run trained in (its checkpoint's ``precision``) where ``train.precision=auto`` or
+        ``fast`` resolves differently here (a bf16 run resumed on a CPU without native bf16): bf16
+        autocast runs on any CPU, only slower. Where this device cannot run it (fp16 on a CPU, bf16
+        on a GPU without it), ``plan``, with a warning. Call it before :meth:`restore`."""
+        recorded = (self.checkpoint or {}).get("precision")
+        self._precision = plan
+        if not recorded or recorded["dtype"] == plan.name:
+            return plan
+        device, name, dtype = self.world.device, self.cfg.train.precision, recorded["dtype"]
+        cuda = device.type == "cuda"
+        if dtype == "bf16" and cuda and not torch.cuda.is_bf16_supported() or dtype == "fp16" and not cuda:
+            if self.world.is_main:
+                warnings.warn(
+                    f"--resume: the run trained in {dtype} (train.precision={name} where it started), which "
+                    f"this {device.type} cannot compute in: it continues in {plan.name}",
+                    stacklevel=2,
+                )
+            return plan
+        cl = bool(recorded["channels_last"])
+        what = (dtype if dtype == "fp32" else f"{dtype} autocast") + (" + channels-last" if cl else "")
+        self._precision = Precision(
+            resolve_precision(dtype, device), cl,
+            f"{what} (the run's, from its checkpoint: train.precision={name} chose it where the run started; "
+            f"here it would choose {plan.name})",
+        )
+        return self._precision
+
     def restore(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
         steps_per_epoch: int,
@@ -224,7 +255,7 @@ class RunDir:
         ckpt, cfg, world = self.checkpoint, self.cfg, self.world
         self._trained = (model, optimizer, scaler)
         if ckpt is None:
-            return TrainState(steps_per_epoch=steps_per_epoch)
+            return TrainState(steps_per_epoch=steps_per_epoch, precision=self._precision)
         partial = ckpt.get("partial")  # (from before named statistics: the sums in their old order)
         cursor = Cursor.from_dict(partial, tuple(s.name for s in CONTRASTIVE_STATS)) if partial else None
         done = ckpt["steps_per_epoch"]
@@ -249,8 +280,10 @@ class RunDir:
         scaler.load_state_dict(ckpt["scaler"])
         state = TrainState(
             epoch=ckpt["epoch"], step=ckpt["step"], log=list(ckpt["log"]), cursor=cursor,
-            steps_per_epoch=steps_per_epoch, step_log=list(ckpt["step_log"]),
+            steps_per_epoch=steps_per_epoch, step_log=list(ckpt["step_log"]), precision=self._precision,
         )
+        if world.is_main:
+            print(messages.resuming(self.path, state), flush=True)
         ranks = ckpt.get("rng_ranks")
         if ranks and len(ranks) == world.world_size:  # each rank continues its own RNG stream
             set_rng_state(ranks[world.rank])

@@ -20,6 +20,7 @@ from torch import nn
 
 from bayesncl.config import Config
 from bayesncl.core.engine import Cursor
+from bayesncl.core.optim import Precision
 from bayesncl.runs.fileio import atomic_path
 from bayesncl.runs.safe_load import CHECKPOINT_FORMAT
 
@@ -68,6 +69,7 @@ class TrainState:
     steps_per_epoch: int = 0
     # Under DDP: every rank's RNG state (rank order), gathered at the save; rank 0's is also "rng".
     rng_ranks: list[dict[str, Any]] | None = None
+    precision: Precision | None = None  # what the run computes in (train.precision=auto resolved)
 
 
 def save_checkpoint(
@@ -81,4 +83,7 @@ def save_checkpoint(
         "step": state.step, "log": state.log, "step_log": state.step_log,
         "partial": state.cursor and state.cursor.to_dict(),
         "steps_per_epoch": state.steps_per_epoch, "rng_ranks": state.rng_ranks, "rng": rng_state(),
+        "precision": state.precision and {
+            "dtype": state.precision.name, "channels_last": state.precision.channels_last,
+        },
     }, path)  # fmt: skip
