@@ -1,22 +1,7 @@
-"""Typed configuration: dataclass defaults, method presets, YAML files and dotted overrides.
-
-Resolution order (later wins):
-
-1. the dataclass defaults (:mod:`~bayesncl.config.schema`);
-2. the preset named by ``method.name`` (:data:`METHOD_PRESETS`);
-3. the YAML file given with ``--config``;
-4. ``key=value`` overrides from the command line;
-
-or a run's saved config, overrides on top (``--resume``, a reloaded run): :func:`build_config` builds both.
-
-An unknown key is an error naming the key and the closest valid keys; values are coerced to the
-field's type and range-checked by :func:`validate` before any training starts.
-
-Modules, one job each: :mod:`~bayesncl.config.schema` (the types, presets, allowed values and keys),
-:mod:`~bayesncl.config.parse` (values, overrides, YAML out, diffs), :mod:`~bayesncl.config.files`
-(YAML files, recipes), :mod:`~bayesncl.config.checks` (:func:`validate`); this package builds a
-config from them (:func:`build_config`, the one way to a checked one) and re-exports their names.
-"""
+"""Typed configuration: the dataclass defaults → the preset of ``method.name`` → the YAML file of
+``--config`` → ``key=value`` overrides (later wins); or a run's saved config, overrides on top
+(``--resume``, a reloaded run). :func:`build_config` builds either and checks it once; an unknown key
+is an error naming the closest valid keys. The modules: docs/architecture.md."""
 
 from __future__ import annotations
 

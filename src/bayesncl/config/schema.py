@@ -130,14 +130,16 @@ def fixed_choices() -> dict[str, tuple[str, ...]]:
     }
 
 
-def _keys_of(tp: Any, prefix: str = "") -> list[str]:
-    keys: list[str] = []
+def _fields(tp: Any = Config, prefix: str = "") -> dict[str, Any]:
+    """Every dotted key of the dataclass ``tp`` with its type (not the method's own keys)."""
+    out: dict[str, Any] = {}
     own = {f.name for f in dataclasses.fields(tp) if f.metadata.get("own")}
     for name, ftp in typing.get_type_hints(tp).items():
-        if name not in own:
-            sub = dataclasses.is_dataclass(ftp)
-            keys += _keys_of(ftp, f"{prefix}{name}.") if sub else [f"{prefix}{name}"]
-    return keys
+        if name in own:
+            continue
+        key = prefix + name
+        out.update(_fields(ftp, key + ".") if dataclasses.is_dataclass(ftp) else {key: ftp})
+    return out
 
 
 def valid_keys(method: str | None = None) -> list[str]:
@@ -145,27 +147,17 @@ def valid_keys(method: str | None = None) -> list[str]:
     the own keys of ``method`` (a registered ``method.name``). A dict-valued key
     (``model.backbone_kwargs``) also takes ``KEY.NAME`` for one of its entries."""
     own = list(methods.METHODS[method].keys) if method in methods.METHODS else []
-    return _keys_of(Config) + [f"method.{k}" for k in own]
-
-
-def _keys_of_kind(origin: type) -> list[str]:
-    hints = typing.get_type_hints(Config)
-    return [
-        f"{sec}.{name}"
-        for sec, tp in hints.items() if dataclasses.is_dataclass(tp)
-        for name, ftp in typing.get_type_hints(tp).items() if typing.get_origin(ftp) is origin
-        and not any(f.name == name and f.metadata.get("own") for f in dataclasses.fields(tp))
-    ]
+    return [*_fields(), *(f"method.{k}" for k in own)]
 
 
 def dict_keys() -> list[str]:
     """The dotted keys whose value is a dict of free entries, e.g. ``model.backbone_kwargs``."""
-    return _keys_of_kind(dict)
+    return [k for k, tp in _fields().items() if typing.get_origin(tp) is dict]
 
 
 def list_keys() -> list[str]:
     """The dotted keys whose value is a list, e.g. ``eval.retrieval_dims``."""
-    return _keys_of_kind(list)
+    return [k for k, tp in _fields().items() if typing.get_origin(tp) is list]
 
 
 def dict_entry(key: str) -> tuple[str, str] | None:

@@ -38,7 +38,7 @@ Known differences between the two executors (same distribution of parameters oth
   edges replicated) vs PIL's own filter on the uint8 image (which rounds after each box pass).
 
 Randomness: both executors draw from the *global* torch RNG, so callers wrap them in
-``torch.random.fork_rng`` + an explicit seed (see :mod:`bayesncl.data.datasets`); kornia samples
+``torch.random.fork_rng`` + an explicit seed (:func:`seeded`, :mod:`bayesncl.data.loaders`); kornia samples
 its parameters on the CPU (its default), so the augmentation parameters for a given seed are the
 same on CPU and CUDA.
 """
@@ -51,11 +51,6 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
-
-__all__ = [
-    "AugmentSpec", "BatchAugment", "pil_box_kernels", "eval_folder_transform", "mix_seed", "sample_transform",
-    "seeded"
-]
 
 _M64 = (1 << 64) - 1
 
@@ -86,18 +81,14 @@ def seeded(seed: int, device: torch.device | str | None = None) -> Iterator[None
     Forks the CPU generator and, for a CUDA ``device``, that device's generator only (seeding it
     without touching the other devices), so the training loop's RNG stream is not disturbed.
     """
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    if dev.type == "cuda":
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        with torch.random.fork_rng(devices=[index]):
-            torch.random.default_generator.manual_seed(seed)
+    dev = torch.device(device or "cpu")
+    cuda = [torch.cuda.current_device() if dev.index is None else dev.index] if dev.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.random.default_generator.manual_seed(seed)
+        for index in cuda:
             with torch.cuda.device(index):
                 torch.cuda.manual_seed(seed)
-            yield
-    else:
-        with torch.random.fork_rng(devices=[]):
-            torch.random.default_generator.manual_seed(seed)
-            yield
+        yield
 
 
 _BLUR_PASSES = 3  # Pillow's ImagingGaussianBlur: three box passes
@@ -218,7 +209,7 @@ class BatchAugment(nn.Module):
         )
         ops: list[nn.Module] = [crop]
         if spec.interpolation == "bicubic":  # bicubic overshoots [0, 1]; PIL's uint8 result is clamped
-            ops.append(_Clamp01())
+            ops.append(nn.Hardtanh(0.0, 1.0))  # a clamp to [0, 1]
         if spec.jitter_p > 0:
             ops.append(K.ColorJitter(spec.brightness, spec.contrast, spec.saturation, spec.hue,
                                      p=spec.jitter_p))
@@ -246,11 +237,6 @@ class BatchAugment(nn.Module):
         out = self.ops(x)
         mean, std = self._mean_std(out)
         return (out - mean) / std
-
-
-class _Clamp01(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x.clamp(0.0, 1.0)
 
 
 def sample_transform(spec: AugmentSpec):  # -> torchvision.transforms.v2.Compose

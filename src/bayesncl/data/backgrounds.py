@@ -28,11 +28,6 @@ from bayesncl.data import sources as src
 from bayesncl.data.download import expand
 from bayesncl.data.fmnist import FMNIST_CLASSES
 
-__all__ = [
-    "PLACE_NAMES", "WATERBIRDS_PLACES", "BG_SEED", "places_of", "place_names", "read_fmnist_bg",
-    "read_waterbirds", "backgrounds"
-]
-
 BG_SEED = 15  # fixed: the same composite images for every run
 SIZE = 32
 PLACE_NAMES = (

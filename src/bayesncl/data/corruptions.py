@@ -28,11 +28,6 @@ import torch
 
 from bayesncl.data.sources import DataError, load_split
 
-__all__ = [
-    "CORRUPTIONS", "DEFAULT_CACHE", "EXTRA_CORRUPTIONS", "SEVERITIES", "check_corruptions", "corrupt_images",
-    "corrupted_test_split",
-]
-
 CORRUPTIONS = (
     "gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur", "zoom_blur",
     "snow", "frost", "fog", "brightness", "contrast", "elastic_transform", "pixelate", "jpeg_compression",

@@ -28,11 +28,6 @@ import torch
 
 from bayesncl.data import sources as src
 
-__all__ = [
-    "DSPRITES_SEED", "FACTOR_NAMES", "FACTOR_SIZES", "FACTOR_VALUES", "SHAPES", "TEST_SIZE", "factor_names",
-    "factors_of", "grid_factors", "read_dsprites", "render",
-]
-
 SHAPES = ("square", "ellipse", "heart")
 FACTOR_NAMES = ("shape", "scale", "orientation", "posX", "posY")
 FACTOR_SIZES = (3, 6, 40, 32, 32)

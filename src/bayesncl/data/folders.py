@@ -73,15 +73,9 @@ def _scan_folder(
     paths: list[str] = []
     labels: list[int] = []
     for ci, c in enumerate(class_names):
-        cdir = d / c
-        if not cdir.is_dir():
-            continue
-        for dirpath, dirnames, filenames in os.walk(cdir, followlinks=True):
-            dirnames.sort()
-            for fn in sorted(filenames):
-                if fn.lower().endswith(IMG_EXTENSIONS):
-                    paths.append(os.path.join(dirpath, fn))
-                    labels.append(ci)
+        files = image_files(d / c)
+        paths += files
+        labels += [ci] * len(files)
     if not paths:
         raise DataError(f"image folder {d} holds no images ({', '.join(IMG_EXTENSIONS)}): {hint}")
     return paths, np.asarray(labels, dtype=np.int64), tuple(class_names)
@@ -123,11 +117,12 @@ def _verify_split(paths: list[str], d: Path, k: SplitKey) -> tuple[list[bool], l
     return [p not in bad for p in paths], list(bad)
 
 
-def _loose_images(d: Path) -> list[str]:
-    """Every image file below ``d`` (sub-folders too, in sorted order)."""
+def image_files(d: Path, skip_hidden: bool = False) -> list[str]:
+    """Every image file below ``d`` (sub-folders too, in sorted order; ``skip_hidden``: not in
+    folders named ``.*``); none when ``d`` is not a folder."""
     out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(d, followlinks=True):
-        dirnames[:] = sorted(n for n in dirnames if not n.startswith("."))
+        dirnames[:] = sorted(n for n in dirnames if not (skip_hidden and n.startswith(".")))
         out += [os.path.join(dirpath, fn) for fn in sorted(filenames) if fn.lower().endswith(IMG_EXTENSIONS)]
     return out
 
@@ -150,7 +145,7 @@ def _read_unlabeled(d: Path, k: SplitKey) -> Split:
     evaluation reads a labelled dataset (``eval.data.*``)."""
     if k.split == "test":
         return Split(np.zeros(0, dtype=np.int64), (UNLABELED,), str(d), paths=[], labeled=False)
-    paths = _loose_images(d)
+    paths = image_files(d, skip_hidden=True)
     if not paths:
         raise DataError(
             f"image folder {d} holds no images ({', '.join(IMG_EXTENSIONS)}): expected image files "

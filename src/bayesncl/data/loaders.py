@@ -368,16 +368,26 @@ def build_eval_loader(
     float ``(B, C, S, S)`` resized to S if needed and normalised, int64 labels and split indices,
     in split order (no drop_last). ``info``: ``dataset_info(cfg)`` where the caller has it. Raises
     DataError."""
-    device = torch.device(device)
-    info = info or dataset_info(cfg)
     data = load_split(cfg, split)
-    if data.images is not None:
-        labels = torch.from_numpy(data.labels.copy())
-        size, mean, std = info.image_size, info.mean, info.std
-        return _TensorEvalLoader(data.images, labels, batch_size, device, size, mean, std)
-    assert data.paths is not None
-    folder = FolderImages(data.paths, cfg.skip_corrupt)
-    ds = _FolderEvalDataset(folder, data.labels, eval_folder_transform(info.image_size, info.mean, info.std))
-    loader = _FolderEvalLoader(ds, batch_size, device, cfg.num_workers)
+    images = data.images if data.images is not None else data.paths
+    assert images is not None
+    loader = eval_loader(
+        images, data.labels, info or dataset_info(cfg), batch_size, torch.device(device),
+        num_workers=cfg.num_workers, skip_corrupt=cfg.skip_corrupt,
+    )
     loader.num_skipped = len(data.skipped)
     return loader
+
+
+def eval_loader(
+    images: torch.Tensor | list[str], labels: np.ndarray, info: DatasetInfo, batch_size: int,
+    device: torch.device, *, num_workers: int = 0, skip_corrupt: bool = False,
+) -> EvalLoader:
+    """Unaugmented ``(x, y, idx)`` batches of uint8 ``images`` (N, C, H, W) or of image files (their
+    paths, at the evaluation geometry) with int ``labels`` (N,), normalised with ``info``'s statistics."""
+    if isinstance(images, torch.Tensor):
+        y = torch.from_numpy(np.asarray(labels, dtype=np.int64).copy())
+        return _TensorEvalLoader(images, y, batch_size, device, info.image_size, info.mean, info.std)
+    tf = eval_folder_transform(info.image_size, info.mean, info.std)
+    ds = _FolderEvalDataset(FolderImages(images, skip_corrupt), labels, tf)
+    return _FolderEvalLoader(ds, batch_size, device, num_workers)

@@ -20,10 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesncl.data.folders import IMG_EXTENSIONS
+from bayesncl.data.folders import IMG_EXTENSIONS, image_files
 from bayesncl.data.sources import DataError
-
-__all__ = ["FolderSet", "imagenet_c_sets", "class_folder_set", "shifted_eval_loader"]
 
 
 class FolderSet:
@@ -54,12 +52,9 @@ def class_folder_set(root: str | os.PathLike[str], class_names: Sequence[str], n
     paths: list[str] = []
     labels: list[int] = []
     for c in found:
-        for dirpath, dirnames, files in os.walk(d / c, followlinks=True):
-            dirnames.sort()
-            for fn in sorted(files):
-                if fn.lower().endswith(IMG_EXTENSIONS):
-                    paths.append(os.path.join(dirpath, fn))
-                    labels.append(index[c])
+        files = image_files(d / c)
+        paths += files
+        labels += [index[c]] * len(files)
     if not paths:
         raise DataError(f"shifted test set {d} holds no images ({', '.join(IMG_EXTENSIONS)})")
     return FolderSet(name or d.name, paths, np.asarray(labels, dtype=np.int64))
@@ -94,17 +89,11 @@ def shifted_eval_loader(
 ) -> Any:
     """An eval loader (``(x, y, idx)`` batches, the dataset's eval transform and normalisation) over
     shifted uint8 ``images`` (N, C, H, W) with ``labels``, or over a :class:`FolderSet`."""
-    from bayesncl.data.augment import eval_folder_transform
-    from bayesncl.data.images import FolderImages
-    from bayesncl.data.loaders import _FolderEvalDataset, _FolderEvalLoader, _TensorEvalLoader
+    from bayesncl.data.loaders import eval_loader
     from bayesncl.data.sources import dataset_info
 
-    info = dataset_info(data_cfg)
-    device = torch.device(device)
     if isinstance(images, FolderSet):
-        tf = eval_folder_transform(info.image_size, info.mean, info.std)
-        ds = _FolderEvalDataset(FolderImages(images.paths, False), images.labels, tf)
-        return _FolderEvalLoader(ds, batch_size, device, data_cfg.num_workers)
+        images, labels = images.paths, images.labels  # type: ignore[assignment]
     assert labels is not None
-    y = torch.from_numpy(np.asarray(labels, dtype=np.int64).copy())
-    return _TensorEvalLoader(images, y, batch_size, device, info.image_size, info.mean, info.std)
+    info, workers = dataset_info(data_cfg), data_cfg.num_workers
+    return eval_loader(images, labels, info, batch_size, torch.device(device), num_workers=workers)

@@ -1,14 +1,6 @@
 """Dataset sources: the shared types (:class:`Split`, :class:`DatasetInfo`, :class:`DataError`),
-the registry of readers (:data:`READERS`, filled by :func:`reader`), the in-process cache, subsets
-and metadata.
-
-``data.name`` (:data:`READERS`): each reader module registers its names when ``bayesncl.data``
-imports it: ``fashion-mnist`` (:mod:`~bayesncl.data.fmnist`), ``cifar10`` / ``cifar100``
-(:mod:`~bayesncl.data.cifar`), ``imagefolder`` (:mod:`~bayesncl.data.folders`), ``synthetic``
-(:mod:`~bayesncl.data.synthetic`), ``fashion-mnist-bg`` and ``waterbirds``
-(:mod:`~bayesncl.data.backgrounds`), ``dsprites`` (:mod:`~bayesncl.data.dsprites`: its subsets are
-generated, not cut), ``python`` (:mod:`~bayesncl.data.provided`), ``stl10``
-(:mod:`~bayesncl.data.stl10`). ``data.download=true``: :mod:`~bayesncl.data.download`.
+the registry of readers (:data:`READERS`: ``data.name`` -> a reader module's function, added by
+:func:`reader` as ``bayesncl.data`` imports the module), the in-process cache, subsets and metadata.
 
 ``train_subset`` / ``test_subset`` > 0: :func:`stratified_subset` (seed :data:`SUBSET_SEED`: the
 same images for every method and seed). ``image_size=0``: :data:`NATIVE_SIZE`. ``cfg`` is a
@@ -131,7 +123,6 @@ class SplitKey(NamedTuple):
 
 
 # ============================================================================ registry, cache, subsets
-# data.name -> reader of one full split; config.validate takes the allowed names from here.
 READERS: dict[str, Callable[[SplitKey], Split]] = {}
 """data.name -> reader of one full split, in the order ``bayesncl.data`` imports the reader modules
 (:func:`reader` adds each)."""
@@ -215,11 +206,6 @@ def stratified_subset(labels: np.ndarray, k: int, seed: int = SUBSET_SEED) -> np
         members = np.flatnonzero(labels == c)
         chosen.append(rng.permutation(members)[:q])
     return np.sort(np.concatenate(chosen))
-
-
-def subset_indices(cfg: Any, split: str) -> np.ndarray:
-    """Indices into the full split of the images ``cfg`` uses (``data.train_subset``/``test_subset``)."""
-    return stratified_subset(_load_full(cfg, split).labels, getattr(cfg, f"{split}_subset"))
 
 
 # (split, subset size, source) of the subsets already warned about as larger than their split

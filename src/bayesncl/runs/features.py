@@ -2,11 +2,10 @@
 
 A NumPy ``.npz`` read with ``allow_pickle=False``: ``features`` (N, D) float32 z̃ and ``labels``
 (N,) int64, optionally ``indices``, ``h`` (N, H), ``p``, ``z``, ``alpha``, ``mask`` (N, D),
-``places`` (N,), ``factors`` (N, F) int
-generative factor codes (dSprites; their names in ``meta["factor_names"]``) and ``meta`` (0-d JSON
-string); the keys and their meaning: docs/architecture.md,
-"Features file". A plain ``.npz`` with only ``features`` and ``labels`` is a valid input
-everywhere. Every problem with a file is an :class:`~bayesncl.metrics.EvalError` (a
+``places`` (N,), ``factors`` (N, F) int generative factor codes (dSprites; their names in
+``meta["factor_names"]``) and ``meta`` (0-d JSON string); the keys and their meaning:
+docs/architecture.md, "Features file". A plain ``.npz`` with only ``features`` and ``labels`` is a
+valid input everywhere. Every problem with a file is an :class:`~bayesncl.metrics.EvalError` (a
 ``ValueError``), one line saying what was found.
 """
 
@@ -25,6 +24,7 @@ import torch
 
 from bayesncl.metrics.inputs import EvalError, validate_features
 from bayesncl.runs.fileio import atomic_path, write_failure_reason
+from bayesncl.runs.safe_load import first_line
 
 #: Optional per-row arrays of a features file, in the order they are stored.
 OPTIONAL_ARRAYS = ("indices", "h", "p", "z", "alpha", "mask", "places", "factors")
@@ -81,12 +81,6 @@ def _parse_meta(raw: np.ndarray, path: Path) -> dict[str, Any]:
     return meta
 
 
-def _first_line(exc: BaseException) -> str:
-    """The first line of an exception's message, or its type name when the message is empty."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def load_features(path: str | os.PathLike[str]) -> FeatureSet:
     """Load and validate a features file (or a plain ``.npz`` with ``features`` and ``labels``).
 
@@ -113,7 +107,7 @@ def load_features(path: str | os.PathLike[str]) -> FeatureSet:
     try:
         data = np.load(path, allow_pickle=False)
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
-        reason = _first_line(exc)
+        reason = first_line(exc)
         raise EvalError(f"{path} is not a features file: cannot read it as .npz ({reason})") from exc
     with data:
         keys = sorted(data.files)
@@ -140,10 +134,10 @@ def load_features(path: str | os.PathLike[str]) -> FeatureSet:
                             f"{path}: array {key!r} holds Python objects (pickled); "
                             "features files must be plain numeric arrays"
                         ) from exc
-                    raise EvalError(f"{path}: array {key!r} cannot be read: {_first_line(exc)}") from exc
+                    raise EvalError(f"{path}: array {key!r} cannot be read: {first_line(exc)}") from exc
                 except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
                     raise EvalError(
-                        f"{path}: array {key!r} cannot be read, the archive is damaged: {_first_line(exc)}"
+                        f"{path}: array {key!r} cannot be read, the archive is damaged: {first_line(exc)}"
                     ) from exc
                 if not isinstance(value, np.ndarray):  # a member that is not a .npy: NumPy gives its bytes
                     raise EvalError(f"{path}: member {key!r} is not a NumPy .npy array")

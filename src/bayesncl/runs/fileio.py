@@ -20,11 +20,6 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = [
-    "DiskFullError", "atomic_path", "default_file_mode", "remove_stale_temporaries", "temporary_name",
-    "write_failure_reason"
-]
-
 _TMP_MARK = ".tmp"
 
 

@@ -18,11 +18,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bayesncl.config import LOGGERS, ConfigError
+from bayesncl.config import ConfigError
 
-__all__ = ["LOGGERS", "LoggerError", "RunLoggers", "require"]
-#: The package each logger of ``config.LOGGERS`` (the allowed ``train.loggers``) needs.
-EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb"}
 FIGURES = ("training_curves.png", "top_activations.png", "suppressed_features.png")
 
 
@@ -31,8 +28,8 @@ class LoggerError(ConfigError):
 
 
 def require(names: Iterable[str]) -> None:
-    """Raise LoggerError naming the extra to install for the first logger of ``names`` whose
-    package is missing (checked before the run dir is touched)."""
+    """Raise LoggerError naming the extra to install (of the logger's name) for the first logger of
+    ``names`` whose package is missing (checked before the run dir is touched)."""
     for name in names:
         if name == "csv":
             continue
@@ -43,8 +40,8 @@ def require(names: Iterable[str]) -> None:
                 import wandb  # noqa: F401
         except ImportError:
             raise LoggerError(
-                f"train.loggers: {name} needs the {EXTRAS[name]} package: pip install "
-                f"'bayesncl[{EXTRAS[name]}]' (or drop {name} from train.loggers)"
+                f"train.loggers: {name} needs the {name} package: pip install "
+                f"'bayesncl[{name}]' (or drop {name} from train.loggers)"
             ) from None
 
 

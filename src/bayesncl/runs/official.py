@@ -28,12 +28,8 @@ from torch import nn
 
 from bayesncl.config import Config, build_config, parse_overrides
 from bayesncl.core.model import ContrastiveModel, build_model
+from bayesncl.runs.messages import some_names
 from bayesncl.runs.safe_load import CheckpointError, load_checkpoint_file
-
-__all__ = [
-    "OFFICIAL_PARTS", "infer_official_config", "load_official_checkpoint", "looks_official",
-    "official_state_dict"
-]
 
 OFFICIAL_PARTS = ("backbone", "projector", "gating_head", "classifier")
 RESNET_BLOCKS = {"resnet18": ((2, 2, 2, 2), False), "resnet50": ((3, 4, 6, 3), True)}  # blocks, bottleneck
@@ -45,8 +41,7 @@ def _shape(t: torch.Tensor) -> str:
 
 
 def _listing(sd: dict[str, torch.Tensor], keys: list[str]) -> str:
-    shown = ", ".join(f"{k} {_shape(sd[k])}" for k in keys[:_SHOW])
-    return shown + (f" and {len(keys) - _SHOW} more" if len(keys) > _SHOW else "")
+    return some_names([f"{k} {_shape(sd[k])}" for k in keys], _SHOW)
 
 
 def official_state_dict(obj: Any, where: str = "checkpoint") -> dict[str, torch.Tensor]:
@@ -194,9 +189,8 @@ def load_state_strict(model: nn.Module, sd: dict[str, torch.Tensor], where: str,
     if missing or unexpected or wrong:
         parts = []
         if wrong:
-            shown = ", ".join(f"{k} expected {_shape(own[k])} found {_shape(sd[k])}" for k in wrong[:_SHOW])
-            more = f" and {len(wrong) - _SHOW} more" if len(wrong) > _SHOW else ""
-            parts.append(f"shape mismatch: {shown}{more}")
+            shapes = [f"{k} expected {_shape(own[k])} found {_shape(sd[k])}" for k in wrong]
+            parts.append(f"shape mismatch: {some_names(shapes, _SHOW)}")
         if missing:
             parts.append(f"missing: {_listing(own, missing)}")
         if unexpected:

@@ -1,10 +1,6 @@
 """The run directory of a pretraining run: the checks before a run (:func:`prepare_run_dir`) and the
 :class:`RunDir` that owns it while training (lock, claim, ``--overwrite``'s set-aside, archived
-results, restore, Ctrl-C/SIGTERM, the saves at an epoch's end and mid-epoch).
-
-Its layout: :mod:`~bayesncl.runs.layout`; the lock and ``--overwrite``'s set-aside:
-:mod:`~bayesncl.runs.lock`; what the checks and a stopped run say: :mod:`~bayesncl.runs.messages`.
-"""
+results, restore, Ctrl-C/SIGTERM, the saves at an epoch's end and mid-epoch)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ class CheckpointError(ValueError):
     """A file cannot be read as a checkpoint (missing, not a checkpoint, unsafe); one line."""
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message, or its type name when the message is empty."""
     text = str(e).strip()
     return text.splitlines()[0].strip() if text else type(e).__name__
 
@@ -38,7 +39,7 @@ def _refusal(path: Path, e: BaseException) -> CheckpointError:
     elif (op := re.search(r"Unsupported operand (\d+)", text)) is not None:
         what = f"it holds pickle opcode {op.group(1)}, which plain tensor checkpoints do not use"
     else:
-        what = _first_line(e).replace("WeightsUnpickler error: ", "")
+        what = first_line(e).replace("WeightsUnpickler error: ", "")
     return CheckpointError(
         f"{path} was refused by the safe loader (torch.load weights_only=True): {what}; nothing in it "
         f"was run. Only tensors and plain values are accepted"
@@ -62,7 +63,7 @@ def load_checkpoint_file(path: str | Path) -> Any:
         with path.open("rb") as f:
             head = f.read(8)
     except OSError as e:
-        raise CheckpointError(f"cannot read {path}: {_first_line(e)}") from None
+        raise CheckpointError(f"cannot read {path}: {first_line(e)}") from None
     if not head:
         raise CheckpointError(f"{path} is empty, not a checkpoint")
     if path.suffix == ".safetensors":
@@ -71,7 +72,7 @@ def load_checkpoint_file(path: str | Path) -> Any:
         try:
             return load_file(str(path), device="cpu")
         except Exception as e:  # noqa: BLE001 - safetensors raises several types for bad files
-            raise CheckpointError(f"{path} is not a readable safetensors file ({_first_line(e)})") from None
+            raise CheckpointError(f"{path} is not a readable safetensors file ({first_line(e)})") from None
     is_zip, is_pickle = head.startswith(b"PK\x03\x04"), head[:1] == b"\x80"
     if not (is_zip or is_pickle):
         raise CheckpointError(
@@ -96,7 +97,7 @@ def load_checkpoint_file(path: str | Path) -> Any:
             raise _refusal(path, e) from None
         except Exception as e:  # noqa: BLE001 - truncated zips, bad records, ... all mean "unreadable"
             raise CheckpointError(
-                f"{path} is not a readable PyTorch checkpoint (truncated or damaged? {_first_line(e)})"
+                f"{path} is not a readable PyTorch checkpoint (truncated or damaged? {first_line(e)})"
             ) from None
 
 
