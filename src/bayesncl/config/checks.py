@@ -11,7 +11,7 @@ import typing
 import warnings
 from dataclasses import asdict
 
-from bayesncl.config.schema import LOGGERS, Config, DataConfig, choices
+from bayesncl.config.schema import LOGGERS, Config, DataConfig, EvalDataConfig, choices
 from bayesncl.core import methods
 from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig
 
@@ -111,12 +111,17 @@ def _check_eval_data(cfg: Config) -> None:
         )
         return
     _check(e.name in DATASETS, f"eval.data.name={e.name!r}: expected one of {', '.join(DATASETS)}")
-    _check(e.train_subset >= 0, f"eval.data.train_subset={e.train_subset}: expected >= 0")
-    _check(e.test_subset >= 0, f"eval.data.test_subset={e.test_subset}: expected >= 0")
+    _check_source("eval.data", e)
+
+
+def _check_source(section: str, d: DataConfig | EvalDataConfig) -> None:
+    """The checks ``data.*`` and ``eval.data.*`` share: the subset sizes and the class list."""
+    for key in ("train_subset", "test_subset"):
+        _check(getattr(d, key) >= 0, f"{section}.{key}={getattr(d, key)}: expected >= 0")
     _check(
-        not e.classes or e.name == "imagefolder",
-        f"eval.data.classes={e.classes}: a class list selects folders of eval.data.name=imagefolder, "
-        f"not {e.name}",
+        not d.classes or d.name == "imagefolder",
+        f"{section}.classes={d.classes}: a class list selects folders of {section}.name=imagefolder, "
+        f"not {d.name}",
     )
 
 
@@ -173,8 +178,7 @@ def validate(cfg: Config) -> None:
         d.image_size == 0 or d.image_size >= MIN_IMAGE_SIZE,
         f"data.image_size={d.image_size}: expected 0 (the dataset's native size) or >= {MIN_IMAGE_SIZE} px",
     )
-    _check(d.train_subset >= 0, f"data.train_subset={d.train_subset}: expected >= 0")
-    _check(d.test_subset >= 0, f"data.test_subset={d.test_subset}: expected >= 0")
+    _check_source("data", d)
     _check(0.0 < d.crop_min_scale <= 1.0, f"data.crop_min_scale={d.crop_min_scale}: expected (0, 1]")
     _check(d.num_workers >= 0, f"data.num_workers={d.num_workers}: expected >= 0")
     _check(0.0 <= d.bg_correlation <= 1.0, f"data.bg_correlation={d.bg_correlation}: expected 0 <= p <= 1")
@@ -182,10 +186,6 @@ def validate(cfg: Config) -> None:
         d.bg_correlation == 0.0 or d.name == "fashion-mnist-bg",
         f"data.bg_correlation={d.bg_correlation}: only data.name=fashion-mnist-bg has backgrounds to "
         f"correlate, not {d.name}",
-    )
-    _check(
-        not d.classes or d.name == "imagefolder",
-        f"data.classes={d.classes}: a class list selects folders of data.name=imagefolder, not {d.name}",
     )
     for k in cfg.eval.retrieval_dims:
         _check(1 <= k <= mo.proj_dim, f"eval.retrieval_dims: K={k}: expected 1 <= K <= D={mo.proj_dim}")

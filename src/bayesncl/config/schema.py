@@ -150,20 +150,17 @@ def valid_keys(method: str | None = None) -> list[str]:
     return [*_fields(), *(f"method.{k}" for k in own)]
 
 
-def dict_keys() -> list[str]:
-    """The dotted keys whose value is a dict of free entries, e.g. ``model.backbone_kwargs``."""
-    return [k for k, tp in _fields().items() if typing.get_origin(tp) is dict]
-
-
 def list_keys() -> list[str]:
     """The dotted keys whose value is a list, e.g. ``eval.retrieval_dims``."""
     return [k for k, tp in _fields().items() if typing.get_origin(tp) is list]
 
 
 def dict_entry(key: str) -> tuple[str, str] | None:
-    """``("model.backbone_kwargs", "img_size")`` for ``model.backbone_kwargs.img_size``, else None."""
+    """``("model.backbone_kwargs", "img_size")`` for ``model.backbone_kwargs.img_size`` (an entry of a
+    key whose value is a dict of free entries), else None."""
     head, _, entry = key.rpartition(".")
-    return (head, entry) if head in dict_keys() and entry.isidentifier() else None
+    dict_valued = typing.get_origin(_fields().get(head)) is dict
+    return (head, entry) if dict_valued and entry.isidentifier() else None
 
 
 def unknown_key(key: str, method: str | None = None) -> ConfigError:

@@ -1,18 +1,11 @@
-"""Corrupted copies of a built-in dataset's test split ("Fashion-MNIST-C", "CIFAR-10-C"), made
-offline with the ImageNet-C corruption functions (Hendrycks & Dietterich 2019) of the
-``imagecorruptions`` package (its maintained fork ``imagecorruptions-imaug``, same module:
-docs/decisions.md), cached on disk, deterministic by seed.
+"""Corrupted copies of a built-in dataset's test split ("Fashion-MNIST-C", "CIFAR-10-C") with the
+ImageNet-C corruption functions (Hendrycks & Dietterich 2019) of the ``imagecorruptions`` module
+(the package, the padding of small images, the gray images and the seeding: docs/decisions.md).
 
 * :data:`CORRUPTIONS`: the 15 benchmark corruptions of ImageNet-C; :data:`EXTRA_CORRUPTIONS`: the
   package's 4 validation ones (accepted by name); severities 1-5.
-* Image i of a (corruption c, severity s) copy is corrupted with NumPy's global RNG seeded by
-  ``SeedSequence([seed, c, s, i])`` (and the same seed passed to the corruptions that take one):
-  the copy depends only on (images, corruption, severity, seed).
-* The package needs images of at least 32 px with 3 channels: a smaller image is padded with its
-  edge pixels to 32 px and cropped back after; a gray image is corrupted as RGB (the gray level
-  in each channel) and turned back into gray with ITU-R 601 luma (PIL's ``L``), the weights the
-  colour corruptions (frost, fog, saturate, ...) need.
-* :func:`corrupted_test_split` caches each copy as ``<cache>/<data.name>-<N>-<sha1 of the clean
+* A (corruption, severity) copy depends only on (images, corruption, severity, seed);
+  :func:`corrupted_test_split` caches it as ``<cache>/<data.name>-<N>-<sha1 of the clean
   images>-<corruption>-<severity>-seed<seed>.npy`` (default cache ``~/.cache/bayesncl/corrupted``).
 """
 

@@ -226,13 +226,10 @@ def load_split(cfg: Any, split: str) -> Split:
     if k <= 0 or k >= len(full):
         return full
     idx = stratified_subset(full.labels, k)
-    return Split(
-        full.labels[idx], full.class_names, full.source,
-        images=full.images[torch.from_numpy(idx)] if full.images is not None else None,
+    rows = {k: getattr(full, k)[idx] for k in ("labels", "places", "factors") if getattr(full, k) is not None}
+    return dataclasses.replace(
+        full, **rows, images=full.images[torch.from_numpy(idx)] if full.images is not None else None,
         paths=[full.paths[i] for i in idx] if full.paths is not None else None,
-        skipped=full.skipped,
-        places=full.places[idx] if full.places is not None else None,
-        factors=full.factors[idx] if full.factors is not None else None,
     )
 
 

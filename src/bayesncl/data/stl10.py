@@ -20,12 +20,7 @@ import numpy as np
 import torch
 
 from bayesncl.data.download import default_bases, expand, find_or_fetch
-from bayesncl.data.sources import (
-    UNLABELED,
-    DataError,
-    Split,
-    reader,
-)
+from bayesncl.data.sources import UNLABELED, DataError, Split, reader
 
 FOLDER = "stl10_binary"
 SIDE = 96

@@ -71,14 +71,9 @@ def move_into(paths: list[Path], dest: Path) -> Path:
 
 
 def run_markers(run_dir: Path) -> list[str]:
-    """The :data:`RUN_MARKERS` that ``run_dir`` holds, in that order."""
+    """The :data:`RUN_MARKERS` that ``run_dir`` holds, in that order: none where it holds no run (with
+    only ``config.yaml``, a run killed before its first checkpoint: nothing to keep)."""
     return [name for name in RUN_MARKERS if (Path(run_dir) / name).exists()]
-
-
-def holds_run(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run (a checkpoint, a log or an export); a run dir with only
-    ``config.yaml`` holds a run killed before its first checkpoint: nothing to keep."""
-    return bool(run_markers(run_dir))
 
 
 def refuse_a_run_in(run_dir: Path, command: str) -> None:

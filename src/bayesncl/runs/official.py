@@ -170,15 +170,6 @@ def infer_official_config(
     return cfg, {"in_channels": bb["in_channels"], "num_classes": n_cls, "h_dim": int(p0.shape[1])}
 
 
-def _to_ours(key: str) -> str:
-    part, _, rest = key.partition(".")
-    return f"{part}.net.{rest}" if part in ("projector", "gating_head") else key
-
-
-def _to_official(text: str) -> str:
-    return re.sub(r"\b(projector|gating_head)\.net\.", r"\1.", text)
-
-
 def load_state_strict(model: nn.Module, sd: dict[str, torch.Tensor], where: str, what: str) -> None:
     """``model.load_state_dict(sd)`` after checking names and shapes ourselves, so that a mismatch
     is one line listing the missing, unexpected and mis-shaped tensors (expected vs found)."""
@@ -233,7 +224,7 @@ def load_official_checkpoint(
     if n_cls is None:
         raise CheckpointError(f"{where} has no classifier.weight: pass the number of classes (num_classes)")
     model = build_model(cfg, facts["in_channels"], 32 if cfg.model.cifar_stem == "true" else 224, n_cls)
-    ours = {_to_ours(k): v for k, v in sd.items()}
+    ours = {re.sub(r"^(projector|gating_head)\.", r"\1.net.", k): v for k, v in sd.items()}  # one deeper
     if facts["num_classes"] is None:
         ours.update({k: v for k, v in model.state_dict().items() if k.startswith("classifier.")})
     try:
@@ -241,6 +232,6 @@ def load_official_checkpoint(
         load_state_strict(model, ours, where, f"{what} ({describe(cfg)})")
     except CheckpointError as e:
         # name the tensors as the file does (projector.0.weight, not projector.net.0.weight)
-        raise CheckpointError(_to_official(str(e))) from None
+        raise CheckpointError(re.sub(r"\b(projector|gating_head)\.net\.", r"\1.", str(e))) from None
     return model.eval(), cfg
 

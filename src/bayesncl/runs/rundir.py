@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 import torch
 from torch import nn
 
-from bayesncl.config import Config, build_config, dump_yaml
+from bayesncl.config import Config, ConfigError, build_config, dump_yaml, load_run_yaml
 from bayesncl.core import distributed, methods
 from bayesncl.core.engine import STOP_SIGNALS, Cursor, EpochResult
 from bayesncl.core.methods import CONTRASTIVE_STATS
@@ -66,8 +66,7 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
     run_dir = Path(run_dir)
     layout.check_writable(run_dir)
     lock.settle_run_dir(run_dir)
-    # A run dir with only config.yaml holds a run killed before its first checkpoint: nothing to keep.
-    has_run = layout.holds_run(run_dir)
+    has_run = bool(layout.run_markers(run_dir))
     if resume:
         ckpt_path = run_dir / "last.pt"
         if not ckpt_path.exists():
@@ -147,8 +146,6 @@ def _runs_below(run_dir: Path) -> list[Path]:
 
 
 def _is_run_config(path: Path) -> bool:
-    from bayesncl.config import ConfigError, load_run_yaml
-
     try:
         build_config(load_run_yaml(path))
     except (ConfigError, OSError):
@@ -301,7 +298,7 @@ class RunDir:
         run_dir, ckpt, cfg = self.path, self.checkpoint, self.cfg
         run_dir.mkdir(parents=True, exist_ok=True)
         claim = lock.lock_run_dir(run_dir)  # the first write; None where there are no file locks
-        if ckpt is None and not self.overwrite and layout.holds_run(run_dir):
+        if ckpt is None and not self.overwrite and layout.run_markers(run_dir):
             # another command wrote a run here after prepare_run_dir: refuse, as it did, touching nothing
             if claim is not None:
                 claim.release()
