@@ -27,11 +27,8 @@ def warn_inert_keys(method: MethodConfig, inert: list[str], stacklevel: int = 2)
         )
 
 
-def preset_of(method: MethodConfig) -> str:
-    """The preset whose defining parts ``method`` has (:func:`bayesncl.core.methods.closest`), e.g.
-    ncl for ``method.name=ncl-topk method.topk=false``; ablations (a soft gate, another
-    non-negativity map, no detach, ...) keep their preset."""
-    return methods.closest(method)
+# The preset whose defining parts a MethodConfig has, e.g. ncl for method.name=ncl-topk method.topk=false.
+preset_of = methods.closest
 
 
 def inert_method_keys(method: MethodConfig, keys: typing.Iterable[str]) -> list[str]:
