@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bayesncl.data.download import default_bases, expand, find_or_fetch
+from bayesncl.data.download import candidates, find_or_fetch
 from bayesncl.data.sources import DataError, Split, SplitKey, reader
 
 # name -> (folder, train files, test files, meta file, names key, labels key)
@@ -22,22 +22,6 @@ CIFAR = {
     ),
     "cifar100": ("cifar-100-python", ("train",), ("test",), "meta", "fine_label_names", "fine_labels"),
 }
-
-
-def _cifar_candidates(name: str, root: str | None) -> list[Path]:
-    folder = CIFAR[name][0]
-    if root:
-        r = expand(root)
-        return [r / folder, r]
-    return [b / folder for b in default_bases()]
-
-
-def _find_cifar(name: str, root: str | None) -> Path | None:
-    _, train, test, meta, _, _ = CIFAR[name]
-    for d in _cifar_candidates(name, root):
-        if d.is_dir() and all((d / f).is_file() for f in (*train, *test, meta)):
-            return d
-    return None
 
 
 def _unpickle(path: Path) -> dict:
@@ -58,11 +42,12 @@ def _fetch_cifar(name: str, where: str) -> None:
 def read_cifar(k: SplitKey) -> Split:
     name, split = k.name, k.split
     folder, train_files, test_files, meta_file, names_key, labels_key = CIFAR[name]
-    d = find_or_fetch(
-        name, k, functools.partial(_find_cifar, name), functools.partial(_fetch_cifar, name)
-    )
+    subfolders = (folder, "") if k.root else (folder,)  # data.root may be the folder itself
+    files = (*train_files, *test_files, meta_file)
+    fetch = functools.partial(_fetch_cifar, name)
+    d = find_or_fetch(name, k, subfolders, lambda d: all((d / f).is_file() for f in files), fetch)
     if d is None:
-        searched = ", ".join(str(p) for p in _cifar_candidates(name, k.root))
+        searched = ", ".join(str(p) for p in candidates(k.root, subfolders))
         raise DataError(
             f"{name} not found: searched {searched} for torchvision's {folder}/ layout "
             f"({', '.join((*train_files, *test_files, meta_file))}); set data.root to the folder holding "

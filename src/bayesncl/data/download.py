@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,11 @@ def expand(p: str | Path) -> Path:
     return Path(os.path.expanduser(str(p)))
 
 
-def default_bases() -> list[Path]:
-    """Where a dataset is looked for without ``data.root``: ``./data``, then the cache."""
-    return [Path.cwd() / "data", expand(CACHE_DIR)]
+def candidates(root: str | None, subfolders: Sequence[str], first: Sequence[Path] = ()) -> list[Path]:
+    """Where a dataset is looked for: ``base/sub`` for each of ``subfolders`` (``""``: ``base`` itself),
+    ``base`` being ``data.root``, or without it each of ``first``, then ``./data``, then the cache."""
+    bases = [expand(root)] if root else [*first, Path.cwd() / "data", expand(CACHE_DIR)]
+    return [b / sub for b in bases for sub in subfolders]
 
 
 def download(what: str, target: Path, fetch: Callable[[str], Any]) -> None:
@@ -69,10 +71,15 @@ def download_failure(e: BaseException) -> str:
 
 
 def find_or_fetch(
-    what: str, k: SplitKey, find: Callable[[str | None], Path | None], fetch: Callable[[str], None]
+    what: str, k: SplitKey, subfolders: Sequence[str], has: Callable[[Path], bool],
+    fetch: Callable[[str], None], first: Sequence[Path] = (),
 ) -> Path | None:
-    """The folder ``find(root)`` locates; with ``data.download`` and none found, download into
-    ``data.root`` (or the cache dir) first."""
+    """The first of the :func:`candidates` folders that ``has`` the dataset; with ``data.download``
+    and none found, download into ``data.root`` (or the cache dir) first."""
+
+    def find(root: str | None) -> Path | None:
+        return next((d for d in candidates(root, subfolders, first) if d.is_dir() and has(d)), None)
+
     d = find(k.root)
     if d is None and k.download:
         target = expand(k.root or CACHE_DIR)

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bayesncl.data.download import default_bases, expand, find_or_fetch
+from bayesncl.data.download import find_or_fetch
 from bayesncl.data.sources import CACHE_DIR, DataError, Split, SplitKey, reader
 
 DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -52,15 +52,6 @@ def _fmnist_file(d: Path, stem: str) -> Path | None:
     return None
 
 
-def _find_fmnist(root: str | None) -> Path | None:
-    stems = [s for pair in FMNIST_FILES.values() for s in pair]
-    for b in [expand(root)] if root else [DEBIAN_FMNIST, *default_bases()]:
-        for d in (b, b / "fashion-mnist", b / "FashionMNIST" / "raw"):
-            if d.is_dir() and all(_fmnist_file(d, s) for s in stems):
-                return d
-    return None
-
-
 def _fetch_fmnist(where: str) -> None:
     from torchvision.datasets import FashionMNIST
 
@@ -70,7 +61,11 @@ def _fetch_fmnist(where: str) -> None:
 
 @reader("fashion-mnist")
 def read_fmnist(k: SplitKey) -> Split:
-    d = find_or_fetch("Fashion-MNIST", k, _find_fmnist, _fetch_fmnist)
+    stems = [s for pair in FMNIST_FILES.values() for s in pair]
+    d = find_or_fetch(
+        "Fashion-MNIST", k, ("", "fashion-mnist", "FashionMNIST/raw"),
+        lambda d: all(_fmnist_file(d, s) for s in stems), _fetch_fmnist, first=[DEBIAN_FMNIST],
+    )
     if d is None:
         searched = [k.root] if k.root else [str(DEBIAN_FMNIST), "./data", str(CACHE_DIR)]
         raise DataError(

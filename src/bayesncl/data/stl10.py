@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bayesncl.data.download import default_bases, expand, find_or_fetch
+from bayesncl.data.download import find_or_fetch
 from bayesncl.data.sources import UNLABELED, DataError, Split, reader
 
 FOLDER = "stl10_binary"
@@ -27,15 +27,6 @@ SIDE = 96
 FILES = {"train": ("train_X.bin", "train_y.bin"), "test": ("test_X.bin", "test_y.bin")}
 UNLABELED_FILE = "unlabeled_X.bin"
 CLASS_FILE = "class_names.txt"
-
-
-def _find(root: str | None) -> Path | None:
-    bases = [expand(root)] if root else default_bases()
-    for b in bases:
-        for d in (b, b / FOLDER):
-            if (d / FILES["train"][0]).is_file() and (d / FILES["test"][0]).is_file():
-                return d
-    return None
 
 
 def _fetch(where: str) -> None:
@@ -84,7 +75,8 @@ def _class_names(d: Path) -> tuple[str, ...]:
 @reader("stl10")
 def read(k: Any) -> Split:
     """One split of STL-10 (``k``: the source key of :mod:`bayesncl.data.sources`). Raises DataError."""
-    d = find_or_fetch("STL-10", k, _find, _fetch)
+    x_files = (FILES["train"][0], FILES["test"][0])
+    d = find_or_fetch("STL-10", k, ("", FOLDER), lambda d: all((d / f).is_file() for f in x_files), _fetch)
     if d is None:
         searched = k.root or "./data, ~/.cache/bayesncl"
         raise DataError(
