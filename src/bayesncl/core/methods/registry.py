@@ -134,9 +134,12 @@ def loss(out: ModelOutput, m: MethodConfig, batch: Batch) -> tuple[Tensor, dict[
 
 
 def statistics(m: MethodConfig, step: Step, labeled: bool = True) -> dict[str, Tensor]:
-    """The method's statistics of one step by name (0-d tensors on the device); ``labeled``: False
-    leaves out those that need labels (no online probe)."""
-    return {s.name: s.fn(step) for s in get(m.name).stats if labeled or not s.needs_labels}
+    """The method's statistics of one step by name (0-d tensors on the device): a run without a gate
+    has none of the gate's (``Statistic.gated``); ``labeled``: False leaves out those that need
+    labels (no online probe)."""
+    gated = m.gate != "none"
+    return {s.name: s.fn(step) for s in get(m.name).stats
+            if (gated or not s.gated) and (labeled or not s.needs_labels)}
 
 
 def all_statistics() -> dict[str, Statistic]:

@@ -74,7 +74,7 @@ class Statistic:
 
     title: its training-curves panel ("" none); short: its name on the progress bar and the epoch
     line ("" not shown); percent: logged × 100; needs_labels: empty where the data has no labels;
-    gated: means something only with a gate (not shown, and no panel, for a run without one);
+    gated: means something only with a gate (a run without one does not log it: empty cells);
     reference: a ``method.*`` key logged beside it and drawn dashed on its panel; per_step: also a
     steps.csv column; alarm: (threshold, message) printed when the epoch's mean exceeds it (``{pct}``
     in the message: the mean in %); ylim: the panel's y range."""
