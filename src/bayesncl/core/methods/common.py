@@ -80,17 +80,14 @@ def term_statistic(term: LossTerm, title: str = "", short: str = "", gated: bool
     return Statistic(term.name, lambda s: s.terms[term.name], title=title, short=short, gated=gated)
 
 
-def _mask(s: Step) -> Tensor:
-    assert s.out.mask is not None  # a gate's statistic: a run with a gate has a mask
-    return s.out.mask
-
-
 def _open_rate(s: Step) -> Tensor:
-    return _mask(s).float().mean()
+    assert s.out.mask is not None  # a gate's statistic: logged only by a run with a gate
+    return s.out.mask.float().mean()
 
 
 def _closed_rows(s: Step) -> Tensor:
-    return (_mask(s).sum(1) == 0).float().mean()
+    assert s.out.mask is not None
+    return (s.out.mask.sum(1) == 0).float().mean()
 
 
 def _probe_accuracy(s: Step) -> Tensor:

@@ -86,8 +86,6 @@ def register_checked(method: Method) -> Method:
         caller = Path(sys._getframe(1).f_code.co_filename)
         source = _SOURCE[-1] if _SOURCE else str(caller.resolve()) if caller.is_file() else "<python>"
         method = dataclasses.replace(method, source=source)
-    if method.name in registry.METHODS and registry.METHODS[method.name].source is None:
-        raise ConfigError(f"method {method.name!r} clashes with a built-in method; give it another name")
     check_method(method)
     return registry.register_method(method)
 
