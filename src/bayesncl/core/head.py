@@ -1,11 +1,6 @@
-"""The method as a module for other training loops: everything after the backbone, plus the loss.
-
-:class:`ContrastiveHead` holds the projector, the non-negativity map φ, TopK and the gating head
-with its gate of a method (``method.*``, ``model.proj_*``), built from the same parts as the full
-model (PAPER-NOTES §1), and returns the method's loss (InfoNCE(z̃, τ) + λ·KL(Bern(α) ‖ Bern(ρ))
-for BayesNCL) with its named statistics. The backbone, the optimiser, the schedule and the data
-stay the caller's; the gating head's learning rate is ``method.gate_lr_ratio`` times the rest
-(:meth:`param_groups`). docs/api.md shows it in a plain PyTorch loop and in a Lightning module.
+"""The method as a module for other training loops: everything after the backbone, plus the loss
+(:class:`ContrastiveHead`); the backbone, the optimiser, the schedule and the data stay the
+caller's. docs/api.md shows it in a plain PyTorch loop and in a Lightning module.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""What a method is, as data: its parts, its loss terms, its statistics and its own keys.
-
-A method is a :class:`Method`: a configuration of the model's parts (PAPER-NOTES §1), never a
-subclass. Its loss is the sum of its :class:`LossTerm` s (each a pure function of the model output,
-weighted by a ``method.*`` key) and of the terms its parts bring (the gate brings λ·KL); it logs
-its :class:`Statistic` s by name. :mod:`bayesncl.core.methods` registers them; docs/extending.md
-shows a method from a user's file. Nothing here imports torch.
+"""What a method is, as data (:class:`Method`: a configuration of the model's parts, PAPER-NOTES §1,
+never a subclass): its parts, its loss terms, its statistics by name and its own keys.
+docs/extending.md shows a method from a user's file. Nothing here imports torch.
 """
 
 from __future__ import annotations
