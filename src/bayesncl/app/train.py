@@ -313,20 +313,15 @@ def _progress(loader: Any, epoch: int, cfg: Config, world: distributed.World, in
 
 
 def _shown(cfg: Config, means: dict[str, float]) -> dict[str, float]:
-    """The statistics the progress bar and the epoch line show (``Statistic.short``), by short name;
-    those of a gate only with one."""
-    gated = cfg.method.gate != "none"
-    return {
-        s.short: means[s.name] for s in methods.get(cfg.method.name).stats
-        if s.short and s.name in means and (gated or not s.gated)
-    }
+    """The logged statistics the progress bar and the epoch line show (``Statistic.short``), by short
+    name (a gate's only with one: a run without a gate does not log them)."""
+    return {s.short: means[s.name] for s in methods.get(cfg.method.name).stats if s.short and s.name in means}
 
 
 def _alarms(cfg: Config, means: dict[str, float]) -> None:
     """Print each statistic's alarm (``Statistic.alarm``) whose epoch mean is over its threshold."""
-    gated = cfg.method.gate != "none"
     for s in methods.get(cfg.method.name).stats:
-        if s.alarm is not None and (gated or not s.gated) and means.get(s.name, 0.0) > s.alarm[0]:
+        if s.alarm is not None and means.get(s.name, 0.0) > s.alarm[0]:
             print("warning: " + s.alarm[1].format(pct=100 * means[s.name]))
 
 

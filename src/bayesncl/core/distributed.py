@@ -1,13 +1,9 @@
 """Processes and devices: PyTorch DDP launched by ``torchrun`` (no launcher of our own).
 
-:func:`setup` reads torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``,
-joins the process group (NCCL on CUDA, gloo on CPU) and picks ``cuda:LOCAL_RANK``; without them, or
-with ``WORLD_SIZE=1``, everything here is a no-op. ``train.batch_size`` is per process and the lr
-scales with the global batch (:func:`scaled_lr`). InfoNCE takes its negatives from every rank with
-the autograd-aware :func:`gather_with_grad`, whose backward sums over ranks while DDP averages: the
-two cancel, so no extra ``1/world_size`` is needed or allowed. Logged values are averaged with
-:func:`all_reduce_mean`; only rank 0 writes, the others learn its run-dir checks through
-:func:`run_on_main`. The derivation and the rest: docs/scaling.md.
+:func:`setup` joins torchrun's process group (NCCL on CUDA, gloo on CPU; a no-op without torchrun's
+variables or with ``WORLD_SIZE=1``); :func:`gather_with_grad` gives InfoNCE every rank's negatives,
+its backward summing over ranks while DDP averages, so no extra ``1/world_size`` is needed or
+allowed. What each rank does and why the gradient is right: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -132,16 +128,12 @@ def setup(device_name: str = "auto") -> World:
     Raises DistributedError (one line) for more processes than visible GPUs on a node,
     ``train.device=cuda:N`` with several processes, malformed torchrun variables or absent CUDA.
     """
-    if dist.is_available() and dist.is_initialized():
+    existing = dist.is_available() and dist.is_initialized()
+    if existing:
         rank, world_size = dist.get_rank(), dist.get_world_size()
-        local_rank = _env_int("LOCAL_RANK", rank) or 0
-        if world_size == 1:
-            return World(0, 1, 0, resolve_device(device_name))
-        device = _process_device(device_name, local_rank, _env_int("LOCAL_WORLD_SIZE", 0) or 0)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        return World(rank, world_size, local_rank, device)
-    rank, world_size, local_rank, local_world = _launch_env()
+        local_rank, local_world = _env_int("LOCAL_RANK", rank) or 0, _env_int("LOCAL_WORLD_SIZE", 0) or 0
+    else:
+        rank, world_size, local_rank, local_world = _launch_env()
     if world_size == 1:
         return World(0, 1, 0, resolve_device(device_name))
     if not dist.is_available():
@@ -149,6 +141,9 @@ def setup(device_name: str = "auto") -> World:
     device = _process_device(device_name, local_rank, local_world)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if existing:
+        return World(rank, world_size, local_rank, device)
+    if device.type == "cuda":
         dist.init_process_group("nccl", init_method="env://", device_id=device)
     else:
         dist.init_process_group("gloo", init_method="env://")

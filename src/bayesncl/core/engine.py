@@ -254,7 +254,7 @@ def train_one_epoch(
                 c.window = (means, c.n_seen)
         if stop_signal is not None or (hooks.stop_requested() is not None and not t.distributed):
             stop_signal = stop_signal or hooks.stop_requested() or signal.SIGINT
-            c.sums = _every_rank(sums)
+            c.sums = {k: v.cpu() for k, v in distributed.all_reduce_mean(sums).items()}  # every rank's share
             c.elapsed = time.time() - start
             return EpochResult({}, step, lr, c.elapsed, stop_signal, c)
     means, _ = _global_means(sums, max(c.n_seen, 1), None)
@@ -270,11 +270,6 @@ def _non_finite(t: Training, stats: dict[str, Tensor], step: int, epoch: int) ->
     # CPU checks every step; CUDA every STEP_LOG_EVERY steps (no per-step host sync)
     where = "at" if t.device.type == "cpu" else "detected by"
     return f"non-finite loss {where} step {step} (epoch {epoch + 1}): {values}"
-
-
-def _every_rank(sums: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The sums averaged over processes (every rank's share), on the CPU, in one all-reduce."""
-    return {k: v.cpu() for k, v in distributed.all_reduce_mean(sums).items()}
 
 
 def _global_means(sums: dict[str, Tensor], n: int, signum: int | None) -> tuple[dict[str, float], int | None]:

@@ -1,11 +1,6 @@
-"""The method as a module for other training loops: everything after the backbone, plus the loss.
-
-:class:`ContrastiveHead` holds the projector, the non-negativity map φ, TopK and the gating head
-with its gate of a method (``method.*``, ``model.proj_*``), built from the same parts as the full
-model (PAPER-NOTES §1), and returns the method's loss (InfoNCE(z̃, τ) + λ·KL(Bern(α) ‖ Bern(ρ))
-for BayesNCL) with its named statistics. The backbone, the optimiser, the schedule and the data
-stay the caller's; the gating head's learning rate is ``method.gate_lr_ratio`` times the rest
-(:meth:`param_groups`). docs/api.md shows it in a plain PyTorch loop and in a Lightning module.
+"""The method as a module for other training loops: everything after the backbone, plus the loss
+(:class:`ContrastiveHead`); the backbone, the optimiser, the schedule and the data stay the
+caller's. docs/api.md shows it in a plain PyTorch loop and in a Lightning module.
 """
 
 from __future__ import annotations
@@ -49,9 +44,9 @@ class ContrastiveHead(nn.Module):
 
         Returns the fp32 scalar loss (the method's: InfoNCE over the 2n rows, + λ·KL with a gate)
         and the method's detached statistics by name but those that need the online probe, e.g.
-        ``{"loss", "info_nce", "kl", "gate_open", "rows_all_closed"}``: means over the 2n rows,
-        gate_open the fraction of open gates (1 without a gate), rows_all_closed the fraction of
-        rows with every gate closed. ``gather``: contrastive negatives from every process under
+        ``{"loss", "info_nce", "kl", "gate_open", "rows_all_closed"}`` (the last three only with a
+        gate): means over the 2n rows, gate_open the fraction of open gates, rows_all_closed the
+        fraction of rows with every gate closed. ``gather``: contrastive negatives from every process under
         torch.distributed (default: whenever it runs with > 1 process;
         :func:`bayesncl.core.model.contrastive_loss`). ``index``: (n,) dataset indices, for loaders
         that can put one image twice in a (global) batch, e.g. a padding ``DistributedSampler``:

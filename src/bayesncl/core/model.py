@@ -40,8 +40,8 @@ BACKBONES: dict[str, tuple[Callable[..., nn.Module], int]] = {
     "small_cnn": (small_cnn, 256),
 }
 """The backbones by name (``model.backbone``): (builder, h_dim, the width of h). A torchvision
-builder takes ``weights=None``, :func:`small_cnn` the input channels. Names with a prefix of
-:data:`BACKBONE_FAMILIES` (``timm:NAME``) are built by that family's builder."""
+builder takes ``weights=None``, :func:`small_cnn` the input channels. ``timm:NAME`` is built by
+:func:`timm_backbone`."""
 
 
 class BackboneError(ValueError):
@@ -81,13 +81,11 @@ def timm_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple[
         with torch.no_grad():
             h = net(torch.zeros(2, in_channels, image_size, image_size))
         net.train()
-    except TypeError as e:
+    except Exception as e:  # noqa: BLE001 - timm and the model's own checks raise many types
         arg = str(e).rsplit("argument", 1)[-1].strip(" '")
-        if "unexpected keyword" in str(e) and arg in kwargs:
+        if isinstance(e, TypeError) and "unexpected keyword" in str(e) and arg in kwargs:
             msg = f"model.backbone_kwargs.{arg}: timm's {name} takes no argument {arg}"
             raise BackboneError(msg) from None
-        raise BackboneError(f"{what}: timm cannot build it ({_first_line(e)})") from None
-    except Exception as e:  # noqa: BLE001 - timm and the model's own checks raise many types
         raise BackboneError(f"{what}: timm cannot build it ({_first_line(e)})") from None
     if h.ndim != 2 or h.shape[0] != 2:  # a model whose num_classes=0 output is not pooled
         shape = tuple(h.shape)[1:]
@@ -100,23 +98,17 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
-BACKBONE_FAMILIES: dict[str, Callable[[ModelConfig, int, int], tuple[nn.Module, int]]] = {
-    "timm:": timm_backbone,
-}
-"""Backbones named by a prefix (``model.backbone=timm:NAME``) and the builder of each family."""
-
-
 def build_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple[nn.Module, int]:
-    """torchvision ResNet-18/50 (optionally with the CIFAR stem) or :func:`small_cnn`.
+    """torchvision ResNet-18/50 (optionally with the CIFAR stem), :func:`small_cnn`, or
+    ``timm:NAME`` (:func:`timm_backbone`).
 
     The CIFAR stem (3×3 stride-1 conv1 with padding ``stem_padding``, no max-pool; PAPER-NOTES §1)
     is used when ``cifar_stem`` is ``true``, or ``auto`` and ``image_size <= 64``. Its padding is 2
     in the authors' code (solo/methods/base.py:197-200: 34×34 maps after conv1 at 32 px).
     Returns ``(module mapping (B, C, S, S) → h: (B, h_dim), h_dim)``.
     """
-    for prefix, family in BACKBONE_FAMILIES.items():
-        if cfg.backbone.startswith(prefix):
-            return family(cfg, in_channels, image_size)
+    if cfg.backbone.startswith("timm:"):
+        return timm_backbone(cfg, in_channels, image_size)
     build, h_dim = BACKBONES[cfg.backbone]
     if cfg.backbone == "small_cnn":
         return build(in_channels), h_dim

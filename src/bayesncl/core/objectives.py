@@ -1,13 +1,10 @@
 """The NCL paper's other objectives as pure functions: the spectral contrastive loss, SupCon, the
 cross-entropy of a linear classifier (CE; NCE on non-negative features) and the L1 penalty.
 
-The NCL paper (Wang et al., ICLR 2024, arXiv 2403.12459) builds its theory on the spectral
-contrastive loss (HaoChen et al., 2021), compares NCL with an L1-regularised CL and extends
-non-negativity to supervised learning (Non-negative Cross Entropy, NCE). Its code (PKU-ML/non_neg)
-implements none of these (only SimCLR's InfoNCE, with φ applied before it), so where the papers
-are silent the reference implementations decide: HaoChen et al.'s ``models/spectral.py``
-(jhaochenz96/spectral_contrastive_learning) for the spectral loss and Khosla et al.'s SupContrast
-``losses.py`` for SupCon; docs/decisions.md records each choice.
+The NCL paper (Wang et al., ICLR 2024, arXiv 2403.12459) uses them; its code (PKU-ML/non_neg) has
+none of them, so the reference implementations decide where the papers are silent (HaoChen et al.'s
+``models/spectral.py``, Khosla et al.'s SupContrast ``losses.py``; docs/decisions.md, "The NCL
+paper's other objectives").
 
 Layout and shapes as :func:`bayesncl.core.losses.info_nce`: ``n`` images on this process, ``N`` on
 all processes, ``z``: (2n, D) laid out ``[view1; view2]`` (rows ``i`` and ``i+n`` are the two views

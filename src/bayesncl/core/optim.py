@@ -83,13 +83,12 @@ def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
 
     ``auto`` (the default): bf16 on a CUDA device that supports it, else fp16 there (the paper's fp16
     mixed precision, PAPER-NOTES §2); on a CPU, bf16 where it computes bf16 natively
-    (:func:`native_cpu_bf16`: AVX512-BF16 or AMX), fp32 on any other CPU. There bf16 autocast with
-    channels-last ran the step 1.45-2.7x as fast as fp32 (docs/scaling.md) and left the seeded
-    Table 1 on Fashion-MNIST within its seed spread (CONFIG.md, "Table 1 in bf16 + channels-last";
-    docs/decisions.md). ``fast``: the same choice of dtype (an alias kept for the runs and commands
-    that name it; it also adds channels-last on CUDA). bf16 has fp32's range, so it needs no
-    GradScaler, whose inf check waits for the device every step. The loss, the KL, the statistics
-    and the optimiser state are fp32 whatever the autocast dtype (``bayesncl.core.losses``).
+    (:func:`native_cpu_bf16`: AVX512-BF16 or AMX; 1.45-2.7x as fast as fp32 there, Table 1 within
+    its seed spread: docs/scaling.md, docs/decisions.md), fp32 on any other CPU. ``fast``: the same
+    choice of dtype (an alias kept for the runs and commands that name it; it also adds
+    channels-last on CUDA). bf16 has fp32's range, so it needs no GradScaler, whose inf check waits
+    for the device every step. The loss, the KL, the statistics and the optimiser state are fp32
+    whatever the autocast dtype (``bayesncl.core.losses``).
     """
     if name in ("auto", "fast"):
         if device.type == "cuda":

@@ -5,18 +5,17 @@ Registries (the allowed values of ``config``, defined here once): :data:`NONNEG`
 :data:`GATE_KINDS`, :data:`NOISES` (the Gumbel gate's noise by name). Nothing here checks its
 arguments: :func:`bayesncl.config.validate` checks every value once, before a model is built.
 
-Shapes: ``M`` rows (samples), ``D`` the projector output width. Numerics: the normalisations run
-in float32 with autocast disabled, whatever the input dtype. Normalisation is *safe*: a row whose
-L2 norm is at most ``1e-12`` (in practice an all-zero row, whose gates are all closed) maps to the
-zero vector with a zero gradient, where ``F.normalize`` would divide it by its ``eps`` and send a
-gradient scaled by ``1e12`` into the gate and the backbone. A row holding a NaN or an infinity
-stays non-finite, so the loss becomes NaN and the training loop stops on it.
+Shapes: ``M`` rows (samples), ``D`` the projector output width. The normalisations run in float32
+with autocast disabled, whatever the input dtype, and are *safe* (:func:`safe_normalize`: an
+all-zero row, whose gates are all closed, gives the zero vector and a zero gradient, not the
+``1e12``-scaled gradient of ``F.normalize``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 from collections.abc import Callable, Iterator
 
 import torch
@@ -242,19 +241,11 @@ class GatingHead(nn.Module):
         self.depth = depth
         self.detach = detach
         self.tau = tau
-        layers: list[nn.Module]
-        if depth == 1:
-            layers = [nn.Linear(in_dim, out_dim)]
-        elif depth == 2:
-            layers = [nn.Linear(in_dim, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, out_dim)]
-        else:
-            half = hidden // 2
-            layers = [
-                nn.Linear(in_dim, hidden), nn.ReLU(inplace=True),
-                nn.Linear(hidden, half), nn.ReLU(inplace=True),
-                nn.Linear(half, out_dim),
-            ]
-        self.net = nn.Sequential(*layers)
+        widths = [in_dim, hidden, hidden // 2][:depth] + [out_dim]
+        layers: list[nn.Module] = []
+        for a, b in itertools.pairwise(widths):
+            layers += [nn.Linear(a, b), nn.ReLU(inplace=True)]
+        self.net = nn.Sequential(*layers[:-1])  # no ReLU after the last layer
 
     def forward(self, h: Tensor) -> Tensor:
         """h: (B, in_dim) backbone features → gate logits (B, out_dim), already divided by τ."""

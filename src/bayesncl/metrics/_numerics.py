@@ -1,16 +1,10 @@
 """Overflow-safe row norms and power-of-two rescaling, so that no metric depends on the scale of F.
 
-Float32 features of magnitude ~1e19 and above overflow a sum of squares (a row of 1e38 has the
-true norm 1.7e38 · √D, which float32 cannot even hold), and sums over many rows of ~1e36 overflow
-too. Every metric that normalises rows or sums activations goes through these helpers:
-
-* :func:`row_norms` and :func:`normalize_rows` divide an overflowing row by its max-abs first;
-* :func:`downscale_exponent` gives a power of two to divide a whole matrix by before a sum or a
-  product. Scaling by a power of two is exact in binary floating point (short of underflow into
-  subnormals), so results on a rescaled matrix equal those on the original bit for bit wherever
-  the original did not overflow.
-
-Rows and matrices that do not overflow take the plain path, unchanged.
+Float32 features of magnitude ~1e19 and above overflow a sum of squares. :func:`row_norms` and
+:func:`normalize_rows` divide an overflowing row by its max-abs first; :func:`downscale_exponent`
+gives a power of two to divide a whole matrix by before a sum or a product (exact in binary floating
+point, so results equal the original's bit for bit wherever it did not overflow). Rows and matrices
+that do not overflow take the plain path, unchanged.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def dimension_kinds(features: Any, labels: Any, places: Any, margin: float = KIN
     """(D,) int64 kind codes: 0 object, 1 background, 2 mixed (:data:`KINDS`), -1 inactive.
     Raises EvalError for bad features, labels or places."""
     s = BackgroundShared.from_arrays(features, labels, places)
-    return _kinds(group_lift(s.f, s.y), group_lift(s.f, s.g), margin)
+    return _kinds(*s.lifts, margin)
 
 
 def gate_closure(z: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -149,11 +149,11 @@ def background_probe(
 ) -> dict[str, Any]:
     """``background_probe_acc1`` (paper Table 6), percent: :func:`linear_probe` on frozen features
     predicting the place; returns ``{"background_probe_acc1", "background_probe_protocol"}``."""
-    lp = linear_probe(train_h, train_places, test_h, test_places, seeds=seed)
-    return {
-        "background_probe_acc1": lp["acc1"],
-        "background_probe_protocol": "train -> test: " + lp["protocol"],
-    }
+    return _place_probe(linear_probe(train_h, train_places, test_h, test_places, seeds=seed), "train -> test")
+
+
+def _place_probe(lp: dict[str, Any], where: str) -> dict[str, Any]:
+    return {"background_probe_acc1": lp["acc1"], "background_probe_protocol": f"{where}: {lp['protocol']}"}
 
 
 def background_probe_one_split(h: Any, places: Any, *, seed: int = 0) -> dict[str, Any]:
@@ -166,7 +166,4 @@ def background_probe_one_split(h: Any, places: Any, *, seed: int = 0) -> dict[st
         raise EvalError("background probe: every place needs at least 2 rows to split the file in halves")
     train, test = stratified_split(g, 0.5, seed)
     lp = linear_probe(x[train], g[train], x[test], g[test], seeds=seed)
-    return {
-        "background_probe_acc1": lp["acc1"],
-        "background_probe_protocol": "one file, stratified halves: " + lp["protocol"],
-    }
+    return _place_probe(lp, "one file, stratified halves")

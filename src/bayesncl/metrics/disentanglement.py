@@ -1,12 +1,8 @@
 """Disentanglement against known generative factors: the Mutual Information Gap (MIG).
 
 Chen et al. 2018 ("Isolating Sources of Disentanglement in VAEs", Eq. 6), computed as
-disentanglement_lib does (``evaluation/metrics/mig.py``, ``utils.histogram_discretize``): each code
-dimension is discretised into :data:`NUM_BINS` equal-width bins between its minimum and maximum;
-I(z_j; v_k) is the discrete mutual information (nats) of every dimension j with every factor k;
-per factor, the gap between the two largest I(z_j; v_k) over j is divided by the factor's entropy
-H(v_k); MIG is the mean over factors. A factor with one value (H = 0, e.g. dSprites' colour) has no
-gap and is left out (named in ``mig_note``). 1 = every factor captured by exactly one dimension.
+disentanglement_lib does (``evaluation/metrics/mig.py``, ``utils.histogram_discretize``); the
+protocol, step by step: docs/metrics.md, "MIG".
 """
 
 from __future__ import annotations

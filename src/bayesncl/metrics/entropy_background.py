@@ -1,12 +1,9 @@
 """Appendix J of the BayesNCL paper, measured: do NCL's high-entropy dimensions encode the background?
 
-Per active dimension k of features with class labels and places (``fashion-mnist-bg``): its
-semantic entropy H_k (H_sum of docs/metrics.md: the entropy of its activation mass over classes,
-nats) and its *background share* b_k = r_place(k) / (r_class(k) + r_place(k)) in [0, 1], from the
-class and place lifts of :func:`bayesncl.metrics.background.group_lift` (0: it follows only the
-class, 1: only the background; NaN when it follows neither). The relation: Spearman's ρ(H, b) over
-the dims where both are defined, and b (and the share of background dims, docs/metrics.md "kinds")
-in each of :data:`BINS` equal-count bins of H, low to high.
+Per active dimension k: its semantic entropy H_k (H_sum, nats) and its background share
+b_k = r_place(k) / (r_class(k) + r_place(k)) in [0, 1] from the lifts of
+:func:`bayesncl.metrics.background.group_lift`; Spearman's ρ(H, b) and b per :data:`BINS` bins of H
+(docs/metrics.md, "Appendix J relation").
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .background import BackgroundShared, group_lift
+from .background import BackgroundShared
 from .semantic import SemanticStats
 
 __all__ = ["BINS", "entropy_background"]
@@ -32,7 +29,7 @@ def entropy_background(features: Any, labels: Any, places: Any, bins: int = BINS
 
     s = BackgroundShared.from_arrays(features, labels, places)
     h = SemanticStats.from_features(s.f, s.y).entropies_per_dim()["sum"]
-    r_class, r_place = group_lift(s.f, s.y), group_lift(s.f, s.g)
+    r_class, r_place = s.lifts
     with np.errstate(invalid="ignore", divide="ignore"):
         share = r_place / (r_class + r_place)
     keep = np.isfinite(h) & np.isfinite(share)

@@ -41,20 +41,16 @@ def needs_labels(labels: Any, metric: str) -> None:
 def _to_tensor(x: Any, name: str) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x.detach().cpu()
-    if isinstance(x, np.ndarray):
-        if x.dtype.kind not in "biuf":
-            raise EvalError(f"{name} must be numeric; got a NumPy array of dtype {x.dtype}")
-        with warnings.catch_warnings():
-            # A read-only array (e.g. memory-mapped) is never written to here.
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.as_tensor(x)
     try:
-        arr = np.asarray(x)
+        arr = x if isinstance(x, np.ndarray) else np.asarray(x)
     except Exception as exc:  # pragma: no cover - exotic inputs
         raise EvalError(f"{name} must be an array; got {type(x).__name__}") from exc
     if arr.dtype.kind not in "biuf":
-        raise EvalError(f"{name} must be numeric; got {type(x).__name__} of dtype {arr.dtype}")
-    return torch.as_tensor(arr)
+        what = "a NumPy array" if isinstance(x, np.ndarray) else type(x).__name__
+        raise EvalError(f"{name} must be numeric; got {what} of dtype {arr.dtype}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a read-only array (memory-mapped) is never written to
+        return torch.as_tensor(arr)
 
 
 def as_features(features: Any, name: str = "features") -> torch.Tensor:

@@ -1,10 +1,7 @@
 """Weighted k-nearest-neighbour classifier on frozen features (InstDisc; solo-learn's kNN).
 
-Train features are the memory bank, test features the queries. Both are L2-normalised; for a
-query, the k most cosine-similar bank entries vote for their class with weight exp(sim / T)
-(Wu et al., 2018, "Unsupervised Feature Learning via Non-Parametric Instance Discrimination",
-the weighting solo-learn's ``WeightedKNNClassifier`` uses). The class with the largest summed
-weight is the prediction; top-5 takes the five largest. Defaults: k = 200, T = 0.07.
+Train features are the memory bank, test features the queries; the k most cosine-similar bank
+entries vote with weight exp(sim / T) (Wu et al., 2018; docs/metrics.md, "Weighted kNN").
 Queries are processed in chunks, so memory is O(chunk · N_train).
 """
 
@@ -39,8 +36,7 @@ def knn_accuracy(
     bank = normalize_rows(xtr).to(torch.float32)
     k_eff = min(int(k), bank.shape[0])
     tops = [min(int(t), num_classes) for t in topk]
-    if chunk_size is None:
-        chunk_size = auto_chunk_size(bank.shape[0])
+    chunk_size = chunk_size or auto_chunk_size(bank.shape[0])
     correct = torch.zeros(len(tops), dtype=torch.float64)
     n_test = xte.shape[0]
     for start in range(0, n_test, chunk_size):

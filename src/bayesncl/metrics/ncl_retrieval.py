@@ -1,13 +1,8 @@
 """The NCL repository's own retrieval number, ``map`` (PKU-ML/non_neg ``main_eval.py``, ``retrieval``).
 
-Not our mAP@10 (:mod:`bayesncl.metrics.retrieval`): the rows of F are L2-normalised once over all
-D dims, the dims ranked by the column sums of that matrix (descending), and the K top columns kept
-*without* normalising the rows again; for each query i the other samples are ranked by squared
-Euclidean distance on those K columns (a stable sort, the query's own zero distance first; distances
-rounded to 1e-10, so that rounding errors never reorder ties), and
-``map`` is the mean over queries of (same-label samples among ranks 1..10) / 10, where a rank that
-holds the query itself (a tie ahead of it) counts as a miss, as in their loop. Reported in percent
-(their script prints the fraction; the NCL paper's 10.9 → 14.2 are percent).
+Not our mAP@10 (:mod:`bayesncl.metrics.retrieval`): the top-K columns of the once-normalised rows,
+squared Euclidean ranking, same-label samples among ranks 1..10, in percent (docs/metrics.md,
+"NCL's own retrieval number").
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ import torch
 from ._numerics import normalize_rows
 from .inputs import EvalError, validate_features
 
-__all__ = ["ncl_map", "ncl_map_at"]
+__all__ = ["ncl_map"]
 
 DEPTH = 10
 CANDIDATES = 64  # nearest samples ranked exactly per query (more only where ties reach past them)
@@ -72,8 +67,3 @@ def _first_ranks(dist: torch.Tensor, n: int) -> torch.Tensor:
         if unsure.numel():
             out[unsure] = _ranked(dist[unsure], torch.arange(n).expand(len(unsure), n), n)
     return out
-
-
-def ncl_map_at(features: Any, labels: Any, dims: list[int]) -> dict[str, float]:
-    """``{"<K>": ncl_map(features, labels, K)}`` for every K in ``dims`` (percent)."""
-    return {str(int(k)): ncl_map(features, labels, int(k)) for k in dims}

@@ -1,14 +1,12 @@
 """The authors' linear-probe protocol (PAPER-NOTES §2; PKU-ML/non_neg scripts/linear/cifar/simclr.yaml
-run by solo/methods/linear.py): a linear classifier on the frozen backbone features h, trained for
-50 epochs with LARS (lr 0.4 × batch/256, momentum 0.9, η 0.02, clip_lr; the bias neither adapted nor
-decayed), weight decay 1e-4 on the weight, batch 256, a linear warmup of 10 epochs from 3e-5 (their
-``scheduler.warmup_epochs`` default) then cosine to 0, stepped per iteration, on the train split with
-random resized crops and horizontal flips; Acc@1/Acc@5 on the test split, mean ± std over seeds.
+run by solo/methods/linear.py): LARS on the frozen backbone features h, 50 epochs of augmented
+crops, Acc@1/Acc@5 on the test split (settings and history: docs/metrics.md, "Fast linear probe",
+the paragraph "This is not the paper's probe").
 
 It runs the backbone on every augmented batch, so it is meant for GPUs; ``fast`` mode
 (``bayesncl.metrics.probe.linear_probe``) is the CPU alternative. The backbone stays in eval
 mode and is checked to be unchanged afterwards, BatchNorm statistics included (MoCo v3's sanity
-check). Before issue 26 it used weight decay 0 and a 5-epoch warmup, and LARS adapted the bias.
+check).
 """
 
 from __future__ import annotations
@@ -121,7 +119,6 @@ def paper_linear_probe(
         "acc1_std": statistics.pstdev(a1),
         "acc5_std": statistics.pstdev(a5),
         "per_seed": per_seed,
-        "protocol": f"paper: LARS lr {base_lr}x batch/256, weight decay {weight_decay:g}, "
-        f"batch {batch_size}, "
-        f"{epochs} epochs, warmup {min(warmup_epochs, epochs)} epochs then cosine, crops+flips, frozen h",
+        "protocol": f"paper: LARS lr {base_lr}x batch/256, weight decay {weight_decay:g}, batch {batch_size},"
+        f" {epochs} epochs, warmup {min(warmup_epochs, epochs)} epochs then cosine, crops+flips, frozen h",
     }

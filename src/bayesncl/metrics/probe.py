@@ -1,10 +1,8 @@
-"""Fast linear probe on precomputed frozen features (protocol: docs/metrics.md, "Linear probe").
+"""Fast linear probe on precomputed frozen features (protocol: docs/metrics.md, "Fast linear probe").
 
-A stratified ``val_fraction`` of the train features is held out; multinomial logistic regression
-(mean cross-entropy + ½·λ·‖W‖², full-batch L-BFGS, warm-started down ``l2_grid``) on standardised
-features picks λ on it, is refitted on all train features and reports test Acc@1/Acc@5 (%);
-several ``seeds``: mean and std (ddof 0). This is *not* the paper's probe (LARS, 50 epochs on
-augmented crops: :mod:`bayesncl.metrics.paper_probe`); numbers here are "fast probe on frozen features".
+L-BFGS logistic regression on standardised features, its L2 strength chosen on a stratified
+held-out split. This is *not* the paper's probe (:mod:`bayesncl.metrics.paper_probe`); numbers here
+are "fast probe on frozen features".
 """
 
 from __future__ import annotations
@@ -174,9 +172,7 @@ def linear_probe(
         if len(grid) > 1:
             best_l2, best_val = _select_l2(xtr, ytr_idx, num_classes, grid, val_fraction, seed, max_iter)
         mean, std = _standardise(xtr)
-        xs = (xtr - mean) / std
-        w, b = _fit(xs, ytr_idx, num_classes, best_l2, None, max_iter)
-        del xs
+        w, b = _fit((xtr - mean) / std, ytr_idx, num_classes, best_l2, None, max_iter)
         logits = torch.addmm(b, (xte - mean) / std, w.T)
         acc1, acc5 = _topk_correct(logits, yte_idx, tops)
         per_seed.append({"seed": seed, "l2": best_l2, "val_acc1": best_val, "acc1": acc1, "acc5": acc5})

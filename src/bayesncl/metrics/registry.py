@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .inputs import needs_labels, validate_features, warn_degenerate
-from .ncl_retrieval import DEPTH, ncl_map_at
+from .ncl_retrieval import DEPTH, ncl_map
 from .retrieval import check_dims, retrieval_metrics
 from .semantic import SemanticStats, undefined_note
 from .spectral import active_mask, spectrum
@@ -164,7 +164,7 @@ def compute_all(
     if retrieval_dims is not None:
         out["retrieval"] = retrieval_metrics(f, y, dims=retrieval_dims)
         if f.shape[0] > DEPTH:
-            out["ncl_map"] = ncl_map_at(f, y, retrieval_dims)
+            out["ncl_map"] = {str(k): ncl_map(f, y, k) for k in retrieval_dims}
     undefined = shared.summary[1]
     note = NO_ACTIVE_NOTE if shared.n_active == 0 else (undefined_note(undefined) if undefined else None)
     if note is not None:
@@ -179,12 +179,8 @@ def format_metrics_table(result: dict[str, Any]) -> str:
     src = result.get("source")
     if isinstance(src, dict):
         extra = ", ".join(f"{k}={src[k]}" for k in ("method", "dataset", "split") if k in src)
-        lines.append(
-            f"Features: {src.get('path')} (N={src.get('num_samples')}, D={src.get('dim')}"
-            + (f", {extra}" if extra else "")
-            + ")"
-        )
-        lines.append("")
+        extra = f", {extra}" if extra else ""
+        lines += [f"Features: {src.get('path')} (N={src.get('num_samples')}, D={src.get('dim')}{extra})", ""]
     lines += ["| metric | value | unit |", "|---|---:|---|"]
     rows = (*METRICS, *BACKGROUND_METRICS, *FACTOR_METRICS)
     lines += [f"| {m.label} | {m.text(result[m.key])} | {m.unit} |" for m in rows if m.key in result]

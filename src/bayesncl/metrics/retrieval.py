@@ -1,10 +1,8 @@
 """Retrieval with feature selection (PAPER-NOTES §3; NCL's and BayesNCL's Table 2 protocol).
 
-Rows of F are normalised (overflow-safe), the K dims of largest expected activation Σ_n f_nk kept
-(ties: lower index), re-normalised, and each query's nearest other samples by cosine similarity
-(the query excluded *by index*, so a duplicate is still a neighbour) give P@k and mAP@10, in
-percent (docs/metrics.md, "Retrieval with feature selection"). The similarity matrix is computed
-in row chunks of ``chunk_size`` queries: memory O(chunk_size · N), never N × N.
+The K dims of largest expected activation, cosine nearest neighbours (the query excluded *by
+index*), P@k and mAP@10 in percent (docs/metrics.md, "Retrieval with feature selection"). The
+similarity matrix is computed in row chunks of ``chunk_size`` queries: memory O(chunk_size · N).
 """
 
 from __future__ import annotations
@@ -16,10 +14,10 @@ import numpy as np
 import torch
 
 from ._numerics import normalize_rows, row_norms
-from .inputs import EvalError, validate_features
+from .inputs import EvalError, needs_labels, validate_features
 
 __all__ = [
-    "auto_chunk_size", "average_precision_at_k", "nearest_neighbours", "check_dims", "expected_activation",
+    "auto_chunk_size", "average_precision_at_k", "check_dims", "expected_activation",
     "rank_dims", "retrieval_metrics", "select_top_dims",
 ]
 
@@ -28,9 +26,9 @@ _BLOCK_ELEMENTS = 1 << 25
 _RANK_CHUNK_BYTES = 64 << 20
 
 
-def auto_chunk_size(num_keys: int, budget_elements: int = _BLOCK_ELEMENTS) -> int:
-    """Queries per block so that one (chunk, num_keys) float32 block stays within the budget."""
-    return max(1, min(num_keys, budget_elements // max(1, num_keys)))
+def auto_chunk_size(num_keys: int) -> int:
+    """Queries per block so that one (chunk, num_keys) float32 block stays within 128 MiB."""
+    return max(1, min(num_keys, _BLOCK_ELEMENTS // max(1, num_keys)))
 
 
 def check_dims(dims: int | Iterable[int], d: int) -> list[int]:
@@ -94,23 +92,6 @@ def _neighbour_blocks(x: torch.Tensor, depth: int, chunk_size: int) -> Iterable[
         yield start, idx
 
 
-def nearest_neighbours(
-    features: Any, depth: int = 10, dims: int | None = None, chunk_size: int | None = None
-) -> torch.Tensor:
-    """(N, depth) indices of every row's nearest other rows by cosine similarity, computed on
-    the top-``dims`` dims by expected activation (all dims when ``None``); self excluded by index."""
-    f, _ = validate_features(features, None)
-    n, d = f.shape
-    if not 0 < depth <= n - 1:
-        raise EvalError(f"neighbour depth must be in 1..N-1={n - 1}; got {depth}")
-    k = d if dims is None else check_dims([dims], d)[0]
-    x = normalize_rows(f[:, rank_dims(f)[:k]]).to(torch.float32)
-    out = torch.empty(n, depth, dtype=torch.int64)
-    for start, idx in _neighbour_blocks(x, depth, chunk_size or auto_chunk_size(n)):
-        out[start : start + idx.shape[0]] = idx
-    return out
-
-
 def average_precision_at_k(relevant: torch.Tensor, k: int = 10) -> torch.Tensor:
     """AP@k per row of a (Q, >=k) relevance matrix (most similar first), as a fraction:
     (1 / R_k) Σ_{j<=k} rel_j · P@j with R_k the relevant items among the first k; 0 if R_k = 0."""
@@ -132,8 +113,7 @@ def retrieval_metrics(
     (queries per similarity block) too. Raises :class:`EvalError` for K <= 0, K > D, a ``dims`` that
     is neither, fewer than ``max(topk, map_depth) + 1`` samples, or bad features/labels.
     """
-    if labels is None:
-        raise EvalError("retrieval_metrics needs labels; got labels=None")
+    needs_labels(labels, "retrieval_metrics")
     f, y = validate_features(features, labels)
     n, d = f.shape
     dims = check_dims(dims, d)

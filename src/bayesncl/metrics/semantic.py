@@ -1,18 +1,9 @@
-"""Semantic consistency and the semantic entropies (PAPER-NOTES §3, docs/metrics.md).
+"""Semantic consistency and the semantic entropies (PAPER-NOTES §3).
 
 Every public function takes (N, D) features (``torch.Tensor`` or ``np.ndarray``) and (N,) integer
-labels. SC and the three entropies all come from one class-aggregation product: with ``Y`` the
-(C, N) one-hot matrix of the classes present in the labels,
-
-* ``S = Y @ |F|``                  summed activation per (class, dim),
-* ``K = Y @ 1[|F| > 1e-5]``        number of firing samples per (class, dim),
-* ``K_sc = Y @ 1[|F̂| > 1e-5]``     the same on row-normalised features F̂ (SC's threshold); it is
-  the same matrix as ``K`` (and is not recomputed) when both indicators agree, which is the case
-  for the L2-normalised evaluation features the pipeline writes.
-
-The products run in the input's precision (float32 for float32 features: counts are exact below
-2**24 rows, and the activation sums carry float32 BLAS accumulation, relative error ~1e-6);
-everything after them is float64.
+labels. SC and the three entropies all come from one class-aggregation product
+(:class:`SemanticStats`); definitions, precision and the agreement with the authors' loops:
+docs/metrics.md, "Semantic consistency" and "Semantic entropies".
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The fast linear probe fitted once on clean train features, then scored on any number of test
-sets (the out-of-distribution protocol: NCL's ImageNet-C / -Sketch / Stylized-ImageNet transfer,
-"linear probe trained on clean features, tested on shifted ones").
-
-The same fit as :func:`bayesncl.metrics.linear_probe` (standardised features, L2 chosen on a
-stratified held-out 10 % of the train features, L-BFGS logistic regression refitted on all of
-them), kept as a :class:`FittedProbe` so that each shifted set costs one matrix product.
+sets (NCL's out-of-distribution protocol; docs/metrics.md, "Out-of-distribution transfer"), kept as
+a :class:`FittedProbe` so that each shifted set costs one matrix product.
 """
 
 from __future__ import annotations

@@ -49,15 +49,9 @@ def sparsity(features: Any, labels: Any = None) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# spectrum and orthogonality (both from the float64 Gram matrix of the active columns)
-#
-# With D_a active columns and N rows, the D_a x D_a Gram FᵀF is built only when D_a <= N. For
-# D_a > N (a wide projector, e.g. model.proj_dim = 100000 on a 10000-image test split) memory
-# stays O(min(N, D_a)^2) plus fixed 64 MiB blocks:
-# * the spectrum comes from the N x N Gram FFᵀ, whose eigenvalues are the nonzero eigenvalues of
-#   FᵀF (the squared singular values of F) plus zeros, which the entropy ignores;
-# * the orthogonality error, a sum of |cosines| over all D_a^2 column pairs, has no N x N form: it
-#   is accumulated over blocks of rows of FᵀF (upper triangle), never holding more than one block.
+# spectrum and orthogonality, from the float64 Gram FᵀF of the D_a active columns when D_a <= N;
+# else (a wide projector) from FFᵀ (the same nonzero eigenvalues) and blocks of rows of FᵀF, so
+# memory stays O(min(N, D_a)^2) plus fixed 64 MiB blocks
 # --------------------------------------------------------------------------------------------
 
 
@@ -104,11 +98,6 @@ def _gram_rows(f: torch.Tensor) -> torch.Tensor:
     return gram
 
 
-def _spectral_gram(f: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-    """The smaller of FᵀF over the active columns and FFᵀ: the same nonzero spectrum."""
-    return _gram_rows(f) if int(active.sum()) > f.shape[0] else _gram_active(f, active)
-
-
 def _orthogonality_blocked(f: torch.Tensor, active: torch.Tensor) -> float:
     """:func:`_orthogonality_from_gram` of FᵀF over the active columns, without building FᵀF:
     blocks of rows of the column-normalised Gram, upper triangle only (it is symmetric)."""
@@ -137,13 +126,6 @@ def _orthogonality_blocked(f: torch.Tensor, active: torch.Tensor) -> float:
         square = corr[:, : t - s].abs()  # both halves of the diagonal block
         off += square.sum() - square.diagonal().sum() + 2.0 * corr[:, t - s :].abs().sum()
     return float(off / (d * (d - 1)))
-
-
-def _orthogonality(f: torch.Tensor, active: torch.Tensor) -> float:
-    """Orthogonality error from FᵀF when D_a <= N, else blockwise (no D_a x D_a matrix)."""
-    if int(active.sum()) > f.shape[0]:
-        return _orthogonality_blocked(f, active)
-    return _orthogonality_from_gram(_gram_active(f, active))
 
 
 def spectrum(f: torch.Tensor, active: torch.Tensor) -> tuple[float, float]:
@@ -194,7 +176,9 @@ def spectral_entropy(features: Any, labels: Any = None) -> float:
     O(min(N, D)²): the eigenvalues come from FᵀF (active columns) or from FFᵀ, whichever is smaller.
     """
     f, _ = validate_features(features, None)
-    return _spectral_entropy_from_gram(_spectral_gram(f, active_mask(f)))
+    active = active_mask(f)
+    wide = int(active.sum()) > f.shape[0]  # the smaller Gram: FFᵀ has FᵀF's nonzero spectrum
+    return _spectral_entropy_from_gram(_gram_rows(f) if wide else _gram_active(f, active))
 
 
 def effective_rank(features: Any, labels: Any = None) -> float:
@@ -204,10 +188,7 @@ def effective_rank(features: Any, labels: Any = None) -> float:
     Memory is O(min(N, D)²), as for :func:`spectral_entropy`.
     """
     f, _ = validate_features(features, None)
-    active = active_mask(f)
-    if not bool(active.any()):
-        return 0.0
-    return math.exp(_spectral_entropy_from_gram(_spectral_gram(f, active)))
+    return math.exp(spectral_entropy(f)) if bool(active_mask(f).any()) else 0.0
 
 
 def orthogonality(features: Any, labels: Any = None) -> float:
@@ -217,4 +198,7 @@ def orthogonality(features: Any, labels: Any = None) -> float:
     With more active dims D_a than rows N, F̂ᵀF̂ is summed block by block (64 MiB blocks) instead
     of being built: memory O(D_a) plus the blocks, time O(N·D_a²) as before."""
     f, _ = validate_features(features, None)
-    return _orthogonality(f, active_mask(f))
+    active = active_mask(f)
+    if int(active.sum()) > f.shape[0]:  # no D_a x D_a matrix
+        return _orthogonality_blocked(f, active)
+    return _orthogonality_from_gram(_gram_active(f, active))

@@ -64,11 +64,9 @@ def epoch_row(
     lr: float, seconds: float,
 ) -> dict[str, Any]:
     """A log.csv row for epoch ``epoch`` (1-based): ``means`` are the epoch's means of the method's
-    ``stats`` (a percent one × 100), each statistic's reference key its ``method`` value ("" for a
-    gate's without a gate)."""
-    gated = method.gate != "none"
-    refs = {s.reference: getattr(method, s.reference) if gated or not s.gated else ""
-            for s in stats if s.reference}
+    ``stats`` (a percent one × 100; one not in ``means``, e.g. a gate's without a gate, an empty
+    cell), beside each logged statistic its reference key's ``method`` value."""
+    refs = {s.reference: getattr(method, s.reference) for s in stats if s.reference and s.name in means}
     return {"epoch": epoch, "step": step, **_cells(stats, means, False), **refs, "lr": lr,
             "epoch_time_s": round(seconds, 2)}
 

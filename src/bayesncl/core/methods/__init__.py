@@ -2,9 +2,8 @@
 ``ncl_ipw``, then the NCL paper's others, :data:`BUILT_IN`), registered in :data:`METHODS` in the
 order tables list them.
 
-A method is a :class:`Method` (its parts, loss terms, statistics and own keys; :mod:`.spec`);
-:mod:`.registry` is what config, model, loss and logs read; :mod:`.common` the shared terms and
-statistics; :mod:`.plugins` loads a user's file (``--plugin FILE.py``). docs/extending.md.
+A method is a :class:`Method` (:mod:`.spec`); :mod:`.registry` is what config, model, loss and logs
+read; :mod:`.plugins` loads a user's file (``--plugin FILE.py``). docs/extending.md.
 """
 
 import importlib

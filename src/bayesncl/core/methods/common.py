@@ -2,8 +2,8 @@
 
 :data:`INFO_NCE` is every built-in method's term; the gate (:data:`PARTS` ``"gate"``) brings
 :data:`KL` to any method it is part of. :data:`CONTRASTIVE_STATS` is what every built-in method
-logs (without a gate, KL is 0 and the open rate 1). torch is imported when a term first runs, so
-reading a config does not import it.
+logs (the gate's statistics only by a run with a gate). torch is imported when a term first runs,
+so reading a config does not import it.
 """
 
 from __future__ import annotations
@@ -74,31 +74,20 @@ PARTS: dict[str, Part] = {
 the Gumbel gate's noise, the prevalence EMA of the inverse-prevalence similarity."""
 
 
-def _zero(step: Step) -> Tensor:
-    return 0 * torch_ones(step)
-
-
-def torch_ones(step: Step) -> Tensor:
-    import torch
-
-    return torch.ones((), device=step.loss.device)
-
-
 def term_statistic(term: LossTerm, title: str = "", short: str = "", gated: bool = False) -> Statistic:
-    """The statistic of a loss term's value (its name), 0 where the term is absent (a gate's KL
-    in a run without a gate)."""
-    return Statistic(term.name, lambda s: s.terms[term.name] if term.name in s.terms else _zero(s),
-                     title=title, short=short, gated=gated)
+    """The statistic of a loss term's value (its name); ``gated``: the term of the gate (logged only
+    with one)."""
+    return Statistic(term.name, lambda s: s.terms[term.name], title=title, short=short, gated=gated)
 
 
 def _open_rate(s: Step) -> Tensor:
-    mask = s.out.mask
-    return mask.float().mean() if mask is not None else torch_ones(s)
+    assert s.out.mask is not None  # a gate's statistic: logged only by a run with a gate
+    return s.out.mask.float().mean()
 
 
 def _closed_rows(s: Step) -> Tensor:
-    mask = s.out.mask
-    return (mask.sum(1) == 0).float().mean() if mask is not None else _zero(s)
+    assert s.out.mask is not None
+    return (s.out.mask.sum(1) == 0).float().mean()
 
 
 def _probe_accuracy(s: Step) -> Tensor:

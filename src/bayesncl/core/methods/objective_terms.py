@@ -2,10 +2,8 @@
 contrastive loss, SupCon, the cross-entropy of a classifier on z (CE, and NCE on φ(p)) and the L1
 penalty (:mod:`bayesncl.core.objectives` holds their maths; each method's own file combines them).
 
-Every term is a mean over this process's 2n rows and, where it contrasts rows, takes the other
-processes' rows with gradient under torch.distributed (``batch.gather``), so DDP's gradient average
-is the one-process gradient of the whole batch (tests/core/test_objectives_distributed.py). torch is
-imported when a term first runs, so reading a config does not import it.
+Every term is a mean over this process's 2n rows (the contrastive ones gather the other processes'
+rows, ``batch.gather``); torch is imported when a term first runs, so reading a config does not.
 """
 
 from __future__ import annotations

@@ -86,8 +86,6 @@ def register_checked(method: Method) -> Method:
         caller = Path(sys._getframe(1).f_code.co_filename)
         source = _SOURCE[-1] if _SOURCE else str(caller.resolve()) if caller.is_file() else "<python>"
         method = dataclasses.replace(method, source=source)
-    if method.name in registry.METHODS and registry.METHODS[method.name].source is None:
-        raise ConfigError(f"method {method.name!r} clashes with a built-in method; give it another name")
     check_method(method)
     return registry.register_method(method)
 
@@ -121,9 +119,10 @@ def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
         value = _run(method, f"loss term {term.name!r}", lambda t=term: t.fn(out, batch, cfg))
         terms[term.name] = value.detach()
     step = Step(terms[method.terms[0].name], terms, out, torch.randn(2 * n, 2, generator=gen),
-                         torch.cat([batch.labels, batch.labels]))
+                torch.cat([batch.labels, batch.labels]))
     for stat in method.stats:
-        _run(method, f"statistic {stat.name!r}", lambda s=stat: s.fn(step))
+        if method.gated or not stat.gated:  # a gate's statistics are logged only with one
+            _run(method, f"statistic {stat.name!r}", lambda s=stat: s.fn(step))
 
 
 def _run(method: Method, what: str, fn: object) -> object:

@@ -1,10 +1,6 @@
-"""The method registry: :data:`METHODS` by name, and what config, model, loss and logs read of it.
-
-:func:`register_method` adds a :class:`~bayesncl.core.methods.spec.Method` (the built-in ones in
-their files, a user's from Python or ``--plugin FILE``). :func:`preset` is what ``method.name``
-sets, :func:`closest` the method a configuration of parts is, :func:`unread_keys` the keys no part
-reads, :func:`check` the method's values, :func:`loss` the weighted sum of its terms and
-:func:`statistics` its named step statistics.
+"""The method registry: :data:`METHODS` by name (:func:`register_method` adds one: the built-in
+ones in their files, a user's from Python or ``--plugin FILE``), and what config, model, loss and
+logs read of it.
 """
 
 from __future__ import annotations
@@ -79,16 +75,15 @@ def preset(name: str) -> dict[str, Any]:
 
 def closest(m: MethodConfig) -> str:
     """The method a configuration of parts is: the registered method that agrees on, in this order,
-    the loss terms of ``m.name``'s method (so a gate switched on a method keeps it that method), having a
-    gate, TopK, the inverse-prevalence similarity, and a non-negativity map (φ ≠
-    identity); ties go to ``m.name`` (the configured method), then to the method with the same gate
-    kind, then to the first registered.
+    the loss terms of ``m.name``'s method (so a gate switched on a method keeps it that method),
+    having a gate, TopK, the inverse-prevalence similarity, and a non-negativity map (φ ≠ identity);
+    ties go to ``m.name`` (the configured method), then to the method with the same gate kind, then
+    to the first registered.
 
     So the ablations of a method (a soft gate, another φ, another head depth, no detach) stay that
     method, while switching its defining part off (or another method's on) makes it another, e.g.
     ncl with ``method.gate=ste`` is bayesncl.
     """
-
     own = METHODS.get(m.name)
 
     def distance(item: tuple[str, Method]) -> tuple[bool, ...]:
@@ -134,9 +129,12 @@ def loss(out: ModelOutput, m: MethodConfig, batch: Batch) -> tuple[Tensor, dict[
 
 
 def statistics(m: MethodConfig, step: Step, labeled: bool = True) -> dict[str, Tensor]:
-    """The method's statistics of one step by name (0-d tensors on the device); ``labeled``: False
-    leaves out those that need labels (no online probe)."""
-    return {s.name: s.fn(step) for s in get(m.name).stats if labeled or not s.needs_labels}
+    """The method's statistics of one step by name (0-d tensors on the device): a run without a gate
+    has none of the gate's (``Statistic.gated``); ``labeled``: False leaves out those that need
+    labels (no online probe)."""
+    gated = m.gate != "none"
+    return {s.name: s.fn(step) for s in get(m.name).stats
+            if (gated or not s.gated) and (labeled or not s.needs_labels)}
 
 
 def all_statistics() -> dict[str, Statistic]:

@@ -1,10 +1,6 @@
-"""What a method is, as data: its parts, its loss terms, its statistics and its own keys.
-
-A method is a :class:`Method`: a configuration of the model's parts (PAPER-NOTES §1), never a
-subclass. Its loss is the sum of its :class:`LossTerm` s (each a pure function of the model output,
-weighted by a ``method.*`` key) and of the terms its parts bring (the gate brings λ·KL); it logs
-its :class:`Statistic` s by name. :mod:`bayesncl.core.methods` registers them; docs/extending.md
-shows a method from a user's file. Nothing here imports torch.
+"""What a method is, as data (:class:`Method`: a configuration of the model's parts, PAPER-NOTES §1,
+never a subclass): its parts, its loss terms, its statistics by name and its own keys.
+docs/extending.md shows a method from a user's file. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -74,7 +70,7 @@ class Statistic:
 
     title: its training-curves panel ("" none); short: its name on the progress bar and the epoch
     line ("" not shown); percent: logged × 100; needs_labels: empty where the data has no labels;
-    gated: means something only with a gate (not shown, and no panel, for a run without one);
+    gated: means something only with a gate (a run without one does not log it: empty cells);
     reference: a ``method.*`` key logged beside it and drawn dashed on its panel; per_step: also a
     steps.csv column; alarm: (threshold, message) printed when the epoch's mean exceeds it (``{pct}``
     in the message: the mean in %); ylim: the panel's y range."""
