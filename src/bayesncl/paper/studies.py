@@ -337,11 +337,14 @@ def _ncl_fs(dataset: str, overrides: list[str]) -> Study:
     rows = [Row(f"{v.name} K={k}", v.name, f"K{k}.") for v in variants for k in ks]
     paper = _ncl_fs_paper(d) if dataset == "imagenet100" and 512 in ks else {}
     transfer = TRANSFER_DATA.get(cfg.data.name)
-    drawn = [*probes, *(moved if transfer else ())]
-    panels = [Panel("feature selection", "selected dims K", "linear probe Acc@1 (%)", tuple(
-        Series(f"{v.name} {c.header}", tuple((k, f"{v.name} K={k}", c.key) for k in ks),
+    # in domain left, transfer right (a panel only where its columns are measured); a series is named by
+    # the probe, not the column, so that it keeps its colour in both panels
+    drawn = [("in domain", probes), *([(f"transfer: {transfer[0]}", moved)] if transfer else [])]
+    panels = [Panel(title, "selected dims K", "linear probe Acc@1 (%)", tuple(
+        Series(f"{v.name} {probe.header}", tuple((k, f"{v.name} K={k}", c.key) for k in ks),
                tuple((512.0, p[c.key]) for r, p in paper.items() if r == f"{v.name} K=512" and c.key in p))
-        for v in variants for c in drawn), xscale="log")]  # fmt: skip
+        for v in variants for probe, c in zip(probes, cols, strict=True)), xscale="log")
+        for title, cols in drawn]  # fmt: skip
     notes = ["fast linear probe on the top-K train-ranked dims of z̃ vs K random dims (seed = run seed)",
              "mAP@10: ours (cosine, re-normalised top-K); NCL map: the NCL repository's main_eval.py number "
              "(Euclidean, un-renormalised top-K slices), the one its paper reports (10.9 -> 14.2)",
