@@ -336,7 +336,7 @@ def test_ncl_fs_transfer_set_by_dataset(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_transfer_config_keeps_the_runs_geometry() -> None:
-    from bayesncl.paper.eval_studies import transfer_config
+    from bayesncl.paper.ncl_studies import transfer_config
 
     cfg = build_config(overrides=["data.name=fashion-mnist", "data.train_subset=500", "data.test_subset=70"])
     t = transfer_config(cfg, "dsprites", 100, 50)

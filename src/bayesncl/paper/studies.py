@@ -141,7 +141,8 @@ def _retrieval_columns(k: int) -> list[Column]:
     return [Column(f"{m} (K={k})", f"sel.{m}") for m in RETRIEVAL]
 
 
-def _rows(variants: list[Variant]) -> list[Row]:
+def rows_of(variants: list[Variant]) -> list[Row]:
+    """One row per variant, named as it."""
     return [Row(v.name, v.name) for v in variants]
 
 
@@ -152,7 +153,7 @@ def _table1(dataset: str, overrides: list[str]) -> Study:
         for n, (h, a) in IN100_HSUM_ACT.items():
             paper[n].update(semantic_entropy_sum=h, activation_ratio=a)
     return Study("1", "Table 1: interpretability", "table1", variants, [("base", ())], TABLE1_COLUMNS,
-                 _rows(variants), paper)  # fmt: skip
+                 rows_of(variants), paper)  # fmt: skip
 
 
 def _table2(dataset: str, overrides: list[str]) -> Study:
@@ -171,7 +172,7 @@ def _table2(dataset: str, overrides: list[str]) -> Study:
              "paper's K per dataset); not for CL, as in the paper (selecting dims of CL is meaningless)",
              ]  # fmt: skip
     return Study("2", "Table 2: linear probe, kNN and retrieval with feature selection", "table2", variants,
-                 [("probe3", ()), ("retrieval_sel", (k,))], columns, _rows(variants),
+                 [("probe3", ()), ("retrieval_sel", (k,))], columns, rows_of(variants),
                  {name: v for name, v in paper.items() if v}, notes=notes)  # fmt: skip
 
 
@@ -227,7 +228,7 @@ def _convergence(dataset: str, overrides: list[str]) -> Study:
 def _table5(dataset: str, overrides: list[str]) -> Study:
     variants = [Variant(n, m, ("model.backbone=resnet50",)) for n, m in TABLE1_METHODS if m in TABLE5_METHODS]
     return Study("5", "Table 5: interpretability with ResNet-50", "table5", variants, [("base", ())],
-                 TABLE1_COLUMNS, _rows(variants), defines=("method.name", "model.backbone"))  # fmt: skip
+                 TABLE1_COLUMNS, rows_of(variants), defines=("method.name", "model.backbone"))  # fmt: skip
 
 
 def _table15(dataset: str, overrides: list[str]) -> Study:
@@ -238,7 +239,7 @@ def _table15(dataset: str, overrides: list[str]) -> Study:
                     (Series("BayesNCL", tuple((r, v.name, c.key) for r, v in pairs)),), xscale="log")
               for c in (SC, LP1)]  # fmt: skip
     return Study("15", "Table 15: gating-head learning rate (× the backbone's)", "table15", variants,
-                 [("base", ())], [SC, LP1], _rows(variants), panels=panels,
+                 [("base", ())], [SC, LP1], rows_of(variants), panels=panels,
                  defines=("method.name", "method.gate_lr_ratio"),
                  notes=["the paper finds 0.25× best (no values in the text we have)"])  # fmt: skip
 
@@ -280,7 +281,7 @@ def _fig4a(dataset: str, overrides: list[str]) -> Study:
         Series(n, tuple((w, f"{n} D={w}", SC.key) for w in widths), paper.get(n, ()))
         for n in ("NCL", "BayesNCL")), xscale="log")]  # fmt: skip
     return Study("fig4a", "Fig. 4(a): semantic consistency against the latent width D", "fig4a", variants,
-                 [("base", ())], [SC, LP1], _rows(variants), panels=panels,
+                 [("base", ())], [SC, LP1], rows_of(variants), panels=panels,
                  )  # fmt: skip
 
 
@@ -299,7 +300,7 @@ def _fig4b(dataset: str, overrides: list[str]) -> Study:
     ]  # fmt: skip
     notes = [f"ρ swept at λ={cfg.method.lam:g}, λ swept at ρ={cfg.method.rho:g} (the base config's)"]
     return Study("fig4b", "Fig. 4(b): SC and LP@1 against ρ and λ", "fig4b", variants, [("base", ())],
-                 [SC, LP1], _rows(variants), panels=panels,
+                 [SC, LP1], rows_of(variants), panels=panels,
                  notes=notes)  # fmt: skip
 
 
@@ -387,7 +388,7 @@ def _ncl_sepin(dataset: str, overrides: list[str]) -> Study:
     if dropped:
         notes.append(f"SEPIN@{', @'.join(dropped)} left out: more than D={d} dims")
     return Study("ncl-sepin", "NCL paper: disentanglement SEPIN@k", "ncl-sepin", variants,
-                 [("sepin", tuple(ks))], columns, _rows(variants), notes=notes)  # fmt: skip
+                 [("sepin", tuple(ks))], columns, rows_of(variants), notes=notes)  # fmt: skip
 
 
 FINETUNE_CPU_EPOCHS = 3  # fashion-mnist's fine-tuning budget (a module constant: a test shortens it)
@@ -415,7 +416,7 @@ def _ncl_finetune(dataset: str, overrides: list[str]) -> Study:
         "paper (NCL, ImageNet-100): CL 77.3, NCL 79.2; BayesNCL is beyond the paper",
     ]
     return Study("ncl-finetune", "NCL paper: fine-tuning accuracy", "ncl-finetune", variants,
-                 [("finetune", params)], columns, _rows(variants), paper, notes=notes)  # fmt: skip
+                 [("finetune", params)], columns, rows_of(variants), paper, notes=notes)  # fmt: skip
 
 
 def _ablations() -> list[Variant]:
@@ -439,7 +440,7 @@ def _table4(dataset: str, overrides: list[str]) -> Study:
     columns = [SC, Column("H_f", "semantic_entropy_freq", "{:.3f}"), LP3, LP5]
     notes = ["LP@1/LP@5: the fast probe on frozen h, mean of 3 probe seeds per run (the paper: 3 seeds)"]
     return Study("4", "Table 4: BayesNCL ablations", "table4", variants, [("probe3", ())], columns,
-                 _rows(variants), paper, defines=ABLATION_DEFINES, notes=notes)  # fmt: skip
+                 rows_of(variants), paper, defines=ABLATION_DEFINES, notes=notes)  # fmt: skip
 
 
 def _tables9_10(dataset: str, overrides: list[str]) -> Study:
@@ -453,7 +454,7 @@ def _tables9_10(dataset: str, overrides: list[str]) -> Study:
     notes = [f"the interpretability metrics of Table 1, the fast probe (3 seeds), kNN on h and retrieval on "
              f"the top-{k} dims, for each ablation of Table 4"]  # fmt: skip
     return Study("9", "Tables 9/10 (Appendix H): every metric of every BayesNCL ablation", "table9-10",
-                 _ablations(), [("probe3", ()), ("retrieval_sel", (k,))], columns, _rows(_ablations()),
+                 _ablations(), [("probe3", ()), ("retrieval_sel", (k,))], columns, rows_of(_ablations()),
                  defines=ABLATION_DEFINES, notes=notes)  # fmt: skip
 
 
@@ -464,7 +465,7 @@ def _table7(dataset: str, overrides: list[str]) -> Study:
              for v, (m, g) in zip(variants, values.get(dataset, ()), strict=False)}  # fmt: skip
     columns = [Column("minutes", "pretrain_minutes"), Column("GFLOPs/img", "gflops_per_image", "{:.3f}")]
     return Study("7", "Table 7: compute (pretraining minutes, FLOPs per image)", "table7", variants,
-                 [("flops", ())], columns, _rows(variants), paper)  # fmt: skip
+                 [("flops", ())], columns, rows_of(variants), paper)  # fmt: skip
 
 
 STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
@@ -475,8 +476,8 @@ STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
 """``bayesncl reproduce ID``: the IDs and their builders."""
 
 
-# paper.ncl_studies (issue 25) and paper.eval_studies (issue 26) add their studies to STUDIES when imported;
-# paper.reproduce imports both, so every ID is there wherever a study is built.
+# paper.ncl_studies adds its studies to STUDIES when imported; paper.reproduce imports it, so every ID is
+# there wherever a study is built.
 
 
 def _keys(overrides: list[str]) -> set[str]:
