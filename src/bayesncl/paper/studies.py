@@ -176,13 +176,20 @@ def _table2(dataset: str, overrides: list[str]) -> Study:
                  {name: v for name, v in paper.items() if v}, notes=notes)  # fmt: skip
 
 
+def _checkpoints(dataset: str, overrides: list[str]) -> tuple[int, tuple[int, ...], tuple[str, ...]]:
+    """``(every, epochs, overrides)``: ~10 checkpoints, every tenth of the recipe's run (the paper looks
+    every 10 of 200 epochs), and the variants' ``train.checkpoint_every`` (none where the user sets it)."""
+    epochs = base_config(dataset, "bayesncl", overrides).train.epochs
+    every = max(1, epochs // 10)
+    given = any(o.split("=", 1)[0].strip() == "train.checkpoint_every" for o in overrides)
+    ckpt = () if given else (f"train.checkpoint_every={every}",)
+    return every, tuple(range(every, epochs + 1, every)), ckpt
+
+
 def _table3(dataset: str, overrides: list[str]) -> Study:
     from bayesncl.app.dynamics import DYNAMICS_LABELS  # (not ρ in the labels: that is the gate's prior)
 
-    cfg = base_config(dataset, "bayesncl", overrides)
-    every = max(1, cfg.train.epochs // 10)  # the paper looks every 10 of 200 epochs: ~10 points
-    epochs = tuple(range(every, cfg.train.epochs + 1, every))
-    ckpt = () if "train.checkpoint_every" in _keys(overrides) else (f"train.checkpoint_every={every}",)
+    every, epochs, ckpt = _checkpoints(dataset, overrides)
     variants = [Variant("NCL", "ncl", ckpt), Variant("BayesNCL", "bayesncl", ckpt)]
     rows = [Row(f"{v.name} epoch {e}", v.name, f"e{e}.") for v in variants for e in epochs]
     columns = [Column("AF–GV", "AF-GV", "{:.3f}"), Column("GV–SC", "GV-SC", "{:.3f}"),
@@ -202,10 +209,7 @@ def _table3(dataset: str, overrides: list[str]) -> Study:
 def _convergence(dataset: str, overrides: list[str]) -> Study:
     """Issue 24: how SC, active dims, the gate-open rate, AF–GV and LP@1 move over training, per
     method, at ~10 checkpoints (every tenth of the run): does the ordering of the methods settle?"""
-    cfg = base_config(dataset, "bayesncl", overrides)
-    every = max(1, cfg.train.epochs // 10)
-    epochs = tuple(range(every, cfg.train.epochs + 1, every))
-    ckpt = () if "train.checkpoint_every" in _keys(overrides) else (f"train.checkpoint_every={every}",)
+    every, epochs, ckpt = _checkpoints(dataset, overrides)
     variants = [Variant(n, m, ckpt) for n, m in (("CL", "cl"), ("NCL", "ncl"), ("BayesNCL", "bayesncl"))]
     rows = [Row(f"{v.name} epoch {e}", v.name, f"e{e}.") for v in variants for e in epochs]
     columns = [Column("SC %", "semantic_consistency"), Column("active", "active_dims", "{:.1f}"),
@@ -265,10 +269,9 @@ def _fig3(dataset: str, overrides: list[str]) -> Study:
     rows = [Row(f"{v.name} K={k}", v.name, f"K{k}.") for v in variants for k in ks]
     panels = [Panel(m, "selected dims K", f"{m} (%)", tuple(
         Series(v.name, tuple((k, f"{v.name} K={k}", m) for k in ks)) for v in variants)) for m in metrics]
+    notes = [f"K = {', '.join(map(str, ks))} of D={d} (top-K dims by expected activation)"]
     return Study("fig3", "Fig. 3: retrieval with feature selection against K", "fig3", variants,
-                 [("retrieval", ks)], columns, rows, panels=panels,
-                 notes=[f"K = {', '.join(map(str, ks))} of D={d} (top-K dims by expected activation)"],
-                 )  # fmt: skip
+                 [("retrieval", ks)], columns, rows, panels=panels, notes=notes)  # fmt: skip
 
 
 def _fig4a(dataset: str, overrides: list[str]) -> Study:
@@ -281,15 +284,13 @@ def _fig4a(dataset: str, overrides: list[str]) -> Study:
         Series(n, tuple((w, f"{n} D={w}", SC.key) for w in widths), paper.get(n, ()))
         for n in ("NCL", "BayesNCL")), xscale="log")]  # fmt: skip
     return Study("fig4a", "Fig. 4(a): semantic consistency against the latent width D", "fig4a", variants,
-                 [("base", ())], [SC, LP1], rows_of(variants), panels=panels,
-                 )  # fmt: skip
+                 [("base", ())], [SC, LP1], rows_of(variants), panels=panels)  # fmt: skip
 
 
 def _fig4b(dataset: str, overrides: list[str]) -> Study:
     cfg = base_config(dataset, "bayesncl", overrides)
-    rhos = RHOS
     lams = tuple(sorted({float(f"{cfg.method.lam * f:.3g}") for f in LAM_FACTORS}))
-    rho_v = {r: Variant(f"rho={r:g}", "bayesncl", (f"method.rho={r}",)) for r in rhos}
+    rho_v = {r: Variant(f"rho={r:g}", "bayesncl", (f"method.rho={r}",)) for r in RHOS}
     lam_v = {lam: Variant(f"lambda={lam:g}", "bayesncl", (f"method.lam={lam}",)) for lam in lams}
     variants = [*rho_v.values(), *lam_v.values()]
     panels = [
@@ -300,16 +301,13 @@ def _fig4b(dataset: str, overrides: list[str]) -> Study:
     ]  # fmt: skip
     notes = [f"ρ swept at λ={cfg.method.lam:g}, λ swept at ρ={cfg.method.rho:g} (the base config's)"]
     return Study("fig4b", "Fig. 4(b): SC and LP@1 against ρ and λ", "fig4b", variants, [("base", ())],
-                 [SC, LP1], rows_of(variants), panels=panels,
-                 notes=notes)  # fmt: skip
+                 [SC, LP1], rows_of(variants), panels=panels, notes=notes)  # fmt: skip
 
 
 # ncl-fs's transfer columns: the run's data.name -> (transfer data.name, train_subset, test_subset; 0:
 # the whole split) on whose labelled splits the selection probes are fitted and tested, through the run's
-# frozen encoder at its image size. The NCL paper's transfer set is not named in our sources; these are
-# same-channel sets that are on every machine with the source (fashion-mnist -> generated dSprites,
-# labelled by shape) or usually beside it (CIFAR). No entry (image folders, imagenet100, synthetic): the
-# columns stay empty and a note says so. A module constant: tests replace it.
+# frozen encoder (why these sets: docs/paper-notes.md N13). No entry (image folders, imagenet100,
+# synthetic): the columns stay empty and a note says so. A module constant: tests replace it.
 TRANSFER_DATA: dict[str, tuple[str, int, int]] = {
     "fashion-mnist": ("dsprites", 10_000, 5_000),
     "cifar10": ("cifar100", 0, 0),
@@ -419,21 +417,20 @@ def _ncl_finetune(dataset: str, overrides: list[str]) -> Study:
                  [("finetune", params)], columns, rows_of(variants), paper, notes=notes)  # fmt: skip
 
 
-def _ablations() -> list[Variant]:
-    return [
-        Variant("full", "bayesncl"),
-        Variant("soft gate", "bayesncl", ("method.gate=soft",)),
-        Variant("no detach", "bayesncl", ("method.detach=false",)),
-        Variant("1-layer head", "bayesncl", ("method.gate_depth=1",)),
-        Variant("3-layer head", "bayesncl", ("method.gate_depth=3",)),
-    ]
+ABLATIONS = [  # Table 4's and Tables 9/10's variants
+    Variant("full", "bayesncl"),
+    Variant("soft gate", "bayesncl", ("method.gate=soft",)),
+    Variant("no detach", "bayesncl", ("method.detach=false",)),
+    Variant("1-layer head", "bayesncl", ("method.gate_depth=1",)),
+    Variant("3-layer head", "bayesncl", ("method.gate_depth=3",)),
+]
 
 
 ABLATION_DEFINES = ("method.name", "method.gate", "method.detach", "method.gate_depth")
 
 
 def _table4(dataset: str, overrides: list[str]) -> Study:
-    variants = _ablations()
+    variants = ABLATIONS
     values = {"full": (36.14, 70.44), "soft gate": (33.15, 69.87), "no detach": (22.29, 67.47),
               "1-layer head": (40.85, 69.55), "3-layer head": (26.37, 68.09)}  # fmt: skip
     paper = {n: {SC.key: s, LP3.key: lp} for n, (s, lp) in values.items()} if dataset == "imagenet100" else {}
@@ -454,7 +451,7 @@ def _tables9_10(dataset: str, overrides: list[str]) -> Study:
     notes = [f"the interpretability metrics of Table 1, the fast probe (3 seeds), kNN on h and retrieval on "
              f"the top-{k} dims, for each ablation of Table 4"]  # fmt: skip
     return Study("9", "Tables 9/10 (Appendix H): every metric of every BayesNCL ablation", "table9-10",
-                 _ablations(), [("probe3", ()), ("retrieval_sel", (k,))], columns, rows_of(_ablations()),
+                 ABLATIONS, [("probe3", ()), ("retrieval_sel", (k,))], columns, rows_of(ABLATIONS),
                  defines=ABLATION_DEFINES, notes=notes)  # fmt: skip
 
 
@@ -478,10 +475,6 @@ STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
 
 # paper.ncl_studies adds its studies to STUDIES when imported; paper.reproduce imports it, so every ID is
 # there wherever a study is built.
-
-
-def _keys(overrides: list[str]) -> set[str]:
-    return {o.split("=", 1)[0].strip() for o in overrides}
 
 
 MECHANISM_IDS = ("6", "mechanism")  # issue 15's tables: bayesncl.paper.mechanism (dispatched by the CLI)
