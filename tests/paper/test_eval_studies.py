@@ -13,7 +13,7 @@ import pytest
 
 from bayesncl.app.cli import main
 from bayesncl.data import clear_cache
-from bayesncl.paper import eval_studies, studies
+from bayesncl.paper import ncl_studies, studies
 
 from ..conftest import TINY, fmnist_folder
 
@@ -50,8 +50,8 @@ def test_ncl_mig_tiny(tmp_path: Path, quiet: None):
 def test_ncl_ood_tiny(tmp_path: Path, quiet: None, monkeypatch: pytest.MonkeyPatch):
     from bayesncl.data import corruptions
 
-    monkeypatch.setattr(eval_studies, "OOD_CORRUPTIONS", ("contrast", "gaussian_noise"))
-    monkeypatch.setattr(eval_studies, "OOD_SEVERITIES", (1, 3))
+    monkeypatch.setattr(ncl_studies, "OOD_CORRUPTIONS", ("contrast", "gaussian_noise"))
+    monkeypatch.setattr(ncl_studies, "OOD_SEVERITIES", (1, 3))
     monkeypatch.setattr(corruptions, "DEFAULT_CACHE", tmp_path / "cache")
     out = _run(tmp_path, "ncl-ood", *BASE, "data.name=synthetic")
     rows = out["rows"]
@@ -111,10 +111,10 @@ def test_ncl_fs_transfer_measure_on_dsprites(tmp_path: Path) -> None:
     over = ["data.name=fashion-mnist", "data.image_size=16", f"data.root={fmnist_folder(tmp_path / 'fm')}"]
     ckpt = tiny_checkpoint(tmp_path / "m.pt", over, channels=1, num_classes=10)
     cfg = build_config(overrides=[*TINY, *over])
-    out = eval_studies.MEASURES["fs_transfer"](ckpt, cfg, (("dsprites", 96, 60), (2, 16)))
+    out = ncl_studies.MEASURES["fs_transfer"](ckpt, cfg, (("dsprites", 96, 60), (2, 16)))
     assert set(out) == {f"K{k}.transfer_{m}_acc1" for k in (2, 16) for m in ("top", "random")}
     assert all(0.0 <= v <= 100.0 for v in out.values())
     assert out["K16.transfer_top_acc1"] == out["K16.transfer_random_acc1"]
     with pytest.raises(DataError, match=r"^ncl-fs's transfer set cifar100 \(studies\.TRANSFER_DATA for "
                                         r"fashion-mnist\): "):  # fmt: skip
-        eval_studies.MEASURES["fs_transfer"](ckpt, cfg, (("cifar100", 0, 0), (2,)))
+        ncl_studies.MEASURES["fs_transfer"](ckpt, cfg, (("cifar100", 0, 0), (2,)))

@@ -321,7 +321,11 @@ def test_ncl_fs_transfer_set_by_dataset(monkeypatch: pytest.MonkeyPatch) -> None
     assert any("transfer columns empty: no transfer set for data.name=synthetic" in n for n in fs.notes)
     fm = studies.build("ncl-fs", "fashion-mnist", [])  # the recipe: D = 256, generated dSprites (shape)
     assert ("fs_transfer", (("dsprites", 10_000, 5_000), (8, 16, 32, 64, 128, 256))) in fm.measures
-    assert len(fm.panels[0].series) == 8  # CL, NCL x top-K, random K, transfer top-K, transfer random K
+    # in domain left, transfer right: CL, NCL x top-K, random K in each, a series named alike in both
+    assert [p.title for p in fm.panels] == ["in domain", "transfer: dsprites"]
+    assert [s.label for s in fm.panels[1].series] == [s.label for s in fm.panels[0].series]
+    assert [s.points[0][2] for s in fm.panels[1].series] == ["transfer_top_acc1", "transfer_random_acc1"] * 2
+    assert len(fs.panels) == 1  # no transfer set: no transfer panel
     assert dict(studies.build("ncl-fs", "cifar10", []).measures)["fs_transfer"][0] == ("cifar100", 0, 0)
     assert dict(studies.build("ncl-fs", "cifar100", []).measures)["fs_transfer"][0] == ("cifar10", 0, 0)
     paper = studies.build("ncl-fs", "imagenet100", []).paper
@@ -332,7 +336,7 @@ def test_ncl_fs_transfer_set_by_dataset(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_transfer_config_keeps_the_runs_geometry() -> None:
-    from bayesncl.paper.eval_studies import transfer_config
+    from bayesncl.paper.ncl_studies import transfer_config
 
     cfg = build_config(overrides=["data.name=fashion-mnist", "data.train_subset=500", "data.test_subset=70"])
     t = transfer_config(cfg, "dsprites", 100, 50)

@@ -54,7 +54,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from bayesncl.config import Config, ConfigError, build_config
@@ -124,8 +124,11 @@ def default_settings(settings: BenchmarkSettings) -> tuple[BenchmarkSettings, to
             option = "--" + OPTION_KEYS[key].replace("_", "-")
             raise ConfigError(f"{key} is set by benchmark {option}; pass that option instead")
     check_device(settings.device, "benchmark --device")
-    for name, value, low in (("--threads", settings.threads, 0), ("--workers", settings.workers, 0)):
-        if value < low:
+    for name, value, low in (("--threads", settings.threads, 0), ("--workers", settings.workers, 0),
+                             ("--steps", settings.steps, 1), ("--rounds", settings.rounds, 1),
+                             ("--warmup", settings.warmup, 0), ("--image-size", settings.image_size, 8),
+                             ("--batch-size", settings.batch_size, 2)):  # fmt: skip
+        if value is not None and value < low:  # (None: the device's default, in range)
             raise ConfigError(f"benchmark {name}={value}: expected >= {low}")
     cpus = os.cpu_count() or 1
     if settings.threads > cpus:  # torch.set_num_threads(100000) crashed the process (SIGSEGV)
@@ -134,20 +137,12 @@ def default_settings(settings: BenchmarkSettings) -> tuple[BenchmarkSettings, to
         )
     device = resolve_device(settings.device, what="benchmark --device")
     cuda = device.type == "cuda"
-    s = BenchmarkSettings(**asdict(settings))
     defaults = {
         "cifar_stem": "true" if cuda else "false", "batch_size": 256 if cuda else 64,
         "steps": 20 if cuda else 1, "rounds": 5 if cuda else 12, "precision": "auto",
         "channels_last": cuda,
     }
-    for name, value in defaults.items():
-        if getattr(s, name) is None:
-            setattr(s, name, value)
-    for name, value, low in (("--steps", s.steps, 1), ("--rounds", s.rounds, 1), ("--warmup", s.warmup, 0),
-                             ("--image-size", s.image_size, 8), ("--batch-size", s.batch_size, 2)):
-        if value < low:
-            raise ConfigError(f"benchmark {name}={value}: expected >= {low}")
-    return s, device
+    return replace(settings, **{k: v for k, v in defaults.items() if getattr(settings, k) is None}), device
 
 
 # ----------------------------------------------------------------------------- one arm
@@ -156,14 +151,10 @@ class _Arm:
     """One thing timed in the rounds: a callable doing ``steps`` units of work of ``images`` each."""
 
     name: str
-    run: Callable[[], None]
+    run: Callable[[], object]
     images: int
     steps: int
     times: list[float] = field(default_factory=list)  # seconds per step, one entry per round
-
-
-def _next(batches: Iterator[Any]) -> None:
-    next(batches)
 
 
 def _endless(loader: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -316,13 +307,13 @@ def _arms(s: BenchmarkSettings, device: torch.device, configs: dict[str, Config]
     arms = [_Arm(m, (lambda step=trainers[m][0]: step(None)), b, steps) for m in METHODS]
     data = configs["bayesncl"].data
     aug_batches = _endless(build_train_loader(data, b, seed=1, device=device))
-    arms.append(_Arm("augment-only", lambda: _next(aug_batches), b, steps))
+    arms.append(_Arm("augment-only", lambda: next(aug_batches), b, steps))
     if s.augment_compare:  # the same BayesNCL model (same seed), fed by the per-sample DataLoader
         per_sample_cfg = _config(s, "bayesncl", resident=False)
         per_sample, *_ = _trainer(per_sample_cfg, device)
         arms.append(_Arm("bayesncl/per-sample", lambda: per_sample(None), b, min(steps, 3)))
         ps_batches = _endless(build_train_loader(per_sample_cfg.data, b, seed=1, device=device))
-        arms.append(_Arm("per-sample-only", lambda: _next(ps_batches), b, min(steps, 3)))
+        arms.append(_Arm("per-sample-only", lambda: next(ps_batches), b, min(steps, 3)))
     arms.append(_Arm("step-only", lambda: bayes(fixed), b, steps))
     if device.type == "cuda":  # what prefetch_to_device buys: the loader on the main stream
         plain = _endless(build_train_loader(data, b, seed=2, device=device))

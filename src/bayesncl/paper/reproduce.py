@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
-from bayesncl.paper import eval_studies, studies, variants  # eval_studies and ncl_studies add their IDs
-from bayesncl.paper.ncl_studies import NCL_MEASURES
+from bayesncl.paper import ncl_studies, studies, variants  # importing ncl_studies adds its IDs
 from bayesncl.paper.studies import Study
 
 # what decides how fast a run trains (runs that agree on these share a measured images/s)
@@ -310,9 +309,9 @@ def _m_finetune(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, fl
 
 MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval": _m_retrieval,
             "selection": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune,
-            "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory, **NCL_MEASURES}  # fmt: skip
+            "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory,
+            **ncl_studies.MEASURES}  # fmt: skip
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
-MEASURES.update(eval_studies.MEASURES)  # issue 26: mig, ood, appj, nclmap
 
 
 def measure(sub: Path, cfg: Config, wanted: list[tuple[str, tuple[Any, ...]]]) -> dict[str, float]:

@@ -141,7 +141,8 @@ def _retrieval_columns(k: int) -> list[Column]:
     return [Column(f"{m} (K={k})", f"sel.{m}") for m in RETRIEVAL]
 
 
-def _rows(variants: list[Variant]) -> list[Row]:
+def rows_of(variants: list[Variant]) -> list[Row]:
+    """One row per variant, named as it."""
     return [Row(v.name, v.name) for v in variants]
 
 
@@ -152,7 +153,7 @@ def _table1(dataset: str, overrides: list[str]) -> Study:
         for n, (h, a) in IN100_HSUM_ACT.items():
             paper[n].update(semantic_entropy_sum=h, activation_ratio=a)
     return Study("1", "Table 1: interpretability", "table1", variants, [("base", ())], TABLE1_COLUMNS,
-                 _rows(variants), paper)  # fmt: skip
+                 rows_of(variants), paper)  # fmt: skip
 
 
 def _table2(dataset: str, overrides: list[str]) -> Study:
@@ -171,17 +172,24 @@ def _table2(dataset: str, overrides: list[str]) -> Study:
              "paper's K per dataset); not for CL, as in the paper (selecting dims of CL is meaningless)",
              ]  # fmt: skip
     return Study("2", "Table 2: linear probe, kNN and retrieval with feature selection", "table2", variants,
-                 [("probe3", ()), ("retrieval_sel", (k,))], columns, _rows(variants),
+                 [("probe3", ()), ("retrieval_sel", (k,))], columns, rows_of(variants),
                  {name: v for name, v in paper.items() if v}, notes=notes)  # fmt: skip
+
+
+def _checkpoints(dataset: str, overrides: list[str]) -> tuple[int, tuple[int, ...], tuple[str, ...]]:
+    """``(every, epochs, overrides)``: ~10 checkpoints, every tenth of the recipe's run (the paper looks
+    every 10 of 200 epochs), and the variants' ``train.checkpoint_every`` (none where the user sets it)."""
+    epochs = base_config(dataset, "bayesncl", overrides).train.epochs
+    every = max(1, epochs // 10)
+    given = any(o.split("=", 1)[0].strip() == "train.checkpoint_every" for o in overrides)
+    ckpt = () if given else (f"train.checkpoint_every={every}",)
+    return every, tuple(range(every, epochs + 1, every)), ckpt
 
 
 def _table3(dataset: str, overrides: list[str]) -> Study:
     from bayesncl.app.dynamics import DYNAMICS_LABELS  # (not ρ in the labels: that is the gate's prior)
 
-    cfg = base_config(dataset, "bayesncl", overrides)
-    every = max(1, cfg.train.epochs // 10)  # the paper looks every 10 of 200 epochs: ~10 points
-    epochs = tuple(range(every, cfg.train.epochs + 1, every))
-    ckpt = () if "train.checkpoint_every" in _keys(overrides) else (f"train.checkpoint_every={every}",)
+    every, epochs, ckpt = _checkpoints(dataset, overrides)
     variants = [Variant("NCL", "ncl", ckpt), Variant("BayesNCL", "bayesncl", ckpt)]
     rows = [Row(f"{v.name} epoch {e}", v.name, f"e{e}.") for v in variants for e in epochs]
     columns = [Column("AF–GV", "AF-GV", "{:.3f}"), Column("GV–SC", "GV-SC", "{:.3f}"),
@@ -201,10 +209,7 @@ def _table3(dataset: str, overrides: list[str]) -> Study:
 def _convergence(dataset: str, overrides: list[str]) -> Study:
     """Issue 24: how SC, active dims, the gate-open rate, AF–GV and LP@1 move over training, per
     method, at ~10 checkpoints (every tenth of the run): does the ordering of the methods settle?"""
-    cfg = base_config(dataset, "bayesncl", overrides)
-    every = max(1, cfg.train.epochs // 10)
-    epochs = tuple(range(every, cfg.train.epochs + 1, every))
-    ckpt = () if "train.checkpoint_every" in _keys(overrides) else (f"train.checkpoint_every={every}",)
+    every, epochs, ckpt = _checkpoints(dataset, overrides)
     variants = [Variant(n, m, ckpt) for n, m in (("CL", "cl"), ("NCL", "ncl"), ("BayesNCL", "bayesncl"))]
     rows = [Row(f"{v.name} epoch {e}", v.name, f"e{e}.") for v in variants for e in epochs]
     columns = [Column("SC %", "semantic_consistency"), Column("active", "active_dims", "{:.1f}"),
@@ -227,7 +232,7 @@ def _convergence(dataset: str, overrides: list[str]) -> Study:
 def _table5(dataset: str, overrides: list[str]) -> Study:
     variants = [Variant(n, m, ("model.backbone=resnet50",)) for n, m in TABLE1_METHODS if m in TABLE5_METHODS]
     return Study("5", "Table 5: interpretability with ResNet-50", "table5", variants, [("base", ())],
-                 TABLE1_COLUMNS, _rows(variants), defines=("method.name", "model.backbone"))  # fmt: skip
+                 TABLE1_COLUMNS, rows_of(variants), defines=("method.name", "model.backbone"))  # fmt: skip
 
 
 def _table15(dataset: str, overrides: list[str]) -> Study:
@@ -238,7 +243,7 @@ def _table15(dataset: str, overrides: list[str]) -> Study:
                     (Series("BayesNCL", tuple((r, v.name, c.key) for r, v in pairs)),), xscale="log")
               for c in (SC, LP1)]  # fmt: skip
     return Study("15", "Table 15: gating-head learning rate (× the backbone's)", "table15", variants,
-                 [("base", ())], [SC, LP1], _rows(variants), panels=panels,
+                 [("base", ())], [SC, LP1], rows_of(variants), panels=panels,
                  defines=("method.name", "method.gate_lr_ratio"),
                  notes=["the paper finds 0.25× best (no values in the text we have)"])  # fmt: skip
 
@@ -264,10 +269,9 @@ def _fig3(dataset: str, overrides: list[str]) -> Study:
     rows = [Row(f"{v.name} K={k}", v.name, f"K{k}.") for v in variants for k in ks]
     panels = [Panel(m, "selected dims K", f"{m} (%)", tuple(
         Series(v.name, tuple((k, f"{v.name} K={k}", m) for k in ks)) for v in variants)) for m in metrics]
+    notes = [f"K = {', '.join(map(str, ks))} of D={d} (top-K dims by expected activation)"]
     return Study("fig3", "Fig. 3: retrieval with feature selection against K", "fig3", variants,
-                 [("retrieval", ks)], columns, rows, panels=panels,
-                 notes=[f"K = {', '.join(map(str, ks))} of D={d} (top-K dims by expected activation)"],
-                 )  # fmt: skip
+                 [("retrieval", ks)], columns, rows, panels=panels, notes=notes)  # fmt: skip
 
 
 def _fig4a(dataset: str, overrides: list[str]) -> Study:
@@ -280,15 +284,13 @@ def _fig4a(dataset: str, overrides: list[str]) -> Study:
         Series(n, tuple((w, f"{n} D={w}", SC.key) for w in widths), paper.get(n, ()))
         for n in ("NCL", "BayesNCL")), xscale="log")]  # fmt: skip
     return Study("fig4a", "Fig. 4(a): semantic consistency against the latent width D", "fig4a", variants,
-                 [("base", ())], [SC, LP1], _rows(variants), panels=panels,
-                 )  # fmt: skip
+                 [("base", ())], [SC, LP1], rows_of(variants), panels=panels)  # fmt: skip
 
 
 def _fig4b(dataset: str, overrides: list[str]) -> Study:
     cfg = base_config(dataset, "bayesncl", overrides)
-    rhos = RHOS
     lams = tuple(sorted({float(f"{cfg.method.lam * f:.3g}") for f in LAM_FACTORS}))
-    rho_v = {r: Variant(f"rho={r:g}", "bayesncl", (f"method.rho={r}",)) for r in rhos}
+    rho_v = {r: Variant(f"rho={r:g}", "bayesncl", (f"method.rho={r}",)) for r in RHOS}
     lam_v = {lam: Variant(f"lambda={lam:g}", "bayesncl", (f"method.lam={lam}",)) for lam in lams}
     variants = [*rho_v.values(), *lam_v.values()]
     panels = [
@@ -299,16 +301,13 @@ def _fig4b(dataset: str, overrides: list[str]) -> Study:
     ]  # fmt: skip
     notes = [f"ρ swept at λ={cfg.method.lam:g}, λ swept at ρ={cfg.method.rho:g} (the base config's)"]
     return Study("fig4b", "Fig. 4(b): SC and LP@1 against ρ and λ", "fig4b", variants, [("base", ())],
-                 [SC, LP1], _rows(variants), panels=panels,
-                 notes=notes)  # fmt: skip
+                 [SC, LP1], rows_of(variants), panels=panels, notes=notes)  # fmt: skip
 
 
 # ncl-fs's transfer columns: the run's data.name -> (transfer data.name, train_subset, test_subset; 0:
 # the whole split) on whose labelled splits the selection probes are fitted and tested, through the run's
-# frozen encoder at its image size. The NCL paper's transfer set is not named in our sources; these are
-# same-channel sets that are on every machine with the source (fashion-mnist -> generated dSprites,
-# labelled by shape) or usually beside it (CIFAR). No entry (image folders, imagenet100, synthetic): the
-# columns stay empty and a note says so. A module constant: tests replace it.
+# frozen encoder (why these sets: docs/paper-notes.md N13). No entry (image folders, imagenet100,
+# synthetic): the columns stay empty and a note says so. A module constant: tests replace it.
 TRANSFER_DATA: dict[str, tuple[str, int, int]] = {
     "fashion-mnist": ("dsprites", 10_000, 5_000),
     "cifar10": ("cifar100", 0, 0),
@@ -337,11 +336,14 @@ def _ncl_fs(dataset: str, overrides: list[str]) -> Study:
     rows = [Row(f"{v.name} K={k}", v.name, f"K{k}.") for v in variants for k in ks]
     paper = _ncl_fs_paper(d) if dataset == "imagenet100" and 512 in ks else {}
     transfer = TRANSFER_DATA.get(cfg.data.name)
-    drawn = [*probes, *(moved if transfer else ())]
-    panels = [Panel("feature selection", "selected dims K", "linear probe Acc@1 (%)", tuple(
-        Series(f"{v.name} {c.header}", tuple((k, f"{v.name} K={k}", c.key) for k in ks),
+    # in domain left, transfer right (a panel only where its columns are measured); a series is named by
+    # the probe, not the column, so that it keeps its colour in both panels
+    drawn = [("in domain", probes), *([(f"transfer: {transfer[0]}", moved)] if transfer else [])]
+    panels = [Panel(title, "selected dims K", "linear probe Acc@1 (%)", tuple(
+        Series(f"{v.name} {probe.header}", tuple((k, f"{v.name} K={k}", c.key) for k in ks),
                tuple((512.0, p[c.key]) for r, p in paper.items() if r == f"{v.name} K=512" and c.key in p))
-        for v in variants for c in drawn), xscale="log")]  # fmt: skip
+        for v in variants for probe, c in zip(probes, cols, strict=True)), xscale="log")
+        for title, cols in drawn]  # fmt: skip
     notes = ["fast linear probe on the top-K train-ranked dims of z̃ vs K random dims (seed = run seed)",
              "mAP@10: ours (cosine, re-normalised top-K); NCL map: the NCL repository's main_eval.py number "
              "(Euclidean, un-renormalised top-K slices), the one its paper reports (10.9 -> 14.2)",
@@ -384,7 +386,7 @@ def _ncl_sepin(dataset: str, overrides: list[str]) -> Study:
     if dropped:
         notes.append(f"SEPIN@{', @'.join(dropped)} left out: more than D={d} dims")
     return Study("ncl-sepin", "NCL paper: disentanglement SEPIN@k", "ncl-sepin", variants,
-                 [("sepin", tuple(ks))], columns, _rows(variants), notes=notes)  # fmt: skip
+                 [("sepin", tuple(ks))], columns, rows_of(variants), notes=notes)  # fmt: skip
 
 
 FINETUNE_CPU_EPOCHS = 3  # fashion-mnist's fine-tuning budget (a module constant: a test shortens it)
@@ -412,31 +414,30 @@ def _ncl_finetune(dataset: str, overrides: list[str]) -> Study:
         "paper (NCL, ImageNet-100): CL 77.3, NCL 79.2; BayesNCL is beyond the paper",
     ]
     return Study("ncl-finetune", "NCL paper: fine-tuning accuracy", "ncl-finetune", variants,
-                 [("finetune", params)], columns, _rows(variants), paper, notes=notes)  # fmt: skip
+                 [("finetune", params)], columns, rows_of(variants), paper, notes=notes)  # fmt: skip
 
 
-def _ablations() -> list[Variant]:
-    return [
-        Variant("full", "bayesncl"),
-        Variant("soft gate", "bayesncl", ("method.gate=soft",)),
-        Variant("no detach", "bayesncl", ("method.detach=false",)),
-        Variant("1-layer head", "bayesncl", ("method.gate_depth=1",)),
-        Variant("3-layer head", "bayesncl", ("method.gate_depth=3",)),
-    ]
+ABLATIONS = [  # Table 4's and Tables 9/10's variants
+    Variant("full", "bayesncl"),
+    Variant("soft gate", "bayesncl", ("method.gate=soft",)),
+    Variant("no detach", "bayesncl", ("method.detach=false",)),
+    Variant("1-layer head", "bayesncl", ("method.gate_depth=1",)),
+    Variant("3-layer head", "bayesncl", ("method.gate_depth=3",)),
+]
 
 
 ABLATION_DEFINES = ("method.name", "method.gate", "method.detach", "method.gate_depth")
 
 
 def _table4(dataset: str, overrides: list[str]) -> Study:
-    variants = _ablations()
+    variants = ABLATIONS
     values = {"full": (36.14, 70.44), "soft gate": (33.15, 69.87), "no detach": (22.29, 67.47),
               "1-layer head": (40.85, 69.55), "3-layer head": (26.37, 68.09)}  # fmt: skip
     paper = {n: {SC.key: s, LP3.key: lp} for n, (s, lp) in values.items()} if dataset == "imagenet100" else {}
     columns = [SC, Column("H_f", "semantic_entropy_freq", "{:.3f}"), LP3, LP5]
     notes = ["LP@1/LP@5: the fast probe on frozen h, mean of 3 probe seeds per run (the paper: 3 seeds)"]
     return Study("4", "Table 4: BayesNCL ablations", "table4", variants, [("probe3", ())], columns,
-                 _rows(variants), paper, defines=ABLATION_DEFINES, notes=notes)  # fmt: skip
+                 rows_of(variants), paper, defines=ABLATION_DEFINES, notes=notes)  # fmt: skip
 
 
 def _tables9_10(dataset: str, overrides: list[str]) -> Study:
@@ -450,7 +451,7 @@ def _tables9_10(dataset: str, overrides: list[str]) -> Study:
     notes = [f"the interpretability metrics of Table 1, the fast probe (3 seeds), kNN on h and retrieval on "
              f"the top-{k} dims, for each ablation of Table 4"]  # fmt: skip
     return Study("9", "Tables 9/10 (Appendix H): every metric of every BayesNCL ablation", "table9-10",
-                 _ablations(), [("probe3", ()), ("retrieval_sel", (k,))], columns, _rows(_ablations()),
+                 ABLATIONS, [("probe3", ()), ("retrieval_sel", (k,))], columns, rows_of(ABLATIONS),
                  defines=ABLATION_DEFINES, notes=notes)  # fmt: skip
 
 
@@ -461,7 +462,7 @@ def _table7(dataset: str, overrides: list[str]) -> Study:
              for v, (m, g) in zip(variants, values.get(dataset, ()), strict=False)}  # fmt: skip
     columns = [Column("minutes", "pretrain_minutes"), Column("GFLOPs/img", "gflops_per_image", "{:.3f}")]
     return Study("7", "Table 7: compute (pretraining minutes, FLOPs per image)", "table7", variants,
-                 [("flops", ())], columns, _rows(variants), paper)  # fmt: skip
+                 [("flops", ())], columns, rows_of(variants), paper)  # fmt: skip
 
 
 STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
@@ -472,12 +473,8 @@ STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
 """``bayesncl reproduce ID``: the IDs and their builders."""
 
 
-# paper.ncl_studies (issue 25) and paper.eval_studies (issue 26) add their studies to STUDIES when imported;
-# paper.reproduce imports both, so every ID is there wherever a study is built.
-
-
-def _keys(overrides: list[str]) -> set[str]:
-    return {o.split("=", 1)[0].strip() for o in overrides}
+# paper.ncl_studies adds its studies to STUDIES when imported; paper.reproduce imports it, so every ID is
+# there wherever a study is built.
 
 
 MECHANISM_IDS = ("6", "mechanism")  # issue 15's tables: bayesncl.paper.mechanism (dispatched by the CLI)
