@@ -24,12 +24,14 @@ import json
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bayesncl.app.report import dimensions as dm
+from bayesncl.app.report.figures import class_name
 
 THUMB_PX = 64  # thumbnails: the split's images at their size, shrunk to this longest side if larger
 MARKER = ".bayesncl-report"
@@ -180,8 +182,13 @@ def _run_pages(env: Any, run: RunInput, out: Path, class_names: Sequence[str], i
     write_thumbnails(images, feats["indices"][dm.images_used(details)], out / thumbs)
     folder = out / run.label
     folder.mkdir(parents=True, exist_ok=True)
-    common = {"run": run, "gated": feats.get("mask") is not None, "names": class_names, "root": "../"}
-    cell = _cell_maker(feats, class_names, f"../{thumbs}")
+    cls = partial(class_name, class_names)
+    gated = feats.get("mask") is not None
+    common = {"run": run, "gated": gated, "names": class_names, "cls": cls, "root": "../"}
+
+    def cell(row: int) -> dict[str, str]:  # a feature row's thumbnail and class name
+        return {"src": f"../{thumbs}/{int(feats['indices'][row])}.png", "cls": cls(int(feats["labels"][row]))}
+
     (folder / "dims.html").write_text(env.get_template("dims.html").render(rows=rows, **common))
     page = env.get_template("dim.html")
     by_dim = {r.dim: r for r in rows}
@@ -191,19 +198,6 @@ def _run_pages(env: Any, run: RunInput, out: Path, class_names: Sequence[str], i
         )
         (folder / f"dim-{d.dim}.html").write_text(html)
     return {"n_dims": feats["features"].shape[1], "n_active": len(rows), "n_images": len(feats["labels"])}
-
-
-def _cell_maker(feats: dict[str, np.ndarray], class_names: Sequence[str], thumbs: str) -> Any:
-    """A template helper: ``cell(row)`` → thumbnail path and class name of a feature row."""
-
-    def cell(row: int) -> dict[str, Any]:
-        c = int(feats["labels"][row])
-        return {
-            "src": f"{thumbs}/{int(feats['indices'][row])}.png",
-            "cls": class_names[c] if c < len(class_names) else str(c),
-        }
-
-    return cell
 
 
 def _copy_figures(run: RunInput, out: Path) -> list[str]:
@@ -254,15 +248,24 @@ def write_report(runs: Sequence[RunInput], out: Path) -> Path:
     return out / "index.html"
 
 
-def _scalars(metrics: dict[str, Any]) -> list[tuple[str, str]]:
-    """The metrics dict's numbers and short strings as (key, text) rows, in its order."""
+def _scalars(metrics: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The metrics dict's numbers and strings as (label, value, unit) rows, in its order: label, unit
+    and format from the metric registry (:mod:`bayesncl.metrics.registry`), else from
+    :data:`bayesncl.app.evaluate.RESULT_KEYS`, else the key and the value as they are."""
+    from bayesncl.app.evaluate import RESULT_KEYS
+    from bayesncl.metrics.registry import BACKGROUND_METRICS, FACTOR_METRICS, METRICS
+
+    registry = {m.key: m for m in (*METRICS, *BACKGROUND_METRICS, *FACTOR_METRICS)}
     rows = []
     for k, v in metrics.items():
         if isinstance(v, bool) or not isinstance(v, (int, float, str)):
             continue
-        if isinstance(v, str) and len(v) > 80:
-            v = v[:77] + "..."
-        rows.append((k, f"{v:.4g}" if isinstance(v, float) else str(v)))
+        if k in registry:
+            m = registry[k]
+            rows.append((m.label, m.text(v), m.unit))
+        else:
+            label, unit, fmt = RESULT_KEYS.get(k, (k, "", "{:.4g}" if isinstance(v, float) else "{}"))
+            rows.append((label, fmt.format(v), unit))
     return rows
 
 
