@@ -268,6 +268,7 @@ def test_top_activation_rows_say_the_share_is_of_the_images_shown() -> None:
     from bayesncl.app.report.figures import _majority, run_label
 
     assert _majority(np.array([1, 1, 0, 1]), ["cat", "dog"]) == "dog: 3 of the\n4 shown"
+    assert _majority(np.array([2, 0, 2, 0]), ["a", "b", "c"]) == "tie (2 classes): 2 each of the\n4 shown"
     assert run_label("bayesncl", Path("runs/demo-1/bayesncl")) == "bayesncl, run demo-1/bayesncl"
 
 

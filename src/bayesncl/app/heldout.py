@@ -1,12 +1,8 @@
-"""Interpretability while it trains: a fixed labelled held-out batch scored at every epoch's end.
-
-``train.monitor_samples`` test images (default 2,000; 0: off), evenly spaced over the test split,
-are read once with the eval transforms. At each epoch's end the model scores them in eval mode (no
-gradient, BatchNorm update or gate noise; torch's random state put back, so training is unchanged)
-into :data:`HELDOUT_FIELDS` of ``log.csv``, from the ``bayesncl.metrics`` functions on z̃:
-``heldout_sc`` (SC, %), ``heldout_h_sum`` (H_sum, nats), ``heldout_active_dims``,
-``heldout_effective_rank`` and ``heldout_gate_open`` (E[1[α > 0.5]], gated runs; else empty). Its
-cost, well under 5 % of a demo epoch, is measured by ``bayesncl benchmark``.
+"""Interpretability while it trains: a fixed labelled held-out batch of ``train.monitor_samples``
+test images, evenly spaced over the test split and read once with the eval transforms, scored at
+every epoch's end in eval mode into :data:`HELDOUT_FIELDS` of ``log.csv`` (README, "Logs while it
+trains"), from the ``bayesncl.metrics`` functions on z̃. No gradient, BatchNorm update or gate noise,
+and torch's random state is put back, so training is unchanged.
 """
 
 from __future__ import annotations

@@ -67,12 +67,14 @@ def image_grid_figure(
 
 def _majority(labels: np.ndarray, class_names: Sequence[str]) -> str:
     """``"Bag: 6 of the\n8 shown"``: the most frequent class among ``labels`` (the images shown in
-    a row) and how many of them it holds."""
+    a row) and how many of them it holds; ``"tie (3 classes): 2 each of the\n8 shown"`` where
+    several classes hold the most."""
     if not len(labels):
         return ""
     counts = np.bincount(labels)
-    c = int(counts.argmax())
-    return f"{class_name(class_names, c)}: {counts[c]} of the\n{len(labels)} shown"
+    c, tied = int(counts.argmax()), int((counts == counts.max()).sum())
+    who = f"tie ({tied} classes)" if tied > 1 else class_name(class_names, c)
+    return f"{who}: {counts[c]}{' each' if tied > 1 else ''} of the\n{len(labels)} shown"
 
 
 def top_activations_figure(
