@@ -60,7 +60,7 @@ class _StopHooks(Hooks):
     """The loop's hooks in a fine-tuning run: only the run dir's stop signal (Ctrl-C, SIGTERM)."""
 
     def __init__(self, run: Any) -> None:
-        self.run = run
+        self.run, self.bar = run, None
 
     def stop_requested(self) -> int | None:
         return self.run.stop_signal
@@ -190,9 +190,9 @@ def finetune_groups(model: ContrastiveModel, cfg: Config, global_batch: int) -> 
 
 def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> ContrastiveModel:
     """The epochs of ``cfg`` in ``run`` (a RunDir, entered), from its checkpoint if any."""
-    from bayesncl.app.train import _clock, _progress
+    from bayesncl.app.train import _clock, epochs
     from bayesncl.core import distributed
-    from bayesncl.core.engine import Training, TrainingError, train_one_epoch, wrap_for_training
+    from bayesncl.core.engine import Training, wrap_for_training
     from bayesncl.core.optim import LrSchedule, build_optimizer, precision_plan
     from bayesncl.data import build_train_loader
     from bayesncl.runs.state import seed_everything
@@ -221,33 +221,17 @@ def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> Contras
         device, world.distributed, autocast, precision.channels_last, loss_fn=finetune_loss,
     )
     start = time.time()
-    for epoch in range(state.epoch, cfg.train.epochs):
-        cursor, state.cursor = state.cursor, None
-        first = cursor.n_seen if cursor else 0
-        loader.set_epoch(epoch, start_step=first)
-        try:
-            result = train_one_epoch(
-                training, _progress(loader, epoch, cfg, world, initial=first), epoch=epoch, step=state.step,
-                steps_per_epoch=steps, cursor=cursor, hooks=_StopHooks(run),
-            )
-        except TrainingError as e:
-            raise TrainingError(f"{e}; {run.kept()}") from None
-        state.step = result.step
-        if result.stop_signal is not None:
-            run.save_mid_epoch(state, result)
+    for epoch, result in epochs(training, loader, cfg, run, state, _StopHooks(run)):
         s = result.stats
         state.log.append({  # log.csv's columns: loss = the cross-entropy, online_acc = train accuracy
             "epoch": epoch + 1, "step": state.step, "loss": round(s["loss"], 6),
             "online_acc": round(100 * s["online_acc"], 3), "lr": result.lr,
             "epoch_time_s": round(result.seconds, 2),
         })  # fmt: skip
-        state.epoch = epoch + 1
-        run.save(state)
         if world.is_main:
-            print(f"finetune {cfg.method.name} epoch {state.epoch}/{cfg.train.epochs}: loss {s['loss']:.3f} "
+            print(f"finetune {cfg.method.name} epoch {epoch + 1}/{cfg.train.epochs}: loss {s['loss']:.3f} "
                   f"train acc {100 * s['online_acc']:.1f} % | {_clock(time.time() - start)}",
                   flush=True)  # fmt: skip
-    run.finish()
     return model
 
 
