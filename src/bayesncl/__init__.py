@@ -31,7 +31,7 @@ __all__ = [
 _LAZY = {  # name -> (module, attribute; None for the module itself)
     "pretrain": ("bayesncl.app.api", "pretrain"),
     "evaluate": ("bayesncl.app.api", "evaluate"),
-    "finetune": ("bayesncl.app.api", "finetune"),
+    "finetune": ("bayesncl.app.finetune", "finetune"),
     "load_encoder": ("bayesncl.app.api", "load_encoder"),
     "ContrastiveHead": ("bayesncl.core.head", "ContrastiveHead"),
     "metrics": ("bayesncl.metrics", None),

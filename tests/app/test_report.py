@@ -45,6 +45,37 @@ def test_summary_by_hand() -> None:
     assert r0.gate_open == pytest.approx(4 / 6)
     assert rows[1].majority == 2 and rows[1].majority_share == pytest.approx(2 / 3)
     assert dm.summarise({k: v for k, v in _feats().items() if k != "mask"}, 3)[0].gate_open is None
+    assert r0.tied == 1 and rows[1].tied == 1
+
+
+def test_a_tie_names_no_majority_class() -> None:
+    from types import SimpleNamespace
+
+    from bayesncl.app.report.html import _env
+
+    f = np.ones((10, 1), dtype=np.float32)  # fires on one image of each of 10 classes: a 10-way tie
+    row = dm.summarise({"features": f, "labels": np.arange(10)}, 10)[0]
+    assert row.tied == 10 and row.majority_share == pytest.approx(0.1)
+    cfg = SimpleNamespace(method=SimpleNamespace(name="ncl"), data=SimpleNamespace(name="synthetic"))
+    common = {"run": SimpleNamespace(label="r", cfg=cfg), "gated": False, "cls": "c{}".format, "root": "../"}
+    index = _env().get_template("dims.html").render(rows=[row], **common)
+    assert "tie (10 classes)" in index and ">c0<" not in index
+    counts = dm.class_fire_counts(f > 0, np.arange(10), 10)
+    d = dm.detail({"features": f, "labels": np.arange(10)}, 0, counts, [])
+    page = _env().get_template("dim.html").render(
+        d=d, s=row, cell=lambda r: {"src": "", "cls": ""}, bars=[], f=f, names=[], **common
+    )
+    assert "no majority class: a tie of 10 classes" in page and "majority class c0" not in page
+
+
+def test_metrics_table_has_labels_and_units() -> None:
+    from bayesncl.app.report.html import _scalars
+
+    rows = _scalars({"semantic_consistency": 10.0, "active_dims": 8, "linear_probe_acc1": 43.333,
+                     "linear_probe_protocol": "x" * 200, "retrieval": {"32": {}}, "custom": 0.123456})
+    assert rows == [("Semantic consistency (SC)", "10.00", "%"), ("Active dims", "8", "count"),
+                    ("Linear probe top-1 (LP@1, frozen h)", "43.33", "%"),
+                    ("Linear probe protocol", "x" * 200, ""), ("custom", "0.1235", "")]
 
 
 def test_correlations_by_hand() -> None:
@@ -237,6 +268,7 @@ def test_top_activation_rows_say_the_share_is_of_the_images_shown() -> None:
     from bayesncl.app.report.figures import _majority, run_label
 
     assert _majority(np.array([1, 1, 0, 1]), ["cat", "dog"]) == "dog: 3 of the\n4 shown"
+    assert _majority(np.array([2, 0, 2, 0]), ["a", "b", "c"]) == "tie (2 classes): 2 each of the\n4 shown"
     assert run_label("bayesncl", Path("runs/demo-1/bayesncl")) == "bayesncl, run demo-1/bayesncl"
 
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from bayesncl.config import Config, ConfigError, build_config
 
-__all__ = ["pretrain", "evaluate", "finetune", "load_encoder"]
+__all__ = ["pretrain", "evaluate", "load_encoder"]  # and bayesncl.finetune: app.finetune.finetune
 
 
 def default_run_dir(cfg: Config, prefix: str = "") -> Path:
@@ -108,19 +108,6 @@ def evaluate(
     finally:
         if token is not None:
             provided.release(token)
-
-
-def finetune(
-    source: str | Path, run_dir: str | Path | None = None, overrides: list[str] | None = None, *,
-    resume: bool = False, overwrite: bool = False,
-) -> dict[str, Any]:
-    """``bayesncl finetune SOURCE``: backbone + a new linear head trained end to end on the labelled
-    train split with the authors' protocol (``train.*`` overrides on top), into ``run_dir`` (default
-    ``<run>-finetune``); returns ``{"acc1", "acc5", ...}`` (percent, test split). The pretrained run
-    is only read. :func:`bayesncl.app.finetune.finetune`."""
-    from bayesncl.app.finetune import finetune as run
-
-    return run(source, run_dir, overrides, resume=resume, overwrite=overwrite)
 
 
 def load_encoder(

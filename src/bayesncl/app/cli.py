@@ -60,16 +60,22 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _run_dir(args: argparse.Namespace, what: str) -> Path | None:
+    """``--run-dir`` of a command with ``--resume`` (continuing ``what``) and ``--overwrite``."""
+    run_dir = path_arg(args.run_dir, "--run-dir", "a directory")
+    if args.resume and run_dir is None:
+        raise ConfigError(f"--resume needs --run-dir DIR ({what})")
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other: continue the run, or replace it")
+    return run_dir
+
+
 def cmd_pretrain(args: argparse.Namespace) -> int:
     from bayesncl.app.api import default_run_dir
     from bayesncl.app.train import pretrain
     from bayesncl.runs.export import load_run_config
 
-    run_dir_arg = path_arg(args.run_dir, "--run-dir", "a directory")
-    if args.resume and run_dir_arg is None:
-        raise ConfigError("--resume needs --run-dir DIR (the run to continue)")
-    if args.resume and args.overwrite:
-        raise ConfigError("--resume and --overwrite contradict each other: continue the run, or replace it")
+    run_dir_arg = _run_dir(args, "the run to continue")
     overrides = [*args.overrides, "data.skip_corrupt=true"] if args.skip_corrupt else args.overrides
     if args.resume and args.config is None:  # the run's config, key=value on top (train.epochs=400)
         from bayesncl.runs.lock import settle_run_dir
@@ -98,11 +104,7 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     from bayesncl.app.finetune import finetune
 
     path_arg(args.source, "RUN_DIR_OR_CHECKPOINT", "a run dir or checkpoint file")
-    run_dir = path_arg(args.run_dir, "--run-dir", "a directory")
-    if args.resume and run_dir is None:
-        raise ConfigError("--resume needs --run-dir DIR (the finetune run to continue)")
-    if args.resume and args.overwrite:
-        raise ConfigError("--resume and --overwrite contradict each other: continue the run, or replace it")
+    run_dir = _run_dir(args, "the finetune run to continue")
     finetune(args.source, run_dir, args.overrides, resume=args.resume, overwrite=args.overwrite)
     return 0
 

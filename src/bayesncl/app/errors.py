@@ -1,16 +1,12 @@
-"""The command line's one error layer: every failure a user can meet is one line.
+"""The command line's one error layer: every failure a user can meet is one line (docs/bad-inputs.md).
 
-:func:`run_command` runs a subcommand and turns each expected failure into ``bayesncl: error:
-...`` on stderr with exit status 2, never a traceback: bad input (ConfigError, DataError,
-EvalError, RunDirError, CheckpointError, TrainingError), an allocation that failed
-(:func:`out_of_memory`) and operating-system faults (:func:`os_fault`: a file name too long, a
-read-only or full file system, a permission). Anything else is a bug and raises. Ctrl-C (or
-SIGTERM) is one line ``bayesncl: interrupted...`` and exit 128 + the signal.
-
-A reader that goes away (``bayesncl metrics x.npz | head -1``, a closed terminal during training)
-stops nothing: stdout and stderr then write to ``os.devnull`` and the command carries on, with
-the status it would have had. Warnings are one line ``bayesncl: warning: ...``. A value longer
-than :data:`MAX_VALUE` characters in a message is shortened here (:func:`shorten`), in one place.
+:func:`run_command` prints each expected failure as ``bayesncl: error: ...`` with exit status 2:
+bad input (:func:`user_errors`), an allocation that failed (:func:`out_of_memory`) and
+operating-system faults (:func:`os_fault`); anything else is a bug and raises. Ctrl-C (or SIGTERM)
+is one line ``bayesncl: interrupted...`` and exit 128 + the signal. A reader that goes away
+(``bayesncl metrics x.npz | head -1``) stops nothing (:func:`readers_may_go`). Warnings are one line
+``bayesncl: warning: ...``; a value longer than :data:`MAX_VALUE` characters is shortened
+(:func:`shorten`).
 """
 
 from __future__ import annotations

@@ -59,6 +59,24 @@ FEATURE_KEYS = ("h", "p", "z", "features", "alpha", "mask")
 PROBES = ("fast", "paper", "none")
 #: The neighbour depth of the default retrieval (P@10, mAP@10): it needs more test samples than this.
 RETRIEVAL_DEPTH = 10
+#: ``(label, unit, format)`` of the result keys that :func:`score` and :func:`evaluate_model` add to
+#: the metric registry's (:mod:`bayesncl.metrics.registry`), for the HTML report's metrics table.
+RESULT_KEYS: dict[str, tuple[str, str, str]] = {
+    "linear_probe_acc1": ("Linear probe top-1 (LP@1, frozen h)", "%", "{:.2f}"),
+    "linear_probe_acc5": ("Linear probe top-5", "%", "{:.2f}"),
+    "linear_probe_acc1_std": ("Linear probe top-1, std over seeds", "%", "{:.2f}"),
+    "linear_probe_acc5_std": ("Linear probe top-5, std over seeds", "%", "{:.2f}"),
+    "linear_probe_protocol": ("Linear probe protocol", "", "{}"),
+    "knn_acc1": ("kNN top-1 (frozen h)", "%", "{:.2f}"),
+    "background_probe_acc1": ("Background probe (place)", "%", "{:.2f}"),
+    "background_probe_protocol": ("Background probe protocol", "", "{}"),
+    "gate_open_rate": ("Gate open rate", "fraction", "{:.4f}"),
+    "rows_all_closed": ("Test images with every gate closed", "fraction", "{:.4f}"),
+    "method": ("Method", "", "{}"),
+    "n_test": ("Test images", "count", "{}"),
+    "retrieval_note": ("Retrieval", "", "{}"),
+    "note": ("Note", "", "{}"),
+}  # fmt: skip
 
 
 @torch.no_grad()

@@ -1,22 +1,13 @@
-"""``bayesncl finetune RUN``: train the pretrained backbone and a new linear head end to end on the
-labelled train split, then report test Acc@1/Acc@5 (the NCL paper's fine-tuning evaluation).
-
-The default is the authors' protocol (:data:`PROTOCOL`; PKU-ML/non_neg
+"""``bayesncl finetune RUN``: the pretrained backbone and a new linear head trained end to end on the
+labelled train split, then test Acc@1/Acc@5: the NCL paper's fine-tuning evaluation (README,
+"Fine-tuning"). The default is the authors' protocol, :data:`PROTOCOL` (PKU-ML/non_neg
 ``scripts/finetuning/cifar/simclr.yaml`` run by ``solo/methods/linear.py`` with ``finetune: True``,
-PAPER-NOTES §2): 30 epochs, batch 256, LARS (η 0.02, clip_lr, bias and norm neither adapted nor
-decayed) at lr 0.4 × batch/256 for backbone and classifier alike (their YAML's ``classifier_lr``
-is not read by that code), weight decay 1e-4, a 10-epoch linear warmup from 3e-5 then cosine to 0
-per iteration, random resized crops (bilinear) and flips, BatchNorm in train mode. ``train.*``
-overrides size it for a CPU (``train.epochs=3 train.warmup_epochs=1``).
+PAPER-NOTES §2: one lr for backbone and head, as that code never reads the YAML's
+``classifier_lr``), with random resized crops (bilinear), flips and BatchNorm in train mode.
 
-It writes a run dir of its own (``--run-dir``, default ``<run>-finetune``) through
-:class:`bayesncl.runs.rundir.RunDir` (lock, ``last.pt`` every epoch, Ctrl-C/SIGTERM mid-epoch
-saves, ``--resume``, ``--overwrite``) and the training loop of pretraining
-(:func:`bayesncl.core.engine.train_one_epoch` with a cross-entropy step); the pretrained run is
-only read. Results: ``finetune.json`` / ``finetune.md`` and the fine-tuned ``encoder.safetensors``;
-``log.csv`` has pretraining's columns, ``loss`` the cross-entropy and ``online_acc`` the head's
-accuracy on the augmented train batches (%). The loader makes two views (pretraining's); the
-step uses the first.
+It trains in a run dir of its own with pretraining's loop (docs/architecture.md) and only reads the
+pretrained run. In its ``log.csv`` ``loss`` is the cross-entropy and ``online_acc`` the head's
+accuracy (%) on the augmented train batches (the first of the loader's two views).
 """
 
 from __future__ import annotations
@@ -39,6 +30,7 @@ from bayesncl.config import (
     eval_data,
     parse_overrides,
 )
+from bayesncl.core.engine import Hooks
 from bayesncl.core.model import ContrastiveModel
 
 #: What ``finetune`` sets on the pretrained run's config before the user's ``train.*`` overrides: the
@@ -64,20 +56,14 @@ class FinetuneForward(nn.Module):
         return self.model.classifier(self.model.backbone(x))
 
 
-class _StopHooks:
+class _StopHooks(Hooks):
     """The loop's hooks in a fine-tuning run: only the run dir's stop signal (Ctrl-C, SIGTERM)."""
 
     def __init__(self, run: Any) -> None:
-        self.run = run
+        self.run, self.bar = run, None
 
     def stop_requested(self) -> int | None:
         return self.run.stop_signal
-
-    def on_sync(self, step: int, means: dict[str, float]) -> None:
-        pass
-
-    def on_step_log(self, step: int, means: dict[str, float], lr: float) -> None:
-        pass
 
 
 def finetune_loss(
@@ -204,9 +190,9 @@ def finetune_groups(model: ContrastiveModel, cfg: Config, global_batch: int) -> 
 
 def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> ContrastiveModel:
     """The epochs of ``cfg`` in ``run`` (a RunDir, entered), from its checkpoint if any."""
-    from bayesncl.app.train import _clock, _progress
+    from bayesncl.app.train import _clock, epochs
     from bayesncl.core import distributed
-    from bayesncl.core.engine import Training, TrainingError, train_one_epoch, wrap_for_training
+    from bayesncl.core.engine import Training, wrap_for_training
     from bayesncl.core.optim import LrSchedule, build_optimizer, precision_plan
     from bayesncl.data import build_train_loader
     from bayesncl.runs.state import seed_everything
@@ -236,33 +222,17 @@ def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> Contras
         device, world.distributed, autocast, precision.channels_last, loss_fn=finetune_loss,
     )
     start = time.time()
-    for epoch in range(state.epoch, cfg.train.epochs):
-        cursor, state.cursor = state.cursor, None
-        first = cursor.n_seen if cursor else 0
-        loader.set_epoch(epoch, start_step=first)
-        try:
-            result = train_one_epoch(
-                training, _progress(loader, epoch, cfg, world, initial=first), epoch=epoch, step=state.step,
-                steps_per_epoch=steps, cursor=cursor, hooks=_StopHooks(run),
-            )
-        except TrainingError as e:
-            raise TrainingError(f"{e}; {run.kept()}") from None
-        state.step = result.step
-        if result.stop_signal is not None:
-            run.save_mid_epoch(state, result)
+    for epoch, result in epochs(training, loader, cfg, run, state, _StopHooks(run)):
         s = result.stats
         state.log.append({  # log.csv's columns: loss = the cross-entropy, online_acc = train accuracy
             "epoch": epoch + 1, "step": state.step, "loss": round(s["loss"], 6),
             "online_acc": round(100 * s["online_acc"], 3), "lr": result.lr,
             "epoch_time_s": round(result.seconds, 2),
         })  # fmt: skip
-        state.epoch = epoch + 1
-        run.save(state)
         if world.is_main:
-            print(f"finetune {cfg.method.name} epoch {state.epoch}/{cfg.train.epochs}: loss {s['loss']:.3f} "
+            print(f"finetune {cfg.method.name} epoch {epoch + 1}/{cfg.train.epochs}: loss {s['loss']:.3f} "
                   f"train acc {100 * s['online_acc']:.1f} % | {_clock(time.time() - start)}",
                   flush=True)  # fmt: skip
-    run.finish()
     return model
 
 

@@ -1,12 +1,8 @@
-"""Interpretability while it trains: a fixed labelled held-out batch scored at every epoch's end.
-
-``train.monitor_samples`` test images (default 2,000; 0: off), evenly spaced over the test split,
-are read once with the eval transforms. At each epoch's end the model scores them in eval mode (no
-gradient, BatchNorm update or gate noise; torch's random state put back, so training is unchanged)
-into :data:`HELDOUT_FIELDS` of ``log.csv``, from the ``bayesncl.metrics`` functions on z̃:
-``heldout_sc`` (SC, %), ``heldout_h_sum`` (H_sum, nats), ``heldout_active_dims``,
-``heldout_effective_rank`` and ``heldout_gate_open`` (E[1[α > 0.5]], gated runs; else empty). Its
-cost, well under 5 % of a demo epoch, is measured by ``bayesncl benchmark``.
+"""Interpretability while it trains: a fixed labelled held-out batch of ``train.monitor_samples``
+test images, evenly spaced over the test split and read once with the eval transforms, scored at
+every epoch's end in eval mode into :data:`HELDOUT_FIELDS` of ``log.csv`` (README, "Logs while it
+trains"), from the ``bayesncl.metrics`` functions on z̃. No gradient, BatchNorm update or gate noise,
+and torch's random state is put back, so training is unchanged.
 """
 
 from __future__ import annotations
@@ -46,7 +42,9 @@ class HeldOut:
         model.eval()
         feats, masks = [], []
         try:
-            with _no_rng_draws(device), autocast:
+            # torch's CPU (and CUDA) random state is put back after: whatever draws inside (a layer)
+            # leaves the training's random stream as it was
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), autocast:
                 for i in range(0, len(self.x), self.batch_size):
                     x = self.x[i : i + self.batch_size].to(device, non_blocking=True)
                     out = model(x.contiguous(memory_format=torch.channels_last) if plan is not None else x)
@@ -71,12 +69,6 @@ class HeldOut:
         return row
 
 
-def _no_rng_draws(device: torch.device) -> Any:
-    """torch's CPU (and ``device``'s CUDA) random state put back on exit: whatever draws inside
-    (a DataLoader's base seed, a layer) leaves the training's random stream as it was."""
-    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
-
-
 def heldout_indices(n_test: int, n: int) -> np.ndarray:
     """``min(n, n_test)`` test-split positions evenly spaced from the first to the last (sorted)."""
     if n >= n_test:
@@ -99,7 +91,7 @@ def build_heldout(cfg: Any, info: Any) -> HeldOut | None:
     wanted = torch.zeros(int(keep[-1]) + 1, dtype=torch.bool)
     wanted[torch.from_numpy(keep)] = True
     xs, ys = [], []
-    with _no_rng_draws(torch.device("cpu")):  # a folder DataLoader draws its base seed
+    with torch.random.fork_rng(devices=[]):  # a folder DataLoader draws its base seed: put it back
         for x, y, idx in build_eval_loader(cfg.data, "test", cfg.eval.batch_size, device="cpu", info=info):
             sel = wanted[idx.clamp(max=len(wanted) - 1)] & (idx < len(wanted))
             xs.append(x[sel])

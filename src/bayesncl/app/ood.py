@@ -1,17 +1,8 @@
 """Out-of-distribution transfer (the NCL paper's ImageNet-C / -Sketch / Stylized-ImageNet linear
-accuracy): the fast linear probe fitted once on the clean train split's frozen h, scored on
-shifted test sets.
-
-* A tensor dataset (fashion-mnist, cifar10, ...): its test split corrupted by every corruption ×
-  severity asked (:mod:`bayesncl.data.corruptions`, cached on disk, deterministic by seed).
-* An image folder (``data.name=imagefolder``, ImageNet-100): the released sets found beside the data
-  under ``data.root``: ``imagenet-c/<corruption>/<severity>/<wnid>/``, ``imagenet-sketch/<wnid>/``
-  and ``stylized-imagenet/<wnid>/`` (:mod:`bayesncl.data.shifted`; each one used when present).
-
-Result keys: ``clean_acc1``; ``corruptions`` ``{name: {"<severity>": acc1}}``; ``severity_mean``
-``{"<severity>": mean acc1 over the corruptions}``; ``corruption_mean`` (over every corruption and
-severity, ImageNet-C's headline number); ``sketch_acc1`` / ``stylized_acc1`` when read; ``protocol``.
-Accuracies in percent.
+accuracy): the fast linear probe fitted once on the clean train split's frozen h, scored on a tensor
+dataset's test split corrupted (:mod:`bayesncl.data.corruptions`) or on the released sets under an
+image folder's ``data.root`` (:mod:`bayesncl.data.shifted`). Protocol, folder layout and result keys
+(accuracies in percent): docs/metrics.md, "Out-of-distribution transfer".
 """
 
 from __future__ import annotations
@@ -41,7 +32,7 @@ def _accuracy(model: Any, probe: Any, loader: Any, device: torch.device) -> floa
 
 
 def _folder_sets(cfg: Config, corruptions: Sequence[str] | None, severities: Sequence[int]) -> dict[str, Any]:
-    """The released sets under ``data.root`` (module doc) that exist: ``{"c": {(name, sev): set},
+    """The released sets under ``data.root`` (docs/metrics.md) that exist: ``{"c": {(name, sev): set},
     "sketch": set, "stylized": set}``."""
     from bayesncl.data import dataset_info
 
@@ -61,7 +52,7 @@ def ood_evaluate(
     severities: Sequence[int] = SEVERITIES,
     seed: int = 0, cache: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
-    """The OOD transfer of ``model`` (module doc) on ``cfg``'s data. ``corruptions``: default the 15
+    """The OOD transfer of ``model`` (docs/metrics.md) on ``cfg``'s data. ``corruptions``: default the 15
     ImageNet-C benchmark ones (for a folder: every corruption folder there). ``seed``: the probe's
     and the corruptions'. ``cache``: the corrupted copies' folder. Raises DataError (one line, before
     any work) for an unknown corruption or a severity outside 1-5, or a folder dataset without any

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,37 +208,49 @@ def train(cfg: Config, run: RunDir, facts: RunFacts) -> ContrastiveModel:
     stats = methods.get(cfg.method.name).stats
 
     launch_epochs, launch_start = state.epoch, time.time()
-    for epoch in range(state.epoch, cfg.train.epochs):
-        cursor, state.cursor = state.cursor, None  # a run stopped inside this epoch goes on from there
-        loader.set_epoch(epoch, start_step=cursor.n_seen if cursor else 0)
-        hooks.bar = bar = _progress(loader, epoch, cfg, world, initial=cursor.n_seen if cursor else 0)
-        try:
-            result = train_one_epoch(
-                training, bar, epoch=epoch, step=state.step, steps_per_epoch=steps_per_epoch, cursor=cursor,
-                hooks=hooks,
-            )
-        except TrainingError as e:
-            raise TrainingError(f"{e}; {run.kept()}") from None
-        state.step = result.step
-        if result.stop_signal is not None:
-            run.save_mid_epoch(state, result)
+    for epoch, result in epochs(training, loader, cfg, run, state, hooks):
         _check_weights(model, cfg, run, epoch + 1, state.step)
         row = epoch_row(epoch + 1, state.step, stats, result.stats, cfg.method, result.lr, result.seconds)
         monitored = (epoch + 1) % cfg.train.monitor_every == 0 or epoch + 1 == cfg.train.epochs
         if heldout is not None and monitored:
             row.update(heldout.measure(model, device))
         state.log.append(_no_probe(row, info, cfg))
-        state.epoch = epoch + 1
         if world.is_main:
             _alarms(cfg, result.stats)
-        run.save(state)
-        if world.is_main:
-            per_epoch = (time.time() - launch_start) / (state.epoch - launch_epochs)
-            print(_epoch_line(cfg, state, result, per_epoch), flush=True)
-    run.finish()
+            per_epoch = (time.time() - launch_start) / (epoch + 1 - launch_epochs)
+            print(_epoch_line(cfg, epoch + 1, result, per_epoch), flush=True)
     if world.is_main:
         _export(model, cfg, run.path, drawn=bool(state.log))
     return model
+
+
+def epochs(
+    training: Training, loader: Any, cfg: Config, run: RunDir, state: TrainState, hooks: Any
+) -> Iterator[tuple[int, EpochResult]]:
+    """The loop of ``pretrain`` and ``finetune``: each epoch left of ``train.epochs`` in ``run``
+    (entered) trained by :func:`train_one_epoch` from ``state`` (a stopped epoch goes on from its
+    cursor, a stop signal saves it mid-epoch), yielded as ``(epoch, result)`` for the caller to log
+    into ``state.log``, then checkpointed; ``run.finish()`` after the last. ``hooks.bar`` is set to
+    each epoch's progress bar."""
+    for epoch in range(state.epoch, cfg.train.epochs):
+        cursor, state.cursor = state.cursor, None
+        first = cursor.n_seen if cursor else 0
+        loader.set_epoch(epoch, start_step=first)
+        hooks.bar = bar = _progress(loader, epoch, cfg, run.world, initial=first)
+        try:
+            result = train_one_epoch(
+                training, bar, epoch=epoch, step=state.step, steps_per_epoch=state.steps_per_epoch,
+                cursor=cursor, hooks=hooks,
+            )
+        except TrainingError as e:
+            raise TrainingError(f"{e}; {run.kept()}") from None
+        state.step = result.step
+        if result.stop_signal is not None:
+            run.save_mid_epoch(state, result)
+        yield epoch, result
+        state.epoch = epoch + 1
+        run.save(state)
+    run.finish()
 
 
 def _export(model: ContrastiveModel, cfg: Config, run_dir: Path, *, drawn: bool) -> None:
@@ -351,11 +363,11 @@ def _cpu_time_warning(
     return check
 
 
-def _epoch_line(cfg: Config, state: TrainState, result: EpochResult, per_epoch: float) -> str:
-    """``ncl epoch 2/3: loss 5.43 InfoNCE 5.42 KL 8.86 open 0.04 | 32.1 s, ETA 0:01:05``."""
+def _epoch_line(cfg: Config, done: int, result: EpochResult, per_epoch: float) -> str:
+    """``ncl epoch 2/3: loss 5.43 InfoNCE 5.42 KL 8.86 open 0.04 | 32.1 s, ETA 0:01:05`` (``done``: 2)."""
     shown = " ".join(f"{k} {v:.2f}" for k, v in _shown(cfg, result.stats).items())
-    eta = _clock(per_epoch * (cfg.train.epochs - state.epoch))
-    where = f"{cfg.method.name} epoch {state.epoch}/{cfg.train.epochs}"
+    eta = _clock(per_epoch * (cfg.train.epochs - done))
+    where = f"{cfg.method.name} epoch {done}/{cfg.train.epochs}"
     return f"{where}: {shown} | {result.seconds:.1f} s, ETA {eta}"
 
 

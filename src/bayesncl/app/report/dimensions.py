@@ -25,11 +25,14 @@ N_TOP, N_QUANTILES, N_CLOSED, N_CORRELATED, N_CLASSES, N_BINS = 16, 10, 8, 5, 10
 @dataclass
 class DimSummary:
     """One row of the dimension index. Shares and rates are fractions in [0, 1]; ``sc`` is SC_k
-    (NaN where no row-normalised entry exceeds 1e-5); ``gate_open`` is None for ungated runs."""
+    (NaN where no row-normalised entry exceeds 1e-5); ``tied``: how many classes share the largest
+    count (``majority`` is the lowest of them; over 1: there is no majority); ``gate_open`` is None
+    for ungated runs."""
 
     dim: int
     sc: float
     majority: int
+    tied: int
     majority_share: float
     firing_rate: float
     mean_activation: float
@@ -80,6 +83,7 @@ def summarise(feats: dict[str, np.ndarray], num_classes: int) -> list[DimSummary
     return [
         DimSummary(
             dim=int(k), sc=float(sc[k]), majority=int(counts[:, k].argmax()),
+            tied=int((counts[:, k] == counts[:, k].max()).sum()),
             majority_share=float(counts[:, k].max() / total[k]) if total[k] else 0.0,
             firing_rate=float(fire[:, k].mean()), mean_activation=float(f[:, k].mean()),
             gate_open=None if open_rate is None else float(open_rate[k]),

@@ -51,7 +51,7 @@ def write_embedding_map(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bayesncl.app.report.figures import figure_title, legend_below, save_figure
+    from bayesncl.app.report.figures import class_name, figure_title, legend_below, save_figure
 
     try:
         rows, xy = embed(features, labels, cap)
@@ -66,8 +66,8 @@ def write_embedding_map(
     cmap = plt.get_cmap("tab10" if len(class_names) <= 10 else "tab20")
     for c in np.unique(y):
         at = y == c
-        name = class_names[c] if 0 <= c < len(class_names) else str(c)
-        ax.scatter(xy[at, 0], xy[at, 1], s=6, color=cmap(int(c) % cmap.N), label=name, linewidths=0)
+        ax.scatter(xy[at, 0], xy[at, 1], s=6, color=cmap(int(c) % cmap.N), label=class_name(class_names, c),
+                   linewidths=0)
     ax.set_xticks([])
     ax.set_yticks([])
     what = f"t-SNE of the test features z̃ ({len(rows)} of {len(labels)} samples), coloured by class"

@@ -67,12 +67,14 @@ def image_grid_figure(
 
 def _majority(labels: np.ndarray, class_names: Sequence[str]) -> str:
     """``"Bag: 6 of the\n8 shown"``: the most frequent class among ``labels`` (the images shown in
-    a row) and how many of them it holds."""
+    a row) and how many of them it holds; ``"tie (3 classes): 2 each of the\n8 shown"`` where
+    several classes hold the most."""
     if not len(labels):
         return ""
     counts = np.bincount(labels)
-    c = int(counts.argmax())
-    return f"{_class_name(class_names, c)}: {counts[c]} of the\n{len(labels)} shown"
+    c, tied = int(counts.argmax()), int((counts == counts.max()).sum())
+    who = f"tie ({tied} classes)" if tied > 1 else class_name(class_names, c)
+    return f"{who}: {counts[c]}{' each' if tied > 1 else ''} of the\n{len(labels)} shown"
 
 
 def top_activations_figure(
@@ -94,14 +96,14 @@ def top_activations_figure(
     return image_grid_figure(images, feats["indices"][top], row_titles, cells, path, title)
 
 
-def _class_name(class_names: Sequence[str], c: int) -> str:
+def class_name(class_names: Sequence[str], c: int) -> str:
     """Class ``c``'s name, or the number where it has none."""
     return class_names[c] if c < len(class_names) else str(c)
 
 
 def _cell_names(top: np.ndarray, labels: np.ndarray, class_names: Sequence[str]) -> list[list[str]]:
     """The class name of each image ``labels[top[r, c]]``."""
-    return [[_class_name(class_names, labels[i]) for i in t] for t in top]
+    return [[class_name(class_names, labels[i]) for i in t] for t in top]
 
 
 def figure_title(what: str, label: str) -> str:

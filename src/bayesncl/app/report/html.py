@@ -1,20 +1,7 @@
-"""``bayesncl report``: a static HTML site of one or more runs that opens from disk (file://).
-
-Layout of the site ``OUT/``::
-
-    index.html              config, metrics, training curves and figures of each run; for several
-                            runs a comparison table and the overlaid curves (curves.png)
-    .bayesncl-report        marks the folder as a report (a later report may replace it)
-    thumbs/<data>/<i>.png   one thumbnail per test image that some page shows, shared by every run
-                            on the same data (longest side at most THUMB_PX)
-    <run>/dims.html         every active dimension in one sortable table
-    <run>/dim-<k>.html      one page per active dimension k
-    <run>/figures/*.png     the run's figures, copied
-
-No server, no network: no script or font from elsewhere, one small inline sort script. Pages are
-Jinja2 templates (package data ``templates/``). Inputs: each run's features file
-``features_test.npz`` (from ``evaluate``/``extract``), else features extracted from its
-checkpoint, and the split's images (:func:`bayesncl.data.load_split_images`).
+"""``bayesncl report``: a static HTML site of one or more runs that opens from disk (file://). Its
+layout, inputs and sizes: README, "The HTML report". Pages are Jinja2 templates (package data
+``templates/``); ``OUT/.bayesncl-report`` (:data:`MARKER`) marks a folder as a report, which a later
+report may replace; thumbnails are shared in ``OUT/thumbs/<data>/<i>.png``.
 """
 
 from __future__ import annotations
@@ -24,12 +11,14 @@ import json
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bayesncl.app.report import dimensions as dm
+from bayesncl.app.report.figures import class_name
 
 THUMB_PX = 64  # thumbnails: the split's images at their size, shrunk to this longest side if larger
 MARKER = ".bayesncl-report"
@@ -180,8 +169,13 @@ def _run_pages(env: Any, run: RunInput, out: Path, class_names: Sequence[str], i
     write_thumbnails(images, feats["indices"][dm.images_used(details)], out / thumbs)
     folder = out / run.label
     folder.mkdir(parents=True, exist_ok=True)
-    common = {"run": run, "gated": feats.get("mask") is not None, "names": class_names, "root": "../"}
-    cell = _cell_maker(feats, class_names, f"../{thumbs}")
+    cls = partial(class_name, class_names)
+    gated = feats.get("mask") is not None
+    common = {"run": run, "gated": gated, "names": class_names, "cls": cls, "root": "../"}
+
+    def cell(row: int) -> dict[str, str]:  # a feature row's thumbnail and class name
+        return {"src": f"../{thumbs}/{int(feats['indices'][row])}.png", "cls": cls(int(feats["labels"][row]))}
+
     (folder / "dims.html").write_text(env.get_template("dims.html").render(rows=rows, **common))
     page = env.get_template("dim.html")
     by_dim = {r.dim: r for r in rows}
@@ -193,33 +187,15 @@ def _run_pages(env: Any, run: RunInput, out: Path, class_names: Sequence[str], i
     return {"n_dims": feats["features"].shape[1], "n_active": len(rows), "n_images": len(feats["labels"])}
 
 
-def _cell_maker(feats: dict[str, np.ndarray], class_names: Sequence[str], thumbs: str) -> Any:
-    """A template helper: ``cell(row)`` → thumbnail path and class name of a feature row."""
-
-    def cell(row: int) -> dict[str, Any]:
-        c = int(feats["labels"][row])
-        return {
-            "src": f"{thumbs}/{int(feats['indices'][row])}.png",
-            "cls": class_names[c] if c < len(class_names) else str(c),
-        }
-
-    return cell
-
-
 def _copy_figures(run: RunInput, out: Path) -> list[str]:
     """Copy the run's figures into ``out/<run>/figures/`` (training curves redrawn from log.csv);
     returns their paths relative to ``out``."""
-    from bayesncl.app.report.curves import write_training_curves
-    from bayesncl.runs.messages import RunDirError
-
     dest = out / run.label / "figures"
     dest.mkdir(parents=True, exist_ok=True)
     found = []
     for name in FIGURES:
         if name == "training_curves.png" and (run.path / "log.csv").is_file():
-            try:
-                write_training_curves([run.path], dest / name, labels=[run.label])
-            except RunDirError:
+            if not _curves([run], dest / name):
                 continue
         elif (run.path / name).is_file():
             shutil.copyfile(run.path / name, dest / name)
@@ -229,8 +205,20 @@ def _copy_figures(run: RunInput, out: Path) -> list[str]:
     return found
 
 
+def _curves(runs: Sequence[RunInput], out: Path) -> bool:
+    """Draw the training curves of ``runs`` into ``out``; False where a log cannot be read."""
+    from bayesncl.app.report.curves import write_training_curves
+    from bayesncl.runs.messages import RunDirError
+
+    try:
+        write_training_curves([r.path for r in runs], out, labels=[r.label for r in runs])
+    except RunDirError:
+        return False
+    return True
+
+
 def write_report(runs: Sequence[RunInput], out: Path) -> Path:
-    """Write the site of ``runs`` into ``out`` (see the module doc); returns ``out/index.html``."""
+    """Write the site of ``runs`` into ``out`` (README, "The HTML report"); returns ``out/index.html``."""
     from bayesncl.app.report import MAIN_COLUMNS
     from bayesncl.config import dump_yaml
     from bayesncl.data import dataset_info, load_split_images
@@ -246,7 +234,8 @@ def write_report(runs: Sequence[RunInput], out: Path) -> Path:
             {"run": run, "facts": facts, "figures": _copy_figures(run, out), "config": dump_yaml(run.cfg),
              "scalars": _scalars(run.metrics)}
         )
-    curves = _overlaid_curves(runs, out) if len(runs) > 1 else None
+    logged = [r for r in runs if (r.path / "log.csv").is_file()]  # several runs: their curves overlaid
+    curves = "curves.png" if len(runs) > 1 and logged and _curves(logged, out / "curves.png") else None
     html = env.get_template("index.html").render(
         sections=sections, columns=MAIN_COLUMNS, curves=curves, root="", thumb_px=THUMB_PX
     )
@@ -254,30 +243,25 @@ def write_report(runs: Sequence[RunInput], out: Path) -> Path:
     return out / "index.html"
 
 
-def _scalars(metrics: dict[str, Any]) -> list[tuple[str, str]]:
-    """The metrics dict's numbers and short strings as (key, text) rows, in its order."""
+def _scalars(metrics: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The metrics dict's numbers and strings as (label, value, unit) rows, in its order: label, unit
+    and format from the metric registry (:mod:`bayesncl.metrics.registry`), else from
+    :data:`bayesncl.app.evaluate.RESULT_KEYS`, else the key and the value as they are."""
+    from bayesncl.app.evaluate import RESULT_KEYS
+    from bayesncl.metrics.registry import BACKGROUND_METRICS, FACTOR_METRICS, METRICS
+
+    registry = {m.key: m for m in (*METRICS, *BACKGROUND_METRICS, *FACTOR_METRICS)}
     rows = []
     for k, v in metrics.items():
         if isinstance(v, bool) or not isinstance(v, (int, float, str)):
             continue
-        if isinstance(v, str) and len(v) > 80:
-            v = v[:77] + "..."
-        rows.append((k, f"{v:.4g}" if isinstance(v, float) else str(v)))
+        if k in registry:
+            m = registry[k]
+            rows.append((m.label, m.text(v), m.unit))
+        else:
+            label, unit, fmt = RESULT_KEYS.get(k, (k, "", "{:.4g}" if isinstance(v, float) else "{}"))
+            rows.append((label, fmt.format(v), unit))
     return rows
-
-
-def _overlaid_curves(runs: Sequence[RunInput], out: Path) -> str | None:
-    from bayesncl.app.report.curves import write_training_curves
-    from bayesncl.runs.messages import RunDirError
-
-    logged = [r for r in runs if (r.path / "log.csv").is_file()]
-    if not logged:
-        return None
-    try:
-        write_training_curves([r.path for r in logged], out / "curves.png", labels=[r.label for r in logged])
-    except RunDirError:
-        return None
-    return "curves.png"
 
 
 def report_command(sources: Sequence[str | Path], out: str | Path | None = None) -> Path:
