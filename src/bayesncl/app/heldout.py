@@ -1,6 +1,6 @@
 """Interpretability while it trains: a fixed labelled held-out batch of ``train.monitor_samples``
 test images, evenly spaced over the test split and read once with the eval transforms, scored at
-every epoch's end in eval mode into :data:`HELDOUT_FIELDS` of ``log.csv`` (README, "Logs while it
+every epoch's end in eval mode into the ``heldout_*`` columns of ``log.csv`` (README, "Logs while it
 trains"), from the ``bayesncl.metrics`` functions on z̃. No gradient, BatchNorm update or gate noise,
 and torch's random state is put back, so training is unchanged.
 """
@@ -15,10 +15,6 @@ from typing import Any
 import numpy as np
 import torch
 
-HELDOUT_FIELDS = (
-    "heldout_sc", "heldout_h_sum", "heldout_active_dims", "heldout_effective_rank", "heldout_gate_open",
-)
-
 
 class HeldOut:
     """The held-out batch: ``x`` float (n, C, S, S) on the CPU, ``y`` int64 (n,) labels, scored in
@@ -31,7 +27,7 @@ class HeldOut:
 
     @torch.no_grad()
     def measure(self, model: Any, device: torch.device) -> dict[str, float | str]:
-        """The :data:`HELDOUT_FIELDS` of ``model`` (a ContrastiveModel) on the batch, rounded as
+        """The ``heldout_*`` columns of ``model`` (a ContrastiveModel) on the batch, rounded as
         log.csv stores them. The model's train/eval mode is restored."""
         from bayesncl.core.optim import extraction_precision
         from bayesncl.metrics import active_dims, effective_rank, semantic_consistency, semantic_entropy_sum

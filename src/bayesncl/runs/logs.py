@@ -13,8 +13,7 @@ from bayesncl.core.configs import MethodConfig
 from bayesncl.core.methods import CONTRASTIVE_STATS, Statistic
 from bayesncl.runs.fileio import atomic_path
 
-# the held-out batch scored at the epoch's end (train.monitor_samples; empty when 0):
-# bayesncl.app.heldout.HELDOUT_FIELDS
+# the held-out batch scored at the epoch's end by bayesncl.app.heldout (train.monitor_samples; empty when 0)
 HELDOUT_FIELDS = [
     "heldout_sc", "heldout_h_sum", "heldout_active_dims", "heldout_effective_rank", "heldout_gate_open",
 ]
