@@ -25,6 +25,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from bayesncl.config import Config
 from bayesncl.metrics.dynamics import dynamics_correlations, gradient_variance
 
 
@@ -32,6 +33,29 @@ def checkpoint_epochs(run_dir: Path) -> list[tuple[int, Path]]:
     """Periodic checkpoints ``epoch-NNNN.pt`` of a run, sorted by epoch."""
     found = ((re.fullmatch(r"epoch-(\d+)\.pt", p.name), p) for p in run_dir.glob("epoch-*.pt"))
     return sorted((int(m.group(1)), p) for m, p in found if m)
+
+
+CORRELATIONS = ("AF-GV", "GV-SC", "AF-SC")
+
+
+def checkpoint_dynamics(path: Path, samples: int = 1024) -> tuple[dict[str, Any], Config, int]:
+    """The correlations of one checkpoint (the module's protocol): ``AF-GV``, ``GV-SC``, ``AF-SC``,
+    ``dims`` and the means ``mean_AF``, ``mean_GV``; with the run's Config and the train images the
+    gradient variance used."""
+    from bayesncl.app.evaluate import extract_split, load_trained
+    from bayesncl.data import build_train_loader
+    from bayesncl.metrics.semantic import semantic_consistency_per_dim
+
+    model, cfg, _ = load_trained(path)
+    device = next(model.parameters()).device
+    test = extract_split(model, cfg, "test", device, keys=("features",))
+    f = test["features"]
+    af = (f > 0).mean(0)
+    loader = build_train_loader(cfg.data, min(cfg.train.batch_size, samples), seed=cfg.seed, device=device)
+    loader.set_epoch(0)
+    gv, used = gradient_variance(model, loader, cfg, samples)
+    corr = dynamics_correlations(af, gv, semantic_consistency_per_dim(f, test["labels"]))
+    return {**corr, "mean_AF": float(af.mean()), "mean_GV": float(gv.mean())}, cfg, used
 
 
 def dynamics_command(
@@ -43,11 +67,8 @@ def dynamics_command(
     ``dynamics.md`` and ``dynamics.png`` into the run dir.
     Raises EvalError if ``run_dir`` is a file, missing, or has no periodic checkpoints (of ``epochs``).
     """
-    from bayesncl.app.evaluate import extract_split, load_trained
     from bayesncl.app.report import write_results
-    from bayesncl.data import build_train_loader
     from bayesncl.metrics.inputs import EvalError
-    from bayesncl.metrics.semantic import semantic_consistency_per_dim
 
     run = Path(run_dir)
     if run.is_file():
@@ -66,22 +87,10 @@ def dynamics_command(
             + set_aside_hint(run)
         )
     rows: list[dict[str, Any]] = []
-    used = 0
     for epoch, path in ckpts:
-        model, cfg, _ = load_trained(path)
-        device = next(model.parameters()).device
-        test = extract_split(model, cfg, "test", device, keys=("features",))
-        f = test["features"]
-        af = (f > 0).mean(0)
-        sc = semantic_consistency_per_dim(f, test["labels"])
-        loader = build_train_loader(
-            cfg.data, min(cfg.train.batch_size, samples), seed=cfg.seed, device=device
-        )
-        loader.set_epoch(0)
-        gv, used = gradient_variance(model, loader, cfg, samples)
-        corr = dynamics_correlations(af, gv, sc)
-        rows.append({"epoch": epoch, **corr, "mean_AF": float(af.mean()), "mean_GV": float(gv.mean())})
-        print(f"epoch {epoch}: " + ", ".join(f"{k}={v:.3f}" for k, v in corr.items() if k != "dims"))
+        corr, cfg, used = checkpoint_dynamics(path, samples)
+        rows.append({"epoch": epoch, **corr})
+        print(f"epoch {epoch}: " + ", ".join(f"{k}={v:.3f}" for k, v in corr.items() if k in CORRELATIONS))
     md = "| epoch | AF–GV | GV–SC | AF–SC | dims |\n|---:|---:|---:|---:|---:|" + "".join(
         f"\n| {r['epoch']} | {r['AF-GV']:.3f} | {r['GV-SC']:.3f} | {r['AF-SC']:.3f} | {r['dims']} |"
         for r in rows

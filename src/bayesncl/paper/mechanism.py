@@ -114,21 +114,12 @@ def mechanism_configs(
 
 
 def final_dynamics(run_dir: Path, samples: int = 1024) -> dict[str, float]:
-    """Table 3's AF–GV, GV–SC, AF–SC (:mod:`bayesncl.app.dynamics`' protocol) at a run's final
-    checkpoint ``last.pt``."""
-    from bayesncl.app.evaluate import extract_split, load_trained
-    from bayesncl.data import build_train_loader
-    from bayesncl.metrics.dynamics import dynamics_correlations, gradient_variance
-    from bayesncl.metrics.semantic import semantic_consistency_per_dim
+    """Table 3's AF–GV, GV–SC, AF–SC (and ``dims``; :mod:`bayesncl.app.dynamics`' protocol) at a
+    run's final checkpoint ``last.pt``."""
+    from bayesncl.app.dynamics import CORRELATIONS, checkpoint_dynamics
 
-    model, cfg, _ = load_trained(run_dir / "last.pt")
-    device = next(model.parameters()).device
-    test = extract_split(model, cfg, "test", device, keys=("features",))
-    f = test["features"]
-    loader = build_train_loader(cfg.data, min(cfg.train.batch_size, samples), seed=cfg.seed, device=device)
-    loader.set_epoch(0)
-    gv, _ = gradient_variance(model, loader, cfg, samples)
-    return dynamics_correlations((f > 0).mean(0), gv, semantic_consistency_per_dim(f, test["labels"]))
+    corr, _, _ = checkpoint_dynamics(run_dir / "last.pt", samples)
+    return {k: corr[k] for k in ("dims", *CORRELATIONS)}
 
 
 def aggregate(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
