@@ -131,10 +131,9 @@ def read_cache(sub: Path) -> dict[str, Any]:
 
 def write_cache(sub: Path, cache: dict[str, Any]) -> None:
     """Write ``sub/reproduce.json`` atomically (see :func:`read_cache`)."""
-    from bayesncl.app.report import _json_ready, write_text_atomic
+    from bayesncl.app.report import write_json
 
-    ready = _json_ready(json.loads(json.dumps(cache, default=float)))
-    write_text_atomic(sub / "reproduce.json", json.dumps(ready, indent=2, allow_nan=False) + "\n")
+    write_json(sub / "reproduce.json", cache)
 
 
 def stored_features(sub: Path) -> tuple[Any, Any]:

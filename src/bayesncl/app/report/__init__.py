@@ -53,12 +53,17 @@ def _json_ready(value: Any) -> Any:
     return value
 
 
+def write_json(path: Path, value: Any) -> None:
+    """Write ``value`` as strict JSON to ``path`` atomically: NumPy scalars as numbers, NaN as null."""
+    ready = _json_ready(json.loads(json.dumps(value, default=float)))  # NumPy scalars -> floats first
+    write_text_atomic(path, json.dumps(ready, indent=2, allow_nan=False) + "\n")
+
+
 def write_results(out_dir: Path, stem: str, results: dict[str, Any], markdown: str, header: str = "") -> None:
     """Write ``stem.json`` and ``stem.md`` into ``out_dir`` (atomically). The JSON is strict: an
     undefined value (NaN, e.g. a correlation of ``dynamics``) is ``null`` there, ``nan`` in the
     Markdown."""
-    ready = _json_ready(json.loads(json.dumps(results, default=float)))  # NumPy scalars -> floats first
-    write_text_atomic(out_dir / f"{stem}.json", json.dumps(ready, indent=2, allow_nan=False) + "\n")
+    write_json(out_dir / f"{stem}.json", results)
     write_text_atomic(out_dir / f"{stem}.md", (header + "\n\n" if header else "") + markdown + "\n")
 
 
