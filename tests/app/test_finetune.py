@@ -47,11 +47,15 @@ def test_the_default_is_the_authors_protocol() -> None:
     assert n_trained == sum(p.numel() for p in trained)
 
 
-def test_finetune_trains_backbone_and_head_and_leaves_the_pretrained_run_alone(tmp_path: Path) -> None:
+def test_finetune_trains_backbone_and_head_and_leaves_the_pretrained_run_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "pre").mkdir()
     src = tiny_checkpoint(tmp_path / "pre" / "run.pt", ["method.name=bayesncl"])
     before = _digest(src.parent)
+    capsys.readouterr()
     result = finetune(src, None, SMALL)
+    assert "\nprecision: " in "\n" + capsys.readouterr().out  # says what it computes in, as pretrain
     out = tmp_path / "pre" / "run-finetune"  # the default run dir: beside the pretrained one
     assert _digest(src.parent) == before == {"run.pt": before["run.pt"]}  # only read
     assert 0.0 <= result["acc1"] <= result["acc5"] <= 100.0

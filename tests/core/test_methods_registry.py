@@ -146,6 +146,11 @@ def test_bad_plugins_are_one_line(registry: None, tmp_path: Path, capsys: pytest
         assert main(["pretrain", "--plugin", str(path), *SMALL]) == 2, row
         expect(row, capsys.readouterr().err, tmp_path)
     assert len(methods.METHODS) == len(methods.BUILT_IN)  # nothing of a failed plugin stays registered
+    twin = "bayesncl.register_method(m.Method('twin', terms=(m.INFO_NCE,), stats=m.CONTRASTIVE_STATS))"
+    a, b = (_plugin(tmp_path, f"twin_{x}.py", twin + "\n") for x in "ab")
+    assert main(["pretrain", "--plugin", str(a), "--plugin", str(b), *SMALL]) == 2
+    expect("X11", capsys.readouterr().err, tmp_path)  # the second file's 'twin' names the first's
+    assert methods.METHODS["twin"].source == str(a)
 
 
 def test_config_that_is_not_a_regular_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

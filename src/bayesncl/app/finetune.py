@@ -202,6 +202,8 @@ def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> Contras
     # as pretraining's; on --resume what the run trained in (RunDir.precision)
     precision = run.precision(precision_plan(cfg.train.precision, cfg.train.channels_last, device))
     amp_dtype = precision.dtype
+    if world.is_main:
+        print(f"precision: {precision.why}", flush=True)
     seed_everything(distributed.rank_seed(cfg.seed, world.rank))
     model = _prepare(model, cfg, info.num_classes, device)
     model = distributed.convert_sync_bn(model, cfg.train.sync_bn, world)

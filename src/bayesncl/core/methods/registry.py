@@ -35,7 +35,7 @@ def register_method(method: Method) -> Method:
     check_method` (``bayesncl.register_method`` and ``--plugin`` do that)."""
     old = METHODS.get(method.name)
     if old is not None and not (old.source is not None and old.source == method.source):
-        where = "a built-in method" if old.source is None else f"already registered by {old.source}"
+        where = "a built-in method" if old.source is None else f"the method of that name in {old.source}"
         raise ConfigError(f"method {method.name!r} clashes with {where}; give it another name")
     if not method.name or any(c.isspace() or c in "=/" for c in method.name):
         raise ConfigError(f"method name {method.name!r}: expected a word without spaces, '=' or '/'")
