@@ -513,3 +513,20 @@ def test_a_closed_stdout_never_stops_training(tmp_path: Path) -> None:
     rc, err = _closed_stdout(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"], tmp_path)
     assert (rc, "Traceback" in err) == (0, False), err
     assert (run / "last.pt").exists() and (run / "encoder.safetensors").exists()
+
+
+def test_evaluate_reports_the_gate_and_the_test_size(tmp_path: Path) -> None:
+    """``evaluation.json`` of a gated run holds the gate-open rate, the rows with every gate closed and
+    the test size (as ``metrics.json`` does), computed from the hard mask 1[α > 0.5] also under
+    ``eval.use_soft_gating`` (where the features file's ``mask`` holds α); one probe seed has no std."""
+    ckpt = str(tiny_checkpoint(tmp_path / "run.pt", ["method.name=bayesncl"]))
+    for soft in ("false", "true"):
+        assert main(["evaluate", ckpt, "--probe", "fast", f"eval.use_soft_gating={soft}"]) == 0
+        result = json.loads((tmp_path / "evaluation.json").read_text())
+        mask = np.load(tmp_path / "features_test.npz")["mask"]
+        hard = mask > 0.5  # α > threshold under soft gating; the 0/1 mask itself otherwise
+        assert soft == "false" or not np.isin(mask, (0.0, 1.0)).all()  # soft: α, not a 0/1 mask
+        assert result["n_test"] == len(mask) == 60
+        assert result["gate_open_rate"] == pytest.approx(hard.mean(), abs=1e-7)
+        assert result["rows_all_closed"] == pytest.approx((hard.sum(1) == 0).mean())
+        assert "linear_probe_acc1" in result and "linear_probe_acc1_std" not in result

@@ -156,11 +156,7 @@ def evaluate_model(
     probe = "fast" if cfg.eval.probe == "fast" else "none"
     dims = cfg.eval.retrieval_dims or None
     test, metrics = score(model, cfg, device=device, probe=probe, retrieval_dims=dims, info=info)
-    if model.gate is not None:
-        metrics["gate_open_rate"] = float(test["mask"].mean())
-        metrics["rows_all_closed"] = float((test["mask"].sum(1) == 0).mean())
-    metrics["method"] = cfg.method.name
-    metrics["n_test"] = int(len(test["labels"]))
+    _add_run_facts(metrics, test, cfg)
     names = info.class_names if info is not None else None
     write_figures(test, cfg.data, run_dir, label=run_label(cfg.method.name, run_dir), names=names)
     write_results(run_dir, "metrics", metrics, format_table({cfg.method.name: metrics}))
@@ -205,7 +201,7 @@ def score(
         else:
             lp = linear_probe(train["h"], train["labels"], test["h"], test["labels"], seeds=seeds or cfg.seed)
         result.update(linear_probe_acc1=lp["acc1"], linear_probe_acc5=lp["acc5"])
-        if seeds is not None:
+        if seeds is not None and len(seeds) > 1:  # one seed has no spread
             result.update(linear_probe_acc1_std=lp["acc1_std"], linear_probe_acc5_std=lp["acc5_std"])
             result["linear_probe_seeds"] = seeds
         result["linear_probe_protocol"] = lp["protocol"]
@@ -225,6 +221,19 @@ def score(
     if "factors" in test:  # docs/metrics.md, "MIG"
         result.update(factor_metrics(test["features"], test["factors"], factor_names(cfg.data.name)))
     return test, result
+
+
+def _add_run_facts(result: dict[str, Any], test: dict[str, np.ndarray], cfg: Config) -> None:
+    """The method, the test images and, for a gated run, the hard gate's open rate and the share of
+    test images with every gate closed: 1[α > method.threshold] from ``test["mask"]`` (N, D), the hard
+    mask, or α under ``eval.use_soft_gating``."""
+    if "mask" in test:
+        mask = test["mask"]
+        hard = (mask > cfg.method.threshold).astype(mask.dtype) if cfg.eval.use_soft_gating else mask
+        result["gate_open_rate"] = float(hard.mean())
+        result["rows_all_closed"] = float((hard.sum(1) == 0).mean())
+    result["method"] = cfg.method.name
+    result["n_test"] = int(len(test["labels"]))
 
 
 # ----------------------------------------------------------------------------- loading trained runs
@@ -516,7 +525,7 @@ def evaluate_command(
         model, cfg, device=device, probe=probe, seeds=seeds, probe_epochs=probe_epochs,
         retrieval_dims=retrieval_dims or "auto", selection_probe=True, knn=knn,
     )  # fmt: skip
-    result["method"] = cfg.method.name
+    _add_run_facts(result, test, cfg)
     md = _evaluation_markdown(result)
     # everything is computed: only now write the files
     save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
