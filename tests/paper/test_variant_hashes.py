@@ -35,7 +35,7 @@ def test_variant_hashes_are_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_on_a_native_bf16_cpu_exactly_the_auto_runs_get_new_names(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where ``auto`` is bf16, every config at ``train.precision=auto`` is another run than its fp32
     pin (a bf16 run is never reused for an fp32 one), and every config at an explicit precision
-    (the demo recipe's fp32, the long recipe's bf16) keeps its pinned name."""
+    (the demo recipe's fp32) keeps its pinned name."""
     from bayesncl.paper.variants import variant_hash
 
     _machine(monkeypatch, "AVX512-BF16")
