@@ -110,7 +110,8 @@ def precision_plan(name: str, channels_last: bool, device: torch.device) -> Prec
     if device.type == "cuda" or name not in ("auto", "fast"):
         reason = f"train.precision={name} on {device.type}"
         if device.type == "cpu" and dtype == torch.bfloat16 and not native_cpu_bf16():
-            reason += ": no native bf16 on this CPU, emulated and several times slower than fp32 " "(auto: fp32 here)"
+            slow = "no native bf16 on this CPU, emulated and several times slower than fp32 (auto: fp32 here)"
+            reason += f": {slow}"
     else:
         native = native_cpu_bf16()
         reason = f"train.precision={name}: " + (
