@@ -218,6 +218,45 @@ def test_sweeps_reuse_the_recipes_run(bench: Bench, table1: dict[str, Any]) -> N
     assert all(v is not None for c in full["rows"]["no detach"].values() for v in c["values"])
 
 
+def test_a_run_is_measured_when_it_finishes_and_its_small_files_make_the_table(
+    bench: Bench, table1: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table stopped after its runs trained keeps each run's measures beside it (reproduce.json), and
+    a run's small files (what benchmarks/long_queue.sh commits: config.yaml, log.csv, metrics.json,
+    reproduce.json; no checkpoint, no features) make the same table in another store, training nothing."""
+    import shutil
+
+    import bayesncl.paper.reproduce as rp
+
+    monkeypatch.setattr(studies, "ABLATIONS", studies.ABLATIONS[:2])  # full, soft gate
+    args = ["reproduce", "4", "--dataset", "fashion-mnist", "--seeds", "1", *TINY, "method.rho=0.31"]
+    real = rp._write
+
+    def stopped(*a: Any, **k: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rp, "_write", stopped)
+    assert main([*args, "--store", str(bench.store), "--run-dir", str(tmp_path / "a")]) == 130  # Ctrl-C
+    trained = bench.calls[-2:]
+    assert trained == [False, False]
+    stored = [json.loads(p.read_text()) for p in bench.store.glob("*/reproduce.json")
+              if "rho: 0.31" in (p.parent / "config.yaml").read_text()]  # fmt: skip
+    assert len(stored) == 2 and all({"base[]", "probe3[]"} <= set(c) for c in stored)
+    monkeypatch.setattr(rp, "_write", real)
+    main([*args, "--store", str(bench.store), "--run-dir", str(tmp_path / "a")])
+    whole = json.loads((tmp_path / "a" / "table4.json").read_text())
+    small = tmp_path / "small"
+    for h in whole["runs"].values():
+        (small / h).mkdir(parents=True)
+        for f in ("config.yaml", "log.csv", "metrics.json", "reproduce.json"):
+            shutil.copy(bench.store / h / f, small / h / f)
+    before = len(bench.calls)
+    main([*args, "--store", str(small), "--run-dir", str(tmp_path / "b")])
+    again = json.loads((tmp_path / "b" / "table4.json").read_text())
+    assert len(bench.calls) == before and again["reused"] == whole["reused"]
+    assert again["rows"] == whole["rows"] and len(whole["rows"]) == 2
+
+
 def test_table5_warns_on_cpu_before_training(bench: Bench, table1: dict[str, Any]) -> None:
     with pytest.warns(UserWarning) as warned:
         out, calls, _ = bench.run("5")

@@ -445,6 +445,7 @@ def reproduce(
     label = {h: f"{n} seed {s}" for (n, s), h in reversed(cells.items())}
     for i, h in enumerate(to_train, 1):
         _train(h, to_train[h], store / h, label[h], i, len(to_train), est.get(h))
+        measure(store / h, to_train[h], study.measures)  # cached beside the run now, not at the table's end
     per_run = {key: measure(store / h, configs[key], study.measures) for key, h in cells.items()}
     rows = aggregate(study, per_run, seeds)
     return _write(study, dataset, seeds, run_dir, store, cells, runs, rows)

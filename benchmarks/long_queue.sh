@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The long-budget queue (issues 24-26): the contested tables at the `fashion-mnist-long` recipe, 3 seeds,
+# one after another on this machine's CPU. A run takes ~9 min (bf16, AVX512-BF16 CPU) to ~20 min (fp32,
+# AVX2-only CPU) on 2 cores, so the queue spans sessions and machines; what carries it across is
+# results/long-store/: the small files of every finished run (config.yaml, log.csv, metrics.json/.md,
+# reproduce.json: what a table reads of a reused run, no checkpoints, no features), committed to git.
+#
+#   bash benchmarks/long_queue.sh restore   # copy results/long-store/ into the store (never overwrites)
+#   bash benchmarks/long_queue.sh pack      # copy the store's finished runs' small files into results/long-store/
+#   bash benchmarks/long_queue.sh run       # restore, then each table of QUEUE in order, packing after each
+#
+# A restored run is reused by the tables whose measures its reproduce.json already holds; a table that
+# needs its checkpoints (Table 3's trajectory, fine-tuning) says so and retrains nothing by itself: move
+# the run's folder away to train it again. Store: $STORE (default ~/bayesncl-store). Run it with the
+# package importable (`pip install -e .`, or PYTHONPATH=src) and nothing else on the cores.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+STORE="${STORE:-$HOME/bayesncl-store}"
+SEEDS="${SEEDS:-results/long-store}"
+PY="${PYTHON:-python}"
+QUEUE=(
+    "15 --dataset fashion-mnist-long"
+    "4 --dataset fashion-mnist-long"
+    "mechanism --dataset fashion-mnist-bg-long --run-dir $STORE/mechanism-fashion-mnist-bg-long"
+)
+
+# copy_finished SRC DST [CP-FLAG]: every SRC/<kind>/<run>/ holding metrics.json, its small files only,
+# into DST (restore passes -n: a file already in the store is kept)
+copy_finished() {
+    local src=$1 dst=$2 flag=${3:-} run f
+    for run in "$src"/*/*/; do
+        [ -f "$run/metrics.json" ] || continue
+        run=${run%/}
+        mkdir -p "$dst/${run#"$src"/}"
+        for f in config.yaml log.csv metrics.json metrics.md reproduce.json; do
+            [ -f "$run/$f" ] && cp $flag "$run/$f" "$dst/${run#"$src"/}/"
+        done
+    done
+    return 0
+}
+
+case "${1:-run}" in
+    restore) [ -d "$SEEDS" ] && copy_finished "$SEEDS" "$STORE" -n; echo "restored $SEEDS into $STORE" ;;
+    pack) copy_finished "$STORE" "$SEEDS"; echo "packed $STORE into $SEEDS: git add $SEEDS" ;;
+    run)
+        [ -d "$SEEDS" ] && copy_finished "$SEEDS" "$STORE" -n
+        for job in "${QUEUE[@]}"; do
+            echo "=== $job $(date -u +%FT%H:%MZ)"
+            # shellcheck disable=SC2086  # the job is words
+            $PY -m bayesncl reproduce $job --seeds 3 --store "$STORE/variants"
+            echo "=== done rc=$? $(date -u +%FT%H:%MZ)"
+            copy_finished "$STORE" "$SEEDS"
+        done ;;
+    *) echo "usage: bash benchmarks/long_queue.sh [run|pack|restore]" >&2; exit 2 ;;
+esac
