@@ -372,8 +372,9 @@ def _epoch_line(cfg: Config, done: int, result: EpochResult, per_epoch: float) -
 
 
 def _report_written(run_dir: Path, seconds: float) -> None:
-    """What a finished pretrain wrote and how long it took (rank 0)."""
-    names = sorted(p.name for p in run_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+    """What a finished pretrain's run dir holds (a folder with a ``/``: tensorboard/, wandb/,
+    results-epoch-N/ ...) and how long it took (rank 0)."""
+    names = sorted(p.name + "/" * p.is_dir() for p in run_dir.iterdir() if not p.name.startswith("."))
     periodic = [n for n in names if n.startswith("epoch-") and n.endswith(".pt")]
     shown = [n for n in names if n not in periodic]
     if periodic:
