@@ -35,6 +35,7 @@ from bayesncl.core.engine import (
 from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.core.optim import LrSchedule, build_optimizer, param_groups, peak_lrs, precision_plan
 from bayesncl.data import DataError, DatasetInfo, build_train_loader, dataset_info
+from bayesncl.data.loaders import check_batch_size
 from bayesncl.runs.export import export_encoder
 from bayesncl.runs.loggers import require as require_loggers
 from bayesncl.runs.logs import epoch_row, step_row
@@ -61,6 +62,7 @@ def pretrain(
     world = distributed.setup(cfg.train.device)
     try:
         facts, skipped = run_facts(cfg, world, run_dir, evaluate=evaluate)
+        check_batch_size(cfg.train.batch_size, facts.data.num_train, facts.data.name, world.world_size)
         with RunDir(run_dir, cfg, world, resume=resume, overwrite=overwrite) as run:
             model = train(cfg, run, facts)
             evaluated = facts.eval_data is not None and world.is_main
