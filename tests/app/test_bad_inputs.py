@@ -159,8 +159,10 @@ def test_skip_corrupt_skips_and_counts(
 
 
 def test_batch_larger_than_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    err = cli_error(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, "train.batch_size=500"], capsys)
+    assert main(["pretrain", "--run-dir", str(tmp_path / "r"), *TINY, "train.batch_size=500"]) == 2
+    out, err = capsys.readouterr()
     expect("D6", err, tmp_path)
+    assert out == "" and not (tmp_path / "r").exists()  # refused before "run dir: ..." is printed
 
 
 def test_a_subset_of_one_image_per_class(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

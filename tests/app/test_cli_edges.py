@@ -530,3 +530,22 @@ def test_evaluate_reports_the_gate_and_the_test_size(tmp_path: Path) -> None:
         assert result["gate_open_rate"] == pytest.approx(hard.mean(), abs=1e-7)
         assert result["rows_all_closed"] == pytest.approx((hard.sum(1) == 0).mean())
         assert "linear_probe_acc1" in result and "linear_probe_acc1_std" not in result
+
+
+def test_the_finished_line_names_what_the_run_dir_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its folders too (tensorboard/, a longer --resume's results-epoch-N/), the periodic checkpoints
+    counted, hidden files (the lock, temporaries) left out."""
+    from bayesncl.app.train import _report_written
+
+    for name in ("config.yaml", "log.csv", "wandb-id.txt", "epoch-0001.pt", "epoch-0002.pt", ".bayesncl.lock",
+                 ".last.pt.tmp123"):
+        (tmp_path / name).write_text("")
+    for folder in ("tensorboard", "results-epoch-0001"):
+        (tmp_path / folder).mkdir()
+    _report_written(tmp_path, 61.4)
+    assert capsys.readouterr().out == (
+        f"pretrain finished in 0:01:01: {tmp_path} holds config.yaml, log.csv, results-epoch-0001/, "
+        "tensorboard/, wandb-id.txt, 2 x epoch-NNNN.pt\n"
+    )

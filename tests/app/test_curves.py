@@ -49,6 +49,17 @@ def test_read_log_round_trips_write_log(tmp_path: Path) -> None:
     assert all(math.isnan(r["rho"]) for r in rows)  # an ungated run logs no rho
 
 
+def test_the_lr_column_has_six_significant_digits(tmp_path: Path) -> None:
+    rows = _rows("", [5.5, 5.25, 5.0])
+    for r, lr in zip(rows, [0.1 + 0.2, 0.123456789, 3.0000000000000004e-05], strict=True):
+        r["lr"] = lr
+    write_log(tmp_path, rows)
+    lines = (tmp_path / "log.csv").read_text().splitlines()
+    at = lines[0].split(",").index("lr")
+    assert [line.split(",")[at] for line in lines[1:]] == ["0.3", "0.123457", "3e-05"]
+    assert [r["lr"] for r in read_log(tmp_path)] == [0.3, 0.123457, 3e-05]
+
+
 def test_figure_draws_the_logged_values(tmp_path: Path) -> None:
     ncl = read_log(_run(tmp_path / "ncl", "", [5.5, 5.25, 5.0]))
     gated = read_log(_run(tmp_path / "bnc", 0.3, [5.6, 5.3, 5.1]))

@@ -79,8 +79,29 @@ def test_an_interrupted_finetune_resumes_bit_identical(
     with pytest.raises(TrainingInterrupted, match="stopped in epoch 2 after 1 of its 3 steps"):
         finetune(src, tmp_path / "run", SMALL)
     monkeypatch.undo()
-    finetune(src, tmp_path / "run", SMALL, resume=True)
+    finetune(src, tmp_path / "run", resume=True)  # its own config: SMALL need not be repeated
     assert_same_weights(tmp_path / "straight" / "last.pt", tmp_path / "run" / "last.pt")
+
+
+def test_resume_takes_the_runs_own_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src, run = tiny_checkpoint(tmp_path / "run.pt", ["method.name=ncl"]), tmp_path / "ft"
+    assert main(["finetune", str(src), "--run-dir", str(run)]) == 2  # the protocol's batch 256 > 96 images
+    out, err = capsys.readouterr()
+    assert out == "" and "batch_size=256 is larger than the 96 training samples of synthetic" in err
+    assert not run.exists()
+    assert main(["finetune", str(src), "--run-dir", str(run), *SMALL, "train.epochs=1"]) == 0
+    capsys.readouterr()
+    listing = sorted(p.name for p in run.iterdir())
+    # a key that may not change: refused as pretrain --resume refuses it, before a word on stdout
+    assert main(["finetune", str(src), "--run-dir", str(run), "--resume", "train.batch_size=16"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(
+        "bayesncl: error: --resume: the config differs from the run's in: train.batch_size: 32 -> 16 (run's"
+    )
+    assert sorted(p.name for p in run.iterdir()) == listing
+    assert main(["finetune", str(src), "--run-dir", str(run), "--resume", "train.epochs=2"]) == 0
+    ckpt = load_checkpoint_file(run / "last.pt")
+    assert (ckpt["epoch"], ckpt["step"], ckpt["config"]["train"]["batch_size"]) == (2, 6, 32)
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -139,6 +139,7 @@ def test_bad_plugins_are_one_line(registry: None, tmp_path: Path, capsys: pytest
         "X3": _plugin(tmp_path, "none.py", "x = 1\n"),
         "X4": _plugin(tmp_path, "clash.py", "bayesncl.register_method(m.METHODS['ncl'])\n"),
         "X5": _plugin(tmp_path, "raises.py", "1 / 0\n"),
+        "X12": _plugin(tmp_path, "exits.py", "import sys\nsys.exit('no GPU here')\n"),
         "X6": _plugin(tmp_path, "vector.py", "bayesncl.register_method(m.Method('ncl-vector', "
                       f"terms=({vector},), stats=m.CONTRASTIVE_STATS))\n"),
     }

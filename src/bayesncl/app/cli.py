@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import version
@@ -73,22 +72,13 @@ def _run_dir(args: argparse.Namespace, what: str) -> Path | None:
 def cmd_pretrain(args: argparse.Namespace) -> int:
     from bayesncl.app.api import default_run_dir
     from bayesncl.app.train import pretrain
-    from bayesncl.runs.export import load_run_config
+    from bayesncl.runs.export import resume_config
 
     run_dir_arg = _run_dir(args, "the run to continue")
     overrides = [*args.overrides, "data.skip_corrupt=true"] if args.skip_corrupt else args.overrides
     if args.resume and args.config is None:  # the run's config, key=value on top (train.epochs=400)
-        from bayesncl.runs.lock import settle_run_dir
-        from bayesncl.runs.messages import RunDirError
-
         assert run_dir_arg is not None
-        # a killed --overwrite's previous run goes back before its config is read; rank 0 alone, as
-        # under torchrun rank 0 holds the run dir's lock
-        if os.environ.get("RANK", "0") == "0":
-            settle_run_dir(run_dir_arg)
-        if not (run_dir_arg / "config.yaml").exists() and not (run_dir_arg / "last.pt").exists():
-            raise RunDirError(f"--resume: no checkpoint {run_dir_arg / 'last.pt'} to resume from")
-        cfg = load_run_config(run_dir_arg, overrides)
+        cfg = resume_config(run_dir_arg, overrides)
     else:
         cfg = build_config(args.config, overrides, plugins=args.plugin)
     run_dir = run_dir_arg or default_run_dir(cfg)
@@ -289,7 +279,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         [
             _SOURCE,
             _arg("--run-dir", help="output directory (default <run>-finetune beside the run)"),
-            _flag("--resume", "continue the finetune run in --run-dir from its last.pt"),
+            _flag("--resume", "continue the finetune run in --run-dir from its last.pt, with its config "
+                  "(key=value on top, as pretrain --resume)"),
             _flag("--overwrite", "replace a run already in --run-dir"),
             _arg("overrides", nargs="*", metavar="key=value",
                  help="train.* and seed on top of the authors' protocol; data.* and eval.*"),

@@ -31,7 +31,7 @@ from bayesncl.config import (
     parse_overrides,
 )
 from bayesncl.core.engine import Hooks
-from bayesncl.core.model import ContrastiveModel
+from bayesncl.core.model import ContrastiveModel, build_model
 
 #: What ``finetune`` sets on the pretrained run's config before the user's ``train.*`` overrides: the
 #: authors' CIFAR fine-tuning protocol (module docstring). ``train.probe_lr`` is the classifier's lr.
@@ -136,11 +136,15 @@ def finetune(
     split), also written as ``RUN_DIR/finetune.json`` / ``.md``.
 
     overrides: ``train.*``/``seed`` on top of :data:`PROTOCOL`; ``data.*``/``eval.*`` as for
-    ``evaluate`` (the data read: ``eval.data.*`` for a run pretrained without labels). Raises
+    ``evaluate`` (the data read: ``eval.data.*`` for a run pretrained without labels). ``resume``:
+    the run dir's own config (its config.yaml, the data it fine-tunes on as ``data.*``), ``overrides``
+    on top and checked as pretrain's ``--resume`` checks them. Raises
     ConfigError / EvalError / DataError / RunDirError (one line) before anything is written for a
     bad request, a checkpoint that does not load, data without labels or an unusable run dir."""
     from bayesncl.app.evaluate import load_trained
     from bayesncl.core import distributed
+    from bayesncl.data.loaders import check_batch_size
+    from bayesncl.runs.export import resume_config
     from bayesncl.runs.rundir import RunDir
 
     src = Path(source)
@@ -148,12 +152,18 @@ def finetune(
     user = parse_overrides(given)
     out_dir = Path(run_dir) if run_dir is not None else default_run_dir(src)
     _refuse_bad_request(src, out_dir, user)
-    loading = [o for o in given if o.split("=", 1)[0].strip().startswith(("data.", "eval."))]
-    model, pretrained, _ = load_trained(src, torch.device("cpu"), loading, command="finetune")
-    cfg = finetune_config(pretrained, {k: v for k, v in user.items() if k.startswith(TRAIN_KEYS)})
-    info = _check_labelled(cfg, src)
+    if resume:  # the run's own config, key=value given now on top, as pretrain --resume; weights: last.pt
+        cfg = resume_config(out_dir, given)
+        info = _check_labelled(cfg, src)
+        model = build_model(cfg, info.channels, info.image_size, info.num_classes)
+    else:
+        loading = [o for o in given if o.split("=", 1)[0].strip().startswith(("data.", "eval."))]
+        model, pretrained, _ = load_trained(src, torch.device("cpu"), loading, command="finetune")
+        cfg = finetune_config(pretrained, {k: v for k, v in user.items() if k.startswith(TRAIN_KEYS)})
+        info = _check_labelled(cfg, src)
     world = distributed.setup(cfg.train.device)
     try:
+        check_batch_size(cfg.train.batch_size, info.num_train, info.name, world.world_size)  # before run dir:
         with RunDir(out_dir, cfg, world, resume=resume, overwrite=overwrite) as run:
             model = _train(cfg, run, model, info)
             result = _test(model, cfg, run.path, info, src) if world.is_main else {}

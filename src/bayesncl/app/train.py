@@ -35,6 +35,7 @@ from bayesncl.core.engine import (
 from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.core.optim import LrSchedule, build_optimizer, param_groups, peak_lrs, precision_plan
 from bayesncl.data import DataError, DatasetInfo, build_train_loader, dataset_info
+from bayesncl.data.loaders import check_batch_size
 from bayesncl.runs.export import export_encoder
 from bayesncl.runs.loggers import require as require_loggers
 from bayesncl.runs.logs import epoch_row, step_row
@@ -61,6 +62,7 @@ def pretrain(
     world = distributed.setup(cfg.train.device)
     try:
         facts, skipped = run_facts(cfg, world, run_dir, evaluate=evaluate)
+        check_batch_size(cfg.train.batch_size, facts.data.num_train, facts.data.name, world.world_size)
         with RunDir(run_dir, cfg, world, resume=resume, overwrite=overwrite) as run:
             model = train(cfg, run, facts)
             evaluated = facts.eval_data is not None and world.is_main
@@ -372,8 +374,9 @@ def _epoch_line(cfg: Config, done: int, result: EpochResult, per_epoch: float) -
 
 
 def _report_written(run_dir: Path, seconds: float) -> None:
-    """What a finished pretrain wrote and how long it took (rank 0)."""
-    names = sorted(p.name for p in run_dir.iterdir() if p.is_file() and not p.name.startswith("."))
+    """What a finished pretrain's run dir holds (a folder with a ``/``: tensorboard/, wandb/,
+    results-epoch-N/ ...) and how long it took (rank 0)."""
+    names = sorted(p.name + "/" * p.is_dir() for p in run_dir.iterdir() if not p.name.startswith("."))
     periodic = [n for n in names if n.startswith("epoch-") and n.endswith(".pt")]
     shown = [n for n in names if n not in periodic]
     if periodic:

@@ -241,6 +241,18 @@ class PerSampleTwoViewLoader(TwoViewLoader):
             yield x1, x2, y
 
 
+def check_batch_size(batch_size: int, n: int, name: str, world_size: int = 1) -> None:
+    """DataError for a batch larger than each rank's share of the ``n`` training samples of ``name``:
+    a command checks it before it prints or writes anything (``DatasetInfo.num_train``), the loader again."""
+    per_rank = n // world_size
+    if batch_size > per_rank:
+        shard = f" ({per_rank} per rank with world_size={world_size})" if world_size > 1 else ""
+        raise DataError(
+            f"batch_size={batch_size} is larger than the {n} training samples{shard} of {name}: "
+            f"lower train.batch_size or raise data.train_subset"
+        )
+
+
 def build_train_loader(
     cfg: Any, batch_size: int, *, seed: int, device: torch.device | str, rank: int = 0, world_size: int = 1,
     crop_flip_only: bool = False, info: DatasetInfo | None = None,
@@ -260,13 +272,7 @@ def build_train_loader(
     info = info or dataset_info(cfg)
     data = load_split(cfg, "train")
     n = len(data)
-    per_rank = n // world_size
-    if batch_size > per_rank:
-        shard = f" ({per_rank} per rank with world_size={world_size})" if world_size > 1 else ""
-        raise DataError(
-            f"batch_size={batch_size} is larger than the {n} training samples{shard} of {info.name}: "
-            f"lower train.batch_size or raise data.train_subset"
-        )
+    check_batch_size(batch_size, n, info.name, world_size)
     spec = augment_spec(cfg, info)
     if crop_flip_only:
         # the authors' classification loader crops with torchvision's default, bilinear

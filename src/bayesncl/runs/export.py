@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torchvision
@@ -62,3 +63,17 @@ def load_run_config(run_dir: Path, overrides: list[str] | None = None) -> Config
         check_checkpoint_entries(ckpt, run_dir / "last.pt")
         return build_config(ckpt["config"], overrides, source=run_dir / "last.pt")
     return build_config(load_run_yaml(run_dir / "config.yaml"), overrides, source=run_dir / "config.yaml")
+
+
+def resume_config(run_dir: Path, overrides: list[str]) -> Config:
+    """``--resume``'s config: the run's own (:func:`load_run_config`), ``overrides`` on top (checked
+    against the checkpoint's when the run dir is prepared). A killed ``--overwrite``'s previous run
+    goes back first, rank 0 alone (under torchrun it holds the run dir's lock). RunDirError when the
+    run dir holds neither config.yaml nor last.pt."""
+    from bayesncl.runs.lock import settle_run_dir
+
+    if os.environ.get("RANK", "0") == "0":
+        settle_run_dir(run_dir)
+    if not (run_dir / "config.yaml").exists() and not (run_dir / "last.pt").exists():
+        raise RunDirError(f"--resume: no checkpoint {run_dir / 'last.pt'} to resume from")
+    return load_run_config(run_dir, overrides)

@@ -39,7 +39,8 @@ STEP_LOG_FIELDS = ["step", "epoch", *stat_columns(CONTRASTIVE_STATS, per_step=Tr
 def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") -> None:
     """Write ``run_dir/log.csv`` (one row per epoch, ``LOG_FIELDS``) or, with ``name="steps.csv"``,
     the per-step log (``STEP_LOG_FIELDS``), atomically, with ``\\n`` line ends. Columns the rows have
-    beyond those (a method's own statistics) go before ``lr``, in the rows' order."""
+    beyond those (a method's own statistics) go before ``lr``, in the rows' order; ``lr`` has 6
+    significant digits."""
     fields = STEP_LOG_FIELDS if name == "steps.csv" else LOG_FIELDS
     more = list(dict.fromkeys(k for r in rows for k in r if k not in fields))
     at = fields.index("lr")
@@ -47,8 +48,9 @@ def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") 
     with atomic_path(run_dir / name) as tmp, tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
         w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k, "") for k in fields})
+        for r in rows:  # lr to 6 significant digits: 0.30000000000000004 -> 0.3 (the checkpoint keeps all)
+            cells = {k: r.get(k, "") for k in fields}
+            w.writerow({**cells, "lr": f"{cells['lr']:.6g}"} if isinstance(cells["lr"], float) else cells)
 
 
 def _cells(stats: Sequence[Statistic], means: dict[str, float], per_step: bool) -> dict[str, Any]:

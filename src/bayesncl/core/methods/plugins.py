@@ -27,8 +27,8 @@ def load_plugin(path: str | Path) -> list[str]:
     checked by :func:`check_method`). Loading the same file again does nothing.
 
     Raises ConfigError (one line naming the file) if it does not exist or is not a regular file,
-    raises on import, registers no method, or registers one that clashes with a registered name or
-    whose loss term fails on a test batch or returns a non-scalar."""
+    raises (or calls sys.exit) on import, registers no method, or registers one that clashes with a
+    registered name or whose loss term fails on a test batch or returns a non-scalar."""
     p = Path(path).expanduser()
     if not p.exists():
         raise ConfigError(f"--plugin {path}: no such file")
@@ -50,7 +50,7 @@ def load_plugin(path: str | Path) -> list[str]:
     except ConfigError as e:
         _forget(before, name)
         raise ConfigError(f"--plugin {path}: {e}") from None
-    except Exception as e:  # noqa: BLE001 - a user's file may raise anything
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a user's file may raise anything, sys.exit too
         _forget(before, name)
         text = str(e).strip().splitlines()
         raise ConfigError(
