@@ -106,6 +106,17 @@ def test_step_rows_are_a_thin_line_of_the_runs_colour(tmp_path: Path) -> None:
 def test_ungated_runs_get_no_gate_panels(tmp_path: Path) -> None:
     fig = training_curves_figure({"cl": read_log(_run(tmp_path / "cl", "", [6.0]))})
     assert [ax.get_title() for ax in fig.axes] == ["InfoNCE (nats)", "online probe accuracy (%)"]
+    # with the held-out panels: an ungated run's 2 + 4 fill two rows of 3 (no empty slot where the
+    # gate's panels would be), a gated run's 4 + 4 two rows of 4, the held-out ones on the second
+    held = {"heldout_sc": 12.0, "heldout_h_sum": 2.0, "heldout_active_dims": 9.0,
+            "heldout_effective_rank": 1.5}
+    for rho, shape, first_held in (("", (2, 3), 2), (0.3, (2, 4), 4)):
+        rows = [{**r, **held} for r in read_log(_run(tmp_path / f"run{rho}", rho, [6.0]))]
+        fig = training_curves_figure({"r": rows})
+        grid = fig.axes[0].get_gridspec()
+        assert (grid.nrows, grid.ncols) == shape and len(fig.axes) == shape[0] * shape[1]
+        assert all(ax.axison and ax.lines for ax in fig.axes)  # every panel drawn, none blank
+        assert [ax.get_title() for ax in fig.axes].index("held-out SC (%)") == first_held
     with pytest.raises(ValueError, match="at least one run"):
         training_curves_figure({})
 

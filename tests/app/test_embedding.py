@@ -37,3 +37,21 @@ def test_evaluate_writes_the_map_and_the_report_shows_it(tmp_path: Path):
     assert (tmp_path / "embedding.png").read_bytes().startswith(b"\x89PNG")
     html = (tmp_path / "report" / "index.html").read_text()
     assert "figures/embedding.png" in html
+
+
+def test_features_with_at_most_one_active_dim_get_a_frame_saying_why(monkeypatch, tmp_path: Path, capsys):
+    from bayesncl.app.report import figures
+    from bayesncl.app.report.embedding import write_embedding_map
+
+    kept: list = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: kept.append(fig) or path)
+    y = np.arange(40) % 4
+    for active, dims in ((1, "1 active dimension"), (0, "0 active dimensions")):
+        why = f"only {dims} of 16: no map"
+        f = np.zeros((40, 16))
+        f[:, 3] = active  # one coordinate (or none): t-SNE would draw an empty frame
+        out = tmp_path / "e.png"
+        assert write_embedding_map(f, y, ["a", "b", "c", "d"], out, label="ncl") == out
+        (ax,) = kept[-1].axes
+        assert [t.get_text() for t in ax.texts] == [why] and not ax.collections  # no points
+        assert ax.get_title().endswith("\nncl") and capsys.readouterr().out == f"embedding map: {why}\n"

@@ -35,5 +35,12 @@ def test_a_long_title_wraps_on_one_panel(monkeypatch, tmp_path: Path) -> None:
     panel = ("P", "K", "LP@1 (%)", "linear", [("NCL", [(8, 60.0, 1.0)], [])])
     fig = _draw(monkeypatch, tmp_path, [panel], title)
     lines = fig.get_suptitle().split("\n")
-    assert len(lines) > 1 and " ".join(lines) == f"{title} (mean ± std over 2 seeds)"
+    assert len(lines) > 2 and " ".join(lines) == f"{title} (mean ± std over 2 seeds)"
     assert max(map(len, lines)) <= int(fig.get_figwidth() * 10)
+    assert lines[-1] == "(mean ± std over 2 seeds)"  # the spread whole, on a line of its own
+    # two panels (ncl-fs): the title on one line, the spread under it, not "... over 3" / "seeds"
+    title = "NCL paper: feature selection (top-K by expected activation vs random K)"
+    fig = _draw(monkeypatch, tmp_path, [panel, panel], title, seeds=3)
+    assert fig.get_suptitle() == f"{title}\n(mean ± std over 3 seeds)"
+    fig = _draw(monkeypatch, tmp_path, [panel, panel], "Fig. 3", seeds=3)  # short: one line
+    assert fig.get_suptitle() == "Fig. 3 (mean ± std over 3 seeds)"

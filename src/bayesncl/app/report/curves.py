@@ -156,15 +156,15 @@ def training_curves_figure(
     panels_ = [(s.name, s.title) for s in drawn]
     by_name = {s.name: s for s in drawn}
     logged = [(k, t) for k, t in HELDOUT_PANELS if any(_has(rows, k) for rows in runs.values())]
-    layout = [panels_, logged] if logged else [panels_]
-    cols = max(map(len, layout))
-    fig, grid = plt.subplots(len(layout), cols, figsize=(3.3 * cols, 3.0 * len(layout)), squeeze=False)
-    flat = []
-    for r, row in enumerate(layout):
-        flat += list(grid[r, : len(row)])
-        for ax in grid[r, len(row) :]:
-            ax.axis("off")
-    every, axes = panels_ + logged, [flat]
+    # rows of max(training panels, half of all): a gated run's 4 training + 4 held-out panels make two
+    # rows, an ungated run's 2 + 4 two rows of 3 (no empty slot where the gate's panels would be)
+    every = panels_ + logged
+    cols = max(len(panels_), math.ceil(len(every) / 2))
+    n_rows = math.ceil(len(every) / cols)
+    fig, grid = plt.subplots(n_rows, cols, figsize=(3.3 * cols, 3.0 * n_rows), squeeze=False)
+    for ax in grid.flat[len(every) :]:
+        ax.axis("off")
+    axes = list(grid.flat[: len(every)])
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     if len(runs) > len(colours):  # 20 distinct colours before any repeats
         colours = [plt.get_cmap("tab20")(i) for i in range(20)]
@@ -173,7 +173,7 @@ def training_curves_figure(
         epochs = [r["epoch"] for r in rows]
         run_gated = _gated(rows)
         fine = (steps or {}).get(label, [])
-        for ax, (key, _) in zip(axes[0], every, strict=True):
+        for ax, (key, _) in zip(axes, every, strict=True):
             stat = by_name.get(key)
             if (stat is not None and stat.gated and not run_gated) or not _has(rows, key):
                 continue  # an ungated run has no KL and no gate; an older log no held-out columns
@@ -187,7 +187,7 @@ def training_curves_figure(
                 ax.plot(epochs, [r[f"heldout_{key}"] for r in rows], color=colour, ls=":", marker="x",
                         ms=3, label="_held-out")
     last = max(r["epoch"] for rows in runs.values() for r in rows)
-    for ax, (key, text) in zip(axes[0], every, strict=True):
+    for ax, (key, text) in zip(axes, every, strict=True):
         ax.set_title(text, fontsize=9)
         ax.set_xlabel("epoch")
         ax.set_xlim(0, last * 1.05)  # from the start of training (a 1-epoch run is a dot at x = 1)
@@ -195,7 +195,7 @@ def training_curves_figure(
         ax.grid(alpha=0.3)
         if key in by_name and by_name[key].ylim is not None:
             ax.set_ylim(*by_name[key].ylim)
-    _shared_legend(fig, axes[0], title)
+    _shared_legend(fig, axes, title)
     return fig
 
 

@@ -4,7 +4,8 @@ HTML report (both authors' repositories draw such a map, with UMAP).
 
 At most :data:`EMBED_CAP` test samples are embedded (a class-stratified subset, seed 0), so the
 map stays cheap on a CPU; perplexity min(30, (n − 1) / 3), PCA initialisation, seed 0 (the same
-features always give the same map). Fewer than :data:`MIN_SAMPLES` samples: no map (a message).
+features always give the same map). Fewer than :data:`MIN_SAMPLES` samples: no map (a message);
+fewer than 2 active dimensions (an untrained or collapsed model): a frame saying so instead.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def write_embedding_map(
     cap: int = EMBED_CAP,
 ) -> Path | None:
     """Draw the map (module doc) of ``features`` (N, D) with ``labels`` (N,) into the PNG ``path``;
-    returns it, or None (with a one-line message) where there is nothing to draw or openTSNE is
-    missing: never fatal."""
+    returns it, or None (with a one-line message) where there are too few samples or openTSNE is
+    missing: never fatal. Features with fewer than 2 active dimensions get a frame saying so."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,23 +54,30 @@ def write_embedding_map(
 
     from bayesncl.app.report.figures import class_name, figure_title, legend_below, save_figure
 
+    active = int((np.abs(features).sum(0) > 0).sum())
     try:
-        rows, xy = embed(features, labels, cap)
+        rows, xy = embed(features, labels, cap) if active > 1 else (None, None)
     except ImportError:
         print("embedding map skipped: openTSNE is not installed (pip install openTSNE)")
         return None
     except ValueError as e:
         print(f"embedding map skipped: {e}")
         return None
-    y = np.asarray(labels)[rows]
     fig, ax = plt.subplots(figsize=(6.4, 6.0))
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if rows is None:  # the map of one coordinate (or none) is a point or a line: a frame that says so
+        why = f"only {active} active dimension{'' if active == 1 else 's'} of {features.shape[1]}: no map"
+        print(f"embedding map: {why}")
+        ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", va="center", color="gray")
+        ax.set_title(figure_title("t-SNE of the test features z̃", label), fontsize=9)
+        return save_figure(fig, path)
+    y = np.asarray(labels)[rows]
     cmap = plt.get_cmap("tab10" if len(class_names) <= 10 else "tab20")
     for c in np.unique(y):
         at = y == c
         ax.scatter(xy[at, 0], xy[at, 1], s=6, color=cmap(int(c) % cmap.N), label=class_name(class_names, c),
                    linewidths=0)
-    ax.set_xticks([])
-    ax.set_yticks([])
     what = f"t-SNE of the test features z̃ ({len(rows)} of {len(labels)} samples), coloured by class"
     if len(class_names) <= 20:
         legend_below(fig, [ax], figure_title(what, label))

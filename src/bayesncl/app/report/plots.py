@@ -69,9 +69,11 @@ def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, 
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     spread = f"mean ± std over {seeds} seeds" if seeds > 1 else "1 seed"
-    # about 10 characters of an 11 pt title per inch: a 1-panel figure wraps a long title; one
-    # legend under the panels (per-panel legends sat on the bands)
-    wrapped = textwrap.fill(f"{title} ({spread})", width=int(fig.get_figwidth() * 10))
+    # about 10 characters of an 11 pt title per inch: a title too long for one line wraps and the
+    # spread gets a line of its own (never "... over 3" / "seeds"); one legend under the panels
+    # (per-panel legends sat on the bands)
+    width, full = int(fig.get_figwidth() * 10), f"{title} ({spread})"
+    wrapped = full if len(full) <= width else f"{textwrap.fill(title, width)}\n({spread})"
     legend_below(fig, list(axes.flat)[:n], wrapped)
     save_figure(fig, path)
     return path
