@@ -206,3 +206,20 @@ def test_the_examples_of_docs_extending_md_run(registry: None, capsys: pytest.Ca
     printed = capsys.readouterr().out.splitlines()
     assert printed == ["0.01 0.01", "['online_acc', 'z_active']", "mean_l1 2.0000"]
     assert methods.get("ncl-active").source is not None  # a user's method, checked on a test batch
+
+
+def test_a_method_that_presets_a_gate_registers_and_trains(registry: None, tmp_path: Path) -> None:
+    """A user's method with gate=ste is checked with the gate's λ·KL term (its `kl` statistic reads
+    it), from Python and from --plugin, and trains with it."""
+    bayesncl.register_method(methods.Method("test-gated", gate="ste", terms=(methods.INFO_NCE,),
+                                            stats=methods.CONTRASTIVE_STATS))
+    cfg = build_config(overrides=[*SMALL, "method.name=test-gated"])
+    assert cfg.method.gate == "ste" and [t.name for t in methods.terms(cfg.method)] == ["info_nce", "kl"]
+    body = ("bayesncl.register_method(m.Method('plugin-gated', gate='ste', terms=(m.INFO_NCE,), "
+            "stats=m.CONTRASTIVE_STATS))\n")
+    run = tmp_path / "run"
+    args = ["--plugin", str(_plugin(tmp_path, "gated.py", body)), "method.name=plugin-gated", "method.lam=.5"]
+    assert main(["pretrain", "--run-dir", str(run), "--no-eval", *args, *SMALL]) == 0
+    row = list(csv.DictReader((run / "log.csv").open()))[0]
+    loss, nce, kl, open_rate = (float(row[k]) for k in ("loss", "info_nce", "kl", "gate_open"))
+    assert kl > 0 and 0 < open_rate <= 1 and loss == pytest.approx(nce + 0.5 * kl, abs=2e-6)

@@ -91,9 +91,9 @@ def register_checked(method: Method) -> Method:
 
 
 def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
-    """Run each loss term and statistic of ``method`` (with its parts and its keys' defaults) on
-    random model outputs of 2n rows × ``dim`` dimensions; raise ConfigError (one line) if one
-    raises or returns anything but a 0-d tensor."""
+    """Run each loss term (its own and its parts': a preset gate's λ·KL) and statistic of ``method``
+    (with its parts and its keys' defaults) on random model outputs of 2n rows × ``dim``
+    dimensions; raise ConfigError (one line) if one raises or returns anything but a 0-d tensor."""
     import types
 
     import torch
@@ -115,7 +115,7 @@ def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
     out = head.project(h)
     batch = Batch(labels=torch.arange(n) % 2, index=torch.arange(n), gather=False)
     terms = {}
-    for term in method.terms:
+    for term in registry.terms(cfg, method):
         value = _run(method, f"loss term {term.name!r}", lambda t=term: t.fn(out, batch, cfg))
         terms[term.name] = value.detach()
     step = Step(terms[method.terms[0].name], terms, out, torch.randn(2 * n, 2, generator=gen),

@@ -97,10 +97,11 @@ def closest(m: MethodConfig) -> str:
     return min(METHODS.items(), key=distance)[0]
 
 
-def terms(m: MethodConfig) -> tuple[LossTerm, ...]:
-    """The loss terms of a run of ``m``: its method's, then those of the parts it has (λ·KL of the gate)."""
+def terms(m: MethodConfig, method: Method | None = None) -> tuple[LossTerm, ...]:
+    """The loss terms of a run of ``m``: its method's (``method``, default the registered
+    ``m.name``), then those of the parts it has (λ·KL of the gate)."""
     extra = tuple(t for part in PARTS.values() if part.present(m) for t in part.terms)
-    return get(m.name).terms + extra
+    return (method or get(m.name)).terms + extra
 
 
 def unread_keys(m: MethodConfig) -> set[str]:
