@@ -48,24 +48,51 @@ def test_summary_by_hand() -> None:
     assert r0.tied == 1 and rows[1].tied == 1
 
 
-def test_a_tie_names_no_majority_class() -> None:
+def _dim_page(f: np.ndarray, labels: np.ndarray) -> tuple[dm.DimSummary, str, str]:
+    """Dimension 0 of features ``f`` (N, 1): its index row and the rendered index and page (an
+    ungated run, classes named c0, c1, ...)."""
     from types import SimpleNamespace
 
     from bayesncl.app.report.html import _env
 
-    f = np.ones((10, 1), dtype=np.float32)  # fires on one image of each of 10 classes: a 10-way tie
-    row = dm.summarise({"features": f, "labels": np.arange(10)}, 10)[0]
-    assert row.tied == 10 and row.majority_share == pytest.approx(0.1)
+    row = dm.summarise({"features": f, "labels": labels}, 10)[0]
     cfg = SimpleNamespace(method=SimpleNamespace(name="ncl"), data=SimpleNamespace(name="synthetic"))
     common = {"run": SimpleNamespace(label="r", cfg=cfg), "gated": False, "cls": "c{}".format, "root": "../"}
     index = _env().get_template("dims.html").render(rows=[row], **common)
-    assert "tie (10 classes)" in index and ">c0<" not in index
-    counts = dm.class_fire_counts(f > 0, np.arange(10), 10)
-    d = dm.detail({"features": f, "labels": np.arange(10)}, 0, counts, [])
+    counts = dm.class_fire_counts(f > 0, labels, 10)
+    d = dm.detail({"features": f, "labels": labels}, 0, counts, [])
     page = _env().get_template("dim.html").render(
-        d=d, s=row, cell=lambda r: {"src": "", "cls": ""}, bars=[], f=f, names=[], **common
+        d=d, s=row, cell=lambda r: {"src": "", "cls": ""}, bars=dm.svg_bars(d.hist[0]), f=f, names=[],
+        **common,
     )
+    return row, index, re.sub(r"\s+", " ", page)
+
+
+def test_a_tie_names_no_majority_class() -> None:
+    f = np.zeros((30, 1), dtype=np.float32)
+    f[:10] = 1  # fires on one image of each of 10 classes: a 10-way tie
+    row, index, page = _dim_page(f, np.arange(30) % 10)
+    assert row.tied == 10 and row.majority_share == pytest.approx(0.1)
+    assert "tie (10 classes)" in index and ">c0<" not in index
     assert "no majority class: a tie of 10 classes" in page and "majority class c0" not in page
+    assert "fires on 33.3 % of the test images (10)" in page and "20 images where it is 0" in page
+
+
+def test_a_dimension_active_on_every_image_is_called_not_selective() -> None:
+    labels = np.arange(40) % 10
+    f = np.linspace(1, 2, 40, dtype=np.float32)[:, None]  # fires on all 40 images
+    row, _, page = _dim_page(f, labels)
+    assert row.unselective and "active on all 40 test images: not selective" in page
+    assert "majority" not in page and "fires on 100.0 %" not in page
+    assert "on all test images (40 images" in page and "where it is 0" not in page
+    f[:2] = 0  # 38 of 40 (95 %): nearly every image
+    _, _, page = _dim_page(f, labels)
+    assert "active on all but 2 of the 40 test images: hardly selective" in page
+    assert "2 images where it is 0 are not drawn" in page
+    f[:3] = 0  # 37 of 40: selective enough to name its classes
+    row, _, page = _dim_page(f, labels)
+    assert not row.unselective and "selective" not in page
+    assert "fires on 92.5 % of the test images (37)" in page
 
 
 def test_metrics_table_has_labels_and_units() -> None:
