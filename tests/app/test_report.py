@@ -202,7 +202,7 @@ def test_every_link_and_image_of_every_page_resolves(demo_dir: Path) -> None:
     table = (site / "bayesncl" / "dims.html").read_text()
     assert len(re.findall(r'href="dim-\d+\.html"', table)) == len(dims)
     assert "gate open %" in table and "gate open %" not in (site / "ncl" / "dims.html").read_text()
-    assert "Where the gate closed it" in dims[0].read_text()
+    assert "Where the gate closed it" in dims[0].read_text() and "softly" not in dims[0].read_text()
     # thumbnails: one per shown test image, shared by both runs (same data)
     thumbs = list((site / "thumbs").rglob("*.png"))
     assert len(list((site / "thumbs").iterdir())) == 1 and 0 < len(thumbs) <= 60
@@ -254,6 +254,36 @@ def test_chromium_opens_the_pages_from_file(demo_dir: Path, tmp_path: Path) -> N
         dom = _chromium(page.as_uri(), tmp_path / f"profile{n}", "--dump-dom")
         assert "</table>" in dom.stdout or "<img" in dom.stdout
         assert _missing(page, dom.stdout) == [], page
+
+
+def test_soft_gating_is_said_where_the_gated_features_are_shown(tmp_path: Path) -> None:
+    """eval.use_soft_gating: the metrics table, evaluation.md, the dimension index and each page say the
+    features were gated by α, and their gate-open rates are of the hard mask 1[α > 0.5] (``mask`` holds
+    α), in evaluate's report and in a later ``bayesncl report`` (the features file's meta says how)."""
+    import json
+
+    from bayesncl.app.cli import main
+    from bayesncl.app.report.html import report_command
+
+    from ..conftest import tiny_checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    tiny_checkpoint(run / "last.pt", ["method.name=bayesncl"])  # its config: use_soft_gating false
+    assert main(["evaluate", str(run), "--probe", "none", "--no-knn", "eval.use_soft_gating=true"]) == 0
+    assert "hard mask 1[α > 0.5]" in json.loads((run / "evaluation.json").read_text())["gating"]
+    assert "Gated features: soft, by α" in (run / "evaluation.md").read_text()
+    alpha = np.load(run / "features_test.npz")["mask"]
+    hard = 100 * (alpha > 0.5).mean(0)
+    assert not np.allclose(hard, 100 * alpha.mean(0), atol=0.1)  # the mean α would read otherwise
+    for site in (run / "report", report_command([run], out=tmp_path / "site").parent):
+        assert "Gating of the features" in (site / "index.html").read_text()
+        table = re.sub(r"\s+", " ", (site / "run" / "dims.html").read_text())
+        dims = [int(k) for k in re.findall(r'href="dim-(\d+)\.html"', table)]
+        shown = [float(v) for v in re.findall(r"<td>([\d.]+)</td></tr>", table)]
+        assert shown == pytest.approx(hard[dims], abs=0.05) and "the hard mask 1[α &gt; 0.5]" in table
+        page = re.sub(r"\s+", " ", (site / "run" / f"dim-{dims[0]}.html").read_text())
+        assert "Features gated softly by α" in page and f"gate open on {hard[dims[0]]:.1f} %" in page
 
 
 # ----------------------------------------------------------------------------- the figure fixes
