@@ -48,24 +48,51 @@ def test_summary_by_hand() -> None:
     assert r0.tied == 1 and rows[1].tied == 1
 
 
-def test_a_tie_names_no_majority_class() -> None:
+def _dim_page(f: np.ndarray, labels: np.ndarray) -> tuple[dm.DimSummary, str, str]:
+    """Dimension 0 of features ``f`` (N, 1): its index row and the rendered index and page (an
+    ungated run, classes named c0, c1, ...)."""
     from types import SimpleNamespace
 
     from bayesncl.app.report.html import _env
 
-    f = np.ones((10, 1), dtype=np.float32)  # fires on one image of each of 10 classes: a 10-way tie
-    row = dm.summarise({"features": f, "labels": np.arange(10)}, 10)[0]
-    assert row.tied == 10 and row.majority_share == pytest.approx(0.1)
+    row = dm.summarise({"features": f, "labels": labels}, 10)[0]
     cfg = SimpleNamespace(method=SimpleNamespace(name="ncl"), data=SimpleNamespace(name="synthetic"))
     common = {"run": SimpleNamespace(label="r", cfg=cfg), "gated": False, "cls": "c{}".format, "root": "../"}
     index = _env().get_template("dims.html").render(rows=[row], **common)
-    assert "tie (10 classes)" in index and ">c0<" not in index
-    counts = dm.class_fire_counts(f > 0, np.arange(10), 10)
-    d = dm.detail({"features": f, "labels": np.arange(10)}, 0, counts, [])
+    counts = dm.class_fire_counts(f > 0, labels, 10)
+    d = dm.detail({"features": f, "labels": labels}, 0, counts, [])
     page = _env().get_template("dim.html").render(
-        d=d, s=row, cell=lambda r: {"src": "", "cls": ""}, bars=[], f=f, names=[], **common
+        d=d, s=row, cell=lambda r: {"src": "", "cls": ""}, bars=dm.svg_bars(d.hist[0]), f=f, names=[],
+        **common,
     )
+    return row, index, re.sub(r"\s+", " ", page)
+
+
+def test_a_tie_names_no_majority_class() -> None:
+    f = np.zeros((30, 1), dtype=np.float32)
+    f[:10] = 1  # fires on one image of each of 10 classes: a 10-way tie
+    row, index, page = _dim_page(f, np.arange(30) % 10)
+    assert row.tied == 10 and row.majority_share == pytest.approx(0.1)
+    assert "tie (10 classes)" in index and ">c0<" not in index
     assert "no majority class: a tie of 10 classes" in page and "majority class c0" not in page
+    assert "fires on 33.3 % of the test images (10)" in page and "20 images where it is 0" in page
+
+
+def test_a_dimension_active_on_every_image_is_called_not_selective() -> None:
+    labels = np.arange(40) % 10
+    f = np.linspace(1, 2, 40, dtype=np.float32)[:, None]  # fires on all 40 images
+    row, _, page = _dim_page(f, labels)
+    assert row.unselective and "active on all 40 test images: not selective" in page
+    assert "majority" not in page and "fires on 100.0 %" not in page
+    assert "on all test images (40 images" in page and "where it is 0" not in page
+    f[:2] = 0  # 38 of 40 (95 %): nearly every image
+    _, _, page = _dim_page(f, labels)
+    assert "active on all but 2 of the 40 test images: hardly selective" in page
+    assert "2 images where it is 0 are not drawn" in page
+    f[:3] = 0  # 37 of 40: selective enough to name its classes
+    row, _, page = _dim_page(f, labels)
+    assert not row.unselective and "selective" not in page
+    assert "fires on 92.5 % of the test images (37)" in page
 
 
 def test_metrics_table_has_labels_and_units() -> None:
@@ -175,7 +202,7 @@ def test_every_link_and_image_of_every_page_resolves(demo_dir: Path) -> None:
     table = (site / "bayesncl" / "dims.html").read_text()
     assert len(re.findall(r'href="dim-\d+\.html"', table)) == len(dims)
     assert "gate open %" in table and "gate open %" not in (site / "ncl" / "dims.html").read_text()
-    assert "Where the gate closed it" in dims[0].read_text()
+    assert "Where the gate closed it" in dims[0].read_text() and "softly" not in dims[0].read_text()
     # thumbnails: one per shown test image, shared by both runs (same data)
     thumbs = list((site / "thumbs").rglob("*.png"))
     assert len(list((site / "thumbs").iterdir())) == 1 and 0 < len(thumbs) <= 60
@@ -227,6 +254,36 @@ def test_chromium_opens_the_pages_from_file(demo_dir: Path, tmp_path: Path) -> N
         dom = _chromium(page.as_uri(), tmp_path / f"profile{n}", "--dump-dom")
         assert "</table>" in dom.stdout or "<img" in dom.stdout
         assert _missing(page, dom.stdout) == [], page
+
+
+def test_soft_gating_is_said_where_the_gated_features_are_shown(tmp_path: Path) -> None:
+    """eval.use_soft_gating: the metrics table, evaluation.md, the dimension index and each page say the
+    features were gated by α, and their gate-open rates are of the hard mask 1[α > 0.5] (``mask`` holds
+    α), in evaluate's report and in a later ``bayesncl report`` (the features file's meta says how)."""
+    import json
+
+    from bayesncl.app.cli import main
+    from bayesncl.app.report.html import report_command
+
+    from ..conftest import tiny_checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    tiny_checkpoint(run / "last.pt", ["method.name=bayesncl"])  # its config: use_soft_gating false
+    assert main(["evaluate", str(run), "--probe", "none", "--no-knn", "eval.use_soft_gating=true"]) == 0
+    assert "hard mask 1[α > 0.5]" in json.loads((run / "evaluation.json").read_text())["gating"]
+    assert "Gated features: soft, by α" in (run / "evaluation.md").read_text()
+    alpha = np.load(run / "features_test.npz")["mask"]
+    hard = 100 * (alpha > 0.5).mean(0)
+    assert not np.allclose(hard, 100 * alpha.mean(0), atol=0.1)  # the mean α would read otherwise
+    for site in (run / "report", report_command([run], out=tmp_path / "site").parent):
+        assert "Gating of the features" in (site / "index.html").read_text()
+        table = re.sub(r"\s+", " ", (site / "run" / "dims.html").read_text())
+        dims = [int(k) for k in re.findall(r'href="dim-(\d+)\.html"', table)]
+        shown = [float(v) for v in re.findall(r"<td>([\d.]+)</td></tr>", table)]
+        assert shown == pytest.approx(hard[dims], abs=0.05) and "the hard mask 1[α &gt; 0.5]" in table
+        page = re.sub(r"\s+", " ", (site / "run" / f"dim-{dims[0]}.html").read_text())
+        assert "Features gated softly by α" in page and f"gate open on {hard[dims[0]]:.1f} %" in page
 
 
 # ----------------------------------------------------------------------------- the figure fixes

@@ -72,6 +72,7 @@ RESULT_KEYS: dict[str, tuple[str, str, str]] = {
     "background_probe_protocol": ("Background probe protocol", "", "{}"),
     "gate_open_rate": ("Gate open rate", "fraction", "{:.4f}"),
     "rows_all_closed": ("Test images with every gate closed", "fraction", "{:.4f}"),
+    "gating": ("Gating of the features", "", "{}"),
     "method": ("Method", "", "{}"),
     "n_test": ("Test images", "count", "{}"),
     "retrieval_note": ("Retrieval", "", "{}"),
@@ -226,12 +227,15 @@ def score(
 def _add_run_facts(result: dict[str, Any], test: dict[str, np.ndarray], cfg: Config) -> None:
     """The method, the test images and, for a gated run, the hard gate's open rate and the share of
     test images with every gate closed: 1[α > method.threshold] from ``test["mask"]`` (N, D), the hard
-    mask, or α under ``eval.use_soft_gating``."""
+    mask, or α under ``eval.use_soft_gating`` (then ``gating`` says so)."""
     if "mask" in test:
-        mask = test["mask"]
-        hard = (mask > cfg.method.threshold).astype(mask.dtype) if cfg.eval.use_soft_gating else mask
+        mask, thr = test["mask"], cfg.method.threshold
+        hard = (mask > thr).astype(mask.dtype) if cfg.eval.use_soft_gating else mask
         result["gate_open_rate"] = float(hard.mean())
         result["rows_all_closed"] = float((hard.sum(1) == 0).mean())
+        if cfg.eval.use_soft_gating:
+            result["gating"] = (f"soft, by α (eval.use_soft_gating): z̃ = normalize(normalize(z) ⊙ α); "
+                                f"the gate open rates are of the hard mask 1[α > {thr:g}]")
     result["method"] = cfg.method.name
     result["n_test"] = int(len(test["labels"]))
 
@@ -460,6 +464,8 @@ def save_split_features(
         meta["place_names"] = list(place_names(cfg.data.name))
     if "factors" in arrays:
         meta["factor_names"] = list(factor_names(cfg.data.name))
+    if "mask" in arrays:  # True: the features are gated by α, which ``mask`` then holds
+        meta["soft_gating"] = cfg.eval.use_soft_gating
     save_features(path, meta=meta, **arrays)
 
 
@@ -554,6 +560,8 @@ def _evaluation_markdown(result: dict[str, Any]) -> str:
         md += format_retrieval(result["retrieval"], active=result.get("active_dims"))
     if "retrieval_note" in result:
         md += f"\n\nNote: {result['retrieval_note']}."
+    if "gating" in result:
+        md += f"\n\nGated features: {result['gating']}."
     return md
 
 

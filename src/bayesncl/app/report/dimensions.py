@@ -18,6 +18,9 @@ import numpy as np
 
 EPS = 1e-5  # bayesncl.metrics' firing threshold
 
+#: A dimension firing on at least this share of the test images is not selective by firing: the
+#: classes of the images it fires on are about the split's (its page says so, not a majority class).
+UNSELECTIVE = 0.95
 #: How many images each section of a dimension page shows.
 N_TOP, N_QUANTILES, N_CLOSED, N_CORRELATED, N_CLASSES, N_BINS = 16, 10, 8, 5, 10, 30
 
@@ -37,6 +40,11 @@ class DimSummary:
     firing_rate: float
     mean_activation: float
     gate_open: float | None
+
+    @property
+    def unselective(self) -> bool:
+        """Fires on (nearly) every test image: :data:`UNSELECTIVE`."""
+        return self.firing_rate >= UNSELECTIVE
 
 
 @dataclass

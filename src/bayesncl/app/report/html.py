@@ -10,7 +10,7 @@ import hashlib
 import json
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -87,6 +87,8 @@ def load_run(path: Path, label: str) -> RunInput:
         fs = load_features(file)
         feats = {k: getattr(fs, k) for k in ("features", "labels", "indices", "z", "mask")}
         feats = {k: v for k, v in feats.items() if v is not None}
+        if "soft_gating" in fs.meta:  # how its features were gated (an evaluate override, not the run's)
+            cfg = replace(cfg, eval=replace(cfg.eval, use_soft_gating=bool(fs.meta["soft_gating"])))
     elif (path / "last.pt").is_file():
         from bayesncl.app.evaluate import extract_split, load_trained
 
@@ -157,8 +159,12 @@ def write_thumbnails(images: Any, split_indices: np.ndarray, folder: Path) -> No
 
 
 def _run_pages(env: Any, run: RunInput, out: Path, class_names: Sequence[str], images: Any) -> dict[str, Any]:
-    """Write the run's dimension index and pages (and their thumbnails); returns the index row."""
-    feats = run.feats
+    """Write the run's dimension index and pages (and their thumbnails); returns the index row. Features
+    gated softly (``eval.use_soft_gating``: ``mask`` holds α) show the hard mask 1[α > threshold]."""
+    feats, thr = run.feats, run.cfg.method.threshold
+    soft = feats.get("mask") is not None and run.cfg.eval.use_soft_gating
+    if soft:
+        feats = {**feats, "mask": (feats["mask"] > thr).astype(np.float32)}
     n_classes = max(len(class_names), int(feats["labels"].max()) + 1)
     rows = dm.summarise(feats, n_classes)
     dims = [r.dim for r in rows]
@@ -171,7 +177,8 @@ def _run_pages(env: Any, run: RunInput, out: Path, class_names: Sequence[str], i
     folder.mkdir(parents=True, exist_ok=True)
     cls = partial(class_name, class_names)
     gated = feats.get("mask") is not None
-    common = {"run": run, "gated": gated, "names": class_names, "cls": cls, "root": "../"}
+    common = {"run": run, "gated": gated, "soft": soft, "thr": thr, "names": class_names, "cls": cls,
+              "root": "../"}
 
     def cell(row: int) -> dict[str, str]:  # a feature row's thumbnail and class name
         return {"src": f"../{thumbs}/{int(feats['indices'][row])}.png", "cls": cls(int(feats["labels"][row]))}
