@@ -522,6 +522,20 @@ def test_resume_of_a_damaged_run_dir(tmp_path: Path, capsys: pytest.CaptureFixtu
         f"--resume: {run / 'last.pt'} is a bayesncl-checkpoint-v1 checkpoint without its 'optimizer' entry "
         f"{DAMAGED}"
     )
+    log = (run / "log.csv").read_bytes()
+    torch.save({**ckpt, "precision": "bf16"}, run / "last.pt")  # it used to end in a TypeError traceback
+    expect("B12", cli_error(resume, capsys), tmp_path)
+    for bad, shown in (
+        ({"dtype": "bf16"}, "{'dtype': 'bf16'}"),  # a KeyError traceback
+        ({"channels_last": False, "dtype": "fp8"}, "{'channels_last': False, 'dtype': 'fp8'}"),
+        ({"channels_last": 1, "dtype": "fp32"}, "{'channels_last': 1, 'dtype': 'fp32'}"),
+    ):
+        torch.save({**ckpt, "precision": bad}, run / "last.pt")
+        assert cli_error(resume, capsys).strip() == E + (
+            f"--resume: {run / 'last.pt'}: its 'precision' entry is {shown}, expected a mapping of 'dtype' "
+            f"(fp32, bf16 or fp16) and 'channels_last' (true or false) {DAMAGED}"
+        )
+    assert (run / "log.csv").read_bytes() == log
     (run / "last.pt").write_bytes(last)  # nothing was changed by the refused commands
     assert sorted(p.name for p in run.iterdir()) == [
         "encoder.safetensors", "epoch-0001.pt", "last.pt", "log.csv", "training_curves.png"

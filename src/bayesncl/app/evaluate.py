@@ -173,9 +173,10 @@ def score(
     needs it), then :func:`compute_all`, the linear probe, the feature-selection probe and kNN.
 
     probe: ``"fast"`` (:func:`linear_probe` on h), ``"paper"`` (:func:`paper_linear_probe`) or
-    ``"none"``. seeds: the probe's, reported with their spread (``*_std``, ``linear_probe_seeds``);
-    ``None``: ``cfg.seed``, no spread. retrieval_dims: the K list; ``"auto"``: 32, 64, ..., D, skipped
-    (``retrieval_note``) for ``RETRIEVAL_DEPTH`` test samples or fewer; ``None``: none.
+    ``"none"``. seeds: the probe's; two or more are reported with their spread (``*_std``,
+    ``linear_probe_seeds``), one has none (nor does ``None``: ``cfg.seed``). retrieval_dims: the K
+    list; ``"auto"``: 32, 64, ..., D, skipped (``retrieval_note``) for ``RETRIEVAL_DEPTH`` test
+    samples or fewer; ``None``: none.
     selection_probe: at K = min(``eval.retrieval_dims`` or [64, D]), with a probe. knn: Acc@1 on h.
     Returns ``(test arrays of extract_features, results)``; writes nothing. Raises EvalError.
     """

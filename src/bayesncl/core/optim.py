@@ -78,6 +78,11 @@ def dtype_name(dtype: torch.dtype | None) -> str:
     return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
 
 
+def precision_text(name: str, channels_last: bool) -> str:
+    """What a run computes in, for its log: ``"fp32"``, ``"bf16 autocast + channels-last"``, ..."""
+    return (name if name == "fp32" else f"{name} autocast") + (" + channels-last" if channels_last else "")
+
+
 def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
     """Autocast dtype, or None for fp32 (``train.precision``; :func:`precision_plan` says more).
 
@@ -106,7 +111,6 @@ def precision_plan(name: str, channels_last: bool, device: torch.device) -> Prec
     dtype = resolve_precision(name, device)
     cpu_auto = name == "auto" and device.type == "cpu"
     cl = channels_last or (dtype is not None and (name == "fast" or cpu_auto))
-    what = ("fp32" if dtype is None else f"{dtype_name(dtype)} autocast") + (" + channels-last" if cl else "")
     if device.type == "cuda" or name not in ("auto", "fast"):
         reason = f"train.precision={name} on {device.type}"
         if device.type == "cpu" and dtype == torch.bfloat16 and not native_cpu_bf16():
@@ -117,7 +121,7 @@ def precision_plan(name: str, channels_last: bool, device: torch.device) -> Prec
         reason = f"train.precision={name}: " + (
             f"this CPU has {native}" if native else "this CPU has no native bf16 (AVX512-BF16 or AMX)"
         )
-    return Precision(dtype, cl, f"{what} ({reason})")
+    return Precision(dtype, cl, f"{precision_text(dtype_name(dtype), cl)} ({reason})")
 
 
 def identity_precision(name: str, device_name: str) -> str:

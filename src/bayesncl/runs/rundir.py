@@ -19,7 +19,7 @@ from bayesncl.core import distributed, methods
 from bayesncl.core.engine import STOP_SIGNALS, Cursor, EpochResult
 from bayesncl.core.methods import CONTRASTIVE_STATS
 from bayesncl.core.methods.plugins import PLUGINS_FILE
-from bayesncl.core.optim import Precision, resolve_precision
+from bayesncl.core.optim import Precision, precision_text, resolve_precision
 from bayesncl.data import mix_seed
 from bayesncl.runs import layout, lock, messages
 from bayesncl.runs.fileio import atomic_path, remove_stale_temporaries
@@ -158,6 +158,7 @@ class RunDir:
     makes one (under ``torchrun`` rank 0 alone writes, the others wait: ``distributed.run_on_main``)::
 
         with RunDir(path, cfg, world, resume=..., overwrite=...) as run:  # checks, reads last.pt
+            precision = run.precision(plan)  # plan: core.optim.precision_plan; on --resume the run's
             state = run.restore(model, optimizer, scaler, steps_per_epoch)
             run.claim(state)  # lock, --overwrite's set-aside, config.yaml, Ctrl-C/SIGTERM handlers
             ... run.save(state) / run.save_mid_epoch(state, stopped)
@@ -229,11 +230,10 @@ class RunDir:
                 )
             return plan
         cl = bool(recorded["channels_last"])
-        what = (dtype if dtype == "fp32" else f"{dtype} autocast") + (" + channels-last" if cl else "")
         self._precision = Precision(
             resolve_precision(dtype, device), cl,
-            f"{what} (the run's, from its checkpoint: train.precision={name} chose it where the run started; "
-            f"here it would choose {plan.name})",
+            f"{precision_text(dtype, cl)} (the run's, from its checkpoint: train.precision={name} chose it "
+            f"where the run started; here it would choose {plan.name})",
         )
         return self._precision
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import reprlib
 import warnings
 from pathlib import Path
 from typing import Any
@@ -135,8 +136,9 @@ def _a(noun: str) -> str:
 
 def check_checkpoint_entries(obj: dict[str, Any], path: Path, *, resume: bool = False) -> None:
     """Raise CheckpointError (one line) unless the bayesncl checkpoint ``obj`` read from ``path`` has
-    the entries its model (and, ``resume``, a resume) needs, of the right kinds. A file with the
-    format marker but a missing or edited entry used to end in a KeyError or TypeError traceback."""
+    the entries its model (and, ``resume``, a resume, with its ``precision`` if recorded) needs, of the
+    right kinds. A file with the format marker but a missing or edited entry used to end in a
+    KeyError or TypeError traceback."""
     entries = {**_MODEL_ENTRIES, **(_RESUME_ENTRIES if resume else {})}
     for key, kind in entries.items():
         if key not in obj:
@@ -150,6 +152,16 @@ def check_checkpoint_entries(obj: dict[str, Any], path: Path, *, resume: bool = 
                 f"{path}: its '{key}' entry is {_a(type(obj[key]).__name__)}, expected {expected} "
                 "(damaged or edited): use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
             )
+    precision = obj.get("precision")  # what the run trained in; None or absent: not recorded
+    if resume and precision is not None and not (
+        isinstance(precision, dict) and precision.get("dtype") in ("fp32", "bf16", "fp16")
+        and isinstance(precision.get("channels_last"), bool)
+    ):
+        raise CheckpointError(
+            f"{path}: its 'precision' entry is {reprlib.repr(precision)}, expected a mapping of 'dtype' "
+            "(fp32, bf16 or fp16) and 'channels_last' (true or false) (damaged or edited): use another copy, "
+            "or an earlier checkpoint of the run (epoch-NNNN.pt)"
+        )
     odd = [k for k, v in obj["state_dict"].items() if not isinstance(v, torch.Tensor)]
     if odd:
         raise CheckpointError(
