@@ -38,26 +38,31 @@ QUEUE=(
     "ncl-mig $L" "1 $L" "ncl-finetune $L" "9 $L"
 )
 
-# copy_finished SRC DST [CP-FLAG]: every SRC/<kind>/<run>/ holding metrics.json, its small files only,
-# into DST (restore passes -n: a file already in the store is kept)
+# copy_finished SRC DST [keep]: every SRC/<kind>/<run>/ holding metrics.json, its small files only,
+# into DST; with "keep" (restore) a run already in DST, finished or not, is left as it is (a committed
+# metrics.json beside a local half-trained run's log.csv would make a run no one trained)
 copy_finished() {
-    local src=$1 dst=$2 flag=${3:-} run f
+    local src=$1 dst=$2 keep=${3:-} run f
     for run in "$src"/*/*/; do
         [ -f "$run/metrics.json" ] || continue
         run=${run%/}
+        if [ -n "$keep" ] && [ -d "$dst/${run#"$src"/}" ]; then
+            [ -f "$dst/${run#"$src"/}/metrics.json" ] || echo "restore: kept the unfinished $dst/${run#"$src"/} (continues there; move it away to take the committed run)"
+            continue
+        fi
         mkdir -p "$dst/${run#"$src"/}"
         for f in config.yaml log.csv metrics.json metrics.md reproduce.json; do
-            [ -f "$run/$f" ] && cp $flag "$run/$f" "$dst/${run#"$src"/}/"
+            [ -f "$run/$f" ] && cp "$run/$f" "$dst/${run#"$src"/}/"
         done
     done
     return 0
 }
 
 case "${1:-run}" in
-    restore) [ -d "$SEEDS" ] && copy_finished "$SEEDS" "$STORE" -n; echo "restored $SEEDS into $STORE" ;;
+    restore) [ -d "$SEEDS" ] && copy_finished "$SEEDS" "$STORE" keep; echo "restored $SEEDS into $STORE" ;;
     pack) copy_finished "$STORE" "$SEEDS"; echo "packed $STORE into $SEEDS: git add $SEEDS" ;;
     run)
-        [ -d "$SEEDS" ] && copy_finished "$SEEDS" "$STORE" -n
+        [ -d "$SEEDS" ] && copy_finished "$SEEDS" "$STORE" keep
         for job in "${QUEUE[@]}"; do
             echo "=== $job $(date -u +%FT%H:%MZ)"
             # shellcheck disable=SC2086  # the job is words
