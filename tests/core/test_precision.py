@@ -101,10 +101,19 @@ def test_identity_tells_a_bf16_run_from_an_fp32_one(monkeypatch: pytest.MonkeyPa
     fp32 = {p: variant_hash(c) for p, c in cfgs.items()}
     assert fp32["fp32"] == bf16["fp32"]
     assert len({*bf16.values(), *fp32.values()}) == 5  # auto:bf16, fast:bf16, auto, fast:fp32, fp32
-    # on CUDA, auto is what it was (bf16 or fp16 there), whatever the CPU: the name is unchanged
-    _native(monkeypatch, "AVX512-BF16")
+    # on CUDA, auto is bf16 or fp16, never the name of an fp32 CPU run (a store shared between a GPU
+    # machine and an AVX2 CPU would otherwise reuse one's runs as the other's)
     on_cuda = build_config(overrides=[*TINY, "train.device=cuda"])
-    assert identity(on_cuda)["train.precision"] == "auto"
+    anywhere = build_config(overrides=[*TINY, "train.device=auto"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    on_cpu = variant_hash(anywhere)  # no CUDA, no native bf16: fp32, held as plain auto
+    assert identity(on_cuda)["train.precision"] == "auto:cuda"  # refused when the run starts
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # train.device=auto now means CUDA
+    for bf16_ok, held_on_cuda in ((True, "auto:bf16"), (False, "auto:fp16")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda ok=bf16_ok: ok)
+        assert identity(on_cuda)["train.precision"] == held_on_cuda
+        assert identity(anywhere)["train.precision"] == held_on_cuda
+        assert variant_hash(anywhere) != on_cpu  # the same config, stored on a CPU without bf16
 
 
 @pytest.mark.parametrize("name", ["auto", "fast"])

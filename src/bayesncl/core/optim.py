@@ -125,24 +125,21 @@ def precision_plan(name: str, channels_last: bool, device: torch.device) -> Prec
 
 
 def identity_precision(name: str, device_name: str) -> str:
-    """``train.precision`` as a run's identity holds it, so that a bf16 run is never reused for an
-    fp32 one and every run stored before ``auto`` meant bf16 on a CPU keeps its name:
-
-    * ``fast``: with what it resolves to on this machine (``"fast:bf16"``, ``"fast:fp32"``, ...);
-    * ``auto`` on a CPU with native bf16: ``"auto:bf16"``; ``auto`` anywhere else (fp32 on another
-      CPU, the CUDA choice on CUDA, as before): ``"auto"``;
-    * every other value as is.
-
-    ``device_name`` is ``train.device`` (``auto`` resolves to CUDA where it is available)."""
+    """``train.precision`` as a run's identity holds it, so that a run in one precision is never
+    reused for a run in another and every fp32 run stored before ``auto`` chose bf16 on some CPUs
+    keeps its name: ``auto`` and ``fast`` are held with what they resolve to on this machine
+    (``"auto:bf16"`` on a CPU with native bf16 or a CUDA GPU with bf16, ``"auto:fp16"`` on an older
+    GPU, ``"fast:fp32"``, ...), except ``auto`` resolving to fp32, held as plain ``"auto"``; a CUDA
+    device that is not there (refused when the run starts) is ``"<name>:cuda"``; every other value as
+    is. ``device_name`` is ``train.device`` (``auto`` resolves to CUDA where it is available)."""
     if name not in ("auto", "fast"):
         return name
     device = torch.device("cuda" if device_name == "auto" and torch.cuda.is_available() else
                           "cpu" if device_name == "auto" else device_name)
-    if name == "auto":
-        return "auto:bf16" if device.type == "cpu" and resolve_precision(name, device) is not None else "auto"
-    if device.type == "cuda" and not torch.cuda.is_available():  # refused later, when the run starts
-        return "fast:cuda"
-    return f"fast:{dtype_name(resolve_precision(name, device))}"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return f"{name}:cuda"
+    dtype = resolve_precision(name, device)
+    return "auto" if name == "auto" and dtype is None else f"{name}:{dtype_name(dtype)}"
 
 
 def extraction_precision(name: str, device: torch.device) -> Precision | None:

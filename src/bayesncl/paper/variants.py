@@ -95,9 +95,9 @@ def identity(cfg: Config) -> dict[str, Any]:
     """The resolved config as flat dotted keys, without :data:`IDENTITY_IGNORES` and without the
     :data:`ADDED_KEYS` at their old value: what makes two runs the same run (the seed is one of its
     keys). ``train.precision`` ``auto`` and ``fast`` are held with what they resolve to on this
-    machine where that matters (``core.optim.identity_precision``): ``auto:bf16`` / ``fast:bf16`` on a
-    CPU with native bf16, ``fast:fp32`` on one without, and plain ``auto`` wherever ``auto`` means
-    what it meant before it chose bf16 on such CPUs (so every stored fp32 run keeps its name)."""
+    machine (``core.optim.identity_precision``): ``auto:bf16`` / ``fast:bf16`` on a CPU with native
+    bf16 or a bf16 GPU, ``fast:fp32`` on a CPU without, and plain ``auto`` where ``auto`` is fp32 (so
+    every stored fp32 run keeps its name)."""
     ident = {
         k: v for k, v in flatten(cfg.to_dict()).items()
         if not ignored(k, IDENTITY_IGNORES) and not (k in ADDED_KEYS and ADDED_KEYS[k] == v)
