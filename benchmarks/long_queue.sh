@@ -22,7 +22,8 @@ PY="${PYTHON:-python}"
 # another run): the committed runs are reused wherever the queue continues, at ~1.8x the time of bf16 on
 # an AVX512-BF16 CPU. The long tables up to Table 1 were bf16 (CONFIG.md); issue 23 found bf16 within
 # the seed spread of fp32.
-# Order: issue 24's contested tables (the mechanism first, as the issue asks), then issues 25's and
+# Order: issue 24's contested tables (Table 4 before the mechanism: it was half trained when session 14
+# stopped, and the mechanism's runs go to the store only from session 15's `mechanism --store`), then 25's and
 # 26's at the long budget. Later IDs reuse earlier runs (ncl-ood trains only CL; ncl-sparsity reuses
 # ncl-ood's CL and ncl-dead's NCL; ncl-finetune and 9 train no new pretraining run). New pretraining
 # runs per entry (a planning pass at 935f359): 15: 7, mechanism: 24, 4: 12, ncl-dead: 6, ncl-ood: 3,
@@ -30,9 +31,9 @@ PY="${PYTHON:-python}"
 # ncl-spectral: 9, ncl-supervised: 12, ncl-sparsity: 12, appj: 9, ncl-mig: 9, 1: 6 (~115, ~35 h here).
 L="--dataset fashion-mnist-long train.precision=fp32"
 QUEUE=(
-    "15 $L"
-    "mechanism --dataset fashion-mnist-bg-long --run-dir $STORE/mechanism-fashion-mnist-bg-long train.precision=fp32"
-    "4 $L" "ncl-dead $L" "ncl-ood $L"
+    "15 $L" "4 $L"
+    "mechanism --dataset fashion-mnist-bg-long --run-dir runs/mechanism-fashion-mnist-bg-long train.precision=fp32"
+    "ncl-dead $L" "ncl-ood $L"
     "ncl-dead $L data.crop_interpolation=bicubic --run-dir runs/ncl-dead-fashion-mnist-long-bicubic"
     "ncl-spectral $L" "ncl-supervised $L" "ncl-sparsity $L" "appj $L"
     "ncl-mig $L" "1 $L" "ncl-finetune $L" "9 $L"
