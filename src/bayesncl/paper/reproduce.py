@@ -424,7 +424,8 @@ def reproduce(
 
     ``run_dir``: default ``runs/<stem>-<dataset>``; ``store``: default ``RUN_DIR/../variants``.
     Raises ConfigError for a bad ID (listing the valid ones), dataset, ``seeds`` or override,
-    RunDirError for an unusable run dir or store, before any training."""
+    RunDirError for an unusable run dir or store, DataError for data that cannot be read (the runs' or
+    the study's ``extra_data``), before any training."""
     study = studies.build(study_id, dataset, overrides)
     configs = study_configs(study, dataset, overrides, seeds)
     run_dir = run_dir or Path("runs") / f"{study.stem}-{dataset}"
@@ -434,10 +435,15 @@ def reproduce(
     for key, h in cells.items():
         runs.setdefault(h, (configs[key], _status(store / h)))
     _check_dirs(run_dir, store, study, runs)
-    from bayesncl.data import dataset_info
+    from bayesncl.data import DataError, dataset_info
 
     for data in {repr(cfg.data): cfg.data for cfg, _ in runs.values()}.values():
         dataset_info(data)  # the data is there (DataError before any training)
+    for what, data in study.extra_data:  # and a measure's own (ncl-fs's transfer set)
+        try:
+            dataset_info(data)
+        except DataError as e:
+            raise DataError(f"{what}: {e}") from e
     to_train = {h: cfg for h, (cfg, st) in runs.items() if st != "reuse"}
     est, source = estimate_seconds(to_train, store)
     _print_plan(study, dataset, seeds, store, cells, runs, est, source)
