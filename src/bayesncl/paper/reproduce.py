@@ -12,7 +12,6 @@ per-seed ``values`` and the paper's value; figures are ``<stem>.png`` with error
 from __future__ import annotations
 
 import math
-import os
 import time
 import warnings
 from pathlib import Path
@@ -388,19 +387,6 @@ def _figure(study: Study, rows: dict[str, Any], path: Path, seeds: int) -> None:
     write_error_bar_figure(panels, path, study.title, seeds)
 
 
-def _link(run_dir: Path, name: str, target: Path) -> None:
-    """``run_dir/name`` → the stored run (a relative symlink), so the table's folder shows its runs;
-    skipped where something else is there or links cannot be made."""
-    link = run_dir / name
-    try:
-        if link.is_symlink():
-            link.unlink()
-        if not link.exists():
-            link.symlink_to(os.path.relpath(target, run_dir), target_is_directory=True)
-    except OSError:
-        pass
-
-
 # ----------------------------------------------------------------------------- the command
 def _train(h: str, cfg: Config, sub: Path, label: str, i: int, n: int, est: float | None) -> None:
     from bayesncl.app.train import pretrain
@@ -484,7 +470,7 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
     header = f"{study.title} on {dataset_shown}: ours ({spread}){versus}."
     write_results(run_dir, study.stem, result, md, header=header)
     for (name, s), h in cells.items():
-        _link(run_dir, f"{variants.slug(name)}-s{s}", store / h)
+        variants.link(run_dir, f"{variants.slug(name)}-s{s}", store / h)
     if study.panels:
         _figure(study, rows, run_dir / f"{study.stem}.png", seeds)
     logged = {f"{n} s{s}": store / h for (n, s), h in cells.items() if s == 0}
