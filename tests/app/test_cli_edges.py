@@ -518,18 +518,29 @@ def test_a_closed_stdout_never_stops_training(tmp_path: Path) -> None:
 def test_evaluate_reports_the_gate_and_the_test_size(tmp_path: Path) -> None:
     """``evaluation.json`` of a gated run holds the gate-open rate, the rows with every gate closed and
     the test size (as ``metrics.json`` does), computed from the hard mask 1[α > 0.5] also under
-    ``eval.use_soft_gating`` (where the features file's ``mask`` holds α); one probe seed has no std."""
+    ``eval.use_soft_gating``, whose features file keeps ``mask`` 0/1 (and loads so, where an older
+    one held α there); one probe seed has no std."""
+    from bayesncl.metrics.background import gate_closure
+    from bayesncl.runs.features import load_features, save_features
+
     ckpt = str(tiny_checkpoint(tmp_path / "run.pt", ["method.name=bayesncl"]))
     for soft in ("false", "true"):
         assert main(["evaluate", ckpt, "--probe", "fast", f"eval.use_soft_gating={soft}"]) == 0
         result = json.loads((tmp_path / "evaluation.json").read_text())
-        mask = np.load(tmp_path / "features_test.npz")["mask"]
-        hard = mask > 0.5  # α > threshold under soft gating; the 0/1 mask itself otherwise
-        assert soft == "false" or not np.isin(mask, (0.0, 1.0)).all()  # soft: α, not a 0/1 mask
-        assert result["n_test"] == len(mask) == 60
+        fs = load_features(tmp_path / "features_test.npz")
+        assert fs.meta["soft_gating"] == (soft == "true") and fs.alpha is not None and fs.z is not None
+        hard = fs.alpha > 0.5  # by hand from α
+        assert np.array_equal(fs.mask, hard) and not np.allclose(hard.mean(0), fs.alpha.mean(0), atol=0.01)
+        assert result["n_test"] == len(hard) == 60
         assert result["gate_open_rate"] == pytest.approx(hard.mean(), abs=1e-7)
         assert result["rows_all_closed"] == pytest.approx((hard.sum(1) == 0).mean())
+        fire = fs.z > 0
+        closed = (fire & ~hard).sum(0) / np.maximum(fire.sum(0), 1)
+        assert np.allclose(np.nan_to_num(gate_closure(fs.z, fs.mask)), np.where(fire.any(0), closed, 0))
         assert "linear_probe_acc1" in result and "linear_probe_acc1_std" not in result
+    old = save_features(tmp_path / "old.npz", features=fs.features, labels=fs.labels, alpha=fs.alpha,
+                        mask=fs.alpha, meta=fs.meta)  # fmt: skip
+    assert np.array_equal(load_features(old).mask, hard)  # an older soft-gated file: α read as 1[α > 0.5]
 
 
 def test_the_finished_line_names_what_the_run_dir_holds(

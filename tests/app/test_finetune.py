@@ -98,8 +98,16 @@ def test_resume_takes_the_runs_own_config(tmp_path: Path, capsys: pytest.Capture
     assert out == "" and err.startswith(
         "bayesncl: error: --resume: the config differs from the run's in: train.batch_size: 32 -> 16 (run's"
     )
+    # eval.data.* is the data fine-tuned on (data.*): its change is refused the same way
+    data = ["eval.data.name=synthetic", "eval.data.train_subset=64", "eval.data.test_subset=60"]
+    assert main(["finetune", str(src), "--run-dir", str(run), "--resume", *data]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(
+        "bayesncl: error: --resume: the config differs from the run's in: data.train_subset: 96 -> 64 (run's"
+    )
     assert sorted(p.name for p in run.iterdir()) == listing
-    assert main(["finetune", str(src), "--run-dir", str(run), "--resume", "train.epochs=2"]) == 0
+    same = [*data[:1], "eval.data.train_subset=96", *data[2:]]  # the run's own data: resumed
+    assert main(["finetune", str(src), "--run-dir", str(run), "--resume", "train.epochs=2", *same]) == 0
     ckpt = load_checkpoint_file(run / "last.pt")
     assert (ckpt["epoch"], ckpt["step"], ckpt["config"]["train"]["batch_size"]) == (2, 6, 32)
 

@@ -258,8 +258,8 @@ def test_chromium_opens_the_pages_from_file(demo_dir: Path, tmp_path: Path) -> N
 
 def test_soft_gating_is_said_where_the_gated_features_are_shown(tmp_path: Path) -> None:
     """eval.use_soft_gating: the metrics table, evaluation.md, the dimension index and each page say the
-    features were gated by α, and their gate-open rates are of the hard mask 1[α > 0.5] (``mask`` holds
-    α), in evaluate's report and in a later ``bayesncl report`` (the features file's meta says how)."""
+    features were gated by α, and their gate-open rates are of the hard mask 1[α > 0.5] (``mask``),
+    in evaluate's report and in a later ``bayesncl report`` (the features file's meta says how)."""
     import json
 
     from bayesncl.app.cli import main
@@ -273,7 +273,7 @@ def test_soft_gating_is_said_where_the_gated_features_are_shown(tmp_path: Path) 
     assert main(["evaluate", str(run), "--probe", "none", "--no-knn", "eval.use_soft_gating=true"]) == 0
     assert "hard mask 1[α > 0.5]" in json.loads((run / "evaluation.json").read_text())["gating"]
     assert "Gated features: soft, by α" in (run / "evaluation.md").read_text()
-    alpha = np.load(run / "features_test.npz")["mask"]
+    alpha = np.load(run / "features_test.npz")["alpha"]
     hard = 100 * (alpha > 0.5).mean(0)
     assert not np.allclose(hard, 100 * alpha.mean(0), atol=0.1)  # the mean α would read otherwise
     for site in (run / "report", report_command([run], out=tmp_path / "site").parent):

@@ -101,10 +101,9 @@ def test_entropy_background_by_hand():
 
 def test_ncl_fs_transfer_measure_on_dsprites(tmp_path: Path) -> None:
     """ncl-fs's transfer measure through a 1-channel encoder (a fashion-mnist model) on generated
-    dSprites, labelled by shape: every K gets both cells, and at K = D they are one probe; a transfer
-    set that cannot be read is one line naming it."""
+    dSprites, labelled by shape: every K gets both cells, and at K = D they are one probe (a transfer
+    set that cannot be read: tests/paper/test_reproduce.py, before any training)."""
     from bayesncl.config import build_config
-    from bayesncl.data import DataError
 
     from ..conftest import tiny_checkpoint
 
@@ -115,6 +114,3 @@ def test_ncl_fs_transfer_measure_on_dsprites(tmp_path: Path) -> None:
     assert set(out) == {f"K{k}.transfer_{m}_acc1" for k in (2, 16) for m in ("top", "random")}
     assert all(0.0 <= v <= 100.0 for v in out.values())
     assert out["K16.transfer_top_acc1"] == out["K16.transfer_random_acc1"]
-    with pytest.raises(DataError, match=r"^ncl-fs's transfer set cifar100 \(studies\.TRANSFER_DATA for "
-                                        r"fashion-mnist\): "):  # fmt: skip
-        ncl_studies.MEASURES["fs_transfer"](ckpt, cfg, (("cifar100", 0, 0), (2,)))

@@ -468,6 +468,18 @@ def test_mechanism_study_end_to_end(tmp_path: Path, fm_root: Path, monkeypatch):
     assert set(saved) == {"means", "runs"} and len(saved["runs"]) == 2
     again = mech.mechanism("fashion-mnist-bg", tmp_path / "study", tiny, seeds=1, samples=64)  # reused
     assert again == json.loads(json.dumps(means))
+    # --store: its runs are the store's STORE/<hash> (those of every table), linked from the run dir
+    import shutil
+
+    from bayesncl.paper import variants
+
+    store, table = tmp_path / "store", tmp_path / "table"
+    cfgs = mech.mechanism_configs("fashion-mnist-bg", 1, tiny)
+    for name, cfg in cfgs.items():
+        shutil.copytree(tmp_path / "study" / variants.slug(name), store / variants.variant_hash(cfg))
+    monkeypatch.setattr("bayesncl.app.train.pretrain", lambda *a, **k: pytest.fail("trained"))
+    assert mech.mechanism("fashion-mnist-bg", table, tiny, seeds=1, samples=64, store=store) == again
+    assert sorted((table / variants.slug(n)).resolve() for n in cfgs) == sorted(store.iterdir())
 
 
 def test_reproduce_dispatches_table_6_and_the_mechanism_study(monkeypatch, capsys):
@@ -482,8 +494,11 @@ def test_reproduce_dispatches_table_6_and_the_mechanism_study(monkeypatch, capsy
     assert main([*study, "--seeds", "3", "train.epochs=1"]) == 0
     assert calls == [
         ("6", (["runA", "ckpt.pt"], "waterbirds", None, ["data.root=W"])),
-        ("mechanism", ("fashion-mnist-bg", None, ["train.epochs=1"]), {"seeds": 3}),
+        ("mechanism", ("fashion-mnist-bg", None, ["train.epochs=1"]), {"seeds": 3, "store": None}),
     ]
+    assert main([*study, "--store", "S"]) == 0 and calls[-1][2] == {"seeds": 1, "store": Path("S")}
+    assert main(["reproduce", "6", "--dataset", "waterbirds", "runA", "--store", "S"]) == 2
+    assert error_line(capsys) == f"{ERROR}--store: table 6 trains no runs (it probes the encoders given)"
     assert main([*study, "--seeds", "0"]) == 2
     assert "--seeds 0: expected >= 1" in capsys.readouterr().err
     assert main(["reproduce", "nope", "--dataset", "fashion-mnist"]) == 2

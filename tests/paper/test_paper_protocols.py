@@ -72,10 +72,14 @@ def test_soft_gating_evaluates_with_alpha() -> None:
     unit = F.normalize(hard.z, dim=1)
     assert torch.allclose(soft.z_tilde, F.normalize(unit * hard.alpha, dim=1), atol=1e-6)
     assert torch.allclose(hard.z_tilde, F.normalize(unit * (hard.alpha > 0.5).float(), dim=1), atol=1e-6)
+    assert torch.equal(soft.mask, hard.mask) and set(soft.mask.unique().tolist()) == {0.0, 1.0}
     on = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, use_soft_gating=True))
     feats = extract_split(model, on, "test", torch.device("cpu"))
-    assert np.array_equal(feats["mask"], feats["alpha"]) and not model.soft_eval_gate  # restored after
-    assert not np.array_equal(extract_split(model, cfg, "test", torch.device("cpu"))["mask"], feats["mask"])
+    assert not model.soft_eval_gate  # restored after
+    plain = extract_split(model, cfg, "test", torch.device("cpu"))
+    assert np.array_equal(feats["mask"], (feats["alpha"] > 0.5).astype(np.float32))  # 0/1, not α
+    assert np.array_equal(plain["mask"], feats["mask"])
+    assert not np.allclose(plain["features"], feats["features"])  # the features alone are gated by α
 
 
 def test_ncl_studies_paper_columns() -> None:

@@ -374,8 +374,24 @@ def test_ncl_fs_transfer_set_by_dataset(monkeypatch: pytest.MonkeyPatch) -> None
     assert fm.paper == {}
 
 
+def test_ncl_fs_checks_its_transfer_set_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transfer set that cannot be read stops ``reproduce ncl-fs`` in one line before any run trains:
+    a study's ``extra_data`` is checked with its runs' own data."""
+    import bayesncl.app.train as train
+
+    monkeypatch.setattr(studies, "TRANSFER_DATA", {"synthetic": ("imagefolder", 0, 0)})
+    monkeypatch.setattr(train, "pretrain", lambda *a, **k: pytest.fail("trained"))
+    assert [d.name for _, d in studies.build("ncl-fs", "fashion-mnist", TINY).extra_data] == ["imagefolder"]
+    dirs = ["--run-dir", f"{tmp_path}/t", "--store", f"{tmp_path}/store", f"data.root={tmp_path}/none"]
+    assert main(["reproduce", "ncl-fs", "--dataset", "fashion-mnist", *TINY, *dirs]) == 2
+    expect("P9", error_line(capsys), tmp_path)
+    assert not (tmp_path / "t").exists() and not (tmp_path / "store").exists()
+
+
 def test_transfer_config_keeps_the_runs_geometry() -> None:
-    from bayesncl.paper.ncl_studies import transfer_config
+    from bayesncl.paper.studies import transfer_config
 
     cfg = build_config(overrides=["data.name=fashion-mnist", "data.train_subset=500", "data.test_subset=70"])
     t = transfer_config(cfg, "dsprites", 100, 50)

@@ -207,6 +207,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from bayesncl.paper.studies import MECHANISM_IDS
 
     run_dir = path_arg(args.run_dir, "--run-dir", "a directory")
+    store = path_arg(args.store, "--store", "a directory")
     if args.table in MECHANISM_IDS:  # issue 15: the background probe (6) and the mechanism study
         from bayesncl.paper import mechanism
 
@@ -214,12 +215,13 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             raise ConfigError(f"--seeds {args.seeds}: expected >= 1 (the number of pretraining seeds)")
         settings = [o for o in args.overrides if "=" in o]
         if args.table == "6":  # the other words are the encoders: checkpoints or run dirs
+            if store:
+                raise ConfigError("--store: table 6 trains no runs (it probes the encoders given)")
             sources = [o for o in args.overrides if "=" not in o]
             mechanism.table6(sources, args.dataset, run_dir, settings)
         else:
-            mechanism.mechanism(args.dataset, run_dir, settings, seeds=args.seeds)
+            mechanism.mechanism(args.dataset, run_dir, settings, seeds=args.seeds, store=store)
         return 0
-    store = path_arg(args.store, "--store", "a directory")
     reproduce(args.table, args.dataset, run_dir, args.overrides, seeds=args.seeds, store=store)
     return 0
 
@@ -410,7 +412,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("--seeds", type=int, default=1, help="pretrain every variant with seeds 0..N-1 (default 1)"),
             _arg("--run-dir",
                  help="where the table goes (default runs/<stem>-<dataset>, e.g. runs/table1-cifar100)"),
-            _arg("--store", help="the shared store of runs (default: variants/ beside the run dir)"),
+            _arg("--store", help="the shared store of runs (default: variants/ beside the run dir; "
+                                 "mechanism: its runs inside the run dir)"),
             _OVERRIDES,
             _PLUGIN,
         ],

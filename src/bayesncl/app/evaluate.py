@@ -117,7 +117,7 @@ def extract_split(
     keys: tuple[str, ...] = FEATURE_KEYS, info: DatasetInfo | None = None,
 ) -> dict[str, np.ndarray]:
     """:func:`extract_features` over ``split`` of the run's data (eval transforms, eval batch size;
-    ``eval.use_soft_gating``: gated by α instead of the hard mask, ``mask`` then holds α), plus
+    ``eval.use_soft_gating``: gated by α instead of the hard mask, ``mask`` still the 0/1 one), plus
     ``places`` (N,) int64 for a dataset with backgrounds (:mod:`bayesncl.data.backgrounds`) and
     ``factors`` (N, F) int64 for one with generative factors (:mod:`bayesncl.data.dsprites`).
     A run is extracted in its training precision where that is bf16 autocast + channels-last:
@@ -226,12 +226,11 @@ def score(
 
 
 def _add_run_facts(result: dict[str, Any], test: dict[str, np.ndarray], cfg: Config) -> None:
-    """The method, the test images and, for a gated run, the hard gate's open rate and the share of
-    test images with every gate closed: 1[α > method.threshold] from ``test["mask"]`` (N, D), the hard
-    mask, or α under ``eval.use_soft_gating`` (then ``gating`` says so)."""
+    """The method, the test images and, for a gated run, the gate's open rate and the share of test
+    images with every gate closed, from ``test["mask"]`` (N, D), the hard mask 1[α > method.threshold]
+    (also under ``eval.use_soft_gating``; ``gating`` then says the features were gated by α)."""
     if "mask" in test:
-        mask, thr = test["mask"], cfg.method.threshold
-        hard = (mask > thr).astype(mask.dtype) if cfg.eval.use_soft_gating else mask
+        hard, thr = test["mask"], cfg.method.threshold
         result["gate_open_rate"] = float(hard.mean())
         result["rows_all_closed"] = float((hard.sum(1) == 0).mean())
         if cfg.eval.use_soft_gating:
@@ -465,7 +464,7 @@ def save_split_features(
         meta["place_names"] = list(place_names(cfg.data.name))
     if "factors" in arrays:
         meta["factor_names"] = list(factor_names(cfg.data.name))
-    if "mask" in arrays:  # True: the features are gated by α, which ``mask`` then holds
+    if "mask" in arrays:  # True: the features are gated by α (``mask`` is the hard mask all the same)
         meta["soft_gating"] = cfg.eval.use_soft_gating
     save_features(path, meta=meta, **arrays)
 

@@ -82,13 +82,16 @@ def finetune_loss(
     return loss, stats
 
 
-def finetune_config(pretrained: Config, train_overrides: dict[str, Any]) -> Config:
+def finetune_config(
+    pretrained: Config, train_overrides: dict[str, Any], protocol: dict[str, Any] = PROTOCOL
+) -> Config:
     """The fine-tuning run's config: ``pretrained``'s, reading its labelled data (``data.*`` with labels,
-    or ``eval.data.*`` where set: :func:`bayesncl.config.eval_data`), with :data:`PROTOCOL` and then
-    ``train_overrides`` (dotted ``train.*``/``seed``) set. Raises ConfigError for a bad value."""
+    or ``eval.data.*`` where set: :func:`bayesncl.config.eval_data`), with ``protocol`` (``{}`` for a
+    resumed run's own config) and then ``train_overrides`` (dotted ``train.*``/``seed``) set. Raises
+    ConfigError for a bad value."""
     no_eval_data = replace(pretrained.eval, data=EvalDataConfig())
     labelled = replace(pretrained, data=eval_data(pretrained), eval=no_eval_data)
-    return build_config(labelled, {**PROTOCOL, **train_overrides})
+    return build_config(labelled, {**protocol, **train_overrides})
 
 
 def default_run_dir(source: Path) -> Path:
@@ -138,7 +141,7 @@ def finetune(
     overrides: ``train.*``/``seed`` on top of :data:`PROTOCOL`; ``data.*``/``eval.*`` as for
     ``evaluate`` (the data read: ``eval.data.*`` for a run pretrained without labels). ``resume``:
     the run dir's own config (its config.yaml, the data it fine-tunes on as ``data.*``), ``overrides``
-    on top and checked as pretrain's ``--resume`` checks them. Raises
+    on top (``eval.data.*`` read as that data) and checked as pretrain's ``--resume`` checks them. Raises
     ConfigError / EvalError / DataError / RunDirError (one line) before anything is written for a
     bad request, a checkpoint that does not load, data without labels or an unusable run dir."""
     from bayesncl.app.evaluate import load_trained
@@ -153,7 +156,9 @@ def finetune(
     out_dir = Path(run_dir) if run_dir is not None else default_run_dir(src)
     _refuse_bad_request(src, out_dir, user)
     if resume:  # the run's own config, key=value given now on top, as pretrain --resume; weights: last.pt
-        cfg = resume_config(out_dir, given)
+        # eval.data.* given now is the data fine-tuned on, as for a new run: RunDir refuses a change of it
+        # (but data.root) as any other
+        cfg = finetune_config(resume_config(out_dir, given), {}, protocol={})
         info = _check_labelled(cfg, src)
         model = build_model(cfg, info.channels, info.image_size, info.num_classes)
     else:

@@ -178,8 +178,8 @@ class ContrastiveModel(nn.Module):
             )
             self.gate = Gate(m.gate, m.threshold, m.gumbel_noise, tau=m.gate_tau)
         self.prevalence = Prevalence(mo.proj_dim, m.ipw_momentum, m.ipw_eps) if m.ipw else None
-        # eval mode only: gate z with alpha instead of the hard mask (the authors' eval.use_soft_gating,
-        # main_eval.py:104-113); set by app.evaluate.extract_split from eval.use_soft_gating
+        # eval mode only: gate z̃ with alpha instead of the hard mask (the authors' eval.use_soft_gating,
+        # main_eval.py:104-113), the mask staying 0/1; set by app.evaluate.extract_split
         self.soft_eval_gate = False
         self.heads = nn.ModuleDict()  # a method's own modules (CE's classifier), filled by the model
 
@@ -193,12 +193,11 @@ class ContrastiveModel(nn.Module):
         if self.gating_head is not None and self.gate is not None:
             logits = self.gating_head(h)
             mask, alpha = self.gate(logits)
-            if not self.training and self.soft_eval_gate:  # eval.use_soft_gating: z̃ = normalize(ẑ ⊙ α)
-                mask = alpha
-            elif not self.training and self.gate.kind == "soft":
-                # evaluation features use the hard mask (PAPER-NOTES §3), soft ablation included
+            if not self.training and self.gate.kind == "soft":
+                # evaluation uses the hard mask (PAPER-NOTES §3), soft ablation included
                 mask = (alpha > self.gate.threshold).to(alpha.dtype)
-            z_tilde = parts.gated_features(z, mask)
+            soft = not self.training and self.soft_eval_gate  # eval.use_soft_gating: z̃ = normalize(ẑ ⊙ α)
+            z_tilde = parts.gated_features(z, alpha if soft else mask)
         else:
             z_tilde = parts.eval_features(z)
         weights = None

@@ -156,21 +156,27 @@ def _shown(means: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def mechanism(
-    dataset: str, run_dir: Path | None, overrides: list[str], *, seeds: int = 1, samples: int = 1024
+    dataset: str, run_dir: Path | None, overrides: list[str], *, seeds: int = 1, samples: int = 1024,
+    store: Path | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``reproduce mechanism --dataset fashion-mnist-bg [--seeds N]``: train (or reuse) every run of
-    :func:`mechanism_configs` into ``run_dir/<run>`` (default ``runs/mechanism-<dataset>``), add
-    :func:`final_dynamics` (``samples`` train images) to its metrics, then write ``mechanism.md``/
-    ``.json`` (the per-run rows and the seed means of :func:`aggregate`). Returns the means."""
+    """``reproduce mechanism --dataset fashion-mnist-bg [--seeds N] [--store DIR]``: train (or reuse)
+    every run of :func:`mechanism_configs` into ``run_dir/<run>`` (default ``runs/mechanism-<dataset>``)
+    or, with ``store``, into the store of runs every table shares (``STORE/<hash>``, linked from
+    ``run_dir/<run>``), add :func:`final_dynamics` (``samples`` train images) to its metrics, then
+    write ``mechanism.md``/``.json`` (the per-run rows and the seed means of :func:`aggregate`).
+    Returns the means."""
     from bayesncl.app.train import pretrain
 
     configs = mechanism_configs(dataset, seeds, overrides)
     run_dir = run_dir or Path("runs") / f"mechanism-{dataset}"
+    subs = {n: store / variants.variant_hash(c) if store else run_dir / variants.slug(n)
+            for n, c in configs.items()}  # fmt: skip
     results: dict[str, dict[str, Any]] = {}
     for name, cfg in configs.items():
-        sub = run_dir / variants.slug(name)
+        sub = subs[name]
         if variants.finished(sub):
-            variants.refuse_other_settings(sub, cfg, "use another --run-dir for the new settings")
+            ignore = variants.IDENTITY_IGNORES if store else ()  # a stored run: its hash decides
+            variants.refuse_other_settings(sub, cfg, "use another --run-dir or --store", ignore=ignore)
             print(f"== {name}: reusing {sub / 'metrics.json'}")
             m = variants.finished_metrics(sub)
         else:
@@ -189,7 +195,10 @@ def mechanism(
         "dims; closed bg/obj: the gate's closure of firing entries on background/object dims (kinds on z)."
     )
     run_dir.mkdir(parents=True, exist_ok=True)
-    logged = {n: sub for n in configs if ((sub := run_dir / variants.slug(n)) / "log.csv").exists()}
+    if store:  # the table's folder shows its runs
+        for name, sub in subs.items():
+            variants.link(run_dir, variants.slug(name), sub)
+    logged = {n: sub for n, sub in subs.items() if (sub / "log.csv").exists()}
     variants.write_table(run_dir, "mechanism", {"means": means, "runs": results}, md, header, logged)
     print(header)
     print(md)

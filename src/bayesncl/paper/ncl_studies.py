@@ -34,6 +34,7 @@ from bayesncl.paper.studies import (
     base_config,
     recipe_for,
     rows_of,
+    transfer_config,
 )
 from bayesncl.paper.variants import finished_metrics, stored_features
 
@@ -279,40 +280,21 @@ def _m_nclmap(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- ncl-fs: transfer
-def transfer_config(cfg: Config, name: str, train_subset: int = 0, test_subset: int = 0) -> Config:
-    """``cfg`` with its data replaced by the labelled dataset ``name`` (``train_subset`` /
-    ``test_subset`` images, 0: all; the run's ``data.root``, ``data.download`` and image size), the
-    way ``eval.data.*`` is read (:func:`bayesncl.config.eval_data`); ``cfg`` itself is not altered."""
-    import dataclasses
-
-    from bayesncl.app.evaldata import with_eval_data
-    from bayesncl.config import EvalDataConfig
-
-    moved = EvalDataConfig(name=name, root=cfg.data.root, download=cfg.data.download,
-                           train_subset=int(train_subset), test_subset=int(test_subset))  # fmt: skip
-    return with_eval_data(dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, data=moved)))
-
-
 def _m_fs_transfer(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     """ncl-fs's transfer columns: :func:`~bayesncl.metrics.selection_probes` on the z̃ of the transfer
     set ``params[0]`` = (data.name, train_subset, test_subset), both splits through the stored run's
     frozen encoder, the top-K dims ranked on the transfer set's own train split (as the NCL code's
     selected-dims probe ranks on the split it is fitted on: ``solo/methods/linear.py``), at every K
-    of ``params[1]``; keys ``K<k>.transfer_top_acc1`` / ``K<k>.transfer_random_acc1``. Raises
-    DataError (one line, naming the set) when the transfer set cannot be read."""
+    of ``params[1]``; keys ``K<k>.transfer_top_acc1`` / ``K<k>.transfer_random_acc1``. The study's
+    ``extra_data`` has the transfer set checked before any training."""
     from bayesncl.app.evaluate import extract_split, load_trained
-    from bayesncl.data import DataError
     from bayesncl.metrics import selection_probes
 
     (name, n_train, n_test), ks = params
     model, loaded, _ = load_trained(sub)
     moved = transfer_config(loaded, name, n_train, n_test)
     device = next(model.parameters()).device
-    try:
-        train, test = (extract_split(model, moved, s, device, keys=("features",)) for s in ("train", "test"))
-    except DataError as e:
-        where = f"studies.TRANSFER_DATA for {loaded.data.name}"
-        raise DataError(f"ncl-fs's transfer set {name} ({where}): {e}") from e
+    train, test = (extract_split(model, moved, s, device, keys=("features",)) for s in ("train", "test"))
     r = selection_probes(train["features"], train["labels"], test["features"], test["labels"],
                          [int(k) for k in ks], seed=cfg.seed)  # fmt: skip
     return {f"K{k}.transfer_{m}": v for k, row in r.items() for m, v in row.items()}

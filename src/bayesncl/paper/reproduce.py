@@ -12,7 +12,6 @@ per-seed ``values`` and the paper's value; figures are ``<stem>.png`` with error
 from __future__ import annotations
 
 import math
-import os
 import time
 import warnings
 from pathlib import Path
@@ -388,19 +387,6 @@ def _figure(study: Study, rows: dict[str, Any], path: Path, seeds: int) -> None:
     write_error_bar_figure(panels, path, study.title, seeds)
 
 
-def _link(run_dir: Path, name: str, target: Path) -> None:
-    """``run_dir/name`` → the stored run (a relative symlink), so the table's folder shows its runs;
-    skipped where something else is there or links cannot be made."""
-    link = run_dir / name
-    try:
-        if link.is_symlink():
-            link.unlink()
-        if not link.exists():
-            link.symlink_to(os.path.relpath(target, run_dir), target_is_directory=True)
-    except OSError:
-        pass
-
-
 # ----------------------------------------------------------------------------- the command
 def _train(h: str, cfg: Config, sub: Path, label: str, i: int, n: int, est: float | None) -> None:
     from bayesncl.app.train import pretrain
@@ -424,7 +410,8 @@ def reproduce(
 
     ``run_dir``: default ``runs/<stem>-<dataset>``; ``store``: default ``RUN_DIR/../variants``.
     Raises ConfigError for a bad ID (listing the valid ones), dataset, ``seeds`` or override,
-    RunDirError for an unusable run dir or store, before any training."""
+    RunDirError for an unusable run dir or store, DataError for data that cannot be read (the runs' or
+    the study's ``extra_data``), before any training."""
     study = studies.build(study_id, dataset, overrides)
     configs = study_configs(study, dataset, overrides, seeds)
     run_dir = run_dir or Path("runs") / f"{study.stem}-{dataset}"
@@ -434,10 +421,15 @@ def reproduce(
     for key, h in cells.items():
         runs.setdefault(h, (configs[key], _status(store / h)))
     _check_dirs(run_dir, store, study, runs)
-    from bayesncl.data import dataset_info
+    from bayesncl.data import DataError, dataset_info
 
     for data in {repr(cfg.data): cfg.data for cfg, _ in runs.values()}.values():
         dataset_info(data)  # the data is there (DataError before any training)
+    for what, data in study.extra_data:  # and a measure's own (ncl-fs's transfer set)
+        try:
+            dataset_info(data)
+        except DataError as e:
+            raise DataError(f"{what}: {e}") from e
     to_train = {h: cfg for h, (cfg, st) in runs.items() if st != "reuse"}
     est, source = estimate_seconds(to_train, store)
     _print_plan(study, dataset, seeds, store, cells, runs, est, source)
@@ -478,7 +470,7 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
     header = f"{study.title} on {dataset_shown}: ours ({spread}){versus}."
     write_results(run_dir, study.stem, result, md, header=header)
     for (name, s), h in cells.items():
-        _link(run_dir, f"{variants.slug(name)}-s{s}", store / h)
+        variants.link(run_dir, f"{variants.slug(name)}-s{s}", store / h)
     if study.panels:
         _figure(study, rows, run_dir / f"{study.stem}.png", seeds)
     logged = {f"{n} s{s}": store / h for (n, s), h in cells.items() if s == 0}

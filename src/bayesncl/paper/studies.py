@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bayesncl.config import Config, ConfigError, build_config
+from bayesncl.config import Config, ConfigError, DataConfig, build_config
 
 RECIPES = Path(__file__).parents[1] / "configs"
 DATASETS = ("cifar10", "cifar100", "imagenet100", "fashion-mnist", "fashion-mnist-long")
@@ -81,6 +81,8 @@ class Study:
     defines: tuple[str, ...] = ("method.name",)  # keys the variants set: refused as overrides
     notes: list[str] = field(default_factory=list)  # printed with the plan (what the protocol is)
     checkpoints: tuple[int, ...] = ()  # the epochs whose epoch-NNNN.pt every run must keep (Table 3)
+    # (what, data) a measure reads besides the runs' data: checked with theirs before any training
+    extra_data: tuple[tuple[str, DataConfig], ...] = ()
 
 
 def recipe_for(dataset: str, method: str) -> Path:
@@ -316,6 +318,20 @@ TRANSFER_DATA: dict[str, tuple[str, int, int]] = {
 }
 
 
+def transfer_config(cfg: Config, name: str, train_subset: int = 0, test_subset: int = 0) -> Config:
+    """``cfg`` with its data replaced by the labelled dataset ``name`` (``train_subset`` /
+    ``test_subset`` images, 0: all; the run's ``data.root``, ``data.download`` and image size), the
+    way ``eval.data.*`` is read (:func:`bayesncl.config.eval_data`); ``cfg`` itself is not altered."""
+    import dataclasses
+
+    from bayesncl.app.evaldata import with_eval_data
+    from bayesncl.config import EvalDataConfig
+
+    moved = EvalDataConfig(name=name, root=cfg.data.root, download=cfg.data.download,
+                           train_subset=int(train_subset), test_subset=int(test_subset))  # fmt: skip
+    return with_eval_data(dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, data=moved)))
+
+
 def _ncl_fs_paper(d: int) -> dict[str, dict[str, float]]:
     """The NCL paper's ImageNet-100 cells (our seed summary of it): top-512 68.9, CL random 512 66.2,
     its code's map 10.9 -> 14.2 (all dims) and 14.2 (top 512), transfer 19.9 (all dims), 19.8 (top 512)."""
@@ -351,6 +367,7 @@ def _ncl_fs(dataset: str, overrides: list[str]) -> Study:
     # "selection", not the older "fs": a stored run's cached "fs" cells were probed on the top-K columns in
     # rank order (K = D then differed from random K by ~0.01 points); the new name recomputes them
     measures: list[tuple[str, tuple[object, ...]]] = [("selection", ks), ("retrieval", ks), ("nclmap", ks)]
+    extra: tuple[tuple[str, DataConfig], ...] = ()
     if transfer:
         name, n_train, n_test = transfer
         sizes = ", ".join(f"{s} {n or 'all'}" for s, n in (("train", n_train), ("test", n_test)))
@@ -358,6 +375,8 @@ def _ncl_fs(dataset: str, overrides: list[str]) -> Study:
                      f"run's image size), the top-K dims ranked on {name}'s own train z̃, as the NCL code's "
                      "selected-dims probe ranks on the split it is fitted on (docs/paper-notes.md N13)")
         measures.append(("fs_transfer", (transfer, ks)))
+        what = f"ncl-fs's transfer set {name} (studies.TRANSFER_DATA for {cfg.data.name})"
+        extra = ((what, transfer_config(cfg, *transfer).data),)
     else:
         notes.append(f"transfer columns empty: no transfer set for data.name={cfg.data.name} "
                      "(studies.TRANSFER_DATA)")
@@ -365,7 +384,8 @@ def _ncl_fs(dataset: str, overrides: list[str]) -> Study:
         notes.append("paper transfer accuracy (NCL: all dims 19.9, top 512 19.8) as our summary of the paper "
                      "records it; the transfer set behind it is not named in our sources")
     title = "NCL paper: feature selection (top-K by expected activation vs random K)"
-    return Study("ncl-fs", title, "ncl-fs", variants, measures, columns, rows, paper, panels, notes=notes)
+    return Study("ncl-fs", title, "ncl-fs", variants, measures, columns, rows, paper, panels, notes=notes,
+                 extra_data=extra)
 
 
 def _ncl_sepin(dataset: str, overrides: list[str]) -> Study:

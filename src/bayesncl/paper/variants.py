@@ -8,6 +8,7 @@ A variant's sub-run ``RUN_DIR/<name>`` is an ordinary pretrain run; it is *finis
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,19 @@ def finished_metrics(sub: Path) -> dict[str, Any]:
 def save_metrics(sub: Path, name: str, metrics: dict[str, Any]) -> None:
     """Write a variant's ``metrics.json``/``.md`` (what makes it finished)."""
     write_results(sub, "metrics", metrics, format_table({name: metrics}))
+
+
+def link(run_dir: Path, name: str, target: Path) -> None:
+    """``run_dir/name`` → the stored run (a relative symlink), so the table's folder shows its runs;
+    skipped where something else is there or links cannot be made."""
+    path = run_dir / name
+    try:
+        if path.is_symlink():
+            path.unlink()
+        if not path.exists():
+            path.symlink_to(os.path.relpath(target, run_dir), target_is_directory=True)
+    except OSError:
+        pass
 
 
 def write_table(

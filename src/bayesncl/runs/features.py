@@ -84,6 +84,8 @@ def _parse_meta(raw: np.ndarray, path: Path) -> dict[str, Any]:
 def load_features(path: str | os.PathLike[str]) -> FeatureSet:
     """Load and validate a features file (or a plain ``.npz`` with ``features`` and ``labels``).
 
+    ``mask`` is the 0/1 mask: a file written under ``eval.use_soft_gating`` before it stayed so holds
+    α there, read as 1[α > 0.5] (``method.threshold``'s default).
     Raises :class:`EvalError` naming what was found when the file is missing, is not an ``.npz``
     archive, lacks ``features`` or ``labels``, holds pickled objects, or has inconsistent shapes.
     """
@@ -154,6 +156,8 @@ def load_features(path: str | os.PathLike[str]) -> FeatureSet:
             setattr(fs, key, arr)
     if "meta" in arrays:
         fs.meta = _parse_meta(arrays["meta"], path)
+    if fs.meta.get("soft_gating") and fs.mask is not None and not np.isin(fs.mask, (0, 1)).all():
+        fs.mask = (fs.mask > 0.5).astype(fs.mask.dtype)  # an older soft-gated file's mask held α
     return fs
 
 

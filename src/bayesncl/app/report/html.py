@@ -160,11 +160,9 @@ def write_thumbnails(images: Any, split_indices: np.ndarray, folder: Path) -> No
 
 def _run_pages(env: Any, run: RunInput, out: Path, class_names: Sequence[str], images: Any) -> dict[str, Any]:
     """Write the run's dimension index and pages (and their thumbnails); returns the index row. Features
-    gated softly (``eval.use_soft_gating``: ``mask`` holds α) show the hard mask 1[α > threshold]."""
+    gated softly (``eval.use_soft_gating``) say so; ``mask`` is the hard mask 1[α > threshold] still."""
     feats, thr = run.feats, run.cfg.method.threshold
     soft = feats.get("mask") is not None and run.cfg.eval.use_soft_gating
-    if soft:
-        feats = {**feats, "mask": (feats["mask"] > thr).astype(np.float32)}
     n_classes = max(len(class_names), int(feats["labels"].max()) + 1)
     rows = dm.summarise(feats, n_classes)
     dims = [r.dim for r in rows]
