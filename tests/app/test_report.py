@@ -79,20 +79,26 @@ def test_a_tie_names_no_majority_class() -> None:
 
 
 def test_a_dimension_active_on_every_image_is_called_not_selective() -> None:
+    """The page and the index say the same of it (DimSummary.selectivity), and the index names no
+    majority class (nor its share) for it."""
     labels = np.arange(40) % 10
     f = np.linspace(1, 2, 40, dtype=np.float32)[:, None]  # fires on all 40 images
-    row, _, page = _dim_page(f, labels)
+    row, index, page = _dim_page(f, labels)
     assert row.unselective and "active on all 40 test images: not selective" in page
     assert "majority" not in page and "fires on 100.0 %" not in page
     assert "on all test images (40 images" in page and "where it is 0" not in page
+    assert '<td class="l">not selective</td>\n<td data-v="-1">–</td>' in index and "tie (" not in index
+    assert "firing on at least 95.0 % of the test images" in index
     f[:2] = 0  # 38 of 40 (95 %): nearly every image
-    _, _, page = _dim_page(f, labels)
+    _, index, page = _dim_page(f, labels)
     assert "active on all but 2 of the 40 test images: hardly selective" in page
     assert "2 images where it is 0 are not drawn" in page
+    assert '<td class="l">hardly selective</td>\n<td data-v="-1">–</td>' in index
     f[:3] = 0  # 37 of 40: selective enough to name its classes
-    row, _, page = _dim_page(f, labels)
+    row, index, page = _dim_page(f, labels)
     assert not row.unselective and "selective" not in page
     assert "fires on 92.5 % of the test images (37)" in page
+    assert '<td class="l">tie (7 classes)</td>\n<td>10.8</td>' in index  # classes 3-9: 4 of the 37 each
 
 
 def test_metrics_table_has_labels_and_units() -> None:

@@ -116,6 +116,7 @@ def _env() -> Any:
     )
     env.filters["pct"] = lambda v: "–" if v is None or v != v else f"{100 * v:.1f}"
     env.filters["num"] = lambda v, fmt="{:.3f}": "–" if v is None or v != v else fmt.format(v)
+    env.globals["unselective"] = dm.UNSELECTIVE  # the firing rate from which no majority class is named
     return env
 
 
