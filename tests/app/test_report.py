@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from html import escape
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -277,8 +278,10 @@ def test_soft_gating_is_said_where_the_gated_features_are_shown(tmp_path: Path) 
     run.mkdir()
     tiny_checkpoint(run / "last.pt", ["method.name=bayesncl"])  # its config: use_soft_gating false
     assert main(["evaluate", str(run), "--probe", "none", "--no-knn", "eval.use_soft_gating=true"]) == 0
-    assert "hard mask 1[α > 0.5]" in json.loads((run / "evaluation.json").read_text())["gating"]
-    assert "Gated features: soft, by α" in (run / "evaluation.md").read_text()
+    gating = json.loads((run / "evaluation.json").read_text())["gating"]  # one text, shown everywhere
+    assert gating.startswith("soft, by α") and gating.endswith("the hard mask 1[α > 0.5]")
+    assert f"Gated features: {gating}." in (run / "evaluation.md").read_text()
+    said = escape(gating, quote=False)
     alpha = np.load(run / "features_test.npz")["alpha"]
     hard = 100 * (alpha > 0.5).mean(0)
     assert not np.allclose(hard, 100 * alpha.mean(0), atol=0.1)  # the mean α would read otherwise
@@ -287,9 +290,9 @@ def test_soft_gating_is_said_where_the_gated_features_are_shown(tmp_path: Path) 
         table = re.sub(r"\s+", " ", (site / "run" / "dims.html").read_text())
         dims = [int(k) for k in re.findall(r'href="dim-(\d+)\.html"', table)]
         shown = [float(v) for v in re.findall(r"<td>([\d.]+)</td></tr>", table)]
-        assert shown == pytest.approx(hard[dims], abs=0.05) and "the hard mask 1[α &gt; 0.5]" in table
+        assert shown == pytest.approx(hard[dims], abs=0.05) and f"; features gated {said}." in table
         page = re.sub(r"\s+", " ", (site / "run" / f"dim-{dims[0]}.html").read_text())
-        assert "Features gated softly by α" in page and f"gate open on {hard[dims[0]]:.1f} %" in page
+        assert f"Features gated {said}." in page and f"gate open on {hard[dims[0]]:.1f} %" in page
 
 
 # ----------------------------------------------------------------------------- the figure fixes

@@ -231,14 +231,23 @@ def _add_run_facts(result: dict[str, Any], test: dict[str, np.ndarray], cfg: Con
     images with every gate closed, from ``test["mask"]`` (N, D), the hard mask 1[α > method.threshold]
     (also under ``eval.use_soft_gating``; ``gating`` then says the features were gated by α)."""
     if "mask" in test:
-        hard, thr = test["mask"], cfg.method.threshold
+        hard = test["mask"]
         result["gate_open_rate"] = float(hard.mean())
         result["rows_all_closed"] = float((hard.sum(1) == 0).mean())
-        if cfg.eval.use_soft_gating:
-            result["gating"] = (f"soft, by α (eval.use_soft_gating): z̃ = normalize(normalize(z) ⊙ α); "
-                                f"the gate open rates are of the hard mask 1[α > {thr:g}]")
+        if (gating := gating_text(cfg)) is not None:
+            result["gating"] = gating
     result["method"] = cfg.method.name
     result["n_test"] = int(len(test["labels"]))
+
+
+def gating_text(cfg: Config) -> str | None:
+    """How a gated run's features were gated, where they are shown (evaluation.json's ``gating``,
+    evaluation.md, the report's dimension index and pages): None for the hard mask (the default)."""
+    if not cfg.eval.use_soft_gating:
+        return None
+    thr = cfg.method.threshold
+    return (f"soft, by α (eval.use_soft_gating): z̃ = normalize(normalize(z) ⊙ α), so a closed gate scales "
+            f"z̃_k down without zeroing it; gate open and closed are the hard mask 1[α > {thr:g}]")
 
 
 # ----------------------------------------------------------------------------- loading trained runs
