@@ -137,3 +137,29 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, capsys: pytest
         assert main(["finetune", *args]) == 2
         expect(row, error_line(capsys), tmp_path)
         assert sorted(p.name for p in tmp_path.iterdir()) == listing, row  # nothing written
+
+
+def test_resume_refuses_another_pretrained_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--resume reads the source's config (not its weights): one of another method and proj_dim is
+    refused in one line, nothing written; the run's own source, as a file or its encoder, resumes."""
+    import bayesncl.app.evaluate as evaluate
+
+    a = tiny_checkpoint(tmp_path / "a.pt", ["method.name=ncl"])
+    b = tiny_checkpoint(tmp_path / "b.pt", ["method.name=cl", "model.proj_dim=8"])
+    run = tmp_path / "ft"
+    assert main(["finetune", str(a), "--run-dir", str(run), *SMALL, "train.epochs=1"]) == 0
+    capsys.readouterr()
+    before = _digest(run)
+    monkeypatch.setattr(evaluate, "load_trained", None)  # a resume never loads the source's weights
+    assert main(["finetune", str(b), "--run-dir", str(run), "--resume", "train.epochs=2"]) == 2
+    line = error_line(capsys)
+    expect("V9", line, tmp_path)
+    assert "model.proj_dim: 16 -> 8; method.name: 'ncl' -> 'cl'; method.nonneg" in line
+    assert _digest(run) == before and json.loads((run / "finetune.json").read_text())["source"] == str(a)
+    read = [evaluate.trained_config(p) for p in (b, run, run / "encoder.safetensors")]  # .pt, dir, export
+    assert [(c.method.name, c.model.proj_dim) for c in read if c] == [("cl", 8), ("ncl", 16), ("ncl", 16)]
+    assert main(["finetune", str(a), "--run-dir", str(run), "--resume", "train.epochs=2"]) == 0
+    result = json.loads((run / "finetune.json").read_text())
+    assert (result["source"], result["method"], result["epochs"]) == (str(a), "ncl", 2)

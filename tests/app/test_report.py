@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from html import escape
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -79,20 +80,26 @@ def test_a_tie_names_no_majority_class() -> None:
 
 
 def test_a_dimension_active_on_every_image_is_called_not_selective() -> None:
+    """The page and the index say the same of it (DimSummary.selectivity), and the index names no
+    majority class (nor its share) for it."""
     labels = np.arange(40) % 10
     f = np.linspace(1, 2, 40, dtype=np.float32)[:, None]  # fires on all 40 images
-    row, _, page = _dim_page(f, labels)
+    row, index, page = _dim_page(f, labels)
     assert row.unselective and "active on all 40 test images: not selective" in page
     assert "majority" not in page and "fires on 100.0 %" not in page
     assert "on all test images (40 images" in page and "where it is 0" not in page
+    assert '<td class="l">not selective</td>\n<td data-v="-1">–</td>' in index and "tie (" not in index
+    assert "firing on at least 95.0 % of the test images" in index
     f[:2] = 0  # 38 of 40 (95 %): nearly every image
-    _, _, page = _dim_page(f, labels)
+    _, index, page = _dim_page(f, labels)
     assert "active on all but 2 of the 40 test images: hardly selective" in page
     assert "2 images where it is 0 are not drawn" in page
+    assert '<td class="l">hardly selective</td>\n<td data-v="-1">–</td>' in index
     f[:3] = 0  # 37 of 40: selective enough to name its classes
-    row, _, page = _dim_page(f, labels)
+    row, index, page = _dim_page(f, labels)
     assert not row.unselective and "selective" not in page
     assert "fires on 92.5 % of the test images (37)" in page
+    assert '<td class="l">tie (7 classes)</td>\n<td>10.8</td>' in index  # classes 3-9: 4 of the 37 each
 
 
 def test_metrics_table_has_labels_and_units() -> None:
@@ -271,8 +278,10 @@ def test_soft_gating_is_said_where_the_gated_features_are_shown(tmp_path: Path) 
     run.mkdir()
     tiny_checkpoint(run / "last.pt", ["method.name=bayesncl"])  # its config: use_soft_gating false
     assert main(["evaluate", str(run), "--probe", "none", "--no-knn", "eval.use_soft_gating=true"]) == 0
-    assert "hard mask 1[α > 0.5]" in json.loads((run / "evaluation.json").read_text())["gating"]
-    assert "Gated features: soft, by α" in (run / "evaluation.md").read_text()
+    gating = json.loads((run / "evaluation.json").read_text())["gating"]  # one text, shown everywhere
+    assert gating.startswith("soft, by α") and gating.endswith("the hard mask 1[α > 0.5]")
+    assert f"Gated features: {gating}." in (run / "evaluation.md").read_text()
+    said = escape(gating, quote=False)
     alpha = np.load(run / "features_test.npz")["alpha"]
     hard = 100 * (alpha > 0.5).mean(0)
     assert not np.allclose(hard, 100 * alpha.mean(0), atol=0.1)  # the mean α would read otherwise
@@ -281,9 +290,9 @@ def test_soft_gating_is_said_where_the_gated_features_are_shown(tmp_path: Path) 
         table = re.sub(r"\s+", " ", (site / "run" / "dims.html").read_text())
         dims = [int(k) for k in re.findall(r'href="dim-(\d+)\.html"', table)]
         shown = [float(v) for v in re.findall(r"<td>([\d.]+)</td></tr>", table)]
-        assert shown == pytest.approx(hard[dims], abs=0.05) and "the hard mask 1[α &gt; 0.5]" in table
+        assert shown == pytest.approx(hard[dims], abs=0.05) and f"; features gated {said}." in table
         page = re.sub(r"\s+", " ", (site / "run" / f"dim-{dims[0]}.html").read_text())
-        assert "Features gated softly by α" in page and f"gate open on {hard[dims[0]]:.1f} %" in page
+        assert f"Features gated {said}." in page and f"gate open on {hard[dims[0]]:.1f} %" in page
 
 
 # ----------------------------------------------------------------------------- the figure fixes

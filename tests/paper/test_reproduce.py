@@ -219,32 +219,38 @@ def test_sweeps_reuse_the_recipes_run(bench: Bench, table1: dict[str, Any]) -> N
 
 
 def test_a_run_is_measured_when_it_finishes_and_its_small_files_make_the_table(
-    bench: Bench, table1: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bench: Bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A table stopped after its runs trained keeps each run's measures beside it (reproduce.json), and
-    a run's small files (what benchmarks/long_queue.sh commits: config.yaml, log.csv, metrics.json,
-    reproduce.json; no checkpoint, no features) make the same table in another store, training nothing."""
+    """A table stopped while its second run trains keeps the first run's measures beside it
+    (reproduce.json), and a run's small files (what benchmarks/long_queue.sh commits: config.yaml,
+    log.csv, metrics.json, reproduce.json; no checkpoint, no features) make the same table in another
+    store, training nothing."""
     import shutil
 
     import bayesncl.paper.reproduce as rp
 
     monkeypatch.setattr(studies, "ABLATIONS", studies.ABLATIONS[:2])  # full, soft gate
     args = ["reproduce", "4", "--dataset", "fashion-mnist", "--seeds", "1", *TINY, "method.rho=0.31"]
-    real = rp._write
+    real, started = rp._train, []
 
-    def stopped(*a: Any, **k: Any) -> Any:
-        raise KeyboardInterrupt
+    def second_stopped(h: str, *a: Any) -> None:  # Ctrl-C as the second run starts training
+        started.append(h)
+        if len(started) == 2:
+            raise KeyboardInterrupt
+        real(h, *a)
 
-    monkeypatch.setattr(rp, "_write", stopped)
+    monkeypatch.setattr(rp, "_train", second_stopped)
+    before = len(bench.calls)
     assert main([*args, "--store", str(bench.store), "--run-dir", str(tmp_path / "a")]) == 130  # Ctrl-C
-    trained = bench.calls[-2:]
-    assert trained == [False, False]
-    stored = [json.loads(p.read_text()) for p in bench.store.glob("*/reproduce.json")
-              if "rho: 0.31" in (p.parent / "config.yaml").read_text()]  # fmt: skip
-    assert len(stored) == 2 and all({"base[]", "probe3[]"} <= set(c) for c in stored)
-    monkeypatch.setattr(rp, "_write", real)
+    assert bench.calls[before:] == [False]  # the first run trained, the second did not
+    first = bench.store / started[0]
+    assert {"base[]", "probe3[]"} <= set(json.loads((first / "reproduce.json").read_text()))
+    assert not (bench.store / started[1] / "reproduce.json").exists()
+    monkeypatch.setattr(rp, "_train", real)
     main([*args, "--store", str(bench.store), "--run-dir", str(tmp_path / "a")])
+    assert bench.calls[before:] == [False, False]  # the first run reused, the second trained
     whole = json.loads((tmp_path / "a" / "table4.json").read_text())
+    assert (whole["reused"], whole["trained"]) == ([started[0]], [started[1]])
     small = tmp_path / "small"
     for h in whole["runs"].values():
         (small / h).mkdir(parents=True)
@@ -253,7 +259,7 @@ def test_a_run_is_measured_when_it_finishes_and_its_small_files_make_the_table(
     before = len(bench.calls)
     main([*args, "--store", str(small), "--run-dir", str(tmp_path / "b")])
     again = json.loads((tmp_path / "b" / "table4.json").read_text())
-    assert len(bench.calls) == before and again["reused"] == whole["reused"]
+    assert len(bench.calls) == before and again["reused"] == sorted(set(whole["runs"].values()))
     assert again["rows"] == whole["rows"] and len(whole["rows"]) == 2
 
 

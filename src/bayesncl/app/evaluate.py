@@ -48,6 +48,7 @@ from bayesncl.runs.features import load_features, save_features
 from bayesncl.runs.lock import set_aside_hint
 from bayesncl.runs.official import load_official_checkpoint, load_state_strict, looks_official
 from bayesncl.runs.safe_load import (
+    CHECKPOINT_FORMAT,
     CheckpointError,
     check_checkpoint_entries,
     is_bayesncl_checkpoint,
@@ -230,14 +231,23 @@ def _add_run_facts(result: dict[str, Any], test: dict[str, np.ndarray], cfg: Con
     images with every gate closed, from ``test["mask"]`` (N, D), the hard mask 1[α > method.threshold]
     (also under ``eval.use_soft_gating``; ``gating`` then says the features were gated by α)."""
     if "mask" in test:
-        hard, thr = test["mask"], cfg.method.threshold
+        hard = test["mask"]
         result["gate_open_rate"] = float(hard.mean())
         result["rows_all_closed"] = float((hard.sum(1) == 0).mean())
-        if cfg.eval.use_soft_gating:
-            result["gating"] = (f"soft, by α (eval.use_soft_gating): z̃ = normalize(normalize(z) ⊙ α); "
-                                f"the gate open rates are of the hard mask 1[α > {thr:g}]")
+        if (gating := gating_text(cfg)) is not None:
+            result["gating"] = gating
     result["method"] = cfg.method.name
     result["n_test"] = int(len(test["labels"]))
+
+
+def gating_text(cfg: Config) -> str | None:
+    """How a gated run's features were gated, where they are shown (evaluation.json's ``gating``,
+    evaluation.md, the report's dimension index and pages): None for the hard mask (the default)."""
+    if not cfg.eval.use_soft_gating:
+        return None
+    thr = cfg.method.threshold
+    return (f"soft, by α (eval.use_soft_gating): z̃ = normalize(normalize(z) ⊙ α), so a closed gate scales "
+            f"z̃_k down without zeroing it; gate open and closed are the hard mask 1[α > {thr:g}]")
 
 
 # ----------------------------------------------------------------------------- loading trained runs
@@ -292,6 +302,32 @@ def load_trained(
         raise EvalError(str(e)) from None
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), cfg, out_dir
+
+
+def trained_config(source: str | Path) -> Config | None:
+    """The config the model of ``source`` (what :func:`load_trained` takes) was trained with, read
+    without its weights: a run dir's config.yaml, an ``encoder.safetensors``' metadata, a bayesncl
+    checkpoint's ``config`` (its tensors memory-mapped, not read); None for weights that record none
+    (the authors' layout). CheckpointError / EvalError (one line) for a file that cannot be read."""
+    from bayesncl.runs.export import load_run_config
+
+    src = Path(source)
+    if src.is_dir() and (src / "config.yaml").is_file():
+        return load_run_config(src)
+    path = src / "last.pt" if src.is_dir() else src
+    try:
+        if path.suffix == ".safetensors":
+            cfg_dict, cfg_source = _encoder_config(path)
+            obj = {"format": CHECKPOINT_FORMAT, "config": cfg_dict}
+        else:
+            obj, cfg_source = torch.load(path, map_location="cpu", weights_only=True, mmap=True), path
+    except EvalError:
+        return None  # safetensors weights recording no config (the authors' layout)
+    except Exception:  # noqa: BLE001 - not readable so: the safe loader reads it or says why in one line
+        obj, cfg_source = load_checkpoint_file(path), path
+    if not is_bayesncl_checkpoint(obj) or not isinstance(obj.get("config"), dict):
+        return None
+    return build_config(obj["config"], source=cfg_source)
 
 
 def _what_is(obj: Any) -> str:

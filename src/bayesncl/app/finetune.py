@@ -130,6 +130,24 @@ def _check_labelled(cfg: Config, source: Path) -> Any:
     return info
 
 
+def _check_source(source: Path, cfg: Config, run_dir: Path) -> None:
+    """On --resume: ConfigError (one line) where ``source`` records a model or method other than the
+    one the run in ``run_dir`` (config ``cfg``) fine-tunes; its config is read, not its weights
+    (:func:`bayesncl.app.evaluate.trained_config`), and weights that record none are taken as given."""
+    from bayesncl.app.evaluate import trained_config
+    from bayesncl.runs.messages import describe_config_diff
+
+    pretrained = trained_config(source)
+    if pretrained is None:
+        return
+    diff = describe_config_diff(cfg, replace(cfg, model=pretrained.model, method=pretrained.method))
+    if diff:
+        raise ConfigError(
+            f"--resume: {source} is not the model {run_dir} fine-tunes: its config differs from the run's "
+            f"in: {diff} (run's -> {source}'s); give the source the run was started from, or a new --run-dir"
+        )
+
+
 def finetune(
     source: str | Path, run_dir: str | Path | None = None, overrides: list[str] | None = None, *,
     resume: bool = False, overwrite: bool = False,
@@ -141,7 +159,8 @@ def finetune(
     overrides: ``train.*``/``seed`` on top of :data:`PROTOCOL`; ``data.*``/``eval.*`` as for
     ``evaluate`` (the data read: ``eval.data.*`` for a run pretrained without labels). ``resume``:
     the run dir's own config (its config.yaml, the data it fine-tunes on as ``data.*``), ``overrides``
-    on top (``eval.data.*`` read as that data) and checked as pretrain's ``--resume`` checks them. Raises
+    on top (``eval.data.*`` read as that data) and checked as pretrain's ``--resume`` checks them;
+    ``source`` must record the run's model and method (its config read, not its weights). Raises
     ConfigError / EvalError / DataError / RunDirError (one line) before anything is written for a
     bad request, a checkpoint that does not load, data without labels or an unusable run dir."""
     from bayesncl.app.evaluate import load_trained
@@ -159,6 +178,7 @@ def finetune(
         # eval.data.* given now is the data fine-tuned on, as for a new run: RunDir refuses a change of it
         # (but data.root) as any other
         cfg = finetune_config(resume_config(out_dir, given), {}, protocol={})
+        _check_source(src, cfg, out_dir)
         info = _check_labelled(cfg, src)
         model = build_model(cfg, info.channels, info.image_size, info.num_classes)
     else:

@@ -46,6 +46,14 @@ class DimSummary:
         """Fires on (nearly) every test image: :data:`UNSELECTIVE`."""
         return self.firing_rate >= UNSELECTIVE
 
+    @property
+    def selectivity(self) -> str | None:
+        """What the index and the page say instead of a majority class for an :attr:`unselective`
+        dimension: "not selective" (it fires on every test image) or "hardly selective"; else None."""
+        if not self.unselective:
+            return None
+        return "not selective" if self.firing_rate == 1.0 else "hardly selective"
+
 
 @dataclass
 class DimDetail:

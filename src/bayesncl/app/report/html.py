@@ -116,6 +116,7 @@ def _env() -> Any:
     )
     env.filters["pct"] = lambda v: "–" if v is None or v != v else f"{100 * v:.1f}"
     env.filters["num"] = lambda v, fmt="{:.3f}": "–" if v is None or v != v else fmt.format(v)
+    env.globals["unselective"] = dm.UNSELECTIVE  # the firing rate from which no majority class is named
     return env
 
 
@@ -160,9 +161,10 @@ def write_thumbnails(images: Any, split_indices: np.ndarray, folder: Path) -> No
 
 def _run_pages(env: Any, run: RunInput, out: Path, class_names: Sequence[str], images: Any) -> dict[str, Any]:
     """Write the run's dimension index and pages (and their thumbnails); returns the index row. Features
-    gated softly (``eval.use_soft_gating``) say so; ``mask`` is the hard mask 1[α > threshold] still."""
-    feats, thr = run.feats, run.cfg.method.threshold
-    soft = feats.get("mask") is not None and run.cfg.eval.use_soft_gating
+    gated softly (``eval.use_soft_gating``) say so (``gating``); ``mask`` is the hard mask still."""
+    from bayesncl.app.evaluate import gating_text
+
+    feats = run.feats
     n_classes = max(len(class_names), int(feats["labels"].max()) + 1)
     rows = dm.summarise(feats, n_classes)
     dims = [r.dim for r in rows]
@@ -175,8 +177,8 @@ def _run_pages(env: Any, run: RunInput, out: Path, class_names: Sequence[str], i
     folder.mkdir(parents=True, exist_ok=True)
     cls = partial(class_name, class_names)
     gated = feats.get("mask") is not None
-    common = {"run": run, "gated": gated, "soft": soft, "thr": thr, "names": class_names, "cls": cls,
-              "root": "../"}
+    common = {"run": run, "gated": gated, "gating": gated and gating_text(run.cfg), "names": class_names,
+              "cls": cls, "root": "../"}
 
     def cell(row: int) -> dict[str, str]:  # a feature row's thumbnail and class name
         return {"src": f"../{thumbs}/{int(feats['indices'][row])}.png", "cls": cls(int(feats["labels"][row]))}
