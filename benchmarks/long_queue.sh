@@ -29,6 +29,8 @@ PY="${PYTHON:-python}"
 # runs per entry (a planning pass at 935f359): 15: 7, mechanism: 24, 4: 12, ncl-dead: 6, ncl-ood: 3,
 # ncl-dead bicubic (issue 26: the authors' bicubic crop against our bilinear, on NCL): 6,
 # ncl-spectral: 9, ncl-supervised: 12, ncl-sparsity: 12, appj: 9, ncl-mig: 9, 1: 6 (~115, ~35 h here).
+# Last, beyond the issues' tables: fig4b (ρ and λ swept around the recipe's, ~24 runs), which asks whether
+# another ρ or λ restores BayesNCL's SC lead that Table 1 at 100 epochs did not show (CONFIG.md).
 L="--dataset fashion-mnist-long train.precision=fp32"
 QUEUE=(
     "15 $L" "4 $L"
@@ -37,6 +39,7 @@ QUEUE=(
     "ncl-dead $L data.crop_interpolation=bicubic --run-dir runs/ncl-dead-fashion-mnist-long-bicubic"
     "ncl-spectral $L" "ncl-supervised $L" "ncl-sparsity $L" "appj $L"
     "ncl-mig $L" "1 $L" "ncl-finetune $L" "9 $L"
+    "fig4b $L"
 )
 
 # copy_finished SRC DST [keep]: every SRC/<kind>/<run>/ holding metrics.json, its small files only,
