@@ -222,6 +222,7 @@ def stored_features(sub: Path) -> tuple[Any, Any]:
     """(train, test) FeatureSets of a stored run (h, z̃, labels), extracted once and kept as
     ``features_train.npz`` / ``features_test.npz`` beside it."""
     from bayesncl.app.evaluate import extract_split, load_trained, save_split_features
+    from bayesncl.runs.export import load_run_config
     from bayesncl.runs.features import load_features
 
     paths = {s: sub / f"features_{s}.npz" for s in ("train", "test")}
@@ -231,7 +232,8 @@ def stored_features(sub: Path) -> tuple[Any, Any]:
         for split, path in paths.items():
             keys = ("h", "features") if split == "train" else ("h", "features", "alpha", "mask")
             save_split_features(path, extract_split(model, cfg, split, device, keys=keys), cfg, split, sub)
-    train, test = (load_features(paths[s]) for s in ("train", "test"))
+    threshold = load_run_config(sub).method.threshold  # an older file's α read at the run's gate threshold
+    train, test = (load_features(paths[s], threshold=threshold) for s in ("train", "test"))
     if train.h is None or test.h is None:  # a features file written without h: extract again
         for p in paths.values():
             p.unlink()
