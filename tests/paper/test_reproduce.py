@@ -435,6 +435,40 @@ def test_ncl_fs_checks_its_transfer_set_before_training(
     assert not (tmp_path / "t").exists() and not (tmp_path / "store").exists()
 
 
+def test_ncl_fs_transfer_set_is_read_where_its_check_read_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check before training reads ncl-fs's transfer set under the command's data.root; the measure
+    read it under the stored run's recorded one (data.root is not part of a run's identity: a stored run
+    may have trained where the data lay elsewhere), failing after the check had passed. Both read the
+    command's now."""
+    import bayesncl.app.evaluate as evaluate
+    from bayesncl.paper.ncl_studies import MEASURES
+
+    from ..conftest import image_folder, tiny_checkpoint
+
+    monkeypatch.setattr(studies, "TRANSFER_DATA", {"synthetic": ("imagefolder", 0, 0)})
+    here = image_folder(tmp_path / "here")
+    sub = tmp_path / "store" / "run"
+    sub.mkdir(parents=True)
+    tiny_checkpoint(sub / "last.pt", ["method.name=ncl", f"data.root={tmp_path / 'gone'}"])  # trained there
+    command = [*TINY, "data.image_size=16", f"data.root={here}"]
+    ((_, checked),) = studies.build("ncl-fs", "fashion-mnist", command).extra_data
+    assert (checked.name, checked.root) == ("imagefolder", str(here))
+    read, extract = [], evaluate.extract_split
+
+    def reading(model: Any, cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        read.append(cfg.data)
+        return extract(model, cfg, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "extract_split", reading)
+    cfg = build_config(overrides=[*command, "method.name=ncl"])
+    out = MEASURES["fs_transfer"](sub, cfg, (("imagefolder", 0, 0), (2, 4)))
+    assert [(d.name, d.root) for d in read] == [("imagefolder", checked.root)] * 2  # train and test splits
+    assert set(out) == {f"K{k}.transfer_{m}_acc1" for k in (2, 4) for m in ("top", "random")}
+    assert all(0 <= v <= 100 for v in out.values())
+
+
 def test_transfer_config_keeps_the_runs_geometry() -> None:
     from bayesncl.paper.studies import transfer_config
 
