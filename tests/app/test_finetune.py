@@ -18,7 +18,7 @@ from bayesncl.core.model import build_model
 from bayesncl.runs.messages import TrainingInterrupted
 from bayesncl.runs.safe_load import load_checkpoint_file
 
-from ..conftest import TINY, assert_same_weights, error_line, expect, signal_at, tiny_checkpoint
+from ..conftest import ERROR, TINY, assert_same_weights, error_line, expect, signal_at, tiny_checkpoint
 
 SMALL = ["train.epochs=2", "train.warmup_epochs=1", "train.batch_size=32", "train.progress=false"]
 
@@ -163,3 +163,61 @@ def test_resume_refuses_another_pretrained_model(
     assert main(["finetune", str(a), "--run-dir", str(run), "--resume", "train.epochs=2"]) == 0
     result = json.loads((run / "finetune.json").read_text())
     assert (result["source"], result["method"], result["epochs"]) == (str(a), "ncl", 2)
+
+
+def test_resume_refuses_a_source_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--resume reads the pretrained source's config: a missing source, and one whose config is damaged
+    (a 'config' entry edited or gone, an export's metadata, a config.yaml), are one line each and write
+    nothing; they resumed silently, unchecked. Only the authors' layout records no config by design."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from bayesncl.app.evaluate import trained_config
+
+    a = tiny_checkpoint(tmp_path / "a.pt", ["method.name=ncl"])
+    run = tmp_path / "ft"
+    assert main(["finetune", str(a), "--run-dir", str(run), *SMALL, "train.epochs=1"]) == 0
+    capsys.readouterr()
+    before = _digest(run)
+    ckpt = torch.load(a, weights_only=True)
+    torch.save({**ckpt, "config": "ncl"}, tmp_path / "edited.pt")
+    torch.save({k: v for k, v in ckpt.items() if k != "config"}, tmp_path / "no-config.pt")
+    with safe_open(str(run / "encoder.safetensors"), framework="pt") as f:
+        meta = f.metadata()
+    (tmp_path / "export").mkdir()
+    export = tmp_path / "export" / "encoder.safetensors"
+    save_file(load_file(str(run / "encoder.safetensors")), str(export), metadata={**meta, "config": "{ncl"})
+    src_run = tmp_path / "src-run"
+    src_run.mkdir()
+    shutil.copy(a, src_run / "last.pt")
+    (src_run / "config.yaml").write_text("method: [")
+    resume = ["--run-dir", str(run), "--resume", "train.epochs=2"]
+    cases = {
+        tmp_path / "gone.pt": "V10",
+        tmp_path / "edited.pt": "V11",
+        tmp_path / "no-config.pt": (
+            f"{ERROR}--resume: {tmp_path / 'no-config.pt'} is a bayesncl-checkpoint-v1 checkpoint without "
+            "its 'config' entry (damaged or edited): use another copy, or an earlier checkpoint of the run "
+            "(epoch-NNNN.pt)"
+        ),
+        export: f"{ERROR}--resume: {export}: the config in its metadata is not valid JSON",
+        src_run: f"{ERROR}--resume: config file '{src_run / 'config.yaml'}' is not valid YAML",
+    }
+    for source, want in cases.items():
+        assert main(["finetune", str(source), *resume]) == 2, source
+        line = error_line(capsys)
+        if want in ("V10", "V11"):
+            expect(want, line, tmp_path)
+        else:
+            assert line.startswith(want), line
+        assert _digest(run) == before
+    official = tmp_path / "official.ckpt"  # the authors' layout: backbone.* weights, no config
+    torch.save({"state_dict": {"backbone.conv1.weight": torch.zeros(64, 3, 3, 3)}}, official)
+    assert trained_config(official) is None
+    notes = tmp_path / "notes.pt"
+    torch.save({"lr": 0.1}, notes)  # neither ours nor the authors': not taken as "records no config"
+    with pytest.raises(ValueError, match="is not a model checkpoint bayesncl can read"):
+        trained_config(notes)
+

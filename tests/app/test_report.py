@@ -295,6 +295,36 @@ def test_soft_gating_is_said_where_the_gated_features_are_shown(tmp_path: Path) 
         assert f"Features gated {said}." in page and f"gate open on {hard[dims[0]]:.1f} %" in page
 
 
+def test_an_older_soft_gated_files_mask_is_read_at_the_runs_threshold(tmp_path: Path) -> None:
+    """A features file written under eval.use_soft_gating before its mask stayed 0/1 holds α there: it
+    is read as 1[α > method.threshold] of the run (0.7 here), by the report and by reproduce's stored
+    features, not at 0.5; with no run config known (bayesncl metrics FILE) at 0.5."""
+    from bayesncl.app.report.html import load_run
+    from bayesncl.config import build_config, dump_yaml
+    from bayesncl.paper.variants import stored_features
+    from bayesncl.runs.features import load_features, save_features
+
+    alpha = np.array([[0.2, 0.6, 0.8], [0.65, 0.75, 0.4]] * 5, dtype=np.float32)  # (10, 3)
+    at_07, at_05 = (alpha > 0.7).astype(np.float32), (alpha > 0.5).astype(np.float32)
+    assert not np.array_equal(at_07, at_05)  # (0.6 and 0.65 lie between the two thresholds)
+    run = tmp_path / "run"
+    cfg = build_config(overrides=[*TINY, "method.name=bayesncl", "method.threshold=0.7"])
+    run.mkdir()
+    (run / "config.yaml").write_text(dump_yaml(cfg))
+    rng = np.random.default_rng(0)
+    meta = {"method": "bayesncl", "dataset": "synthetic", "soft_gating": True}
+    for split in ("train", "test"):
+        save_features(run / f"features_{split}.npz", features=rng.random((10, 3), dtype=np.float32),
+                      labels=np.arange(10) % 2, h=rng.random((10, 4), dtype=np.float32), alpha=alpha,
+                      mask=alpha, meta=meta)  # fmt: skip
+    file = run / "features_test.npz"
+    assert np.array_equal(load_features(file, threshold=0.7).mask, at_07)
+    assert np.array_equal(load_features(file).mask, at_05)  # no run config known: the key's default
+    assert np.array_equal(load_run(run, "run").feats["mask"], at_07)
+    train, test = stored_features(run)
+    assert np.array_equal(test.mask, at_07) and np.array_equal(train.mask, at_07)
+
+
 # ----------------------------------------------------------------------------- the figure fixes
 def test_suppressed_figure_shows_dims_the_gate_filters(tmp_path: Path) -> None:
     from bayesncl.app.report.figures import filtered_dims, suppressed_features_figure

@@ -55,7 +55,8 @@ def test_interrupted_demo_resumes_then_overwrites(
     assert main(["demo", "--run-dir", str(run), "--resume", *TINY, "data.blur_prob=0.2"]) == 2
     assert error_line(capsys) == (
         f"bayesncl: error: --resume: {run / 'ncl'} holds a finished run with other settings "
-        "(data.blur_prob); resume with the same options and key=value overrides, or use --overwrite"
+        "(data.blur_prob: 0.5 -> 0.2; run's -> now); resume with the same options and key=value "
+        "overrides, or use --overwrite"
     )
     assert main(["demo", "--run-dir", str(run), "--resume", "--overwrite", *TINY]) == 2
     assert error_line(capsys) == (
@@ -169,5 +170,6 @@ def test_method_keys_for_the_bayesncl_run_leave_the_ncl_run_alone(
     assert main(["demo", "--run-dir", str(run), "--resume", *TINY, "method.rho=0.6"]) == 2
     assert error_line(capsys) == (
         f"bayesncl: error: --resume: {run / 'bayesncl'} holds a finished run with other settings "
-        "(method.rho); resume with the same options and key=value overrides, or use --overwrite"
+        "(method.rho: 0.5 -> 0.6; run's -> now); resume with the same options and key=value "
+        "overrides, or use --overwrite"
     )

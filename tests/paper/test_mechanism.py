@@ -482,6 +482,86 @@ def test_mechanism_study_end_to_end(tmp_path: Path, fm_root: Path, monkeypatch):
     assert sorted((table / variants.slug(n)).resolve() for n in cfgs) == sorted(store.iterdir())
 
 
+BG_TINY = [o for o in TINY if not o.startswith("data.name")]  # the study sets data.name
+
+
+def _finished(sub: Path, cfg, metrics: dict | None = None) -> Path:
+    """A finished run without training: its config.yaml and metrics.json (what reuse reads)."""
+    from bayesncl.config import dump_yaml
+
+    sub.mkdir(parents=True)
+    (sub / "config.yaml").write_text(dump_yaml(cfg))
+    (sub / "metrics.json").write_text(json.dumps(metrics or {"semantic_consistency": 50.0, "AF-GV": 0.1}))
+    return sub
+
+
+def test_mechanism_checks_every_folder_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """reproduce mechanism checks its run dir, store and every run as reproduce does (one shared
+    variants.check_dirs), before a word on stdout: a stored run with other settings is refused up
+    front, naming it and what differs (it was refused only once the runs before it had trained)."""
+    import dataclasses
+
+    from bayesncl.paper import mechanism as mech
+    from bayesncl.paper import variants
+
+    monkeypatch.setattr(mech, "MECHANISM_METHODS", (("BayesNCL (STE)", "bayesncl"),))
+    monkeypatch.setattr("bayesncl.app.train.pretrain", lambda *a, **k: pytest.fail("trained"))
+    store, table = tmp_path / "store", tmp_path / "table"
+    study = ["reproduce", "mechanism", "--dataset", "fashion-mnist-bg", "--store", str(store)]
+    cfgs = mech.mechanism_configs("fashion-mnist-bg", 1, BG_TINY)
+    _, second = cfgs.values()  # p=0 is still to train (first), p=0.9 stored with another lambda
+    edited = dataclasses.replace(second, method=dataclasses.replace(second.method, lam=0.5))
+    stored = _finished(store / variants.variant_hash(second), edited)
+    assert main([*study, "--run-dir", str(table), *BG_TINY]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    expect("P10", err, tmp_path)
+    assert f"the stored run {stored} " in err and f"(method.lam: 0.5 -> {second.method.lam}; stored" in err
+    assert not table.exists() and sorted(store.iterdir()) == [stored]
+    # without --store, a finished run in the run dir with other settings: named as such
+    _finished(table / variants.slug("BayesNCL (STE) | p=0.9 | seed=0"), edited)
+    assert main([*study[:4], "--run-dir", str(table), *BG_TINY]) == 2
+    assert error_line(capsys) == (
+        f"{ERROR}BayesNCL (STE), p=0.9, seed=0: {table / 'bayesncl-ste-p-0-9-seed-0'} holds a finished run "
+        f"with other settings (method.lam: 0.5 -> {second.method.lam}; run's -> now); move "
+        f"{table / 'bayesncl-ste-p-0-9-seed-0'} away (its run is then trained again), choose another "
+        "--run-dir, or pass --store DIR"
+    )
+    (tmp_path / "a-file").write_text("x")  # G1, as for every table
+    assert main([*study[:4], "--run-dir", str(tmp_path / "a-file"), *BG_TINY]) == 2
+    expect("G1", error_line(capsys), tmp_path)
+
+
+def test_mechanism_store_refuses_a_run_dir_with_runs_of_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--store over a run dir that holds real <run>/ folders (the study run there before --store): their
+    links could not be made, and the table would sit beside runs it does not show; it went on silently.
+    Refused up front in one line, nothing written; once they are moved away it links the stored runs."""
+    from bayesncl.paper import mechanism as mech
+    from bayesncl.paper import variants
+
+    monkeypatch.setattr(mech, "MECHANISM_METHODS", (("BayesNCL (STE)", "bayesncl"),))
+    monkeypatch.setattr("bayesncl.app.train.pretrain", lambda *a, **k: pytest.fail("trained"))
+    monkeypatch.setattr(variants, "write_table", lambda *a, **k: None)  # (no report of fake runs)
+    store, table = tmp_path / "store", tmp_path / "table"
+    cfgs = mech.mechanism_configs("fashion-mnist-bg", 1, BG_TINY)
+    for cfg in cfgs.values():
+        _finished(store / variants.variant_hash(cfg), cfg)
+    old = [_finished(table / variants.slug(n), c, {"old": 1.0}) for n, c in cfgs.items()]
+    before = sorted(p.name for p in table.rglob("*"))
+    study = ["reproduce", "mechanism", "--dataset", "fashion-mnist-bg", "--run-dir", str(table)]
+    assert main([*study, "--store", str(store), *BG_TINY]) == 2
+    expect("P11", error_line(capsys), tmp_path)
+    assert sorted(p.name for p in table.rglob("*")) == before and not any(p.is_symlink() for p in old)
+    for sub in old:
+        sub.rename(tmp_path / sub.name)
+    assert main([*study, "--store", str(store), *BG_TINY]) == 0
+    assert sorted((table / variants.slug(n)).resolve() for n in cfgs) == sorted(store.iterdir())
+
+
 def test_reproduce_dispatches_table_6_and_the_mechanism_study(monkeypatch, capsys):
     import bayesncl.paper.mechanism as mech
     from bayesncl.app.cli import main

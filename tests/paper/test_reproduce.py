@@ -320,6 +320,45 @@ def test_table3_refuses_stored_runs_without_its_checkpoints(
     assert not (tmp_path / "t3").exists()
 
 
+def test_every_tables_folders_are_checked_as_the_mechanism_studys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """reproduce and reproduce mechanism share variants.check_dirs: a stored run trained with other
+    settings is refused before a word on stdout, named with what differs, as is a folder of the run
+    dir's own where a table links a stored run."""
+    import dataclasses
+
+    import bayesncl.app.train as train
+    from bayesncl.config import dump_yaml
+    from bayesncl.paper.reproduce import study_configs
+
+    monkeypatch.setattr(train, "pretrain", lambda *a, **k: pytest.fail("trained"))
+    store, table = tmp_path / "store", tmp_path / "t1"
+    cfg = study_configs(studies.build("1", "fashion-mnist", TINY), "fashion-mnist", TINY, 1)["NCL", 0]
+    sub = store / variants.variant_hash(cfg)
+    sub.mkdir(parents=True)
+    edited = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, proj_dim=8))
+    (sub / "config.yaml").write_text(dump_yaml(edited))
+    (sub / "metrics.json").write_text("{}")
+    args = ["reproduce", "1", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir", str(table),
+            *TINY]  # fmt: skip
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"{ERROR}NCL seed 0: the stored run {sub} was trained with other settings (model.proj_dim: 8 -> 16; "
+        f"stored -> now): move {sub} out of the store (its run is then trained again), or use another "
+        "--store\n"
+    )
+    sub.rename(tmp_path / "moved")
+    (table / "ncl-s0").mkdir(parents=True)  # a folder of its own where the table's link goes
+    assert main(args) == 2
+    assert error_line(capsys) == (
+        f"{ERROR}run dir {table} holds folders of its own where table 1 links its stored runs (ncl-s0): they "
+        "would stay there unlinked, beside a table of other runs; move them away, or choose another --run-dir"
+    )
+    assert sorted(p.name for p in table.iterdir()) == ["ncl-s0"] and list(store.iterdir()) == []
+
+
 def test_an_interrupted_reproduce_says_rerun_not_resume(capsys: pytest.CaptureFixture[str]) -> None:
     """reproduce has no --resume: the saved run continues when the same command runs again."""
     from bayesncl.app.errors import run_command
@@ -394,6 +433,40 @@ def test_ncl_fs_checks_its_transfer_set_before_training(
     assert main(["reproduce", "ncl-fs", "--dataset", "fashion-mnist", *TINY, *dirs]) == 2
     expect("P9", error_line(capsys), tmp_path)
     assert not (tmp_path / "t").exists() and not (tmp_path / "store").exists()
+
+
+def test_ncl_fs_transfer_set_is_read_where_its_check_read_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check before training reads ncl-fs's transfer set under the command's data.root; the measure
+    read it under the stored run's recorded one (data.root is not part of a run's identity: a stored run
+    may have trained where the data lay elsewhere), failing after the check had passed. Both read the
+    command's now."""
+    import bayesncl.app.evaluate as evaluate
+    from bayesncl.paper.ncl_studies import MEASURES
+
+    from ..conftest import image_folder, tiny_checkpoint
+
+    monkeypatch.setattr(studies, "TRANSFER_DATA", {"synthetic": ("imagefolder", 0, 0)})
+    here = image_folder(tmp_path / "here")
+    sub = tmp_path / "store" / "run"
+    sub.mkdir(parents=True)
+    tiny_checkpoint(sub / "last.pt", ["method.name=ncl", f"data.root={tmp_path / 'gone'}"])  # trained there
+    command = [*TINY, "data.image_size=16", f"data.root={here}"]
+    ((_, checked),) = studies.build("ncl-fs", "fashion-mnist", command).extra_data
+    assert (checked.name, checked.root) == ("imagefolder", str(here))
+    read, extract = [], evaluate.extract_split
+
+    def reading(model: Any, cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        read.append(cfg.data)
+        return extract(model, cfg, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "extract_split", reading)
+    cfg = build_config(overrides=[*command, "method.name=ncl"])
+    out = MEASURES["fs_transfer"](sub, cfg, (("imagefolder", 0, 0), (2, 4)))
+    assert [(d.name, d.root) for d in read] == [("imagefolder", checked.root)] * 2  # train and test splits
+    assert set(out) == {f"K{k}.transfer_{m}_acc1" for k in (2, 4) for m in ("top", "random")}
+    assert all(0 <= v <= 100 for v in out.values())
 
 
 def test_transfer_config_keeps_the_runs_geometry() -> None:

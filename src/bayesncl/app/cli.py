@@ -282,7 +282,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _SOURCE,
             _arg("--run-dir", help="output directory (default <run>-finetune beside the run)"),
             _flag("--resume", "continue the finetune run in --run-dir from its last.pt, with its config "
-                  "(key=value on top, as pretrain --resume)"),
+                  "(key=value on top, as pretrain --resume); RUN_DIR_OR_CHECKPOINT must still be there: its "
+                  "config (not its weights) is checked to be the model the run fine-tunes"),
             _flag("--overwrite", "replace a run already in --run-dir"),
             _arg("overrides", nargs="*", metavar="key=value",
                  help="train.* and seed on top of the authors' protocol; data.* and eval.*"),

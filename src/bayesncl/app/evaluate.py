@@ -48,7 +48,6 @@ from bayesncl.runs.features import load_features, save_features
 from bayesncl.runs.lock import set_aside_hint
 from bayesncl.runs.official import load_official_checkpoint, load_state_strict, looks_official
 from bayesncl.runs.safe_load import (
-    CHECKPOINT_FORMAT,
     CheckpointError,
     check_checkpoint_entries,
     is_bayesncl_checkpoint,
@@ -306,28 +305,49 @@ def load_trained(
 
 def trained_config(source: str | Path) -> Config | None:
     """The config the model of ``source`` (what :func:`load_trained` takes) was trained with, read
-    without its weights: a run dir's config.yaml, an ``encoder.safetensors``' metadata, a bayesncl
-    checkpoint's ``config`` (its tensors memory-mapped, not read); None for weights that record none
-    (the authors' layout). CheckpointError / EvalError (one line) for a file that cannot be read."""
+    without its weights: a run dir's config.yaml (else its last.pt's), an ``encoder.safetensors``'
+    metadata (else the config.yaml beside it), a bayesncl checkpoint's ``config`` (its tensors
+    memory-mapped, not read). None only for the authors' layout (weights that record no config by
+    design). One line, EvalError / CheckpointError / ConfigError, for a source that does not exist or
+    cannot be read, and for a config that cannot: a damaged config.yaml, metadata or ``config`` entry,
+    an export of ours that records none, a file that is no model checkpoint."""
     from bayesncl.runs.export import load_run_config
 
     src = Path(source)
-    if src.is_dir() and (src / "config.yaml").is_file():
-        return load_run_config(src)
-    path = src / "last.pt" if src.is_dir() else src
+    if src.is_dir():
+        if (src / "config.yaml").exists():
+            return load_run_config(src)
+        path = src / "last.pt"
+        if not path.exists():
+            what = "not a bayesncl run dir (or pass a checkpoint file)"
+            raise EvalError(f"{src} holds no last.pt: {what}{set_aside_hint(src)}")
+    elif src.exists():
+        path = src
+    else:
+        raise EvalError(f"{src}: no such run dir or checkpoint file")
+    obj: Any = None
+    names: list[str] | None = None
     try:
         if path.suffix == ".safetensors":
-            cfg_dict, cfg_source = _encoder_config(path)
-            obj = {"format": CHECKPOINT_FORMAT, "config": cfg_dict}
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                names = list(f.keys())
         else:
-            obj, cfg_source = torch.load(path, map_location="cpu", weights_only=True, mmap=True), path
-    except EvalError:
-        return None  # safetensors weights recording no config (the authors' layout)
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - not readable so: the safe loader reads it or says why in one line
-        obj, cfg_source = load_checkpoint_file(path), path
-    if not is_bayesncl_checkpoint(obj) or not isinstance(obj.get("config"), dict):
-        return None
-    return build_config(obj["config"], source=cfg_source)
+        pass
+    if names is not None and _is_own_encoder(path, dict.fromkeys(names)):  # ours records its config
+        cfg_dict, cfg_source = _encoder_config(path)  # EvalError where it records none, or a damaged one
+        return build_config(cfg_dict, source=cfg_source)
+    if obj is None:  # another's safetensors (its tensors read), or a file torch.load could not map
+        obj = load_checkpoint_file(path)
+    if is_bayesncl_checkpoint(obj):
+        check_checkpoint_entries(obj, path)  # a 'config' entry missing or damaged: one line
+        return build_config(obj["config"], source=path)
+    if looks_official(obj):
+        return None  # the authors' layout: weights without a config
+    raise EvalError(f"{path} is not a model checkpoint bayesncl can read: {_what_is(obj)}")
 
 
 def _what_is(obj: Any) -> str:

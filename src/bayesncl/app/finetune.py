@@ -131,13 +131,26 @@ def _check_labelled(cfg: Config, source: Path) -> Any:
 
 
 def _check_source(source: Path, cfg: Config, run_dir: Path) -> None:
-    """On --resume: ConfigError (one line) where ``source`` records a model or method other than the
-    one the run in ``run_dir`` (config ``cfg``) fine-tunes; its config is read, not its weights
-    (:func:`bayesncl.app.evaluate.trained_config`), and weights that record none are taken as given."""
+    """On --resume: one line where ``source`` is missing, its config cannot be read (a damaged
+    config.yaml, metadata or ``config`` entry: EvalError / CheckpointError / ConfigError) or it records
+    a model or method other than the one the run in ``run_dir`` (config ``cfg``) fine-tunes
+    (ConfigError); its config is read, not its weights (:func:`bayesncl.app.evaluate.trained_config`).
+    Weights that record none by design (the authors' layout) are taken as given."""
     from bayesncl.app.evaluate import trained_config
+    from bayesncl.metrics.inputs import EvalError
     from bayesncl.runs.messages import describe_config_diff
+    from bayesncl.runs.safe_load import CheckpointError
 
-    pretrained = trained_config(source)
+    if not source.exists():
+        raise EvalError(
+            f"--resume: the pretrained source {source} does not exist (no such run dir or checkpoint file): "
+            f"--resume reads its config, to check it is the model {run_dir} fine-tunes; give the source the "
+            "run was started from"
+        )
+    try:
+        pretrained = trained_config(source)
+    except (EvalError, CheckpointError, ConfigError) as e:
+        raise type(e)(f"--resume: {e}") from None
     if pretrained is None:
         return
     diff = describe_config_diff(cfg, replace(cfg, model=pretrained.model, method=pretrained.method))
@@ -160,9 +173,11 @@ def finetune(
     ``evaluate`` (the data read: ``eval.data.*`` for a run pretrained without labels). ``resume``:
     the run dir's own config (its config.yaml, the data it fine-tunes on as ``data.*``), ``overrides``
     on top (``eval.data.*`` read as that data) and checked as pretrain's ``--resume`` checks them;
-    ``source`` must record the run's model and method (its config read, not its weights). Raises
-    ConfigError / EvalError / DataError / RunDirError (one line) before anything is written for a
-    bad request, a checkpoint that does not load, data without labels or an unusable run dir."""
+    ``source`` must be there and record the run's model and method (its config read, not its
+    weights; only the authors' layout records none). Raises
+    ConfigError / EvalError / CheckpointError / DataError / RunDirError (one line) before anything is
+    written for a bad request, a checkpoint that does not load (on ``resume``: a source that is
+    missing or whose config cannot be read), data without labels or an unusable run dir."""
     from bayesncl.app.evaluate import load_trained
     from bayesncl.core import distributed
     from bayesncl.data.loaders import check_batch_size

@@ -164,19 +164,23 @@ def mechanism(
     or, with ``store``, into the store of runs every table shares (``STORE/<hash>``, linked from
     ``run_dir/<run>``), add :func:`final_dynamics` (``samples`` train images) to its metrics, then
     write ``mechanism.md``/``.json`` (the per-run rows and the seed means of :func:`aggregate`).
-    Returns the means."""
+    Returns the means. Every folder is checked before any training (:func:`variants.check_dirs`):
+    RunDirError (one line) for an unusable run dir or store, a finished run with other settings, or,
+    with ``store``, folders of the run dir's own where its links go (runs from before ``--store``)."""
     from bayesncl.app.train import pretrain
 
     configs = mechanism_configs(dataset, seeds, overrides)
     run_dir = run_dir or Path("runs") / f"mechanism-{dataset}"
     subs = {n: store / variants.variant_hash(c) if store else run_dir / variants.slug(n)
             for n, c in configs.items()}  # fmt: skip
+    links = tuple(variants.slug(n) for n in configs) if store else ()
+    folders = {subs[n]: (n.replace(" | ", ", "), c) for n, c in configs.items()}  # labels as the table's
+    unlinked = "; from before --store? the same command without --store reuses them in place"
+    variants.check_dirs(run_dir, store, "the mechanism study", folders, links=links, unlinked=unlinked)
     results: dict[str, dict[str, Any]] = {}
     for name, cfg in configs.items():
         sub = subs[name]
-        if variants.finished(sub):
-            ignore = variants.IDENTITY_IGNORES if store else ()  # a stored run: its hash decides
-            variants.refuse_other_settings(sub, cfg, "use another --run-dir or --store", ignore=ignore)
+        if variants.finished(sub):  # its settings checked above
             print(f"== {name}: reusing {sub / 'metrics.json'}")
             m = variants.finished_metrics(sub)
         else:

@@ -285,13 +285,17 @@ def _m_fs_transfer(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str,
     set ``params[0]`` = (data.name, train_subset, test_subset), both splits through the stored run's
     frozen encoder, the top-K dims ranked on the transfer set's own train split (as the NCL code's
     selected-dims probe ranks on the split it is fitted on: ``solo/methods/linear.py``), at every K
-    of ``params[1]``; keys ``K<k>.transfer_top_acc1`` / ``K<k>.transfer_random_acc1``. The study's
-    ``extra_data`` has the transfer set checked before any training."""
+    of ``params[1]``; keys ``K<k>.transfer_top_acc1`` / ``K<k>.transfer_random_acc1``. The data is read
+    under this command's ``data.root`` (``cfg``'s: where the data lies now; a stored run may have
+    trained where it lay elsewhere), the root the study's ``extra_data`` check read before any
+    training."""
+    import json
+
     from bayesncl.app.evaluate import extract_split, load_trained
     from bayesncl.metrics import selection_probes
 
     (name, n_train, n_test), ks = params
-    model, loaded, _ = load_trained(sub)
+    model, loaded, _ = load_trained(sub, overrides=[f"data.root={json.dumps(cfg.data.root)}"])
     moved = transfer_config(loaded, name, n_train, n_test)
     device = next(model.parameters()).device
     train, test = (extract_split(model, moved, s, device, keys=("features",)) for s in ("train", "test"))

@@ -70,36 +70,6 @@ def _status(sub: Path) -> str:
     return "resume" if (sub / "last.pt").exists() else "train"
 
 
-def _check_dirs(run_dir: Path, store: Path, study: Study, runs: dict[str, tuple[Config, str]]) -> None:
-    """Raise RunDirError for a run dir or store that is a file, cannot be written or holds a pretrain
-    run, and for a stored run of the same hash with other settings; before any output."""
-    from bayesncl.runs.layout import check_writable, refuse_a_run_in
-    from bayesncl.runs.messages import RunDirError
-
-    check_writable(run_dir)
-    refuse_a_run_in(run_dir, _what(study))
-    try:
-        check_writable(store)
-        refuse_a_run_in(store, _what(study))
-    except RunDirError as e:  # the same checks, named for the store
-        raise RunDirError(str(e).replace("run dir", "store", 1).replace("--run-dir", "--store")) from None
-    for h, (cfg, status) in runs.items():
-        sub = store / h
-        if status == "reuse":
-            variants.refuse_other_settings(
-                sub, cfg, f"remove {sub} (or use another --store)", ignore=variants.IDENTITY_IGNORES
-            )
-        missing = [e for e in study.checkpoints if not (sub / f"epoch-{e:04d}.pt").exists()]
-        if status == "reuse" and missing:  # (a run to train or continue writes them with this config)
-            raise RunDirError(
-                f"{_what(study)} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but the stored "
-                f"run {sub} has none (another table trained it with a larger train.checkpoint_every): run "
-                f"{_what(study)} before the tables that share its runs, or use another --store"
-            )
-        else:
-            check_writable(sub)
-
-
 def _logged_rate(sub: Path) -> tuple[tuple[Any, ...], float] | None:
     """``(cost key, images/s)`` of a stored run from its config.yaml and log.csv, else None. The rate
     of its fastest logged epoch: an epoch slowed by other jobs on the cores (or a resume's first
@@ -420,7 +390,10 @@ def reproduce(
     runs: dict[str, tuple[Config, str]] = {}
     for key, h in cells.items():
         runs.setdefault(h, (configs[key], _status(store / h)))
-    _check_dirs(run_dir, store, study, runs)
+    label = {h: f"{n} seed {s}" for (n, s), h in reversed(cells.items())}
+    links = tuple(f"{variants.slug(n)}-s{s}" for n, s in cells)
+    folders = {store / h: (label[h], cfg) for h, (cfg, _) in runs.items()}
+    variants.check_dirs(run_dir, store, _what(study), folders, links=links, checkpoints=study.checkpoints)
     from bayesncl.data import DataError, dataset_info
 
     for data in {repr(cfg.data): cfg.data for cfg, _ in runs.values()}.values():
@@ -434,7 +407,6 @@ def reproduce(
     est, source = estimate_seconds(to_train, store)
     _print_plan(study, dataset, seeds, store, cells, runs, est, source)
     _warn_cpu_resnet50(study, runs, est)
-    label = {h: f"{n} seed {s}" for (n, s), h in reversed(cells.items())}
     for i, h in enumerate(to_train, 1):
         _train(h, to_train[h], store / h, label[h], i, len(to_train), est.get(h))
         measure(store / h, to_train[h], study.measures)  # cached beside the run now, not at the table's end

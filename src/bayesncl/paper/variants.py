@@ -30,20 +30,28 @@ def finished(sub: Path) -> bool:
     return (sub / "metrics.json").exists()
 
 
+def other_settings(sub: Path, cfg: Config, ignore: tuple[str, ...] = ()) -> str:
+    """``"key: run's -> now; ..."`` for every key in which the run in ``sub`` (its config.yaml, else
+    its last.pt) was configured otherwise than ``cfg``, beyond :data:`REUSE_IGNORES` and ``ignore``;
+    ``""`` where none. ConfigError / RunDirError (one line) for a config that cannot be read."""
+    from bayesncl.runs.export import load_run_config
+    from bayesncl.runs.messages import describe_config_diff
+
+    return describe_config_diff(load_run_config(sub), cfg, ignore=(*REUSE_IGNORES, *ignore))
+
+
 def refuse_other_settings(
     sub: Path, cfg: Config, advice: str, *, ignore: tuple[str, ...] = (), prefix: str = ""
 ) -> None:
-    """Raise RunDirError ``"{prefix}{sub} holds a finished run with other settings (...); {advice}"``
-    when the finished run in ``sub`` was configured otherwise than ``cfg`` (beyond
-    :data:`REUSE_IGNORES` and ``ignore``)."""
-    from bayesncl.config import diff_configs
-    from bayesncl.runs.export import load_run_config
+    """Raise RunDirError ``"{prefix}{sub} holds a finished run with other settings (key: run's ->
+    now; ...); {advice}"`` when the finished run in ``sub`` was configured otherwise than ``cfg``
+    (:func:`other_settings`)."""
     from bayesncl.runs.messages import RunDirError
 
-    changed = diff_configs(load_run_config(sub), cfg, ignore=(*REUSE_IGNORES, *ignore))
+    changed = other_settings(sub, cfg, ignore)
     if changed:
         raise RunDirError(
-            f"{prefix}{sub} holds a finished run with other settings ({', '.join(changed)}); {advice}"
+            f"{prefix}{sub} holds a finished run with other settings ({changed}; run's -> now); {advice}"
         )
 
 
@@ -68,6 +76,66 @@ def link(run_dir: Path, name: str, target: Path) -> None:
             path.symlink_to(os.path.relpath(target, run_dir), target_is_directory=True)
     except OSError:
         pass
+
+
+def check_dirs(
+    run_dir: Path, store: Path | None, what: str, runs: dict[Path, tuple[str, Config]], *,
+    links: tuple[str, ...] = (), unlinked: str = "", checkpoints: tuple[int, ...] = (),
+) -> None:
+    """Everything ``reproduce`` and ``reproduce mechanism`` check of their folders before any output or
+    training; raises RunDirError (one line) for
+
+    - ``run_dir``, or ``store`` (None: the runs lie in ``run_dir``'s folders), that is a file, cannot
+      be written, or holds a pretrain run (``what``, e.g. ``table 3``, names the command's runs);
+    - a name of ``links`` (under ``run_dir``, each to link to a stored run) taken by a folder or file
+      of its own, not a link (e.g. runs kept there before ``--store``; ``unlinked`` says so in the
+      message): it would stay unlinked, beside a table of other runs;
+    - a finished run of ``runs`` (``{folder: (label, the config this command gives it)}``) configured
+      otherwise (a stored run: beyond :data:`IDENTITY_IGNORES`, as its hash decides the rest);
+    - a finished stored run without the ``epoch-NNNN.pt`` of ``checkpoints``, which only its training
+      writes;
+    - a run's folder that cannot be written (a finished run's too: what a table measures of it is
+      cached beside it)."""
+    from bayesncl.runs.layout import check_writable, refuse_a_run_in
+    from bayesncl.runs.messages import RunDirError, some_names
+
+    check_writable(run_dir)
+    refuse_a_run_in(run_dir, what)
+    if store is not None:
+        try:
+            check_writable(store)
+            refuse_a_run_in(store, what)
+        except RunDirError as e:  # the same checks, named for the store
+            raise RunDirError(str(e).replace("run dir", "store", 1).replace("--run-dir", "--store")) from None
+    own = [n for n in links if (run_dir / n).exists() and not (run_dir / n).is_symlink()]
+    if own:
+        raise RunDirError(
+            f"run dir {run_dir} holds folders of its own where {what} links its stored runs "
+            f"({some_names(own)}{unlinked}): they would stay there unlinked, beside a table of other runs; "
+            "move them away, or choose another --run-dir"
+        )
+    for sub, (label, cfg) in runs.items():
+        if finished(sub) and store is None:
+            refuse_other_settings(
+                sub, cfg, f"move {sub} away (its run is then trained again), choose another --run-dir, "
+                "or pass --store DIR", prefix=f"{label}: ",
+            )
+        elif finished(sub):
+            changed = other_settings(sub, cfg, IDENTITY_IGNORES)
+            if changed:
+                raise RunDirError(
+                    f"{label}: the stored run {sub} was trained with other settings ({changed}; stored -> "
+                    f"now): move {sub} out of the store (its run is then trained again), or use another "
+                    "--store"
+                )
+            missing = [e for e in checkpoints if not (sub / f"epoch-{e:04d}.pt").exists()]
+            if missing:
+                raise RunDirError(
+                    f"{what} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but the stored run "
+                    f"{sub} has none (another table trained it with a larger train.checkpoint_every): run "
+                    f"{what} before the tables that share its runs, or use another --store"
+                )
+        check_writable(sub)  # a finished run too: what a table measures is cached beside it
 
 
 def write_table(
@@ -154,6 +222,7 @@ def stored_features(sub: Path) -> tuple[Any, Any]:
     """(train, test) FeatureSets of a stored run (h, z̃, labels), extracted once and kept as
     ``features_train.npz`` / ``features_test.npz`` beside it."""
     from bayesncl.app.evaluate import extract_split, load_trained, save_split_features
+    from bayesncl.runs.export import load_run_config
     from bayesncl.runs.features import load_features
 
     paths = {s: sub / f"features_{s}.npz" for s in ("train", "test")}
@@ -163,7 +232,8 @@ def stored_features(sub: Path) -> tuple[Any, Any]:
         for split, path in paths.items():
             keys = ("h", "features") if split == "train" else ("h", "features", "alpha", "mask")
             save_split_features(path, extract_split(model, cfg, split, device, keys=keys), cfg, split, sub)
-    train, test = (load_features(paths[s]) for s in ("train", "test"))
+    threshold = load_run_config(sub).method.threshold  # an older file's α read at the run's gate threshold
+    train, test = (load_features(paths[s], threshold=threshold) for s in ("train", "test"))
     if train.h is None or test.h is None:  # a features file written without h: extract again
         for p in paths.values():
             p.unlink()

@@ -81,11 +81,12 @@ def _parse_meta(raw: np.ndarray, path: Path) -> dict[str, Any]:
     return meta
 
 
-def load_features(path: str | os.PathLike[str]) -> FeatureSet:
+def load_features(path: str | os.PathLike[str], threshold: float = 0.5) -> FeatureSet:
     """Load and validate a features file (or a plain ``.npz`` with ``features`` and ``labels``).
 
     ``mask`` is the 0/1 mask: a file written under ``eval.use_soft_gating`` before it stayed so holds
-    α there, read as 1[α > 0.5] (``method.threshold``'s default).
+    α there, read as 1[α > ``threshold``], the run's gate threshold (``method.threshold``; pass it where
+    the run's config is known, the default 0.5 is that key's default).
     Raises :class:`EvalError` naming what was found when the file is missing, is not an ``.npz``
     archive, lacks ``features`` or ``labels``, holds pickled objects, or has inconsistent shapes.
     """
@@ -157,7 +158,7 @@ def load_features(path: str | os.PathLike[str]) -> FeatureSet:
     if "meta" in arrays:
         fs.meta = _parse_meta(arrays["meta"], path)
     if fs.meta.get("soft_gating") and fs.mask is not None and not np.isin(fs.mask, (0, 1)).all():
-        fs.mask = (fs.mask > 0.5).astype(fs.mask.dtype)  # an older soft-gated file's mask held α
+        fs.mask = (fs.mask > threshold).astype(fs.mask.dtype)  # an older soft-gated file's mask held α
     return fs
 
 

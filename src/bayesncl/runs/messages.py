@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesncl.config import Config, diff_configs, flatten
+from bayesncl.config.parse import RESUME_FREE_KEYS
 
 
 class RunDirError(ValueError):
@@ -34,10 +35,11 @@ def _show(v: Any) -> str:
     return repr(v) if isinstance(v, str) else str(v)
 
 
-def describe_config_diff(old: Config, new: Config) -> str:
-    """``"key: old -> new; ..."`` for every key whose value differs (but the resume-free keys)."""
+def describe_config_diff(old: Config, new: Config, ignore: tuple[str, ...] = RESUME_FREE_KEYS) -> str:
+    """``"key: old -> new; ..."`` for every key whose value differs (but ``ignore``: keys, or prefixes
+    ending in ``.``; by default the resume-free keys)."""
     fo, fn = flatten(old.to_dict()), flatten(new.to_dict())
-    return "; ".join(f"{k}: {_show(fo.get(k))} -> {_show(fn.get(k))}" for k in diff_configs(old, new))
+    return "; ".join(f"{k}: {_show(fo.get(k))} -> {_show(fn.get(k))}" for k in diff_configs(old, new, ignore))
 
 
 def some_names(names: list[str], shown: int = 4) -> str:

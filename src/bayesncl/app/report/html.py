@@ -84,7 +84,7 @@ def load_run(path: Path, label: str) -> RunInput:
     cfg = load_run_config(path)
     file = path / "features_test.npz"
     if file.is_file():
-        fs = load_features(file)
+        fs = load_features(file, threshold=cfg.method.threshold)  # an older file's α: at the run's threshold
         feats = {k: getattr(fs, k) for k in ("features", "labels", "indices", "z", "mask")}
         feats = {k: v for k, v in feats.items() if v is not None}
         if "soft_gating" in fs.meta:  # how its features were gated (an evaluate override, not the run's)
