@@ -321,7 +321,7 @@ def test_an_older_soft_gated_files_mask_is_read_at_the_runs_threshold(tmp_path: 
     assert np.array_equal(load_features(file, threshold=0.7).mask, at_07)
     assert np.array_equal(load_features(file).mask, at_05)  # no run config known: the key's default
     assert np.array_equal(load_run(run, "run").feats["mask"], at_07)
-    train, test = stored_features(run)
+    train, test = stored_features(run, cfg)
     assert np.array_equal(test.mask, at_07) and np.array_equal(train.mask, at_07)
 
 

@@ -477,3 +477,62 @@ def test_transfer_config_keeps_the_runs_geometry() -> None:
     assert (t.data.name, t.data.train_subset, t.data.test_subset) == ("dsprites", 100, 50)
     assert t.data.image_size == 28 and t.data.labels == "auto"  # fashion-mnist's native 28 px, labelled
     assert t.model == cfg.model and cfg.data.name == "fashion-mnist"  # the run's config is not altered
+
+
+def test_every_measure_of_a_stored_run_reads_the_commands_data_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored run records the data.root it trained with (not part of its name); a store moved to a
+    machine where the data lies elsewhere was reused ("reusing ...") and then failed in every measure
+    but ncl-fs's transfer, naming the old root. Each measure, and the mechanism study's dynamics, now
+    reads the data under the command's data.root (variants.measure_overrides): the old root is gone."""
+    import shutil
+
+    from bayesncl.config import dump_yaml
+    from bayesncl.data import clear_cache
+    from bayesncl.data import corruptions as corruption_cache
+    from bayesncl.paper.mechanism import final_dynamics
+    from bayesncl.paper.reproduce import MEASURES
+    from bayesncl.runs.features import load_features
+
+    from ..conftest import fmnist_folder, tiny_checkpoint
+
+    monkeypatch.setattr(corruption_cache, "DEFAULT_CACHE", tmp_path / "cache")
+    clear_cache()
+    gone, here = tmp_path / "gone", tmp_path / "here"
+    data = ["data.name=fashion-mnist-bg", "data.train_subset=64", "data.test_subset=40", f"data.root={gone}"]
+    runs: dict[str, Path] = {}
+    for method in ("ncl", "ce"):  # ce: a method with its own classifier, for the "head" measure
+        sub = runs[method] = tmp_path / "store" / method
+        sub.mkdir(parents=True)
+        tiny_checkpoint(sub / "last.pt", [*data, f"method.name={method}"])  # trained where the data lay then
+        shutil.copy(sub / "last.pt", sub / "epoch-0001.pt")
+        trained = build_config(overrides=[*TINY, *data, f"method.name={method}"])
+        (sub / "config.yaml").write_text(dump_yaml(trained))
+        (sub / "metrics.json").write_text(json.dumps({"sparsity": 0.25}))
+    fmnist_folder(gone)
+    shutil.move(gone, here)  # the data moved (or the store did): the recorded root is no more
+    command = [*TINY, *data[:-1], f"data.root={here}"]
+    cfgs = {m: build_config(overrides=[*command, f"method.name={m}"]) for m in runs}
+    assert variants.identity(cfgs["ce"]) == variants.identity(trained)  # the same run, under one name
+    wanted: list[tuple[str, tuple[Any, ...]]] = [
+        ("probe3", ()), ("retrieval", (8,)), ("retrieval_sel", (8,)), ("selection", (4, 8)),
+        ("sepin", (1, 4)), ("sparsity", ()), ("nclmap", (4,)), ("appj", ()), ("dynamics", ((1,), 32)),
+        ("trajectory", ((1,),)), ("ood", (("gaussian_noise",), (1,))),
+        ("finetune", ("train.epochs=1", "train.warmup_epochs=0", "train.batch_size=32")),
+    ]  # fmt: skip
+    sub, cfg = runs["ncl"], cfgs["ncl"]
+    got = {}
+    for name, params in wanted:  # (an untrained model's correlations may be NaN: a constant dim)
+        got[name] = MEASURES[name](sub, cfg, params)
+        assert got[name] and all(v is None or isinstance(v, float) for v in got[name].values()), name
+    assert set(got["dynamics"]) == {"e1.AF-GV", "e1.GV-SC", "e1.AF-SC"} and not gone.exists()
+    accuracies = [got["probe3"]["lp3_acc1"], got["trajectory"]["e1.linear_probe_acc1"],
+                  got["ood"]["gaussian_noise.sev1"], got["finetune"]["ft_acc1"]]  # fmt: skip
+    assert all(0 <= a <= 100 for a in accuracies), accuracies
+    (head,) = MEASURES["head"](runs["ce"], cfgs["ce"], ()).values()
+    assert 0 <= head <= 100
+    dynamics = final_dynamics(sub, cfg, samples=32)
+    assert set(dynamics) == {"dims", "AF-GV", "GV-SC", "AF-SC"} and dynamics["dims"] >= 0
+    assert load_features(sub / "features_test.npz").meta["dataset"] == "fashion-mnist-bg"
+    clear_cache()

@@ -113,12 +113,13 @@ def mechanism_configs(
     return out
 
 
-def final_dynamics(run_dir: Path, samples: int = 1024) -> dict[str, float]:
+def final_dynamics(run_dir: Path, cfg: Config, samples: int = 1024) -> dict[str, float]:
     """Table 3's AF–GV, GV–SC, AF–SC (and ``dims``; :mod:`bayesncl.app.dynamics`' protocol) at a
-    run's final checkpoint ``last.pt``."""
+    run's final checkpoint ``last.pt``, its data read under ``cfg``'s ``data.root`` (the config this
+    command gives the run: :func:`variants.measure_overrides`)."""
     from bayesncl.app.dynamics import CORRELATIONS, checkpoint_dynamics
 
-    corr, _, _ = checkpoint_dynamics(run_dir / "last.pt", samples)
+    corr, _, _ = checkpoint_dynamics(run_dir / "last.pt", samples, variants.measure_overrides(cfg))
     return {k: corr[k] for k in ("dims", *CORRELATIONS)}
 
 
@@ -187,7 +188,7 @@ def mechanism(
             print(f"== {name}: pretraining into {sub}")
             m = pretrain(cfg, sub, resume=(sub / "last.pt").exists())
         if "AF-GV" not in m:
-            m.update(final_dynamics(sub, samples))
+            m.update(final_dynamics(sub, cfg, samples))
             variants.save_metrics(sub, name, m)
         results[name] = m
     means = aggregate(results)

@@ -218,24 +218,46 @@ def write_cache(sub: Path, cache: dict[str, Any]) -> None:
     write_json(sub / "reproduce.json", cache)
 
 
-def stored_features(sub: Path) -> tuple[Any, Any]:
-    """(train, test) FeatureSets of a stored run (h, z̃, labels), extracted once and kept as
-    ``features_train.npz`` / ``features_test.npz`` beside it."""
-    from bayesncl.app.evaluate import extract_split, load_trained, save_split_features
+# ----------------------------------------------------------------------------- measuring a stored run
+def measure_overrides(cfg: Config) -> list[str]:
+    """What every measure of a stored run sets on the config the run was trained with (its checkpoint's)
+    before it reads data: this command's ``data.root`` (``cfg``'s), where the data lies now and where
+    the command's checks before training read it. A run stored on another machine, or before its data
+    moved, recorded another root; :data:`IDENTITY_IGNORES` leaves ``data.root`` out of a run's name, so
+    the run is reused wherever its data lies. The one place that says so: measures load a stored run
+    with :func:`load_stored`, or hand these overrides on (``dynamics``, ``finetune``)."""
+    return [f"data.root={json.dumps(cfg.data.root)}"]
+
+
+def load_stored(path: Path, cfg: Config) -> tuple[Any, Config, Path]:
+    """:func:`bayesncl.app.evaluate.load_trained` of a stored run (``path``: its folder, or one of its
+    checkpoints ``epoch-NNNN.pt``) for a measure of this command (``cfg``: the config it gives the run),
+    under :func:`measure_overrides`."""
+    from bayesncl.app.evaluate import load_trained
+
+    return load_trained(path, overrides=measure_overrides(cfg))
+
+
+def stored_features(sub: Path, cfg: Config) -> tuple[Any, Any]:
+    """(train, test) FeatureSets of a stored run (h, z̃, labels), extracted once (the data read under
+    this command's ``cfg``'s root: :func:`load_stored`) and kept as ``features_train.npz`` /
+    ``features_test.npz`` beside it."""
+    from bayesncl.app.evaluate import extract_split, save_split_features
     from bayesncl.runs.export import load_run_config
     from bayesncl.runs.features import load_features
 
     paths = {s: sub / f"features_{s}.npz" for s in ("train", "test")}
     if not all(p.exists() for p in paths.values()):
-        model, cfg, _ = load_trained(sub)
+        model, loaded, _ = load_stored(sub, cfg)
         device = next(model.parameters()).device
         for split, path in paths.items():
             keys = ("h", "features") if split == "train" else ("h", "features", "alpha", "mask")
-            save_split_features(path, extract_split(model, cfg, split, device, keys=keys), cfg, split, sub)
+            extracted = extract_split(model, loaded, split, device, keys=keys)
+            save_split_features(path, extracted, loaded, split, sub)
     threshold = load_run_config(sub).method.threshold  # an older file's α read at the run's gate threshold
     train, test = (load_features(paths[s], threshold=threshold) for s in ("train", "test"))
     if train.h is None or test.h is None:  # a features file written without h: extract again
         for p in paths.values():
             p.unlink()
-        return stored_features(sub)
+        return stored_features(sub, cfg)
     return train, test
