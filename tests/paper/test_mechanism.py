@@ -583,3 +583,55 @@ def test_reproduce_dispatches_table_6_and_the_mechanism_study(monkeypatch, capsy
     assert "--seeds 0: expected >= 1" in capsys.readouterr().err
     assert main(["reproduce", "nope", "--dataset", "fashion-mnist"]) == 2
     assert "6, mechanism" in capsys.readouterr().err
+
+
+def test_mechanism_checks_unfinished_runs_and_trains_over_a_run_without_a_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unfinished run (a last.pt) started with other settings is refused before any training, with
+    advice for reproduce (it was refused when its turn came, with pretrain's --resume advice). A run cut
+    short without a last.pt (config.yaml and log.csv, no metrics.json) is trained again, as the tables
+    do (pretrain with overwrite); the study called pretrain without overwrite and failed there, after the
+    runs before it had trained."""
+    import dataclasses
+
+    from bayesncl.config import dump_yaml
+    from bayesncl.paper import mechanism as mech
+    from bayesncl.paper import variants
+    from bayesncl.runs.rundir import prepare_run_dir
+
+    monkeypatch.setattr(mech, "MECHANISM_METHODS", (("BayesNCL (STE)", "bayesncl"),))
+    monkeypatch.setattr(variants, "write_table", lambda *a, **k: None)  # (no report of fake runs)
+    calls: list[tuple[str, bool, bool]] = []
+
+    def pretrain(cfg, sub: Path, *, resume: bool = False, overwrite: bool = False) -> dict:
+        prepare_run_dir(sub, cfg, resume=resume, overwrite=overwrite)  # pretrain's own check of its run dir
+        calls.append((sub.name, resume, overwrite))
+        sub.mkdir(parents=True, exist_ok=True)
+        return {"semantic_consistency": 40.0 + len(calls), "AF-GV": 0.5}
+
+    monkeypatch.setattr("bayesncl.app.train.pretrain", pretrain)
+    table = tmp_path / "table"
+    first, second = mech.mechanism_configs("fashion-mnist-bg", 1, BG_TINY).values()
+    cut = table / "bayesncl-ste-p-0-seed-0"  # killed before its last.pt: config.yaml and log.csv
+    cut.mkdir(parents=True)
+    (cut / "config.yaml").write_text(dump_yaml(first))
+    (cut / "log.csv").write_text("epoch,step\n")
+    other = table / "bayesncl-ste-p-0-9-seed-0"  # unfinished, started with another lambda
+    other.mkdir()
+    (other / "last.pt").write_bytes(b"a checkpoint")
+    (other / "config.yaml").write_text(
+        dump_yaml(dataclasses.replace(second, method=dataclasses.replace(second.method, lam=0.5)))
+    )
+    study = ["reproduce", "mechanism", "--dataset", "fashion-mnist-bg", "--run-dir", str(table)]
+    assert main([*study, *BG_TINY]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"{ERROR}BayesNCL (STE), p=0.9, seed=0: {other} holds an unfinished run (last.pt) started with "
+        f"other settings (method.lam: 0.5 -> {second.method.lam}; run's -> now), which this command would "
+        f"continue: move {other} away (its run is then trained from the start), or choose another --run-dir\n"
+    )
+    assert calls == []
+    other.rename(tmp_path / "moved")
+    assert main([*study, *BG_TINY]) == 0
+    assert calls == [(cut.name, False, True), (other.name, False, False)]  # trained over it, and anew

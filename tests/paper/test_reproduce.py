@@ -536,3 +536,37 @@ def test_every_measure_of_a_stored_run_reads_the_commands_data_root(
     assert set(dynamics) == {"dims", "AF-GV", "GV-SC", "AF-SC"} and dynamics["dims"] >= 0
     assert load_features(sub / "features_test.npz").meta["dataset"] == "fashion-mnist-bg"
     clear_cache()
+
+
+def test_an_unfinished_stored_run_with_other_settings_is_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored run with a last.pt but no metrics.json is continued by the table; one started with other
+    settings (its config edited, or copied in) was refused only when its turn came, possibly hours of
+    training later, with pretrain's --resume advice. check_dirs refuses it up front, in one line with
+    advice for reproduce; with the command's settings it passes (the table continues it)."""
+    import dataclasses
+
+    import bayesncl.app.train as train
+    from bayesncl.config import dump_yaml
+    from bayesncl.paper.reproduce import study_configs
+
+    monkeypatch.setattr(train, "pretrain", lambda *a, **k: pytest.fail("trained"))
+    store, table = tmp_path / "store", tmp_path / "t1"
+    cfg = study_configs(studies.build("1", "fashion-mnist", TINY), "fashion-mnist", TINY, 1)["NCL", 0]
+    sub = store / variants.variant_hash(cfg)
+    sub.mkdir(parents=True)
+    (sub / "last.pt").write_bytes(b"a checkpoint")  # (its config.yaml is what the check reads)
+    edited = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, proj_dim=8))
+    (sub / "config.yaml").write_text(dump_yaml(edited))
+    args = ["reproduce", "1", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir", str(table),
+            *TINY]  # fmt: skip
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    expect("P12", err, tmp_path)
+    assert f"folder {sub} holds" in err and "(model.proj_dim: 8 -> 16; stored -> now)" in err
+    assert not table.exists() and sorted(store.iterdir()) == [sub]
+    (sub / "config.yaml").write_text(dump_yaml(cfg))  # its own settings: to be continued, not refused
+    assert variants.check_dirs(table, store, "table 1", {sub: ("NCL seed 0", cfg)}) is None
+    assert not table.exists()

@@ -364,13 +364,10 @@ def _figure(study: Study, rows: dict[str, Any], path: Path, seeds: int) -> None:
 
 # ----------------------------------------------------------------------------- the command
 def _train(h: str, cfg: Config, sub: Path, label: str, i: int, n: int, est: float | None) -> None:
-    from bayesncl.app.train import pretrain
-
-    resume = (sub / "last.pt").exists()
-    what = "continuing" if resume else "training"
+    what = "continuing" if (sub / "last.pt").exists() else "training"
     print(f"[{i}/{n}] {label}: {what} {sub}" + (f" (~{_duration(est)})" if est else ""), flush=True)
     t = time.time()
-    metrics = pretrain(cfg, sub, resume=resume, overwrite=not resume and sub.exists())
+    metrics = variants.train_run(cfg, sub)
     variants.save_metrics(sub, label, metrics)
     print(f"[{i}/{n}] {label}: done in {_duration(time.time() - t)}", flush=True)
 

@@ -92,12 +92,16 @@ def check_dirs(
       message): it would stay unlinked, beside a table of other runs;
     - a finished run of ``runs`` (``{folder: (label, the config this command gives it)}``) configured
       otherwise (a stored run: beyond :data:`IDENTITY_IGNORES`, as its hash decides the rest);
+    - an unfinished run of ``runs`` (its ``last.pt``, which the command continues) configured otherwise
+      than pretrain's ``--resume`` allows (it was refused only when its turn came, with ``--resume``'s
+      advice, which ``reproduce`` has no use for);
     - a finished stored run without the ``epoch-NNNN.pt`` of ``checkpoints``, which only its training
       writes;
     - a run's folder that cannot be written (a finished run's too: what a table measures of it is
       cached beside it)."""
+    from bayesncl.runs.export import load_run_config
     from bayesncl.runs.layout import check_writable, refuse_a_run_in
-    from bayesncl.runs.messages import RunDirError, some_names
+    from bayesncl.runs.messages import RunDirError, describe_config_diff, some_names
 
     check_writable(run_dir)
     refuse_a_run_in(run_dir, what)
@@ -135,7 +139,30 @@ def check_dirs(
                     f"{sub} has none (another table trained it with a larger train.checkpoint_every): run "
                     f"{what} before the tables that share its runs, or use another --store"
                 )
+        elif (sub / "last.pt").exists():  # the command continues it: what pretrain --resume checks
+            changed = describe_config_diff(load_run_config(sub), cfg)
+            if changed:
+                where, ours = (f"the store's folder {sub}", "stored") if store else (str(sub), "run's")
+                moved, other = ("out of the store", "use another --store") if store else (
+                    "away", "choose another --run-dir"
+                )
+                raise RunDirError(
+                    f"{label}: {where} holds an unfinished run (last.pt) started with other settings "
+                    f"({changed}; {ours} -> now), which this command would continue: move {sub} {moved} (its "
+                    f"run is then trained from the start), or {other}"
+                )
         check_writable(sub)  # a finished run too: what a table measures is cached beside it
+
+
+def train_run(cfg: Config, sub: Path) -> dict[str, Any]:
+    """Pretrain the run ``cfg`` into ``sub`` (a table's or the mechanism study's): continued from its
+    ``last.pt`` (checked up front by :func:`check_dirs`), else trained from the start, over what a run
+    cut short before it left (a ``config.yaml``, a ``log.csv`` without a ``last.pt``: nothing to
+    continue). Returns pretrain's metrics."""
+    from bayesncl.app.train import pretrain
+
+    resume = (sub / "last.pt").exists()
+    return pretrain(cfg, sub, resume=resume, overwrite=not resume and sub.exists())
 
 
 def write_table(
