@@ -118,11 +118,14 @@ def check_dirs(
             f"({some_names(own)}{unlinked}): they would stay there unlinked, beside a table of other runs; "
             "move them away, or choose another --run-dir"
         )
+    # without a store, --store DIR is advice only while no run's folder is a real one: --store links its
+    # stored runs where these folders are, and refuses a run dir that holds folders of its own there
+    real = store is None and any(s.exists() and not s.is_symlink() for s in runs)
     for sub, (label, cfg) in runs.items():
         if finished(sub) and store is None:
+            other = "or choose another --run-dir" if real else "choose another --run-dir, or pass --store DIR"
             refuse_other_settings(
-                sub, cfg, f"move {sub} away (its run is then trained again), choose another --run-dir, "
-                "or pass --store DIR", prefix=f"{label}: ",
+                sub, cfg, f"move {sub} away (its run is then trained again), {other}", prefix=f"{label}: "
             )
         elif finished(sub):
             changed = other_settings(sub, cfg, IDENTITY_IGNORES)
