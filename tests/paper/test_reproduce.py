@@ -570,3 +570,46 @@ def test_an_unfinished_stored_run_with_other_settings_is_refused_before_training
     (sub / "config.yaml").write_text(dump_yaml(cfg))  # its own settings: to be continued, not refused
     assert variants.check_dirs(table, store, "table 1", {sub: ("NCL seed 0", cfg)}) is None
     assert not table.exists()
+
+
+def test_a_stored_runs_place_taken_or_without_a_config_is_named_with_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's entry for a run that is a file was reported as "run dir ... is a file; choose another
+    --run-dir"; a finished stored run without config.yaml (nor last.pt) as a bare "config file ... does
+    not exist"; a file of the run dir's own where a table links a stored run as a "folder". Each names
+    the run and what to do, in one line, before anything is written."""
+    import bayesncl.app.train as train
+    from bayesncl.paper.reproduce import study_configs
+
+    monkeypatch.setattr(train, "pretrain", lambda *a, **k: pytest.fail("trained"))
+    store, table = tmp_path / "store", tmp_path / "t1"
+    cfg = study_configs(studies.build("1", "fashion-mnist", TINY), "fashion-mnist", TINY, 1)["NCL", 0]
+    sub = store / variants.variant_hash(cfg)
+    store.mkdir()
+    sub.write_text("not a run")
+    args = ["reproduce", "1", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir", str(table),
+            *TINY]  # fmt: skip
+    assert main(args) == 2
+    err = error_line(capsys)
+    expect("P13", err, tmp_path)
+    assert err.startswith(f"{ERROR}NCL seed 0: {sub}, where the store keeps this run, is a file")
+    sub.unlink()
+    sub.mkdir()
+    (sub / "metrics.json").write_text("{}")  # finished, but its config.yaml lost (and no last.pt)
+    assert main(args) == 2
+    err = error_line(capsys)
+    expect("P14", err, tmp_path)
+    assert f"NCL seed 0: the stored run {sub} holds metrics.json" in err
+    (sub / "config.yaml").write_text("model: [")  # damaged: C8-like reader's line inside, then the advice
+    assert main(args) == 2
+    err = error_line(capsys)
+    assert err.startswith(f"{ERROR}NCL seed 0: the stored run {sub}: its settings cannot be read (config ")
+    assert err.endswith(f"; move {sub} out of the store (its run is then trained again), or use another "
+                        "--store")  # fmt: skip
+    sub.rename(tmp_path / "moved")
+    table.mkdir()
+    (table / "ncl-s0").write_text("notes")  # a file of its own where the table links NCL seed 0
+    assert main(args) == 2
+    expect("P15", error_line(capsys), tmp_path)
+    assert sorted(p.name for p in table.iterdir()) == ["ncl-s0"] and list(store.iterdir()) == []

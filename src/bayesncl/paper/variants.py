@@ -90,8 +90,9 @@ def check_dirs(
     - a name of ``links`` (under ``run_dir``, each to link to a stored run) taken by a folder or file
       of its own, not a link (e.g. runs kept there before ``--store``; ``unlinked`` says so in the
       message): it would stay unlinked, beside a table of other runs;
-    - a finished run of ``runs`` (``{folder: (label, the config this command gives it)}``) configured
-      otherwise (a stored run: beyond :data:`IDENTITY_IGNORES`, as its hash decides the rest);
+    - a run's place (``runs``: ``{folder: (label, the config this command gives it)}``) taken by a file;
+    - a finished run of ``runs`` configured otherwise (a stored run: beyond :data:`IDENTITY_IGNORES`, as
+      its hash decides the rest), or whose config cannot be read;
     - an unfinished run of ``runs`` (its ``last.pt``, which the command continues) configured otherwise
       than pretrain's ``--resume`` allows (it was refused only when its turn came, with ``--resume``'s
       advice, which ``reproduce`` has no use for);
@@ -99,7 +100,6 @@ def check_dirs(
       writes;
     - a run's folder that cannot be written (a finished run's too: what a table measures of it is
       cached beside it)."""
-    from bayesncl.runs.export import load_run_config
     from bayesncl.runs.layout import check_writable, refuse_a_run_in
     from bayesncl.runs.messages import RunDirError, describe_config_diff, some_names
 
@@ -113,8 +113,10 @@ def check_dirs(
             raise RunDirError(str(e).replace("run dir", "store", 1).replace("--run-dir", "--store")) from None
     own = [n for n in links if (run_dir / n).exists() and not (run_dir / n).is_symlink()]
     if own:
+        dirs = sum((run_dir / n).is_dir() for n in own)
+        kind = "folders" if dirs == len(own) else "files" if not dirs else "folders and files"
         raise RunDirError(
-            f"run dir {run_dir} holds folders of its own where {what} links its stored runs "
+            f"run dir {run_dir} holds {kind} of its own where {what} links its stored runs "
             f"({some_names(own)}{unlinked}): they would stay there unlinked, beside a table of other runs; "
             "move them away, or choose another --run-dir"
         )
@@ -122,18 +124,33 @@ def check_dirs(
     # stored runs where these folders are, and refuses a run dir that holds folders of its own there
     real = store is None and any(s.exists() and not s.is_symlink() for s in runs)
     for sub, (label, cfg) in runs.items():
-        if finished(sub) and store is None:
+        # where a run cannot be reused or continued as it is: what to do
+        if store is None:
+            keeper, moved = "the run dir", f"move {sub} away"
             other = "or choose another --run-dir" if real else "choose another --run-dir, or pass --store DIR"
-            refuse_other_settings(
-                sub, cfg, f"move {sub} away (its run is then trained again), {other}", prefix=f"{label}: "
+        else:
+            keeper, moved, other = "the store", f"move {sub} out of the store", "or use another --store"
+        if sub.exists() and not sub.is_dir():
+            raise RunDirError(
+                f"{label}: {sub}, where {keeper} keeps this run, is a file, not a folder: {moved} (the run "
+                f"is then trained there), {other}"
             )
+        if finished(sub) or (sub / "last.pt").exists():
+            who = f"{label}: the stored run {sub}" if store else f"{label}: {sub}"
+            stored = _run_config(sub, who, f"{moved} (its run is then trained again), {other}")
+        if finished(sub) and store is None:
+            changed = describe_config_diff(stored, cfg, ignore=REUSE_IGNORES)
+            if changed:
+                raise RunDirError(
+                    f"{label}: {sub} holds a finished run with other settings ({changed}; run's -> now); "
+                    f"{moved} (its run is then trained again), {other}"
+                )
         elif finished(sub):
-            changed = other_settings(sub, cfg, IDENTITY_IGNORES)
+            changed = describe_config_diff(stored, cfg, ignore=(*REUSE_IGNORES, *IDENTITY_IGNORES))
             if changed:
                 raise RunDirError(
                     f"{label}: the stored run {sub} was trained with other settings ({changed}; stored -> "
-                    f"now): move {sub} out of the store (its run is then trained again), or use another "
-                    "--store"
+                    f"now): {moved} (its run is then trained again), {other}"
                 )
             missing = [e for e in checkpoints if not (sub / f"epoch-{e:04d}.pt").exists()]
             if missing:
@@ -143,18 +160,37 @@ def check_dirs(
                     f"{what} before the tables that share its runs, or use another --store"
                 )
         elif (sub / "last.pt").exists():  # the command continues it: what pretrain --resume checks
-            changed = describe_config_diff(load_run_config(sub), cfg)
+            changed = describe_config_diff(stored, cfg)
             if changed:
                 where, ours = (f"the store's folder {sub}", "stored") if store else (str(sub), "run's")
-                moved, other = ("out of the store", "use another --store") if store else (
-                    "away", "choose another --run-dir"
-                )
                 raise RunDirError(
                     f"{label}: {where} holds an unfinished run (last.pt) started with other settings "
-                    f"({changed}; {ours} -> now), which this command would continue: move {sub} {moved} (its "
-                    f"run is then trained from the start), or {other}"
+                    f"({changed}; {ours} -> now), which this command would continue: {moved} (its run is "
+                    f"then trained from the start), {other}"
                 )
         check_writable(sub)  # a finished run too: what a table measures is cached beside it
+
+
+def _run_config(sub: Path, who: str, advice: str) -> Config:
+    """The config of the run in ``sub`` (:func:`bayesncl.runs.export.load_run_config`: its config.yaml,
+    else its last.pt's); RunDirError ``"{who} ...; {advice}"`` (``who`` names the run) where it cannot
+    be read (a metrics.json without either, a damaged config.yaml, ...)."""
+    from bayesncl.config import ConfigError
+    from bayesncl.runs.export import load_run_config
+    from bayesncl.runs.messages import RunDirError
+    from bayesncl.runs.safe_load import CheckpointError
+
+    if not (sub / "config.yaml").exists() and not (sub / "last.pt").exists():
+        raise RunDirError(
+            f"{who} holds metrics.json but neither config.yaml nor last.pt, so its settings cannot be "
+            f"checked; {advice}"
+        )
+    try:
+        return load_run_config(sub)
+    except (ConfigError, CheckpointError, RunDirError) as e:
+        raise RunDirError(
+            f"{who}: its settings cannot be read ({e}); {advice}"
+        ) from None
 
 
 def train_run(cfg: Config, sub: Path) -> dict[str, Any]:
