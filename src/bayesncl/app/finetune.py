@@ -246,20 +246,17 @@ def finetune_groups(model: ContrastiveModel, cfg: Config, global_batch: int) -> 
 
 def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> ContrastiveModel:
     """The epochs of ``cfg`` in ``run`` (a RunDir, entered), from its checkpoint if any."""
-    from bayesncl.app.train import _clock, epochs
+    from bayesncl.app.train import _clock, epochs, run_precision
     from bayesncl.core import distributed
     from bayesncl.core.engine import Training, wrap_for_training
-    from bayesncl.core.optim import LrSchedule, build_optimizer, precision_plan
+    from bayesncl.core.optim import LrSchedule, build_optimizer
     from bayesncl.data import build_train_loader
     from bayesncl.runs.state import seed_everything
 
     world = run.world
     device = world.device
-    # as pretraining's; on --resume what the run trained in (RunDir.precision)
-    precision = run.precision(precision_plan(cfg.train.precision, cfg.train.channels_last, device))
+    precision = run_precision(cfg, run)  # as pretraining's; on --resume what the run trained in
     amp_dtype = precision.dtype
-    if world.is_main:
-        print(f"precision: {precision.why}", flush=True)
     seed_everything(distributed.rank_seed(cfg.seed, world.rank))
     model = _prepare(model, cfg, info.num_classes, device)
     model = distributed.convert_sync_bn(model, cfg.train.sync_bn, world)
