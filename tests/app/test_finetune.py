@@ -193,10 +193,12 @@ def test_resume_refuses_a_source_it_cannot_read(tmp_path: Path, capsys: pytest.C
     src_run.mkdir()
     shutil.copy(a, src_run / "last.pt")
     (src_run / "config.yaml").write_text("method: [")
+    (tmp_path / "text.pt").write_text("my notes on the run")  # no checkpoint at all: said what to do
     resume = ["--run-dir", str(run), "--resume", "train.epochs=2"]
     cases = {
         tmp_path / "gone.pt": "V10",
         tmp_path / "edited.pt": "V11",
+        tmp_path / "text.pt": "V12",
         tmp_path / "no-config.pt": (
             f"{ERROR}--resume: {tmp_path / 'no-config.pt'} is a bayesncl-checkpoint-v1 checkpoint without "
             "its 'config' entry (damaged or edited): use another copy, or an earlier checkpoint of the run "
@@ -208,7 +210,7 @@ def test_resume_refuses_a_source_it_cannot_read(tmp_path: Path, capsys: pytest.C
     for source, want in cases.items():
         assert main(["finetune", str(source), *resume]) == 2, source
         line = error_line(capsys)
-        if want in ("V10", "V11"):
+        if want in ("V10", "V11", "V12"):
             expect(want, line, tmp_path)
         else:
             assert line.startswith(want), line

@@ -321,8 +321,46 @@ def test_an_older_soft_gated_files_mask_is_read_at_the_runs_threshold(tmp_path: 
     assert np.array_equal(load_features(file, threshold=0.7).mask, at_07)
     assert np.array_equal(load_features(file).mask, at_05)  # no run config known: the key's default
     assert np.array_equal(load_run(run, "run").feats["mask"], at_07)
-    train, test = stored_features(run)
+    train, test = stored_features(run, cfg)
     assert np.array_equal(test.mask, at_07) and np.array_equal(train.mask, at_07)
+
+
+
+def test_metrics_of_an_older_soft_gated_file_in_a_run_dir_reads_the_runs_threshold(tmp_path: Path) -> None:
+    """`bayesncl metrics FILE` read an older soft-gated file's mask (which held α) at 0.5 where the report
+    reads it at the run's method.threshold; in a run dir with config.yaml it now reads the run's (0.7),
+    elsewhere (or beside a config.yaml that is no run's) still 0.5, as documented."""
+    from bayesncl.app.evaluate import metrics_command
+    from bayesncl.config import build_config, dump_yaml
+    from bayesncl.metrics.background import background_metrics
+    from bayesncl.runs.features import save_features
+
+    labels, places = np.repeat(np.arange(4), 20), np.tile(np.repeat(np.arange(4), 5), 4)  # 4 x 4, 5 each
+    z = np.zeros((80, 4), dtype=np.float32)  # dims: object (class 0), background (place 2), constant, dead
+    z[:, 0], z[:, 1], z[:, 2] = labels == 0, 2.0 * (places == 2), 1.0
+    alpha = np.random.default_rng(0).random(z.shape).astype(np.float32)
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = build_config(overrides=[*TINY, "method.name=bayesncl", "method.threshold=0.7"])
+    (run / "config.yaml").write_text(dump_yaml(cfg))
+    meta = {"method": "bayesncl", "dataset": "synthetic", "soft_gating": True}
+    file = run / "features_test.npz"
+    save_features(file, features=z, labels=labels, places=places, z=z, mask=alpha, meta=meta)
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(file, tmp_path / "elsewhere" / "f.npz")
+
+    def closure(threshold: float) -> tuple[float | None, float | None]:
+        m = background_metrics(z, labels, places, z=z, mask=(alpha > threshold).astype(np.float32))
+        return m["gate_closure_background"], m["gate_closure_object"]
+
+    assert closure(0.7) != closure(0.5)
+    out = metrics_command(file)
+    assert (out["gate_closure_background"], out["gate_closure_object"]) == closure(0.7)
+    out = metrics_command(tmp_path / "elsewhere" / "f.npz")
+    assert (out["gate_closure_background"], out["gate_closure_object"]) == closure(0.5)
+    (tmp_path / "elsewhere" / "config.yaml").write_text("notes: [a user's file, not a run's config]\n")
+    out = metrics_command(tmp_path / "elsewhere" / "f.npz")
+    assert (out["gate_closure_background"], out["gate_closure_object"]) == closure(0.5)
 
 
 # ----------------------------------------------------------------------------- the figure fixes

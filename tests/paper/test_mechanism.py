@@ -526,8 +526,8 @@ def test_mechanism_checks_every_folder_before_training(
     assert error_line(capsys) == (
         f"{ERROR}BayesNCL (STE), p=0.9, seed=0: {table / 'bayesncl-ste-p-0-9-seed-0'} holds a finished run "
         f"with other settings (method.lam: 0.5 -> {second.method.lam}; run's -> now); move "
-        f"{table / 'bayesncl-ste-p-0-9-seed-0'} away (its run is then trained again), choose another "
-        "--run-dir, or pass --store DIR"
+        f"{table / 'bayesncl-ste-p-0-9-seed-0'} away (its run is then trained again), or choose another "
+        "--run-dir"
     )
     (tmp_path / "a-file").write_text("x")  # G1, as for every table
     assert main([*study[:4], "--run-dir", str(tmp_path / "a-file"), *BG_TINY]) == 2
@@ -583,3 +583,91 @@ def test_reproduce_dispatches_table_6_and_the_mechanism_study(monkeypatch, capsy
     assert "--seeds 0: expected >= 1" in capsys.readouterr().err
     assert main(["reproduce", "nope", "--dataset", "fashion-mnist"]) == 2
     assert "6, mechanism" in capsys.readouterr().err
+
+
+def test_mechanism_checks_unfinished_runs_and_trains_over_a_run_without_a_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unfinished run (a last.pt) started with other settings is refused before any training, with
+    advice for reproduce (it was refused when its turn came, with pretrain's --resume advice). A run cut
+    short without a last.pt (config.yaml and log.csv, no metrics.json) is trained again, as the tables
+    do (pretrain with overwrite); the study called pretrain without overwrite and failed there, after the
+    runs before it had trained."""
+    import dataclasses
+
+    from bayesncl.config import dump_yaml
+    from bayesncl.paper import mechanism as mech
+    from bayesncl.paper import variants
+    from bayesncl.runs.rundir import prepare_run_dir
+
+    monkeypatch.setattr(mech, "MECHANISM_METHODS", (("BayesNCL (STE)", "bayesncl"),))
+    monkeypatch.setattr(variants, "write_table", lambda *a, **k: None)  # (no report of fake runs)
+    calls: list[tuple[str, bool, bool]] = []
+
+    def pretrain(cfg, sub: Path, *, resume: bool = False, overwrite: bool = False) -> dict:
+        prepare_run_dir(sub, cfg, resume=resume, overwrite=overwrite)  # pretrain's own check of its run dir
+        calls.append((sub.name, resume, overwrite))
+        sub.mkdir(parents=True, exist_ok=True)
+        return {"semantic_consistency": 40.0 + len(calls), "AF-GV": 0.5}
+
+    monkeypatch.setattr("bayesncl.app.train.pretrain", pretrain)
+    table = tmp_path / "table"
+    first, second = mech.mechanism_configs("fashion-mnist-bg", 1, BG_TINY).values()
+    cut = table / "bayesncl-ste-p-0-seed-0"  # killed before its last.pt: config.yaml and log.csv
+    cut.mkdir(parents=True)
+    (cut / "config.yaml").write_text(dump_yaml(first))
+    (cut / "log.csv").write_text("epoch,step\n")
+    other = table / "bayesncl-ste-p-0-9-seed-0"  # unfinished, started with another lambda
+    other.mkdir()
+    (other / "last.pt").write_bytes(b"a checkpoint")
+    (other / "config.yaml").write_text(
+        dump_yaml(dataclasses.replace(second, method=dataclasses.replace(second.method, lam=0.5)))
+    )
+    study = ["reproduce", "mechanism", "--dataset", "fashion-mnist-bg", "--run-dir", str(table)]
+    assert main([*study, *BG_TINY]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"{ERROR}BayesNCL (STE), p=0.9, seed=0: {other} holds an unfinished run (last.pt) started with "
+        f"other settings (method.lam: 0.5 -> {second.method.lam}; run's -> now), which this command would "
+        f"continue: move {other} away (its run is then trained from the start), or choose another --run-dir\n"
+    )
+    assert calls == []
+    other.rename(tmp_path / "moved")
+    assert main([*study, *BG_TINY]) == 0
+    assert calls == [(cut.name, False, True), (other.name, False, False)]  # trained over it, and anew
+
+
+def test_mechanism_offers_store_only_where_store_would_not_be_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finished run of the run dir with other settings: the advice offered "or pass --store DIR", which
+    P11 then refused, as the run dir holds that very folder (and its siblings) where --store links its
+    stored runs; the advice looped. It is offered only where the run's folders are links (left by an
+    earlier --store), and then --store passes the check."""
+    import dataclasses
+
+    from bayesncl.paper import mechanism as mech
+    from bayesncl.paper import variants
+
+    monkeypatch.setattr(mech, "MECHANISM_METHODS", (("BayesNCL (STE)", "bayesncl"),))
+    monkeypatch.setattr("bayesncl.app.train.pretrain", lambda *a, **k: pytest.fail("trained"))
+    table = tmp_path / "table"
+    cfgs = mech.mechanism_configs("fashion-mnist-bg", 1, BG_TINY)
+    name = "BayesNCL (STE) | p=0.9 | seed=0"
+    edited = dataclasses.replace(cfgs[name], method=dataclasses.replace(cfgs[name].method, lam=0.5))
+    sub = _finished(table / variants.slug(name), edited)
+    study = ["reproduce", "mechanism", "--dataset", "fashion-mnist-bg", "--run-dir", str(table), *BG_TINY]
+    assert main(study) == 2
+    err = error_line(capsys)
+    assert err.endswith(f"move {sub} away (its run is then trained again), or choose another --run-dir")
+    assert main([*study, "--store", str(tmp_path / "store")]) == 2  # what --store would have met
+    assert f"run dir {table} holds folders of its own where the mechanism study links its stored runs " \
+        "(bayesncl-ste-p-0-9-seed-0; from before --store?" in error_line(capsys)  # P11
+    sub.rename(tmp_path / "elsewhere")  # a link where the folder was, as an earlier --store leaves
+    sub.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert main(study) == 2
+    assert error_line(capsys).endswith(
+        f"move {sub} away (its run is then trained again), choose another --run-dir, or pass --store DIR"
+    )
+    links = tuple(variants.slug(n) for n in cfgs)
+    assert variants.check_dirs(table, tmp_path / "store", "the mechanism study", {}, links=links) is None

@@ -477,3 +477,139 @@ def test_transfer_config_keeps_the_runs_geometry() -> None:
     assert (t.data.name, t.data.train_subset, t.data.test_subset) == ("dsprites", 100, 50)
     assert t.data.image_size == 28 and t.data.labels == "auto"  # fashion-mnist's native 28 px, labelled
     assert t.model == cfg.model and cfg.data.name == "fashion-mnist"  # the run's config is not altered
+
+
+def test_every_measure_of_a_stored_run_reads_the_commands_data_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored run records the data.root it trained with (not part of its name); a store moved to a
+    machine where the data lies elsewhere was reused ("reusing ...") and then failed in every measure
+    but ncl-fs's transfer, naming the old root. Each measure, and the mechanism study's dynamics, now
+    reads the data under the command's data.root (variants.measure_overrides): the old root is gone."""
+    import shutil
+
+    from bayesncl.config import dump_yaml
+    from bayesncl.data import clear_cache
+    from bayesncl.data import corruptions as corruption_cache
+    from bayesncl.paper.mechanism import final_dynamics
+    from bayesncl.paper.reproduce import MEASURES
+    from bayesncl.runs.features import load_features
+
+    from ..conftest import fmnist_folder, tiny_checkpoint
+
+    monkeypatch.setattr(corruption_cache, "DEFAULT_CACHE", tmp_path / "cache")
+    clear_cache()
+    gone, here = tmp_path / "gone", tmp_path / "here"
+    data = ["data.name=fashion-mnist-bg", "data.train_subset=64", "data.test_subset=40", f"data.root={gone}"]
+    runs: dict[str, Path] = {}
+    for method in ("ncl", "ce"):  # ce: a method with its own classifier, for the "head" measure
+        sub = runs[method] = tmp_path / "store" / method
+        sub.mkdir(parents=True)
+        tiny_checkpoint(sub / "last.pt", [*data, f"method.name={method}"])  # trained where the data lay then
+        shutil.copy(sub / "last.pt", sub / "epoch-0001.pt")
+        trained = build_config(overrides=[*TINY, *data, f"method.name={method}"])
+        (sub / "config.yaml").write_text(dump_yaml(trained))
+        (sub / "metrics.json").write_text(json.dumps({"sparsity": 0.25}))
+    fmnist_folder(gone)
+    shutil.move(gone, here)  # the data moved (or the store did): the recorded root is no more
+    command = [*TINY, *data[:-1], f"data.root={here}"]
+    cfgs = {m: build_config(overrides=[*command, f"method.name={m}"]) for m in runs}
+    assert variants.identity(cfgs["ce"]) == variants.identity(trained)  # the same run, under one name
+    wanted: list[tuple[str, tuple[Any, ...]]] = [
+        ("probe3", ()), ("retrieval", (8,)), ("retrieval_sel", (8,)), ("selection", (4, 8)),
+        ("sepin", (1, 4)), ("sparsity", ()), ("nclmap", (4,)), ("appj", ()), ("dynamics", ((1,), 32)),
+        ("trajectory", ((1,),)), ("ood", (("gaussian_noise",), (1,))),
+        ("finetune", ("train.epochs=1", "train.warmup_epochs=0", "train.batch_size=32")),
+    ]  # fmt: skip
+    sub, cfg = runs["ncl"], cfgs["ncl"]
+    got = {}
+    for name, params in wanted:  # (an untrained model's correlations may be NaN: a constant dim)
+        got[name] = MEASURES[name](sub, cfg, params)
+        assert got[name] and all(v is None or isinstance(v, float) for v in got[name].values()), name
+    assert set(got["dynamics"]) == {"e1.AF-GV", "e1.GV-SC", "e1.AF-SC"} and not gone.exists()
+    accuracies = [got["probe3"]["lp3_acc1"], got["trajectory"]["e1.linear_probe_acc1"],
+                  got["ood"]["gaussian_noise.sev1"], got["finetune"]["ft_acc1"]]  # fmt: skip
+    assert all(0 <= a <= 100 for a in accuracies), accuracies
+    (head,) = MEASURES["head"](runs["ce"], cfgs["ce"], ()).values()
+    assert 0 <= head <= 100
+    dynamics = final_dynamics(sub, cfg, samples=32)
+    assert set(dynamics) == {"dims", "AF-GV", "GV-SC", "AF-SC"} and dynamics["dims"] >= 0
+    assert load_features(sub / "features_test.npz").meta["dataset"] == "fashion-mnist-bg"
+    clear_cache()
+
+
+def test_an_unfinished_stored_run_with_other_settings_is_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored run with a last.pt but no metrics.json is continued by the table; one started with other
+    settings (its config edited, or copied in) was refused only when its turn came, possibly hours of
+    training later, with pretrain's --resume advice. check_dirs refuses it up front, in one line with
+    advice for reproduce; with the command's settings it passes (the table continues it)."""
+    import dataclasses
+
+    import bayesncl.app.train as train
+    from bayesncl.config import dump_yaml
+    from bayesncl.paper.reproduce import study_configs
+
+    monkeypatch.setattr(train, "pretrain", lambda *a, **k: pytest.fail("trained"))
+    store, table = tmp_path / "store", tmp_path / "t1"
+    cfg = study_configs(studies.build("1", "fashion-mnist", TINY), "fashion-mnist", TINY, 1)["NCL", 0]
+    sub = store / variants.variant_hash(cfg)
+    sub.mkdir(parents=True)
+    (sub / "last.pt").write_bytes(b"a checkpoint")  # (its config.yaml is what the check reads)
+    edited = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, proj_dim=8))
+    (sub / "config.yaml").write_text(dump_yaml(edited))
+    args = ["reproduce", "1", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir", str(table),
+            *TINY]  # fmt: skip
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    expect("P12", err, tmp_path)
+    assert f"folder {sub} holds" in err and "(model.proj_dim: 8 -> 16; stored -> now)" in err
+    assert not table.exists() and sorted(store.iterdir()) == [sub]
+    (sub / "config.yaml").write_text(dump_yaml(cfg))  # its own settings: to be continued, not refused
+    assert variants.check_dirs(table, store, "table 1", {sub: ("NCL seed 0", cfg)}) is None
+    assert not table.exists()
+
+
+def test_a_stored_runs_place_taken_or_without_a_config_is_named_with_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's entry for a run that is a file was reported as "run dir ... is a file; choose another
+    --run-dir"; a finished stored run without config.yaml (nor last.pt) as a bare "config file ... does
+    not exist"; a file of the run dir's own where a table links a stored run as a "folder". Each names
+    the run and what to do, in one line, before anything is written."""
+    import bayesncl.app.train as train
+    from bayesncl.paper.reproduce import study_configs
+
+    monkeypatch.setattr(train, "pretrain", lambda *a, **k: pytest.fail("trained"))
+    store, table = tmp_path / "store", tmp_path / "t1"
+    cfg = study_configs(studies.build("1", "fashion-mnist", TINY), "fashion-mnist", TINY, 1)["NCL", 0]
+    sub = store / variants.variant_hash(cfg)
+    store.mkdir()
+    sub.write_text("not a run")
+    args = ["reproduce", "1", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir", str(table),
+            *TINY]  # fmt: skip
+    assert main(args) == 2
+    err = error_line(capsys)
+    expect("P13", err, tmp_path)
+    assert err.startswith(f"{ERROR}NCL seed 0: {sub}, where the store keeps this run, is a file")
+    sub.unlink()
+    sub.mkdir()
+    (sub / "metrics.json").write_text("{}")  # finished, but its config.yaml lost (and no last.pt)
+    assert main(args) == 2
+    err = error_line(capsys)
+    expect("P14", err, tmp_path)
+    assert f"NCL seed 0: the stored run {sub} holds metrics.json" in err
+    (sub / "config.yaml").write_text("model: [")  # damaged: C8-like reader's line inside, then the advice
+    assert main(args) == 2
+    err = error_line(capsys)
+    assert err.startswith(f"{ERROR}NCL seed 0: the stored run {sub}: its settings cannot be read (config ")
+    assert err.endswith(f"; move {sub} out of the store (its run is then trained again), or use another "
+                        "--store")  # fmt: skip
+    sub.rename(tmp_path / "moved")
+    table.mkdir()
+    (table / "ncl-s0").write_text("notes")  # a file of its own where the table links NCL seed 0
+    assert main(args) == 2
+    expect("P15", error_line(capsys), tmp_path)
+    assert sorted(p.name for p in table.iterdir()) == ["ncl-s0"] and list(store.iterdir()) == []

@@ -38,15 +38,18 @@ def checkpoint_epochs(run_dir: Path) -> list[tuple[int, Path]]:
 CORRELATIONS = ("AF-GV", "GV-SC", "AF-SC")
 
 
-def checkpoint_dynamics(path: Path, samples: int = 1024) -> tuple[dict[str, Any], Config, int]:
+def checkpoint_dynamics(
+    path: Path, samples: int = 1024, overrides: list[str] | None = None
+) -> tuple[dict[str, Any], Config, int]:
     """The correlations of one checkpoint (the module's protocol): ``AF-GV``, ``GV-SC``, ``AF-SC``,
     ``dims`` and the means ``mean_AF``, ``mean_GV``; with the run's Config and the train images the
-    gradient variance used."""
+    gradient variance used. ``overrides``: ``data.*``/``eval.*`` set on the checkpoint's config before
+    the data is read (``reproduce``: its ``data.root``, :func:`bayesncl.paper.variants.measure_overrides`)."""
     from bayesncl.app.evaluate import extract_split, load_trained
     from bayesncl.data import build_train_loader
     from bayesncl.metrics.semantic import semantic_consistency_per_dim
 
-    model, cfg, _ = load_trained(path)
+    model, cfg, _ = load_trained(path, overrides=overrides)
     device = next(model.parameters()).device
     test = extract_split(model, cfg, "test", device, keys=("features",))
     f = test["features"]
@@ -59,10 +62,12 @@ def checkpoint_dynamics(path: Path, samples: int = 1024) -> tuple[dict[str, Any]
 
 
 def dynamics_command(
-    run_dir: str | Path, *, samples: int = 1024, every: int = 1, epochs: Collection[int] | None = None
+    run_dir: str | Path, *, samples: int = 1024, every: int = 1, epochs: Collection[int] | None = None,
+    overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     """``bayesncl dynamics RUN_DIR``: the Table 3 correlations for every ``every``-th periodic
-    checkpoint (of ``epochs`` only, if given: ``reproduce 3``); writes ``dynamics.json`` (with the
+    checkpoint (of ``epochs`` only, if given: ``reproduce 3``; ``overrides`` as for
+    :func:`checkpoint_dynamics`); writes ``dynamics.json`` (with the
     ``samples`` actually used, whole batches capped at one epoch, ``every`` and the checkpoints),
     ``dynamics.md`` and ``dynamics.png`` into the run dir.
     Raises EvalError if ``run_dir`` is a file, missing, or has no periodic checkpoints (of ``epochs``).
@@ -88,7 +93,7 @@ def dynamics_command(
         )
     rows: list[dict[str, Any]] = []
     for epoch, path in ckpts:
-        corr, cfg, used = checkpoint_dynamics(path, samples)
+        corr, cfg, used = checkpoint_dynamics(path, samples, overrides)
         rows.append({"epoch": epoch, **corr})
         print(f"epoch {epoch}: " + ", ".join(f"{k}={v:.3f}" for k, v in corr.items() if k in CORRELATIONS))
     md = "| epoch | AF–GV | GV–SC | AF–SC | dims |\n|---:|---:|---:|---:|---:|" + "".join(

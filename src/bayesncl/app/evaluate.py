@@ -621,6 +621,22 @@ def _evaluation_markdown(result: dict[str, Any]) -> str:
     return md
 
 
+def features_threshold(path: Path) -> float:
+    """The gate threshold at which an older soft-gated features file's α is read as its mask
+    (:func:`bayesncl.runs.features.load_features`): the run's ``method.threshold`` where ``path`` lies
+    in a run dir with a ``config.yaml`` (``evaluate`` and ``extract`` write there), else 0.5 (that key's
+    default; a ``config.yaml`` that is no run's config, e.g. a user's file beside theirs, counts as none)."""
+    from bayesncl.runs.export import load_run_config
+
+    run = Path(path).parent
+    if (run / "config.yaml").is_file():
+        try:
+            return float(load_run_config(run).method.threshold)
+        except (ConfigError, OSError):
+            pass
+    return 0.5
+
+
 def metrics_command(
     path: str | os.PathLike[str], retrieval_dims: list[int] | None = None, as_json: bool = False,
     mig: bool = False,
@@ -631,9 +647,11 @@ def metrics_command(
     reported whenever the file carries them. Returns :func:`compute_all`'s dict plus ``source``
     (path, N, D, and ``method``, ``dataset``,
     ``split`` from the file's meta when present), JSON-serialisable (``as_json``: checked by a round
-    trip through ``json``).
+    trip through ``json``). An older soft-gated file's ``mask`` (which held α) is read at the run's
+    ``method.threshold`` where the file lies in a run dir whose ``config.yaml`` reads, else at 0.5
+    (:func:`features_threshold`).
     """
-    fs = load_features(path)
+    fs = load_features(path, threshold=features_threshold(Path(path)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", EvalWarning)  # the dict carries the note
         out = compute_all(fs.features, fs.labels, retrieval_dims)

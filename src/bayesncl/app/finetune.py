@@ -135,11 +135,12 @@ def _check_source(source: Path, cfg: Config, run_dir: Path) -> None:
     config.yaml, metadata or ``config`` entry: EvalError / CheckpointError / ConfigError) or it records
     a model or method other than the one the run in ``run_dir`` (config ``cfg``) fine-tunes
     (ConfigError); its config is read, not its weights (:func:`bayesncl.app.evaluate.trained_config`).
-    Weights that record none by design (the authors' layout) are taken as given."""
+    A file that is no checkpoint at all (NotACheckpoint) is told to give the source the run was started
+    from. Weights that record none by design (the authors' layout) are taken as given."""
     from bayesncl.app.evaluate import trained_config
     from bayesncl.metrics.inputs import EvalError
     from bayesncl.runs.messages import describe_config_diff
-    from bayesncl.runs.safe_load import CheckpointError
+    from bayesncl.runs.safe_load import CheckpointError, NotACheckpoint
 
     if not source.exists():
         raise EvalError(
@@ -149,6 +150,11 @@ def _check_source(source: Path, cfg: Config, run_dir: Path) -> None:
         )
     try:
         pretrained = trained_config(source)
+    except NotACheckpoint as e:  # it says what the file is: here, what to do
+        raise CheckpointError(
+            f"--resume: {e}; give the pretrained source {run_dir} was started from (its run dir, checkpoint "
+            "or encoder.safetensors)"
+        ) from None
     except (EvalError, CheckpointError, ConfigError) as e:
         raise type(e)(f"--resume: {e}") from None
     if pretrained is None:
@@ -240,20 +246,17 @@ def finetune_groups(model: ContrastiveModel, cfg: Config, global_batch: int) -> 
 
 def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> ContrastiveModel:
     """The epochs of ``cfg`` in ``run`` (a RunDir, entered), from its checkpoint if any."""
-    from bayesncl.app.train import _clock, epochs
+    from bayesncl.app.train import _clock, epochs, run_precision
     from bayesncl.core import distributed
     from bayesncl.core.engine import Training, wrap_for_training
-    from bayesncl.core.optim import LrSchedule, build_optimizer, precision_plan
+    from bayesncl.core.optim import LrSchedule, build_optimizer
     from bayesncl.data import build_train_loader
     from bayesncl.runs.state import seed_everything
 
     world = run.world
     device = world.device
-    # as pretraining's; on --resume what the run trained in (RunDir.precision)
-    precision = run.precision(precision_plan(cfg.train.precision, cfg.train.channels_last, device))
+    precision = run_precision(cfg, run)  # as pretraining's; on --resume what the run trained in
     amp_dtype = precision.dtype
-    if world.is_main:
-        print(f"precision: {precision.why}", flush=True)
     seed_everything(distributed.rank_seed(cfg.seed, world.rank))
     model = _prepare(model, cfg, info.num_classes, device)
     model = distributed.convert_sync_bn(model, cfg.train.sync_bn, world)

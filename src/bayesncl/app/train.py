@@ -33,7 +33,14 @@ from bayesncl.core.engine import (
     wrap_for_training,
 )
 from bayesncl.core.model import ContrastiveModel, build_model
-from bayesncl.core.optim import LrSchedule, build_optimizer, param_groups, peak_lrs, precision_plan
+from bayesncl.core.optim import (
+    LrSchedule,
+    Precision,
+    build_optimizer,
+    param_groups,
+    peak_lrs,
+    precision_plan,
+)
 from bayesncl.data import DataError, DatasetInfo, build_train_loader, dataset_info
 from bayesncl.data.loaders import check_batch_size
 from bayesncl.runs.export import export_encoder
@@ -167,15 +174,24 @@ class _TrainHooks(Hooks):
         self.state.step_log.append(_no_probe(row, self.info, self.cfg))
 
 
+def run_precision(cfg: Config, run: RunDir) -> Precision:
+    """The precision ``run`` (a RunDir, entered) trains in, said on rank 0 (``precision: ...``):
+    ``train.precision`` and ``train.channels_last`` planned for the run's device
+    (:func:`~bayesncl.core.optim.precision_plan`), or on ``--resume`` what the run trained in
+    (:meth:`RunDir.precision`). Pretraining's and fine-tuning's."""
+    precision = run.precision(precision_plan(cfg.train.precision, cfg.train.channels_last, run.world.device))
+    if run.world.is_main:
+        print(f"precision: {precision.why}", flush=True)
+    return precision
+
+
 def train(cfg: Config, run: RunDir, facts: RunFacts) -> ContrastiveModel:
     """Train ``cfg`` in ``run`` (entered) from its checkpoint, if any, to ``train.epochs``; rank 0
     then draws the curves and exports the encoder. Returns the trained model."""
     world = run.world
     device = world.device
-    precision = run.precision(precision_plan(cfg.train.precision, cfg.train.channels_last, device))
+    precision = run_precision(cfg, run)
     amp_dtype = precision.dtype
-    if world.is_main:
-        print(f"precision: {precision.why}", flush=True)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest kernels
 

@@ -113,12 +113,13 @@ def mechanism_configs(
     return out
 
 
-def final_dynamics(run_dir: Path, samples: int = 1024) -> dict[str, float]:
+def final_dynamics(run_dir: Path, cfg: Config, samples: int = 1024) -> dict[str, float]:
     """Table 3's AF–GV, GV–SC, AF–SC (and ``dims``; :mod:`bayesncl.app.dynamics`' protocol) at a
-    run's final checkpoint ``last.pt``."""
+    run's final checkpoint ``last.pt``, its data read under ``cfg``'s ``data.root`` (the config this
+    command gives the run: :func:`variants.measure_overrides`)."""
     from bayesncl.app.dynamics import CORRELATIONS, checkpoint_dynamics
 
-    corr, _, _ = checkpoint_dynamics(run_dir / "last.pt", samples)
+    corr, _, _ = checkpoint_dynamics(run_dir / "last.pt", samples, variants.measure_overrides(cfg))
     return {k: corr[k] for k in ("dims", *CORRELATIONS)}
 
 
@@ -165,10 +166,11 @@ def mechanism(
     ``run_dir/<run>``), add :func:`final_dynamics` (``samples`` train images) to its metrics, then
     write ``mechanism.md``/``.json`` (the per-run rows and the seed means of :func:`aggregate`).
     Returns the means. Every folder is checked before any training (:func:`variants.check_dirs`):
-    RunDirError (one line) for an unusable run dir or store, a finished run with other settings, or,
-    with ``store``, folders of the run dir's own where its links go (runs from before ``--store``)."""
-    from bayesncl.app.train import pretrain
-
+    RunDirError (one line) for an unusable run dir or store, a finished run with other settings, an
+    unfinished one started with settings its continuation would refuse, or, with ``store``, folders of
+    the run dir's own where its links go (runs from before ``--store``). A run cut short before its
+    first checkpoint (a ``config.yaml``, a ``log.csv``, no ``last.pt``) is trained again, as by the
+    tables (:func:`variants.train_run`)."""
     configs = mechanism_configs(dataset, seeds, overrides)
     run_dir = run_dir or Path("runs") / f"mechanism-{dataset}"
     subs = {n: store / variants.variant_hash(c) if store else run_dir / variants.slug(n)
@@ -185,9 +187,9 @@ def mechanism(
             m = variants.finished_metrics(sub)
         else:
             print(f"== {name}: pretraining into {sub}")
-            m = pretrain(cfg, sub, resume=(sub / "last.pt").exists())
+            m = variants.train_run(cfg, sub)  # as every table: continued, or trained over a run cut short
         if "AF-GV" not in m:
-            m.update(final_dynamics(sub, samples))
+            m.update(final_dynamics(sub, cfg, samples))
             variants.save_metrics(sub, name, m)
         results[name] = m
     means = aggregate(results)

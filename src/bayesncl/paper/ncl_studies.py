@@ -36,7 +36,7 @@ from bayesncl.paper.studies import (
     rows_of,
     transfer_config,
 )
-from bayesncl.paper.variants import finished_metrics, stored_features
+from bayesncl.paper.variants import finished_metrics, load_stored, stored_features
 
 L1_BETAS = (1e-3, 1e-2, 1e-1, 1.0)  # ncl-sparsity: β over 3 decades (a module constant: tests shorten it)
 SPARSITY = [Column("sparsity % (|x|<1e-5)", "sparsity_paper"), Column("sparsity % (ε)", "sparsity_eps")]
@@ -118,7 +118,7 @@ def ncl_dead(dataset: str, overrides: list[str]) -> Study:
 def m_sparsity(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     """Sparsity of the test features z̃ in %: the paper's (|x| < 1e-5, entries of unit rows) and ours
     (the ``sparsity`` metric, relative to each row's norm)."""
-    _, test = stored_features(sub)
+    _, test = stored_features(sub, cfg)
     ours = finished_metrics(sub).get("sparsity")
     out = {"sparsity_paper": 100.0 * float((abs(test.features) < 1e-5).mean())}
     if isinstance(ours, (int, float)):
@@ -131,14 +131,14 @@ def m_head(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     features z (z ⊙ m with a gate); nothing for a method without one."""
     import torch
 
-    from bayesncl.app.evaluate import extract_split, load_trained
+    from bayesncl.app.evaluate import extract_split
     from bayesncl.core.model import raw_features
 
-    model, cfg, _ = load_trained(sub)
+    model, loaded, _ = load_stored(sub, cfg)
     if "classifier" not in model.heads:
         return {}
     device = next(model.parameters()).device
-    test = extract_split(model, cfg, "test", device, keys=("z", "mask"))
+    test = extract_split(model, loaded, "test", device, keys=("z", "mask"))
     z = torch.as_tensor(test["z"], device=device)
     mask = None if test.get("mask") is None else torch.as_tensor(test["mask"], device=device)
     with torch.no_grad():
@@ -186,7 +186,7 @@ def _ncl_mig(dataset: str, overrides: list[str]) -> Study:
 def _m_mig(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     from bayesncl.metrics.disentanglement import mig
 
-    _, test = stored_features(sub)
+    _, test = stored_features(sub, cfg)
     r = mig(test.features, test.factors, test.factor_names)
     return {"mig": r["mig"], **{f"mig.{k}": v for k, v in r["mig_per_factor"].items()}}
 
@@ -220,11 +220,10 @@ def _ncl_ood(dataset: str, overrides: list[str]) -> Study:
 
 
 def _m_ood(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
-    from bayesncl.app.evaluate import load_trained
     from bayesncl.app.ood import ood_evaluate
 
     names, sevs = params
-    model, loaded, _ = load_trained(sub)
+    model, loaded, _ = load_stored(sub, cfg)
     folder = loaded.data.name == "imagefolder"
     names = None if folder else list(names)  # a folder: every corruption folder of its imagenet-c/
     r = ood_evaluate(model, loaded, corruptions=names, severities=list(sevs), seed=0)
@@ -267,7 +266,7 @@ def _appj(dataset: str, overrides: list[str]) -> Study:
 def _m_appj(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     from bayesncl.metrics.entropy_background import entropy_background
 
-    _, test = stored_features(sub)
+    _, test = stored_features(sub, cfg)
     return entropy_background(test.features, test.labels, test.places)
 
 
@@ -275,7 +274,7 @@ def _m_nclmap(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
     """NCL's own retrieval ``map`` (:mod:`bayesncl.metrics.ncl_retrieval`) at each K, for ncl-fs."""
     from bayesncl.metrics.ncl_retrieval import ncl_map
 
-    _, test = stored_features(sub)
+    _, test = stored_features(sub, cfg)
     return {f"K{k}.ncl_map": ncl_map(test.features, test.labels, int(k)) for k in ks}
 
 
@@ -286,16 +285,13 @@ def _m_fs_transfer(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str,
     frozen encoder, the top-K dims ranked on the transfer set's own train split (as the NCL code's
     selected-dims probe ranks on the split it is fitted on: ``solo/methods/linear.py``), at every K
     of ``params[1]``; keys ``K<k>.transfer_top_acc1`` / ``K<k>.transfer_random_acc1``. The data is read
-    under this command's ``data.root`` (``cfg``'s: where the data lies now; a stored run may have
-    trained where it lay elsewhere), the root the study's ``extra_data`` check read before any
-    training."""
-    import json
-
-    from bayesncl.app.evaluate import extract_split, load_trained
+    under this command's ``data.root`` (:func:`~bayesncl.paper.variants.load_stored`, as every measure
+    reads it), the root the study's ``extra_data`` check read before any training."""
+    from bayesncl.app.evaluate import extract_split
     from bayesncl.metrics import selection_probes
 
     (name, n_train, n_test), ks = params
-    model, loaded, _ = load_trained(sub, overrides=[f"data.root={json.dumps(cfg.data.root)}"])
+    model, loaded, _ = load_stored(sub, cfg)
     moved = transfer_config(loaded, name, n_train, n_test)
     device = next(model.parameters()).device
     train, test = (extract_split(model, moved, s, device, keys=("features",)) for s in ("train", "test"))

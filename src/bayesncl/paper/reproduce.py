@@ -166,7 +166,7 @@ def _warn_cpu_resnet50(study: Study, runs: dict[str, tuple[Config, str]], est: d
 
 
 # ----------------------------------------------------------------------------- measures
-_features = variants.stored_features  # (train, test) features of a stored run
+_features = variants.stored_features  # (train, test) features of a stored run, under the command's data.root
 
 
 def _m_base(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
@@ -183,7 +183,7 @@ def _m_flops(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float
 def _m_probe3(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     from bayesncl.metrics import knn_accuracy, linear_probe
 
-    train, test = _features(sub)
+    train, test = _features(sub, cfg)
     lp = linear_probe(train.h, train.labels, test.h, test.labels, seeds=[cfg.seed + i for i in range(3)])
     knn = knn_accuracy(train.h, train.labels, test.h, test.labels)
     return {"lp3_acc1": lp["acc1"], "lp3_acc5": lp["acc5"], "knn_acc1": knn["acc1"]}
@@ -192,7 +192,7 @@ def _m_probe3(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, floa
 def _m_retrieval(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
     from bayesncl.metrics import retrieval_metrics
 
-    _, test = _features(sub)
+    _, test = _features(sub, cfg)
     r = retrieval_metrics(test.features, test.labels, dims=list(ks), topk=(1, 5, 10))
     return {f"K{k}.{m}": v for k, row in r.items() for m, v in row.items()}
 
@@ -204,7 +204,7 @@ def _m_retrieval_sel(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[st
 
     if cfg.method.name == "cl":
         return {}
-    _, test = _features(sub)
+    _, test = _features(sub, cfg)
     (row,) = retrieval_metrics(test.features, test.labels, dims=[int(params[0])], topk=(1, 5, 10)).values()
     return {f"sel.{m}": v for m, v in row.items()}
 
@@ -214,7 +214,7 @@ def _m_fs(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
     :func:`~bayesncl.metrics.selection_probes`; keys ``K<k>.top_acc1`` / ``K<k>.random_acc1``."""
     from bayesncl.metrics import selection_probes
 
-    train, test = _features(sub)
+    train, test = _features(sub, cfg)
     r = selection_probes(train.features, train.labels, test.features, test.labels, [int(k) for k in ks],
                          seed=cfg.seed)  # fmt: skip
     return {f"K{k}.{m}": v for k, row in r.items() for m, v in row.items()}
@@ -223,7 +223,7 @@ def _m_fs(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
 def _m_sepin(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
     from bayesncl.metrics import sepin_at_k
 
-    _, test = _features(sub)
+    _, test = _features(sub, cfg)
     return {f"sepin@{k}": 100 * sepin_at_k(test.features, test.labels, k) for k in ks}  # in 10⁻² nats
 
 
@@ -231,21 +231,24 @@ def _m_dynamics(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, fl
     from bayesncl.app.dynamics import dynamics_command
 
     epochs, samples = params
-    result = dynamics_command(sub, samples=int(samples), epochs=set(epochs))
+    result = dynamics_command(
+        sub, samples=int(samples), epochs=set(epochs), overrides=variants.measure_overrides(cfg)
+    )
     return {f"e{r['epoch']}.{k}": r[k] for r in result["rows"] for k in ("AF-GV", "GV-SC", "AF-SC")}
 
 
 def _m_trajectory(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     """At each periodic checkpoint ``epoch-NNNN.pt`` of ``params[0]`` (the convergence study): SC,
     active dims and (gated runs) the gate-open rate of the test split's z̃, and the fast linear
-    probe's Acc@1 on h (fitted on the train split, scored on the test split)."""
-    from bayesncl.app.evaluate import extract_split, load_trained
+    probe's Acc@1 on h (fitted on the train split, scored on the test split); the data read under this
+    command's ``data.root`` (:func:`variants.load_stored`)."""
+    from bayesncl.app.evaluate import extract_split
     from bayesncl.metrics import compute_all, linear_probe
 
     (epochs,) = params
     out: dict[str, float] = {}
     for e in epochs:
-        model, ck_cfg, _ = load_trained(sub / f"epoch-{int(e):04d}.pt")
+        model, ck_cfg, _ = variants.load_stored(sub / f"epoch-{int(e):04d}.pt", cfg)
         device = next(model.parameters()).device
         train = extract_split(model, ck_cfg, "train", device, keys=("h",))
         test = extract_split(model, ck_cfg, "test", device, keys=("h", "features", "mask"))
@@ -261,7 +264,8 @@ def _m_trajectory(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, 
 
 def _m_finetune(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     """``bayesncl finetune`` of the stored run with the ``train.*`` overrides ``params``, into its own
-    run dir ``sub/finetune-<hash of params>/`` (continued if interrupted; the run itself is only read)."""
+    run dir ``sub/finetune-<hash of params>/`` (continued if interrupted; the run itself is only read),
+    its data read under this command's ``data.root`` (:func:`variants.measure_overrides`)."""
     import hashlib
     import json
 
@@ -272,7 +276,8 @@ def _m_finetune(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, fl
         result = json.loads((ft / "finetune.json").read_text())
     else:
         resume = (ft / "last.pt").exists()
-        result = finetune(sub, ft, list(params), resume=resume, overwrite=ft.exists() and not resume)
+        given = [*params, *variants.measure_overrides(cfg)]  # (data.root: not in the folder's name)
+        result = finetune(sub, ft, given, resume=resume, overwrite=ft.exists() and not resume)
     return {"ft_acc1": result["acc1"], "ft_acc5": result["acc5"]}
 
 
@@ -359,13 +364,10 @@ def _figure(study: Study, rows: dict[str, Any], path: Path, seeds: int) -> None:
 
 # ----------------------------------------------------------------------------- the command
 def _train(h: str, cfg: Config, sub: Path, label: str, i: int, n: int, est: float | None) -> None:
-    from bayesncl.app.train import pretrain
-
-    resume = (sub / "last.pt").exists()
-    what = "continuing" if resume else "training"
+    what = "continuing" if (sub / "last.pt").exists() else "training"
     print(f"[{i}/{n}] {label}: {what} {sub}" + (f" (~{_duration(est)})" if est else ""), flush=True)
     t = time.time()
-    metrics = pretrain(cfg, sub, resume=resume, overwrite=not resume and sub.exists())
+    metrics = variants.train_run(cfg, sub)
     variants.save_metrics(sub, label, metrics)
     print(f"[{i}/{n}] {label}: done in {_duration(time.time() - t)}", flush=True)
 

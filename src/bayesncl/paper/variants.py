@@ -90,14 +90,18 @@ def check_dirs(
     - a name of ``links`` (under ``run_dir``, each to link to a stored run) taken by a folder or file
       of its own, not a link (e.g. runs kept there before ``--store``; ``unlinked`` says so in the
       message): it would stay unlinked, beside a table of other runs;
-    - a finished run of ``runs`` (``{folder: (label, the config this command gives it)}``) configured
-      otherwise (a stored run: beyond :data:`IDENTITY_IGNORES`, as its hash decides the rest);
+    - a run's place (``runs``: ``{folder: (label, the config this command gives it)}``) taken by a file;
+    - a finished run of ``runs`` configured otherwise (a stored run: beyond :data:`IDENTITY_IGNORES`, as
+      its hash decides the rest), or whose config cannot be read;
+    - an unfinished run of ``runs`` (its ``last.pt``, which the command continues) configured otherwise
+      than pretrain's ``--resume`` allows (it was refused only when its turn came, with ``--resume``'s
+      advice, which ``reproduce`` has no use for);
     - a finished stored run without the ``epoch-NNNN.pt`` of ``checkpoints``, which only its training
       writes;
     - a run's folder that cannot be written (a finished run's too: what a table measures of it is
       cached beside it)."""
     from bayesncl.runs.layout import check_writable, refuse_a_run_in
-    from bayesncl.runs.messages import RunDirError, some_names
+    from bayesncl.runs.messages import RunDirError, describe_config_diff, some_names
 
     check_writable(run_dir)
     refuse_a_run_in(run_dir, what)
@@ -109,24 +113,44 @@ def check_dirs(
             raise RunDirError(str(e).replace("run dir", "store", 1).replace("--run-dir", "--store")) from None
     own = [n for n in links if (run_dir / n).exists() and not (run_dir / n).is_symlink()]
     if own:
+        dirs = sum((run_dir / n).is_dir() for n in own)
+        kind = "folders" if dirs == len(own) else "files" if not dirs else "folders and files"
         raise RunDirError(
-            f"run dir {run_dir} holds folders of its own where {what} links its stored runs "
+            f"run dir {run_dir} holds {kind} of its own where {what} links its stored runs "
             f"({some_names(own)}{unlinked}): they would stay there unlinked, beside a table of other runs; "
             "move them away, or choose another --run-dir"
         )
+    # without a store, --store DIR is advice only while no run's folder is a real one: --store links its
+    # stored runs where these folders are, and refuses a run dir that holds folders of its own there
+    real = store is None and any(s.exists() and not s.is_symlink() for s in runs)
     for sub, (label, cfg) in runs.items():
-        if finished(sub) and store is None:
-            refuse_other_settings(
-                sub, cfg, f"move {sub} away (its run is then trained again), choose another --run-dir, "
-                "or pass --store DIR", prefix=f"{label}: ",
+        # where a run cannot be reused or continued as it is: what to do
+        if store is None:
+            keeper, moved = "the run dir", f"move {sub} away"
+            other = "or choose another --run-dir" if real else "choose another --run-dir, or pass --store DIR"
+        else:
+            keeper, moved, other = "the store", f"move {sub} out of the store", "or use another --store"
+        if sub.exists() and not sub.is_dir():
+            raise RunDirError(
+                f"{label}: {sub}, where {keeper} keeps this run, is a file, not a folder: {moved} (the run "
+                f"is then trained there), {other}"
             )
+        if finished(sub) or (sub / "last.pt").exists():
+            who = f"{label}: the stored run {sub}" if store else f"{label}: {sub}"
+            stored = _run_config(sub, who, f"{moved} (its run is then trained again), {other}")
+        if finished(sub) and store is None:
+            changed = describe_config_diff(stored, cfg, ignore=REUSE_IGNORES)
+            if changed:
+                raise RunDirError(
+                    f"{label}: {sub} holds a finished run with other settings ({changed}; run's -> now); "
+                    f"{moved} (its run is then trained again), {other}"
+                )
         elif finished(sub):
-            changed = other_settings(sub, cfg, IDENTITY_IGNORES)
+            changed = describe_config_diff(stored, cfg, ignore=(*REUSE_IGNORES, *IDENTITY_IGNORES))
             if changed:
                 raise RunDirError(
                     f"{label}: the stored run {sub} was trained with other settings ({changed}; stored -> "
-                    f"now): move {sub} out of the store (its run is then trained again), or use another "
-                    "--store"
+                    f"now): {moved} (its run is then trained again), {other}"
                 )
             missing = [e for e in checkpoints if not (sub / f"epoch-{e:04d}.pt").exists()]
             if missing:
@@ -135,7 +159,49 @@ def check_dirs(
                     f"{sub} has none (another table trained it with a larger train.checkpoint_every): run "
                     f"{what} before the tables that share its runs, or use another --store"
                 )
+        elif (sub / "last.pt").exists():  # the command continues it: what pretrain --resume checks
+            changed = describe_config_diff(stored, cfg)
+            if changed:
+                where, ours = (f"the store's folder {sub}", "stored") if store else (str(sub), "run's")
+                raise RunDirError(
+                    f"{label}: {where} holds an unfinished run (last.pt) started with other settings "
+                    f"({changed}; {ours} -> now), which this command would continue: {moved} (its run is "
+                    f"then trained from the start), {other}"
+                )
         check_writable(sub)  # a finished run too: what a table measures is cached beside it
+
+
+def _run_config(sub: Path, who: str, advice: str) -> Config:
+    """The config of the run in ``sub`` (:func:`bayesncl.runs.export.load_run_config`: its config.yaml,
+    else its last.pt's); RunDirError ``"{who} ...; {advice}"`` (``who`` names the run) where it cannot
+    be read (a metrics.json without either, a damaged config.yaml, ...)."""
+    from bayesncl.config import ConfigError
+    from bayesncl.runs.export import load_run_config
+    from bayesncl.runs.messages import RunDirError
+    from bayesncl.runs.safe_load import CheckpointError
+
+    if not (sub / "config.yaml").exists() and not (sub / "last.pt").exists():
+        raise RunDirError(
+            f"{who} holds metrics.json but neither config.yaml nor last.pt, so its settings cannot be "
+            f"checked; {advice}"
+        )
+    try:
+        return load_run_config(sub)
+    except (ConfigError, CheckpointError, RunDirError) as e:
+        raise RunDirError(
+            f"{who}: its settings cannot be read ({e}); {advice}"
+        ) from None
+
+
+def train_run(cfg: Config, sub: Path) -> dict[str, Any]:
+    """Pretrain the run ``cfg`` into ``sub`` (a table's or the mechanism study's): continued from its
+    ``last.pt`` (checked up front by :func:`check_dirs`), else trained from the start, over what a run
+    cut short before it left (a ``config.yaml``, a ``log.csv`` without a ``last.pt``: nothing to
+    continue). Returns pretrain's metrics."""
+    from bayesncl.app.train import pretrain
+
+    resume = (sub / "last.pt").exists()
+    return pretrain(cfg, sub, resume=resume, overwrite=not resume and sub.exists())
 
 
 def write_table(
@@ -218,24 +284,46 @@ def write_cache(sub: Path, cache: dict[str, Any]) -> None:
     write_json(sub / "reproduce.json", cache)
 
 
-def stored_features(sub: Path) -> tuple[Any, Any]:
-    """(train, test) FeatureSets of a stored run (h, z̃, labels), extracted once and kept as
-    ``features_train.npz`` / ``features_test.npz`` beside it."""
-    from bayesncl.app.evaluate import extract_split, load_trained, save_split_features
+# ----------------------------------------------------------------------------- measuring a stored run
+def measure_overrides(cfg: Config) -> list[str]:
+    """What every measure of a stored run sets on the config the run was trained with (its checkpoint's)
+    before it reads data: this command's ``data.root`` (``cfg``'s), where the data lies now and where
+    the command's checks before training read it. A run stored on another machine, or before its data
+    moved, recorded another root; :data:`IDENTITY_IGNORES` leaves ``data.root`` out of a run's name, so
+    the run is reused wherever its data lies. The one place that says so: measures load a stored run
+    with :func:`load_stored`, or hand these overrides on (``dynamics``, ``finetune``)."""
+    return [f"data.root={json.dumps(cfg.data.root)}"]
+
+
+def load_stored(path: Path, cfg: Config) -> tuple[Any, Config, Path]:
+    """:func:`bayesncl.app.evaluate.load_trained` of a stored run (``path``: its folder, or one of its
+    checkpoints ``epoch-NNNN.pt``) for a measure of this command (``cfg``: the config it gives the run),
+    under :func:`measure_overrides`."""
+    from bayesncl.app.evaluate import load_trained
+
+    return load_trained(path, overrides=measure_overrides(cfg))
+
+
+def stored_features(sub: Path, cfg: Config) -> tuple[Any, Any]:
+    """(train, test) FeatureSets of a stored run (h, z̃, labels), extracted once (the data read under
+    this command's ``cfg``'s root: :func:`load_stored`) and kept as ``features_train.npz`` /
+    ``features_test.npz`` beside it."""
+    from bayesncl.app.evaluate import extract_split, save_split_features
     from bayesncl.runs.export import load_run_config
     from bayesncl.runs.features import load_features
 
     paths = {s: sub / f"features_{s}.npz" for s in ("train", "test")}
     if not all(p.exists() for p in paths.values()):
-        model, cfg, _ = load_trained(sub)
+        model, loaded, _ = load_stored(sub, cfg)
         device = next(model.parameters()).device
         for split, path in paths.items():
             keys = ("h", "features") if split == "train" else ("h", "features", "alpha", "mask")
-            save_split_features(path, extract_split(model, cfg, split, device, keys=keys), cfg, split, sub)
+            extracted = extract_split(model, loaded, split, device, keys=keys)
+            save_split_features(path, extracted, loaded, split, sub)
     threshold = load_run_config(sub).method.threshold  # an older file's α read at the run's gate threshold
     train, test = (load_features(paths[s], threshold=threshold) for s in ("train", "test"))
     if train.h is None or test.h is None:  # a features file written without h: extract again
         for p in paths.values():
             p.unlink()
-        return stored_features(sub)
+        return stored_features(sub, cfg)
     return train, test

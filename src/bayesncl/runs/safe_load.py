@@ -25,6 +25,12 @@ class CheckpointError(ValueError):
     """A file cannot be read as a checkpoint (missing, not a checkpoint, unsafe); one line."""
 
 
+class NotACheckpoint(CheckpointError):
+    """A file that is no checkpoint at all (empty, neither a torch.save archive nor a pickle, not a
+    safetensors file): the message says what the file is; what to do depends on why it was given, and
+    a caller that knows (``finetune --resume``) adds it."""
+
+
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message, or its type name when the message is empty."""
     text = str(e).strip()
@@ -66,17 +72,17 @@ def load_checkpoint_file(path: str | Path) -> Any:
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {first_line(e)}") from None
     if not head:
-        raise CheckpointError(f"{path} is empty, not a checkpoint")
+        raise NotACheckpoint(f"{path} is empty, not a checkpoint")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
         try:
             return load_file(str(path), device="cpu")
         except Exception as e:  # noqa: BLE001 - safetensors raises several types for bad files
-            raise CheckpointError(f"{path} is not a readable safetensors file ({first_line(e)})") from None
+            raise NotACheckpoint(f"{path} is not a readable safetensors file ({first_line(e)})") from None
     is_zip, is_pickle = head.startswith(b"PK\x03\x04"), head[:1] == b"\x80"
     if not (is_zip or is_pickle):
-        raise CheckpointError(
+        raise NotACheckpoint(
             f"{path} is not a PyTorch checkpoint: neither a torch.save zip archive nor a pickle "
             f"(it starts with {head!r})"
         )
