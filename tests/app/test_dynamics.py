@@ -49,6 +49,24 @@ def test_gradient_variance_matches_per_sample_autograd() -> None:
     assert gv.shape == (16,) and (gv > 0).any()
 
 
+@pytest.mark.parametrize("method", ["ce", "ncl-supcon"])
+def test_gradient_variance_of_a_supervised_method_uses_the_labels(method: str) -> None:
+    """The loader's labels reach a supervised loss (the dynamics of a `ce` run crashed without them)."""
+    cfg = build_config(overrides=[*TINY, f"method.name={method}"])
+    torch.manual_seed(0)
+    model = build_model(cfg, 3, 16, 10)
+    x1, x2 = torch.randn(6, 3, 16, 16), torch.randn(6, 3, 16, 16)
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    gv, used = gradient_variance(model, [(x1, x2, y)], cfg, samples=6)
+    model.eval()
+    out = model(torch.cat([x1, x2]))
+    loss, _ = contrastive_loss(out, cfg.method, labels=y)
+    (g,) = torch.autograd.grad(loss, out.z)
+    ref = (12 * g).double().var(dim=0, unbiased=False).numpy()
+    np.testing.assert_allclose(gv, ref, rtol=1e-6, atol=1e-12)
+    assert used == 6 and (gv > 0).any()
+
+
 def test_dynamics_command_over_checkpoints(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=[*TINY, "method.name=bayesncl", "train.epochs=2"]), run, evaluate=False)

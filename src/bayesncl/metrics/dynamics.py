@@ -20,15 +20,16 @@ def gradient_variance(
     """GV_k, the variance over samples of the per-sample ∂L/∂z_k (L: :func:`contrastive_loss` on the
     two views; its batch mean is undone by a factor 2B), as a (D,) float64 array, and the number of
     train images it used: whole batches of ``loader`` (yielding ``(x1, x2, y)``) until ``samples``
-    is reached or the loader ends. The model runs in eval mode; its gradients are cleared after."""
+    is reached or the loader ends; ``y`` reaches the loss as the labels of a supervised method (CE,
+    SupCon). The model runs in eval mode; its gradients are cleared after."""
     was_training = model.training
     model.eval()
     grads = []
     seen = 0
-    for x1, x2, _ in loader:
+    for x1, x2, y in loader:
         out = model(torch.cat([x1, x2]))
         out.z.retain_grad()
-        loss, _ = contrastive_loss(out, cfg.method)
+        loss, _ = contrastive_loss(out, cfg.method, labels=y)
         model.zero_grad(set_to_none=True)
         loss.backward()
         assert out.z.grad is not None
