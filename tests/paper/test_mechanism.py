@@ -671,3 +671,32 @@ def test_mechanism_offers_store_only_where_store_would_not_be_refused(
     )
     links = tuple(variants.slug(n) for n in cfgs)
     assert variants.check_dirs(table, tmp_path / "store", "the mechanism study", {}, links=links) is None
+
+
+def test_mechanism_reuses_its_own_finished_runs_wherever_the_store_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --store, a finished run of the run dir that differs only in data.root,
+    train.checkpoint_every or data.num_workers (keys a run's name leaves out: the store reuses it) was
+    refused as "a finished run with other settings" (the run dir checked another, shorter set of keys).
+    One set now: the study reuses it, as the store would."""
+    import dataclasses
+
+    from bayesncl.paper import mechanism as mech
+    from bayesncl.paper import variants
+
+    monkeypatch.setattr(mech, "MECHANISM_METHODS", (("BayesNCL (STE)", "bayesncl"),))
+    monkeypatch.setattr("bayesncl.app.train.pretrain", lambda *a, **k: pytest.fail("trained"))
+    monkeypatch.setattr(variants, "write_table", lambda *a, **k: None)  # (no report of fake runs)
+    table = tmp_path / "table"
+    for i, (name, cfg) in enumerate(mech.mechanism_configs("fashion-mnist-bg", 1, BG_TINY).items()):
+        elsewhere = dataclasses.replace(
+            cfg, data=dataclasses.replace(cfg.data, root=str(tmp_path / "old-root"), num_workers=2),
+            train=dataclasses.replace(cfg.train, checkpoint_every=5),
+        )
+        assert variants.variant_hash(elsewhere) == variants.variant_hash(cfg)  # the store's same run
+        _finished(table / variants.slug(name), elsewhere, {"semantic_consistency": 40.0 + i, "AF-GV": 0.1})
+    means = mech.mechanism("fashion-mnist-bg", table, BG_TINY, seeds=1)
+    assert [row["semantic_consistency"] for row in means.values()] == [40.0, 41.0]
+    assert capsys.readouterr().out.count(": reusing ") == 2
+    assert set(variants.IDENTITY_IGNORES) <= set(variants.REUSE_IGNORES)

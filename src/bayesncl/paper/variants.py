@@ -14,9 +14,16 @@ from typing import Any
 
 from bayesncl.app.report import format_table, write_results
 from bayesncl.config import Config, flatten, ignored
+from bayesncl.config.parse import RESUME_FREE_KEYS
 
-# what may differ between a finished variant and this command's config for it to be reused
-REUSE_IGNORES = ("train.progress", "eval.", "train.loggers", "train.monitor_samples", "train.monitor_every")
+# What may differ between a finished run and this command's config for it to be reused, the one set
+# for a run in a run dir (demo --resume, reproduce mechanism without --store) and in the store: what
+# --resume may change but the length (train.epochs: a run of another length is another run). It holds
+# every key of IDENTITY_IGNORES (below), so a run the store would reuse under its name is reused in a
+# run dir too (a run dir's run was refused for another data.root, train.checkpoint_every or
+# data.num_workers), and train.loggers and train.monitor_samples, which a run's name keeps but which
+# cannot change its weights either (test_one_set_of_keys_a_finished_run_may_differ_in).
+REUSE_IGNORES = tuple(k for k in RESUME_FREE_KEYS if k != "train.epochs")
 
 
 def slug(name: str) -> str:
@@ -91,8 +98,8 @@ def check_dirs(
       of its own, not a link (e.g. runs kept there before ``--store``; ``unlinked`` says so in the
       message): it would stay unlinked, beside a table of other runs;
     - a run's place (``runs``: ``{folder: (label, the config this command gives it)}``) taken by a file;
-    - a finished run of ``runs`` configured otherwise (a stored run: beyond :data:`IDENTITY_IGNORES`, as
-      its hash decides the rest), or whose config cannot be read;
+    - a finished run of ``runs`` configured otherwise than :data:`REUSE_IGNORES` allows (in the run dir
+      and in the store alike), or whose config cannot be read;
     - an unfinished run of ``runs`` (its ``last.pt``, which the command continues) configured otherwise
       than pretrain's ``--resume`` allows (it was refused only when its turn came, with ``--resume``'s
       advice, which ``reproduce`` has no use for);
@@ -146,7 +153,7 @@ def check_dirs(
                     f"{moved} (its run is then trained again), {other}"
                 )
         elif finished(sub):
-            changed = describe_config_diff(stored, cfg, ignore=(*REUSE_IGNORES, *IDENTITY_IGNORES))
+            changed = describe_config_diff(stored, cfg, ignore=REUSE_IGNORES)
             if changed:
                 raise RunDirError(
                     f"{label}: the stored run {sub} was trained with other settings ({changed}; stored -> "
