@@ -613,3 +613,48 @@ def test_a_stored_runs_place_taken_or_without_a_config_is_named_with_what_to_do(
     assert main(args) == 2
     expect("P15", error_line(capsys), tmp_path)
     assert sorted(p.name for p in table.iterdir()) == ["ncl-s0"] and list(store.iterdir()) == []
+
+
+def test_a_stored_run_with_a_damaged_metrics_json_or_a_broken_link_is_named_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finished stored run whose metrics.json is garbage, empty or no object ended in a JSONDecodeError
+    traceback when its turn came (reproduce's base measure, the mechanism study's reuse); a link in the
+    store to a folder since moved or deleted passed the checks and failed later with "file exists".
+    Each is one line before a word on stdout, naming the run and what to do; nothing is written."""
+    import bayesncl.app.train as train
+    from bayesncl.config import dump_yaml
+    from bayesncl.paper.reproduce import study_configs
+
+    monkeypatch.setattr(train, "pretrain", lambda *a, **k: pytest.fail("trained"))
+    store, table = tmp_path / "store", tmp_path / "t1"
+    cfg = study_configs(studies.build("1", "fashion-mnist", TINY), "fashion-mnist", TINY, 1)["NCL", 0]
+    sub = store / variants.variant_hash(cfg)
+    sub.mkdir(parents=True)
+    (sub / "config.yaml").write_text(dump_yaml(cfg))
+    args = ["reproduce", "1", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir", str(table),
+            *TINY]  # fmt: skip
+    advice = f"; move {sub} out of the store (its run is then trained again), or use another --store\n"
+    for text, why in (("\x00\x17garbage", "not JSON: Expecting value at character 0"), ("", "it is empty"),
+                      ("[1, 2]", "it holds a JSON list, expected an object of metrics")):  # fmt: skip
+        (sub / "metrics.json").write_text(text)
+        assert main(args) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == f"{ERROR}NCL seed 0: the stored run {sub}: its metrics.json cannot be " \
+            f"read ({why}){advice}"
+        if text == "":
+            expect("P16", err, tmp_path)
+    with pytest.raises(ValueError) as raised:  # where it is read without check_dirs before (demo): named too
+        variants.finished_metrics(sub)
+    assert str(raised.value) == (
+        f"the run {sub}: its metrics.json cannot be read (it holds a JSON list, expected an object of "
+        f"metrics); move {sub} away (its run is then trained again)"
+    )
+    sub.rename(tmp_path / "moved")
+    sub.symlink_to(tmp_path / "gone", target_is_directory=True)  # the folder it pointed to: moved away
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    expect("P17", err, tmp_path)
+    assert f"{sub}, where the store keeps this run, is a link to {tmp_path / 'gone'}, which" in err
+    assert not table.exists() and list(store.iterdir()) == [sub] and sub.is_symlink()

@@ -62,9 +62,30 @@ def refuse_other_settings(
         )
 
 
-def finished_metrics(sub: Path) -> dict[str, Any]:
-    """The metrics a finished variant saved."""
-    return json.loads((sub / "metrics.json").read_text())
+def finished_metrics(sub: Path, who: str = "", advice: str = "") -> dict[str, Any]:
+    """The metrics a finished variant saved (its ``metrics.json``, a JSON object). RunDirError (one
+    line) for one that cannot be read (empty, not JSON, not an object: damaged, or cut short by a full
+    disk): ``"{who}: its metrics.json cannot be read (why); {advice}"``, by default naming the run in
+    ``sub`` and saying to move it away (its run is then trained again). :func:`check_dirs` reads every
+    finished run's so, before any training."""
+    from bayesncl.runs.messages import RunDirError
+
+    try:
+        text = (sub / "metrics.json").read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        why = f"{type(e).__name__}: {e}".splitlines()[0]
+    else:
+        try:
+            metrics = json.loads(text)
+        except json.JSONDecodeError as e:
+            why = "it is empty" if not text.strip() else f"not JSON: {e.msg} at character {e.pos}"
+        else:
+            if isinstance(metrics, dict):
+                return metrics
+            why = f"it holds a JSON {type(metrics).__name__}, expected an object of metrics"
+    who = who or f"the run {sub}"
+    advice = advice or f"move {sub} away (its run is then trained again)"
+    raise RunDirError(f"{who}: its metrics.json cannot be read ({why}); {advice}")
 
 
 def save_metrics(sub: Path, name: str, metrics: dict[str, Any]) -> None:
@@ -97,9 +118,10 @@ def check_dirs(
     - a name of ``links`` (under ``run_dir``, each to link to a stored run) taken by a folder or file
       of its own, not a link (e.g. runs kept there before ``--store``; ``unlinked`` says so in the
       message): it would stay unlinked, beside a table of other runs;
-    - a run's place (``runs``: ``{folder: (label, the config this command gives it)}``) taken by a file;
+    - a run's place (``runs``: ``{folder: (label, the config this command gives it)}``) taken by a file,
+      or by a link to a folder that is no more;
     - a finished run of ``runs`` configured otherwise than :data:`REUSE_IGNORES` allows (in the run dir
-      and in the store alike), or whose config cannot be read;
+      and in the store alike), or whose config or ``metrics.json`` cannot be read;
     - an unfinished run of ``runs`` (its ``last.pt``, which the command continues) configured otherwise
       than pretrain's ``--resume`` allows (it was refused only when its turn came, with ``--resume``'s
       advice, which ``reproduce`` has no use for);
@@ -137,6 +159,11 @@ def check_dirs(
             other = "or choose another --run-dir" if real else "choose another --run-dir, or pass --store DIR"
         else:
             keeper, moved, other = "the store", f"move {sub} out of the store", "or use another --store"
+        if sub.is_symlink() and not sub.exists():  # (a link to a folder since moved or deleted)
+            raise RunDirError(
+                f"{label}: {sub}, where {keeper} keeps this run, is a link to {os.readlink(sub)}, which does "
+                f"not exist: {moved} (the run is then trained there), {other}"
+            )
         if sub.exists() and not sub.is_dir():
             raise RunDirError(
                 f"{label}: {sub}, where {keeper} keeps this run, is a file, not a folder: {moved} (the run "
@@ -145,6 +172,8 @@ def check_dirs(
         if finished(sub) or (sub / "last.pt").exists():
             who = f"{label}: the stored run {sub}" if store else f"{label}: {sub}"
             stored = _run_config(sub, who, f"{moved} (its run is then trained again), {other}")
+        if finished(sub):  # what reusing it reads (its turn came after the runs before it had trained)
+            finished_metrics(sub, who, f"{moved} (its run is then trained again), {other}")
         if finished(sub) and store is None:
             changed = describe_config_diff(stored, cfg, ignore=REUSE_IGNORES)
             if changed:
