@@ -80,6 +80,21 @@ def tiny_checkpoint(path: Path, overrides: list[str], channels: int = 3, num_cla
     return path
 
 
+def resumable_checkpoint(path: Path, cfg: Any, epoch: int = 1, partial: bool = False) -> Path:
+    """A ``last.pt`` with every entry ``--resume`` checks (no weights, empty states) and ``cfg``'s config,
+    stopped after ``epoch`` epochs (``partial``: inside the next one): what the checks of a run to
+    continue read, without training."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({
+        "format": "bayesncl-checkpoint-v1", "config": cfg.to_dict(), "state_dict": {}, "optimizer": {},
+        "scaler": {}, "epoch": epoch, "step": 2 * epoch, "steps_per_epoch": 2, "log": [], "step_log": [],
+        "rng": {}, **({"partial": True} if partial else {}),
+    }, path)  # fmt: skip
+    return path
+
+
 def image_folder(root: Path, classes: tuple[str, ...] = ("cat", "dog"), n: int = 20) -> Path:
     """An ImageFolder dataset under ``root``: ``n`` random 20 px RGB images per class in train/, 6 in val/."""
     from PIL import Image

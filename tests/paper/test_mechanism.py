@@ -17,7 +17,16 @@ from bayesncl.data.backgrounds import PLACE_NAMES, composite, draw_places, place
 from bayesncl.data.fmnist import DEBIAN_FMNIST
 from bayesncl.data.sources import STATS, DataError, load_split
 
-from ..conftest import ERROR, TINY, TINY_BASE, error_line, expect, fmnist_folder, tiny_checkpoint
+from ..conftest import (
+    ERROR,
+    TINY,
+    TINY_BASE,
+    error_line,
+    expect,
+    fmnist_folder,
+    resumable_checkpoint,
+    tiny_checkpoint,
+)
 
 
 # ----------------------------------------------------------------------------- tiny data on disk
@@ -618,10 +627,8 @@ def test_mechanism_checks_unfinished_runs_and_trains_over_a_run_without_a_checkp
     (cut / "config.yaml").write_text(dump_yaml(first))
     (cut / "log.csv").write_text("epoch,step\n")
     other = table / "bayesncl-ste-p-0-9-seed-0"  # unfinished, started with another lambda
-    other.mkdir()
-    (other / "last.pt").write_bytes(b"a checkpoint")
-    (other / "config.yaml").write_text(
-        dump_yaml(dataclasses.replace(second, method=dataclasses.replace(second.method, lam=0.5)))
+    resumable_checkpoint(
+        other / "last.pt", dataclasses.replace(second, method=dataclasses.replace(second.method, lam=0.5))
     )
     study = ["reproduce", "mechanism", "--dataset", "fashion-mnist-bg", "--run-dir", str(table)]
     assert main([*study, *BG_TINY]) == 2
@@ -700,3 +707,50 @@ def test_mechanism_reuses_its_own_finished_runs_wherever_the_store_would(
     assert [row["semantic_consistency"] for row in means.values()] == [40.0, 41.0]
     assert capsys.readouterr().out.count(": reusing ") == 2
     assert set(variants.IDENTITY_IGNORES) <= set(variants.REUSE_IGNORES)
+
+
+def test_mechanism_refuses_an_unfinished_run_beyond_its_train_epochs_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --store, an unfinished run of the run dir that began more epochs than the command's
+    train.epochs passed the checks and failed at its turn, with pretrain's --resume advice. Refused up
+    front with what fits reproduce; at train.epochs >= the epoch it stopped inside, it is continued. A
+    finished run whose last.pt is gone, reused, is named where its dynamics need it."""
+    from bayesncl.paper import mechanism as mech
+    from bayesncl.paper import variants
+
+    monkeypatch.setattr(mech, "MECHANISM_METHODS", (("BayesNCL (STE)", "bayesncl"),))
+    monkeypatch.setattr(variants, "write_table", lambda *a, **k: None)  # (no report of fake runs)
+    calls: list[tuple[str, bool]] = []
+
+    def pretrain(cfg, sub: Path, *, resume: bool = False, overwrite: bool = False) -> dict:
+        calls.append((sub.name, resume))
+        return {"semantic_consistency": 40.0, "AF-GV": 0.5}
+
+    monkeypatch.setattr("bayesncl.app.train.pretrain", pretrain)
+    table = tmp_path / "table"
+    study = ["reproduce", "mechanism", "--dataset", "fashion-mnist-bg", "--run-dir", str(table), *BG_TINY]
+    first, second = mech.mechanism_configs("fashion-mnist-bg", 1, [*BG_TINY, "train.epochs=3"]).values()
+    sub = table / "bayesncl-ste-p-0-9-seed-0"
+    resumable_checkpoint(sub / "last.pt", second, epoch=2, partial=True)  # a 3-epoch run, stopped in epoch 3
+    for epochs in (1, 2):
+        assert main([*study, f"train.epochs={epochs}"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == (
+            f"{ERROR}BayesNCL (STE), p=0.9, seed=0: {sub} holds an unfinished run (last.pt) that this "
+            f"command would continue to train.epochs={epochs}, but the run stopped inside epoch 3: give "
+            f"train.epochs >= 3, or move {sub} away (its run is then trained from the start), or choose "
+            "another --run-dir\n"
+        )
+        if epochs == 1:
+            expect("P20", err, tmp_path)
+    assert calls == []
+    done = _finished(table / "bayesncl-ste-p-0-seed-0", first)  # (reused: its metrics hold its dynamics)
+    assert main([*study, "train.epochs=3"]) == 0
+    assert calls == [(sub.name, True)]  # continued
+    (done / "metrics.json").write_text('{"semantic_consistency": 40.0}')  # its dynamics: from its last.pt
+    assert main([*study, "train.epochs=3"]) == 2
+    assert error_line(capsys) == (
+        f"{ERROR}BayesNCL (STE), p=0, seed=0: {done} is finished but its last.pt is missing, and measuring "
+        f"it needs that: move {done} away (its run is then trained again)"
+    )

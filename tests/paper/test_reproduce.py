@@ -21,7 +21,7 @@ from bayesncl.config import build_config
 from bayesncl.paper import studies, variants
 from bayesncl.paper.reproduce import cell
 
-from ..conftest import ERROR, error_line, expect
+from ..conftest import ERROR, error_line, expect, resumable_checkpoint
 from ..conftest import TINY as _TINY
 
 # smaller still than the shared tiny settings: 8 px images, 2 steps an epoch (about 50 runs here)
@@ -555,10 +555,9 @@ def test_an_unfinished_stored_run_with_other_settings_is_refused_before_training
     store, table = tmp_path / "store", tmp_path / "t1"
     cfg = study_configs(studies.build("1", "fashion-mnist", TINY), "fashion-mnist", TINY, 1)["NCL", 0]
     sub = store / variants.variant_hash(cfg)
-    sub.mkdir(parents=True)
-    (sub / "last.pt").write_bytes(b"a checkpoint")  # (its config.yaml is what the check reads)
     edited = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, proj_dim=8))
-    (sub / "config.yaml").write_text(dump_yaml(edited))
+    resumable_checkpoint(sub / "last.pt", edited)  # (its config is what --resume compares, as the check)
+    (sub / "config.yaml").write_text(dump_yaml(cfg))
     args = ["reproduce", "1", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir", str(table),
             *TINY]  # fmt: skip
     assert main(args) == 2
@@ -567,7 +566,7 @@ def test_an_unfinished_stored_run_with_other_settings_is_refused_before_training
     expect("P12", err, tmp_path)
     assert f"folder {sub} holds" in err and "(model.proj_dim: 8 -> 16; stored -> now)" in err
     assert not table.exists() and sorted(store.iterdir()) == [sub]
-    (sub / "config.yaml").write_text(dump_yaml(cfg))  # its own settings: to be continued, not refused
+    resumable_checkpoint(sub / "last.pt", cfg)  # its own settings: to be continued, not refused
     assert variants.check_dirs(table, store, "table 1", {sub: ("NCL seed 0", cfg)}) is None
     assert not table.exists()
 
@@ -658,3 +657,70 @@ def test_a_stored_run_with_a_damaged_metrics_json_or_a_broken_link_is_named_up_f
     expect("P17", err, tmp_path)
     assert f"{sub}, where the store keeps this run, is a link to {tmp_path / 'gone'}, which" in err
     assert not table.exists() and list(store.iterdir()) == [sub] and sub.is_symlink()
+
+
+def test_a_stored_runs_damaged_checkpoint_is_named_with_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unfinished stored run whose last.pt is empty, truncated or a folder passed the checks and failed
+    at its turn with pretrain's "--resume: .../last.pt is empty, not a checkpoint" (reproduce has no
+    --resume); it is refused up front, naming the run, with what to do. A finished stored run whose
+    last.pt is missing or truncated failed only once a measure needed the weights, naming neither the
+    run nor the store; it is named so there."""
+    import shutil
+
+    import bayesncl.app.train as train
+    from bayesncl.config import dump_yaml
+    from bayesncl.paper.reproduce import measure, study_configs
+    from bayesncl.runs.messages import RunDirError
+
+    from ..conftest import tiny_checkpoint
+
+    monkeypatch.setattr(train, "pretrain", lambda *a, **k: pytest.fail("trained"))
+    store, table = tmp_path / "store", tmp_path / "t1"
+    cfg = study_configs(studies.build("1", "fashion-mnist", TINY), "fashion-mnist", TINY, 1)["NCL", 0]
+    sub = store / variants.variant_hash(cfg)
+    whole = resumable_checkpoint(tmp_path / "whole.pt", cfg).read_bytes()
+    args = ["reproduce", "1", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir", str(table),
+            *TINY]  # fmt: skip
+    restart = f"move {sub} out of the store (its run is then trained from the start), or use another --store"
+    damage = {  # what is in last.pt -> why it cannot be read
+        "empty": (b"", f"{sub / 'last.pt'} is empty, not a checkpoint"),
+        "truncated": (whole[: len(whole) // 2], f"{sub / 'last.pt'} is not a readable PyTorch checkpoint "
+                                                 "(truncated or damaged? "),  # (torch's own words follow)
+        "a folder": (None, f"{sub / 'last.pt'} is a directory, not a checkpoint file"),
+    }  # fmt: skip
+    for what, (content, why) in damage.items():
+        shutil.rmtree(sub, ignore_errors=True)
+        sub.mkdir(parents=True)
+        (sub / "last.pt").mkdir() if content is None else (sub / "last.pt").write_bytes(content)
+        assert main(args) == 2, what
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1, what
+        assert err.startswith(f"{ERROR}NCL seed 0: the store's folder {sub} holds an unfinished run whose "
+                              f"last.pt cannot be read ({why}"), err  # fmt: skip
+        assert err.endswith(f"), so this command cannot continue it: {restart}\n"), err
+        if what == "empty":
+            expect("P18", err, tmp_path)
+        assert not table.exists() and sorted(p.name for p in sub.iterdir()) == ["last.pt"]
+    # a finished stored run, its last.pt missing, then cut short: named where a measure needs its weights
+    shutil.rmtree(sub)
+    sub.mkdir()
+    (sub / "config.yaml").write_text(dump_yaml(cfg))
+    (sub / "metrics.json").write_text(json.dumps({"semantic_consistency": 40.0}))
+    assert measure(sub, cfg, [])["semantic_consistency"] == 40.0  # its metrics alone: no weights needed
+    for why in ("is missing", f"cannot be read ({sub / 'last.pt'} is not a readable PyTorch checkpoint "):
+        with pytest.raises(RunDirError) as raised:
+            measure(sub, cfg, [("probe3", ())])
+        assert str(raised.value).startswith(f"the stored run {sub} is finished but its last.pt {why}"), raised
+        assert str(raised.value).endswith(
+            f", and measuring it needs that: move {sub} out of the store (its run is then trained again)"
+        )
+        if why == "is missing":
+            expect("P19", str(raised.value), tmp_path)
+        good = tiny_checkpoint(tmp_path / "good.pt", []).read_bytes()
+        (sub / "last.pt").write_bytes(good[: len(good) // 2])
+    assert sorted(p.name for p in sub.iterdir()) == [
+        "config.yaml", "last.pt", "metrics.json", "reproduce.json"
+    ]  # fmt: skip
+    assert list(variants.read_cache(sub)) == ["base[]"]  # (the first call's base cached; no features)

@@ -250,6 +250,18 @@ def gating_text(cfg: Config) -> str | None:
 
 
 # ----------------------------------------------------------------------------- loading trained runs
+class UnreadableCheckpoint(EvalError):
+    """:func:`load_trained`'s (and :func:`trained_config`'s) one line where the checkpoint of its source
+    is missing or does not read as a model checkpoint. ``path``: that checkpoint file; ``reason``: what
+    is wrong with it, short (``"is missing"``, ``"cannot be read (...)"``), for a caller that knows
+    where the source came from and so what to do (``reproduce``'s stored runs:
+    :func:`bayesncl.paper.variants.measuring`; ``finetune --resume``'s source)."""
+
+    def __init__(self, message: str, path: Path, reason: str) -> None:
+        super().__init__(message)
+        self.path, self.reason = path, reason
+
+
 def load_trained(
     source: str | Path, device: torch.device | None = None, overrides: list[str] | None = None,
     command: str | None = None,
@@ -271,9 +283,9 @@ def load_trained(
     if src.is_dir():
         ckpt_path = src / "last.pt"
         if not ckpt_path.exists():
-            raise EvalError(
+            raise UnreadableCheckpoint(
                 f"{src} holds no last.pt: not a bayesncl run dir (or pass a checkpoint file)"
-                + set_aside_hint(src)
+                + set_aside_hint(src), ckpt_path, "is missing",
             )
         out_dir = src
     elif src.is_file():
@@ -284,7 +296,7 @@ def load_trained(
             # own, never over the run's final features/evaluation/figures
             out_dir = src.parent / f"eval-{src.stem}"
     else:
-        raise EvalError(f"{src}: no such run dir or checkpoint file")
+        raise UnreadableCheckpoint(f"{src}: no such run dir or checkpoint file", src, "is missing")
     try:
         obj = load_checkpoint_file(ckpt_path)
         if is_bayesncl_checkpoint(obj):
@@ -296,9 +308,9 @@ def load_trained(
         elif looks_official(obj):
             model, cfg = _load_official(ckpt_path, obj, overrides)
         else:
-            raise EvalError(f"{ckpt_path} is not a model checkpoint bayesncl can read: {_what_is(obj)}")
+            raise _not_a_model(ckpt_path, obj)
     except CheckpointError as e:
-        raise EvalError(str(e)) from None
+        raise UnreadableCheckpoint(str(e), ckpt_path, f"cannot be read ({getattr(e, 'reason', e)})") from None
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device).eval(), cfg, out_dir
 
@@ -347,7 +359,13 @@ def trained_config(source: str | Path) -> Config | None:
         return build_config(obj["config"], source=path)
     if looks_official(obj):
         return None  # the authors' layout: weights without a config
-    raise EvalError(f"{path} is not a model checkpoint bayesncl can read: {_what_is(obj)}")
+    raise _not_a_model(path, obj)
+
+
+def _not_a_model(path: Path, obj: Any) -> UnreadableCheckpoint:
+    """A file that reads, but as neither of the checkpoints bayesncl reads (``obj``: what it holds)."""
+    what = f"is not a model checkpoint bayesncl can read: {_what_is(obj)}"
+    return UnreadableCheckpoint(f"{path} {what}", path, f"cannot be read ({path} {what})")
 
 
 def _what_is(obj: Any) -> str:

@@ -189,7 +189,8 @@ def mechanism(
             print(f"== {name}: pretraining into {sub}")
             m = variants.train_run(cfg, sub)  # as every table: continued, or trained over a run cut short
         if "AF-GV" not in m:
-            m.update(final_dynamics(sub, cfg, samples))
+            with variants.measuring(sub, in_store=store is not None, label=name.replace(" | ", ", ")):
+                m.update(final_dynamics(sub, cfg, samples))
             variants.save_metrics(sub, name, m)
         results[name] = m
     means = aggregate(results)

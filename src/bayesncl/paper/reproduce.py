@@ -297,7 +297,8 @@ def measure(sub: Path, cfg: Config, wanted: list[tuple[str, tuple[Any, ...]]]) -
     for name, params in [("base", ()), *wanted]:
         key = f"{name}{list(params)}"
         if key not in cache:
-            cache[key] = MEASURES[name](sub, cfg, params)
+            with variants.measuring(sub):  # a checkpoint of the run missing or damaged: named, with advice
+                cache[key] = MEASURES[name](sub, cfg, params)
             changed = True
         out.update({k: v for k, v in cache[key].items() if v is not None})
     if changed:

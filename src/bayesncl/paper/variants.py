@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -122,9 +124,9 @@ def check_dirs(
       or by a link to a folder that is no more;
     - a finished run of ``runs`` configured otherwise than :data:`REUSE_IGNORES` allows (in the run dir
       and in the store alike), or whose config or ``metrics.json`` cannot be read;
-    - an unfinished run of ``runs`` (its ``last.pt``, which the command continues) configured otherwise
-      than pretrain's ``--resume`` allows (it was refused only when its turn came, with ``--resume``'s
-      advice, which ``reproduce`` has no use for);
+    - an unfinished run of ``runs`` (its ``last.pt``, which the command continues) that pretrain's
+      ``--resume`` would refuse (:func:`_check_unfinished`: it was refused only when its turn came, with
+      ``--resume``'s advice, which ``reproduce`` has no use for);
     - a finished stored run without the ``epoch-NNNN.pt`` of ``checkpoints``, which only its training
       writes;
     - a run's folder that cannot be written (a finished run's too: what a table measures of it is
@@ -169,10 +171,10 @@ def check_dirs(
                 f"{label}: {sub}, where {keeper} keeps this run, is a file, not a folder: {moved} (the run "
                 f"is then trained there), {other}"
             )
-        if finished(sub) or (sub / "last.pt").exists():
+        if finished(sub):
             who = f"{label}: the stored run {sub}" if store else f"{label}: {sub}"
             stored = _run_config(sub, who, f"{moved} (its run is then trained again), {other}")
-        if finished(sub):  # what reusing it reads (its turn came after the runs before it had trained)
+            # what reusing it reads (read when its turn came, after the runs before it had trained)
             finished_metrics(sub, who, f"{moved} (its run is then trained again), {other}")
         if finished(sub) and store is None:
             changed = describe_config_diff(stored, cfg, ignore=REUSE_IGNORES)
@@ -196,15 +198,46 @@ def check_dirs(
                     f"{what} before the tables that share its runs, or use another --store"
                 )
         elif (sub / "last.pt").exists():  # the command continues it: what pretrain --resume checks
-            changed = describe_config_diff(stored, cfg)
-            if changed:
-                where, ours = (f"the store's folder {sub}", "stored") if store else (str(sub), "run's")
-                raise RunDirError(
-                    f"{label}: {where} holds an unfinished run (last.pt) started with other settings "
-                    f"({changed}; {ours} -> now), which this command would continue: {moved} (its run is "
-                    f"then trained from the start), {other}"
-                )
+            restart = f"{moved} (its run is then trained from the start), {other}"
+            _check_unfinished(sub, cfg, label, store is not None, restart)
         check_writable(sub)  # a finished run too: what a table measures is cached beside it
+
+
+def _check_unfinished(sub: Path, cfg: Config, label: str, stored: bool, restart: str) -> None:
+    """RunDirError (one line: ``label``, the run in ``sub``, what is wrong, then ``restart``: what to do)
+    where continuing the unfinished run in ``sub`` to ``cfg`` would fail: its ``last.pt`` does not read
+    as ``--resume`` reads it (empty, truncated, a folder, not a bayesncl checkpoint, an entry missing),
+    or records other settings than ``cfg`` (but those ``--resume`` may change), or more epochs begun
+    than ``cfg``'s ``train.epochs``. Its turn came after the runs before it had trained, and ``--resume``'s
+    advice is no advice for ``reproduce``, which has none. The whole file is read, as ``--resume`` reads
+    it: an unfinished run is rare (one killed in training) and is then trained, which takes far longer."""
+    from bayesncl.config import ConfigError, build_config
+    from bayesncl.runs.messages import RunDirError, describe_config_diff
+    from bayesncl.runs.rundir import epochs_begun, read_resume_checkpoint
+    from bayesncl.runs.safe_load import CheckpointError
+
+    where, ours = (f"the store's folder {sub}", "stored") if stored else (str(sub), "run's")
+    try:
+        ckpt = read_resume_checkpoint(sub / "last.pt")
+        started = build_config(ckpt["config"], source=sub / "last.pt")
+    except (CheckpointError, ConfigError) as e:
+        why = getattr(e, "reason", str(e))  # (NotACheckpoint: what the file is, without a reader's advice)
+        raise RunDirError(
+            f"{label}: {where} holds an unfinished run whose last.pt cannot be read ({why}), so this command "
+            f"cannot continue it: {restart}"
+        ) from None
+    changed = describe_config_diff(started, cfg)
+    if changed:
+        raise RunDirError(
+            f"{label}: {where} holds an unfinished run (last.pt) started with other settings "
+            f"({changed}; {ours} -> now), which this command would continue: {restart}"
+        )
+    begun, done = epochs_begun(ckpt)
+    if cfg.train.epochs < begun:
+        raise RunDirError(
+            f"{label}: {where} holds an unfinished run (last.pt) that this command would continue to "
+            f"train.epochs={cfg.train.epochs}, but {done}: give train.epochs >= {begun}, or {restart}"
+        )
 
 
 def _run_config(sub: Path, who: str, advice: str) -> Config:
@@ -331,10 +364,33 @@ def measure_overrides(cfg: Config) -> list[str]:
     return [f"data.root={json.dumps(cfg.data.root)}"]
 
 
+@contextmanager
+def measuring(sub: Path, *, in_store: bool = True, label: str = "") -> Iterator[None]:
+    """Around every measure of the finished run in ``sub`` that may load its weights (``reproduce``'s
+    :func:`~bayesncl.paper.reproduce.measure`, the mechanism study's dynamics): a checkpoint of it that
+    is missing or does not read (:class:`~bayesncl.app.evaluate.UnreadableCheckpoint`, from
+    :func:`load_stored` and every loader a measure hands the run to: ``dynamics``, ``finetune``), which
+    named only the file, becomes RunDirError naming the run (``label``: its name in the table) and what
+    to do: move it out of the store (``in_store``; else away), so that its run is trained again."""
+    from bayesncl.app.evaluate import UnreadableCheckpoint
+    from bayesncl.runs.messages import RunDirError
+
+    try:
+        yield
+    except UnreadableCheckpoint as e:
+        who = f"the stored run {sub}" if in_store else str(sub)
+        moved = f"move {sub} out of the store" if in_store else f"move {sub} away"
+        raise RunDirError(
+            f"{label + ': ' if label else ''}{who} is finished but its {e.path.name} {e.reason}, and "
+            f"measuring it needs that: {moved} (its run is then trained again)"
+        ) from None
+
+
 def load_stored(path: Path, cfg: Config) -> tuple[Any, Config, Path]:
     """:func:`bayesncl.app.evaluate.load_trained` of a stored run (``path``: its folder, or one of its
     checkpoints ``epoch-NNNN.pt``) for a measure of this command (``cfg``: the config it gives the run),
-    under :func:`measure_overrides`."""
+    under :func:`measure_overrides`; a checkpoint missing or unreadable is named with the run inside
+    :func:`measuring`."""
     from bayesncl.app.evaluate import load_trained
 
     return load_trained(path, overrides=measure_overrides(cfg))

@@ -55,6 +55,25 @@ def _no_last_pt(run_dir: Path, has_run: bool) -> str:
     return ""
 
 
+def read_resume_checkpoint(ckpt_path: Path) -> dict[str, Any]:
+    """A run's ``last.pt`` as ``--resume`` reads it: CheckpointError (one line, what is wrong with the
+    file) for one that is missing, no checkpoint, damaged, not a bayesncl checkpoint, or without an
+    entry a resume needs. (``reproduce`` reads an unfinished run's so before any training.)"""
+    ckpt = load_checkpoint_file(ckpt_path)
+    if not is_bayesncl_checkpoint(ckpt):
+        raise CheckpointError(f"{ckpt_path} is not a bayesncl checkpoint ({CHECKPOINT_FORMAT})")
+    check_checkpoint_entries(ckpt, ckpt_path, resume=True)
+    return ckpt
+
+
+def epochs_begun(ckpt: dict[str, Any]) -> tuple[int, str]:
+    """The epochs a resumable checkpoint has begun (a run continues from it with ``train.epochs`` at
+    least that), and in words: ``"the run stopped inside epoch N"`` or ``"the run has done N epochs"``."""
+    if ckpt.get("partial"):
+        return ckpt["epoch"] + 1, f"the run stopped inside epoch {ckpt['epoch'] + 1}"
+    return ckpt["epoch"], f"the run has done {ckpt['epoch']} epochs"
+
+
 def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
     """Check the run dir *before* anything is written. Returns the checkpoint to resume from or None.
 
@@ -73,18 +92,11 @@ def prepare_run_dir(run_dir: Path, cfg: Config, *, resume: bool, overwrite: bool
             why = _no_last_pt(run_dir, has_run)
             raise RunDirError(f"--resume: no checkpoint {ckpt_path} to resume from{why}")
         try:
-            ckpt = load_checkpoint_file(ckpt_path)
-            if not is_bayesncl_checkpoint(ckpt):
-                raise RunDirError(f"--resume: {ckpt_path} is not a bayesncl checkpoint ({CHECKPOINT_FORMAT})")
-            check_checkpoint_entries(ckpt, ckpt_path, resume=True)
+            ckpt = read_resume_checkpoint(ckpt_path)
         except CheckpointError as e:
             raise RunDirError(f"--resume: {e}") from None
-        started = ckpt["epoch"] + (1 if ckpt.get("partial") else 0)  # epochs begun
+        started, done = epochs_begun(ckpt)
         if cfg.train.epochs < started:
-            done = (
-                f"the run stopped inside epoch {started}" if ckpt.get("partial")
-                else f"the run has done {started} epochs"
-            )
             raise RunDirError(
                 f"--resume: train.epochs={cfg.train.epochs} is fewer than {started}: {done}; give "
                 f"train.epochs >= {started} to continue it"

@@ -26,9 +26,16 @@ class CheckpointError(ValueError):
 
 
 class NotACheckpoint(CheckpointError):
-    """A file that is no checkpoint at all (empty, neither a torch.save archive nor a pickle, not a
-    safetensors file): the message says what the file is; what to do depends on why it was given, and
-    a caller that knows (``finetune --resume``) adds it."""
+    """A file that does not read as a checkpoint (:func:`load_checkpoint_file`): empty, neither a
+    torch.save archive nor a pickle, a safetensors file or zip archive that does not read, a truncated
+    or damaged checkpoint, a NumPy .npz, a pickle the safe loader refuses. ``reason`` says what the
+    file is, or why it does not read; the message adds what to do where one thing always fits (another
+    copy of a damaged file, ``metrics`` for an .npz). What to do depends on why the file was given: a
+    caller that knows (``finetune --resume``, ``reproduce``'s stored runs) says it after ``reason``."""
+
+    def __init__(self, reason: str, advice: str = "") -> None:
+        super().__init__(reason + advice)
+        self.reason = reason
 
 
 def first_line(e: BaseException) -> str:
@@ -37,7 +44,7 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0].strip() if text else type(e).__name__
 
 
-def _refusal(path: Path, e: BaseException) -> CheckpointError:
+def _refusal(path: Path, e: BaseException) -> NotACheckpoint:
     """Turn torch's multi-paragraph weights_only error into one line saying what was refused."""
     text = str(e)
     found = re.search(r"GLOBAL ([\w.]+)", text)
@@ -47,9 +54,9 @@ def _refusal(path: Path, e: BaseException) -> CheckpointError:
         what = f"it holds pickle opcode {op.group(1)}, which plain tensor checkpoints do not use"
     else:
         what = first_line(e).replace("WeightsUnpickler error: ", "")
-    return CheckpointError(
-        f"{path} was refused by the safe loader (torch.load weights_only=True): {what}; nothing in it "
-        f"was run. Only tensors and plain values are accepted"
+    return NotACheckpoint(
+        f"{path} was refused by the safe loader (torch.load weights_only=True): {what}",
+        "; nothing in it was run. Only tensors and plain values are accepted",
     )
 
 
@@ -88,13 +95,13 @@ def load_checkpoint_file(path: str | Path) -> Any:
         )
     npz, bad = _zip_facts(path) if is_zip else (False, None)
     if npz:
-        raise CheckpointError(
-            f"{path} is a NumPy .npz (a features file?), not a checkpoint: use `bayesncl metrics {path}`"
+        raise NotACheckpoint(
+            f"{path} is a NumPy .npz (a features file?), not a checkpoint", f": use `bayesncl metrics {path}`"
         )
     if bad is not None:
-        raise CheckpointError(
+        raise NotACheckpoint(
             f"{path} is damaged: the checksum of its record {bad} does not match (a partial copy or a "
-            "disk error); use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
+            "disk error)", "; use another copy, or an earlier checkpoint of the run (epoch-NNNN.pt)"
         )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. "Detected pickle protocol 4": the error below says it all
@@ -103,7 +110,7 @@ def load_checkpoint_file(path: str | Path) -> Any:
         except pickle.UnpicklingError as e:
             raise _refusal(path, e) from None
         except Exception as e:  # noqa: BLE001 - truncated zips, bad records, ... all mean "unreadable"
-            raise CheckpointError(
+            raise NotACheckpoint(
                 f"{path} is not a readable PyTorch checkpoint (truncated or damaged? {first_line(e)})"
             ) from None
 
