@@ -215,6 +215,35 @@ def test_resume_refuses_a_source_it_cannot_read(tmp_path: Path, capsys: pytest.C
         else:
             assert line.startswith(want), line
         assert _digest(run) == before
+    # every source that does not read as a model checkpoint gets V12's advice after its short reason
+    # (they said torch's own words, or "pickle opcode 149 ...", and nothing to do)
+    import pickle
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "notes.zip.pt", "w") as z:
+        z.writestr("notes.txt", "not a torch archive")
+    whole = a.read_bytes()
+    (tmp_path / "cut.pt").write_bytes(whole[: len(whole) // 2])  # a real checkpoint, cut short
+    (tmp_path / "pickled.pt").write_bytes(pickle.dumps({"lr": 0.1}))  # protocol 5: refused, not run
+    (tmp_path / "pickled2.pt").write_bytes(pickle.dumps([1, 2], protocol=2))
+    torch.save([1, 2], tmp_path / "list.pt")
+    unreadable = "is not a readable PyTorch checkpoint (truncated or damaged? "
+    junk = {
+        "notes.zip.pt": unreadable, "cut.pt": unreadable, "pickled2.pt": unreadable,
+        "pickled.pt": "was refused by the safe loader (torch.load weights_only=True): it holds pickle opcode "
+                      "149, which plain tensor checkpoints do not use; give",
+        "list.pt": "is not a model checkpoint bayesncl can read: it holds a list, expected a dict; give",
+    }  # fmt: skip
+    for name, why in junk.items():
+        assert main(["finetune", str(tmp_path / name), *resume]) == 2, name
+        line = error_line(capsys)
+        assert line.startswith(f"{ERROR}--resume: {tmp_path / name} {why}"), line
+        assert line.endswith(
+            f"; give the pretrained source {run} was started from (its run dir, checkpoint or "
+            "encoder.safetensors)"
+        ), line
+        assert line.count("; give") == 1 and "nothing in it was run" not in line, line
+        assert _digest(run) == before
     official = tmp_path / "official.ckpt"  # the authors' layout: backbone.* weights, no config
     torch.save({"state_dict": {"backbone.conv1.weight": torch.zeros(64, 3, 3, 3)}}, official)
     assert trained_config(official) is None

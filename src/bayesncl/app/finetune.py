@@ -135,9 +135,11 @@ def _check_source(source: Path, cfg: Config, run_dir: Path) -> None:
     config.yaml, metadata or ``config`` entry: EvalError / CheckpointError / ConfigError) or it records
     a model or method other than the one the run in ``run_dir`` (config ``cfg``) fine-tunes
     (ConfigError); its config is read, not its weights (:func:`bayesncl.app.evaluate.trained_config`).
-    A file that is no checkpoint at all (NotACheckpoint) is told to give the source the run was started
-    from. Weights that record none by design (the authors' layout) are taken as given."""
-    from bayesncl.app.evaluate import trained_config
+    A source that does not read as a model checkpoint (NotACheckpoint: not one at all, truncated,
+    damaged, refused by the safe loader; UnreadableCheckpoint: it reads, but holds no model) is told to
+    give the source the run was started from. Weights that record none by design (the authors' layout)
+    are taken as given."""
+    from bayesncl.app.evaluate import UnreadableCheckpoint, trained_config
     from bayesncl.metrics.inputs import EvalError
     from bayesncl.runs.messages import describe_config_diff
     from bayesncl.runs.safe_load import CheckpointError, NotACheckpoint
@@ -150,10 +152,10 @@ def _check_source(source: Path, cfg: Config, run_dir: Path) -> None:
         )
     try:
         pretrained = trained_config(source)
-    except NotACheckpoint as e:  # it says what the file is: here, what to do
+    except (NotACheckpoint, UnreadableCheckpoint) as e:  # what the file is, or why it does not read: to do?
         raise CheckpointError(
-            f"--resume: {e}; give the pretrained source {run_dir} was started from (its run dir, checkpoint "
-            "or encoder.safetensors)"
+            f"--resume: {e.reason if isinstance(e, NotACheckpoint) else e}; give the pretrained source "
+            f"{run_dir} was started from (its run dir, checkpoint or encoder.safetensors)"
         ) from None
     except (EvalError, CheckpointError, ConfigError) as e:
         raise type(e)(f"--resume: {e}") from None
