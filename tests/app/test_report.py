@@ -356,6 +356,14 @@ def test_metrics_of_an_older_soft_gated_file_in_a_run_dir_reads_the_runs_thresho
     assert closure(0.7) != closure(0.5)
     out = metrics_command(file)
     assert (out["gate_closure_background"], out["gate_closure_object"]) == closure(0.7)
+    (run / "eval-epoch-0003").mkdir()  # an earlier checkpoint's features (evaluate RUN/epoch-0003.pt): the
+    shutil.copy(file, run / "eval-epoch-0003" / "features_test.npz")  # run's config.yaml is one level up
+    out = metrics_command(run / "eval-epoch-0003" / "features_test.npz")
+    assert (out["gate_closure_background"], out["gate_closure_object"]) == closure(0.7)
+    (run / "notes").mkdir()  # any other folder of a run is no checkpoint's: not read as the run's
+    shutil.copy(file, run / "notes" / "f.npz")
+    out = metrics_command(run / "notes" / "f.npz")
+    assert (out["gate_closure_background"], out["gate_closure_object"]) == closure(0.5)
     out = metrics_command(tmp_path / "elsewhere" / "f.npz")
     assert (out["gate_closure_background"], out["gate_closure_object"]) == closure(0.5)
     (tmp_path / "elsewhere" / "config.yaml").write_text("notes: [a user's file, not a run's config]\n")

@@ -642,16 +642,19 @@ def _evaluation_markdown(result: dict[str, Any]) -> str:
 def features_threshold(path: Path) -> float:
     """The gate threshold at which an older soft-gated features file's α is read as its mask
     (:func:`bayesncl.runs.features.load_features`): the run's ``method.threshold`` where ``path`` lies
-    in a run dir with a ``config.yaml`` (``evaluate`` and ``extract`` write there), else 0.5 (that key's
-    default; a ``config.yaml`` that is no run's config, e.g. a user's file beside theirs, counts as none)."""
+    in a run dir with a ``config.yaml`` (``evaluate`` and ``extract`` write there), or in an
+    ``eval-<checkpoint>/`` folder of one (where they write an earlier checkpoint's, ``RUN/eval-epoch-NNNN/``:
+    :func:`load_trained`), else 0.5 (that key's default; a ``config.yaml`` that is no run's config, e.g. a
+    user's file beside theirs, counts as none)."""
     from bayesncl.runs.export import load_run_config
 
-    run = Path(path).parent
-    if (run / "config.yaml").is_file():
-        try:
-            return float(load_run_config(run).method.threshold)
-        except (ConfigError, OSError):
-            pass
+    folder = Path(path).parent
+    for run in (folder, folder.parent) if folder.name.startswith("eval-") else (folder,):
+        if (run / "config.yaml").is_file():
+            try:
+                return float(load_run_config(run).method.threshold)
+            except (ConfigError, OSError):
+                pass
     return 0.5
 
 
@@ -666,8 +669,8 @@ def metrics_command(
     (path, N, D, and ``method``, ``dataset``,
     ``split`` from the file's meta when present), JSON-serialisable (``as_json``: checked by a round
     trip through ``json``). An older soft-gated file's ``mask`` (which held α) is read at the run's
-    ``method.threshold`` where the file lies in a run dir whose ``config.yaml`` reads, else at 0.5
-    (:func:`features_threshold`).
+    ``method.threshold`` where the file lies in a run dir whose ``config.yaml`` reads (or in its
+    ``eval-epoch-NNNN/``), else at 0.5 (:func:`features_threshold`).
     """
     fs = load_features(path, threshold=features_threshold(Path(path)))
     with warnings.catch_warnings():
