@@ -747,7 +747,8 @@ def test_mechanism_refuses_an_unfinished_run_beyond_its_train_epochs_up_front(
     assert calls == []
     done = _finished(table / "bayesncl-ste-p-0-seed-0", first)  # (reused: its metrics hold its dynamics)
     assert main([*study, "train.epochs=3"]) == 0
-    assert calls == [(sub.name, True)]  # continued
+    assert calls == [(sub.name, True)]  # continued, and said so as the tables say it (not "pretraining into")
+    assert f"== BayesNCL (STE) | p=0.9 | seed=0: continuing {sub}\n" in capsys.readouterr().out
     (done / "metrics.json").write_text('{"semantic_consistency": 40.0}')  # its dynamics: from its last.pt
     assert main([*study, "train.epochs=3"]) == 2
     assert error_line(capsys) == (

@@ -186,7 +186,7 @@ def mechanism(
             print(f"== {name}: reusing {sub / 'metrics.json'}")
             m = variants.finished_metrics(sub)
         else:
-            print(f"== {name}: pretraining into {sub}")
+            print(f"== {name}: {variants.training(sub)} {sub}")
             m = variants.train_run(cfg, sub)  # as every table: continued, or trained over a run cut short
         if "AF-GV" not in m:
             with variants.measuring(sub, in_store=store is not None, label=name.replace(" | ", ", ")):

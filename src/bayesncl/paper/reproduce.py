@@ -365,8 +365,8 @@ def _figure(study: Study, rows: dict[str, Any], path: Path, seeds: int) -> None:
 
 # ----------------------------------------------------------------------------- the command
 def _train(h: str, cfg: Config, sub: Path, label: str, i: int, n: int, est: float | None) -> None:
-    what = "continuing" if (sub / "last.pt").exists() else "training"
-    print(f"[{i}/{n}] {label}: {what} {sub}" + (f" (~{_duration(est)})" if est else ""), flush=True)
+    eta = f" (~{_duration(est)})" if est else ""
+    print(f"[{i}/{n}] {label}: {variants.training(sub)} {sub}{eta}", flush=True)
     t = time.time()
     metrics = variants.train_run(cfg, sub)
     variants.save_metrics(sub, label, metrics)

@@ -262,6 +262,12 @@ def _run_config(sub: Path, who: str, advice: str) -> Config:
         ) from None
 
 
+def training(sub: Path) -> str:
+    """What :func:`train_run` does with ``sub``, as every table and the mechanism study say it:
+    ``"continuing"`` (its ``last.pt``) or ``"training"``."""
+    return "continuing" if (sub / "last.pt").exists() else "training"
+
+
 def train_run(cfg: Config, sub: Path) -> dict[str, Any]:
     """Pretrain the run ``cfg`` into ``sub`` (a table's or the mechanism study's): continued from its
     ``last.pt`` (checked up front by :func:`check_dirs`), else trained from the start, over what a run
