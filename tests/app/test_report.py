@@ -579,3 +579,54 @@ def test_wandb_gets_the_log_rows_and_resume_keeps_its_run_id(
     final_step, final = logs[-1]
     assert final_step == 2 and final["figures/training_curves"] == ("image", "training_curves.png")
     assert final["eval/semantic_consistency"] == pytest.approx(read_log(run)[-1]["heldout_sc"], abs=1e-3)
+
+
+def test_report_and_dynamics_read_a_moved_runs_data_under_data_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run records the data.root it trained with. After the data moved, a table's report (reproduce,
+    mechanism, demo) read the old root and warned "no HTML report: ... not found in <old root> ... or
+    set data.root" though the command had set it; `bayesncl report RUN` and `bayesncl dynamics RUN` gave
+    that advice but took no key=value. The table's report reads the command's root (the one mechanism
+    every measure uses), and both commands take data.root=DIR, and only that."""
+    import json
+
+    from bayesncl.app.cli import main
+    from bayesncl.config import build_config, dump_yaml
+    from bayesncl.data import clear_cache
+    from bayesncl.paper import variants
+
+    from ..conftest import error_line, expect, fmnist_folder, tiny_checkpoint
+
+    clear_cache()
+    gone, here, table = tmp_path / "gone", tmp_path / "here", tmp_path / "table"
+    data = ["data.name=fashion-mnist-bg", "data.train_subset=64", "data.test_subset=40"]
+    run = table / "ncl"
+    run.mkdir(parents=True)
+    tiny_checkpoint(run / "last.pt", [*data, f"data.root={gone}"])  # trained where the data lay then
+    shutil.copy(run / "last.pt", run / "epoch-0001.pt")
+    (run / "config.yaml").write_text(dump_yaml(build_config(overrides=[*TINY, *data, f"data.root={gone}"])))
+    shutil.move(fmnist_folder(gone), here)
+    now = build_config(overrides=[*TINY, *data, f"data.root={here}"])  # the command's config for it
+    variants.write_table(table, "t", {}, "", "h", {}, cfg=now)  # (no log.csv: no curves; the folder's runs)
+    out = capsys.readouterr().out
+    assert "warning" not in out and f"HTML report: {table / 'report' / 'index.html'}" in out
+    assert (table / "report" / "index.html").is_file() and not gone.exists()
+    assert main(["report", str(run), "--out", str(tmp_path / "site")]) == 2  # the old root: D1's advice
+    assert error_line(capsys).startswith(f"{ERROR}Fashion-MNIST not found in {gone} ")
+    assert main(["report", str(run), "--out", str(tmp_path / "site"), f"data.root={here}"]) == 0  # taken
+    assert (tmp_path / "site" / "index.html").is_file()
+    assert main(["dynamics", str(run), "--samples", "32", f"data.root={here}"]) == 0
+    assert [r["epoch"] for r in json.loads((run / "dynamics.json").read_text())["rows"]] == [1]
+    for command in (["report", str(run)], ["dynamics", str(run)]):
+        assert main([*command, f"data.root={here}", "method.rho=0.5"]) == 2
+        line = error_line(capsys)
+        assert line == (
+            f"{ERROR}method.rho: {command[0]} takes only data.root=DIR (where the run's data lies now, if it "
+            "moved since the run trained); the run's own config sets the rest"
+        )
+        if command[0] == "report":
+            expect("M6", line, tmp_path)
+    assert main(["report", f"data.root={here}"]) == 2
+    assert "give one or more RUN_DIR" in error_line(capsys)
+    clear_cache()

@@ -168,6 +168,22 @@ def cmd_ood(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_root_only(overrides: list[str], command: str) -> list[str]:
+    """The ``key=value`` words of a command that reads trained runs as they are (``dynamics``,
+    ``report``): ``data.root=DIR`` alone, where their data lies now (a run records where it lay when
+    it trained, and the data readers' advice is "set data.root"). ConfigError (one line) for a word
+    that is not key=value, or any other key."""
+    from bayesncl.config import parse_overrides
+
+    other = [k for k in parse_overrides(overrides) if k != "data.root"]
+    if other:
+        raise ConfigError(
+            f"{', '.join(other)}: {command} takes only data.root=DIR (where the run's data lies now, if it "
+            "moved since the run trained); the run's own config sets the rest"
+        )
+    return overrides
+
+
 def cmd_dynamics(args: argparse.Namespace) -> int:
     from bayesncl.app.dynamics import dynamics_command
 
@@ -176,7 +192,8 @@ def cmd_dynamics(args: argparse.Namespace) -> int:
         raise ConfigError(f"--samples {args.samples}: expected >= 2 (InfoNCE needs negatives)")
     if args.every < 1:
         raise ConfigError(f"--every {args.every}: expected >= 1")
-    dynamics_command(args.run_dir, samples=args.samples, every=args.every)
+    overrides = _data_root_only(args.overrides, "dynamics")
+    dynamics_command(args.run_dir, samples=args.samples, every=args.every, overrides=overrides)
     return 0
 
 
@@ -197,8 +214,12 @@ def cmd_curves(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from bayesncl.app.report.html import report_command
 
-    runs = [path_arg(r, "RUN_DIR", "a run dir") or Path(r) for r in args.runs]
-    print(f"report: {report_command(runs, path_arg(args.out, '--out', 'a folder'))}")
+    words = [*args.runs, *args.overrides]  # (argparse gives RUN_DIR... every word before an option)
+    overrides = _data_root_only([w for w in words if "=" in w], "report")
+    runs = [path_arg(r, "RUN_DIR", "a run dir") or Path(r) for r in words if "=" not in r]
+    if not runs:
+        raise ConfigError("report: give one or more RUN_DIR (data.root=DIR only says where their data lies)")
+    print(f"report: {report_command(runs, path_arg(args.out, '--out', 'a folder'), overrides)}")
     return 0
 
 
@@ -246,6 +267,11 @@ _PLUGIN = _arg(
 )
 _LOAD_OVERRIDES = _arg("overrides", nargs="*", metavar="key=value", help=_LOAD_OVERRIDES_HELP)
 _SOURCE = _arg("source", metavar="RUN_DIR_OR_CHECKPOINT")
+_DATA_ROOT = _arg(
+    "overrides", nargs="*", metavar="data.root=DIR",
+    help="where the runs' data lies now, if it moved since they trained (the only key=value taken; the "
+         "run's config sets the rest)",
+)
 
 # subcommand NAME (run by cmd_NAME) -> (help, description, more add_parser options, its arguments: _arg)
 COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
@@ -428,6 +454,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         {},
         [
             _arg("run_dir", metavar="RUN_DIR"),
+            _DATA_ROOT,
             _arg("--samples", type=int, default=1024,
                  help="train images for the gradient variance (default 1024)"),
             _arg("--every", type=int, default=1,
@@ -461,6 +488,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         {},
         [
             _arg("runs", nargs="+", metavar="RUN_DIR", help="run dirs, or demo/reproduce run dirs"),
+            _DATA_ROOT,
             _arg("--out", help="output folder (default RUN_DIR/report for one, ./report for several)"),
             _PLUGIN,
         ],

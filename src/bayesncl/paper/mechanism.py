@@ -206,7 +206,8 @@ def mechanism(
         for name, sub in subs.items():
             variants.link(run_dir, variants.slug(name), sub)
     logged = {n: sub for n, sub in subs.items() if (sub / "log.csv").exists()}
-    variants.write_table(run_dir, "mechanism", {"means": means, "runs": results}, md, header, logged)
+    variants.write_table(run_dir, "mechanism", {"means": means, "runs": results}, md, header, logged,
+                         cfg=next(iter(configs.values())))  # its report reads the data at the command's root
     print(header)
     print(md)
     return means

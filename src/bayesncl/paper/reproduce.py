@@ -422,7 +422,6 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
            runs: dict[str, tuple[Config, str]], rows: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     from bayesncl.app.report import write_results
     from bayesncl.app.report.curves import write_training_curves
-    from bayesncl.app.report.html import write_report_or_warn
 
     run_dir.mkdir(parents=True, exist_ok=True)
     data = sorted({cfg.data.name for cfg, _ in runs.values()})
@@ -457,5 +456,6 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
     figure = f", {study.stem}.png" if study.panels else ""
     print(f"wrote {run_dir / (study.stem + '.md')} and .json{figure}")
     # the HTML report of seed 0 of every variant (the table holds the seeds' spread)
-    write_report_or_warn([run_dir / f"{variants.slug(n)}-s0" for n, s in cells if s == 0], run_dir / "report")
+    seed0 = [run_dir / f"{variants.slug(n)}-s0" for n, s in cells if s == 0]
+    variants.write_report(seed0, run_dir / "report", next(iter(runs.values()))[0])
     return result

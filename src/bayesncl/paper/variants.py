@@ -281,21 +281,29 @@ def train_run(cfg: Config, sub: Path) -> dict[str, Any]:
 
 def write_table(
     run_dir: Path, stem: str, results: dict[str, dict[str, Any]], markdown: str, header: str,
-    curves: dict[str, Path], report: bool = True,
+    curves: dict[str, Path], report: bool = True, cfg: Config | None = None,
 ) -> None:
     """Write the variants' table ``run_dir/{stem}.md``/``.json``, the training curves of
     ``curves`` (``{label: sub-run with a log.csv}``), if any, as ``run_dir/curves.png``, and the
-    HTML report of the variants as ``run_dir/report/`` (its path printed; ``report=False``: none,
-    for a table of encoders trained elsewhere)."""
+    HTML report of the variants as ``run_dir/report/`` (:func:`write_report`; ``cfg``: a config this
+    command gives its runs; ``report=False``: none, for a table of encoders trained elsewhere)."""
     from bayesncl.app.report.curves import write_training_curves
 
     write_results(run_dir, stem, results, markdown, header=header)
     if curves:
         write_training_curves(list(curves.values()), run_dir / "curves.png", labels=list(curves))
+    if report:  # the runs in the table's order, so that each keeps its curves.png colour
+        write_report(list(curves.values()) or [run_dir], run_dir / "report", cfg)
+
+
+def write_report(runs: list[Path], out: Path, cfg: Config | None) -> None:
+    """The HTML report of a table's ``runs`` into ``out`` (its path printed; one that cannot be written:
+    a one-line warning), each run's data read under the command's ``data.root`` (``cfg``: a config it
+    gives its runs, :func:`measure_overrides`; every run of a command shares its root), as every measure
+    reads it: a reused run recorded where its data lay when it trained."""
     from bayesncl.app.report.html import write_report_or_warn
 
-    if report:  # the runs in the table's order, so that each keeps its curves.png colour
-        write_report_or_warn(list(curves.values()) or [run_dir], run_dir / "report")
+    write_report_or_warn(runs, out, overrides=measure_overrides(cfg) if cfg is not None else ())
 
 
 # ----------------------------------------------------------------------------- the store of runs

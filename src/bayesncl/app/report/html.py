@@ -74,14 +74,16 @@ def _labels(runs: Sequence[Path]) -> list[str]:
     return [o if out.count(o) == 1 else f"{o}-{i}" for i, o in enumerate(out)]
 
 
-def load_run(path: Path, label: str) -> RunInput:
+def load_run(path: Path, label: str, overrides: Sequence[str] = ()) -> RunInput:
     """The features (its ``features_test.npz``, else extracted from its checkpoint), config and
-    metrics (``evaluation.json``, else ``metrics.json``) of the run in ``path``."""
+    metrics (``evaluation.json``, else ``metrics.json``) of the run in ``path``; ``overrides``
+    (``data.root=DIR``: where its data lies now, if it moved since the run trained) set on its config
+    before any data is read (the extraction's, the thumbnails')."""
     from bayesncl.metrics.inputs import EvalError
     from bayesncl.runs.export import load_run_config
     from bayesncl.runs.features import load_features
 
-    cfg = load_run_config(path)
+    cfg = load_run_config(path, list(overrides))
     file = path / "features_test.npz"
     if file.is_file():
         fs = load_features(file, threshold=cfg.method.threshold)  # an older file's α: at the run's threshold
@@ -92,7 +94,7 @@ def load_run(path: Path, label: str) -> RunInput:
     elif (path / "last.pt").is_file():
         from bayesncl.app.evaluate import extract_split, load_trained
 
-        model, cfg, _ = load_trained(path)
+        model, cfg, _ = load_trained(path, overrides=list(overrides))
         feats = extract_split(model, cfg, "test", next(model.parameters()).device, keys=REPORT_FEATURE_KEYS)
     else:
         raise EvalError(f"{path} has no features_test.npz and no last.pt: nothing to report on")
@@ -271,13 +273,16 @@ def _scalars(metrics: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
-def report_command(sources: Sequence[str | Path], out: str | Path | None = None) -> Path:
-    """``bayesncl report``: find the runs of ``sources`` (:func:`find_runs`), load each and write
-    the site into ``out`` (default: ``SOURCE/report`` for one source, ``./report`` for several).
-    Returns the index page. Raises RunDirError / EvalError (one line) for unusable input."""
+def report_command(
+    sources: Sequence[str | Path], out: str | Path | None = None, overrides: Sequence[str] = ()
+) -> Path:
+    """``bayesncl report``: find the runs of ``sources`` (:func:`find_runs`), load each (``overrides``:
+    :func:`load_run`'s, ``data.root=DIR``) and write the site into ``out`` (default: ``SOURCE/report``
+    for one source, ``./report`` for several). Returns the index page. Raises RunDirError / EvalError
+    (one line) for unusable input."""
     paths = find_runs(sources)
     dest = Path(out) if out is not None else (Path(sources[0]) if len(sources) == 1 else Path()) / "report"
-    runs = [load_run(p, label) for p, label in zip(paths, _labels(paths), strict=True)]
+    runs = [load_run(p, label, overrides) for p, label in zip(paths, _labels(paths), strict=True)]
     return write_report(runs, dest)
 
 
@@ -291,15 +296,16 @@ def write_run_report(
 
 
 def write_report_or_warn(
-    sources: Sequence[str | Path], out: Path, run: RunInput | None = None
+    sources: Sequence[str | Path], out: Path, run: RunInput | None = None, overrides: Sequence[str] = ()
 ) -> Path | None:
     """:func:`report_command` for ``demo``, ``evaluate`` and ``reproduce`` (``run``: one run
-    already in memory, written as it is): prints the index's path; a report that cannot be
-    written is a one-line warning, never the command's failure."""
+    already in memory, written as it is; ``overrides``: :func:`load_run`'s, the command's ``data.root``
+    for runs it reuses, :func:`bayesncl.paper.variants.measure_overrides`): prints the index's path; a
+    report that cannot be written is a one-line warning, never the command's failure."""
     from bayesncl.app.errors import user_errors
 
     try:
-        index = write_report([run], out) if run is not None else report_command(sources, out)
+        index = write_report([run], out) if run is not None else report_command(sources, out, overrides)
     except (*user_errors(), OSError) as e:
         print(f"bayesncl: warning: no HTML report: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         return None
