@@ -300,10 +300,22 @@ def write_report(runs: list[Path], out: Path, cfg: Config | None) -> None:
     """The HTML report of a table's ``runs`` into ``out`` (its path printed; one that cannot be written:
     a one-line warning), each run's data read under the command's ``data.root`` (``cfg``: a config it
     gives its runs, :func:`measure_overrides`; every run of a command shares its root), as every measure
-    reads it: a reused run recorded where its data lay when it trained."""
-    from bayesncl.app.report.html import write_report_or_warn
+    reads it: a reused run recorded where its data lay when it trained. Packed runs (a store's results
+    kept without checkpoints: :func:`~bayesncl.app.report.html.is_packed`), which a table reuses but a
+    report cannot show, are left out with one line that says so and how to get their report (all of
+    them: no report; it was a warning that the first "holds no run to report on")."""
+    from bayesncl.app.report.html import PACKED_ADVICE, is_packed, write_report_or_warn
+    from bayesncl.runs.messages import some_names
 
-    write_report_or_warn(runs, out, overrides=measure_overrides(cfg) if cfg is not None else ())
+    packed = [r for r in runs if is_packed(r)]
+    shown = [r for r in runs if r not in packed]
+    if packed:
+        names = some_names([r.name for r in packed])
+        what = "the table was made from packed runs" if not shown else f"left out {len(packed)} packed run(s)"
+        print(f"HTML report: {'not written: ' if not shown else ''}{what} ({names}: stored results without a "
+              f"checkpoint or features); {PACKED_ADVICE}")
+    if shown:
+        write_report_or_warn(shown, out, overrides=measure_overrides(cfg) if cfg is not None else ())
 
 
 # ----------------------------------------------------------------------------- the store of runs
