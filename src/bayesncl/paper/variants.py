@@ -111,6 +111,7 @@ def link(run_dir: Path, name: str, target: Path) -> None:
 def check_dirs(
     run_dir: Path, store: Path | None, what: str, runs: dict[Path, tuple[str, Config]], *,
     links: tuple[str, ...] = (), unlinked: str = "", checkpoints: tuple[int, ...] = (),
+    monitor: str = "",
 ) -> None:
     """Everything ``reproduce`` and ``reproduce mechanism`` check of their folders before any output or
     training; raises RunDirError (one line) for
@@ -129,6 +130,11 @@ def check_dirs(
       ``--resume``'s advice, which ``reproduce`` has no use for);
     - a finished stored run without the ``epoch-NNNN.pt`` of ``checkpoints``, which only its training
       writes;
+    - where the table reads the held-out monitor of the runs' ``log.csv`` (``monitor``: what of it, e.g.
+      ncl-dead's per-epoch dead dims), a run, finished or not, that logged it with another
+      ``train.monitor_samples`` or ``train.monitor_every`` than ``cfg`` (:func:`monitor_differs`): what
+      :data:`REUSE_IGNORES` lets differ would change the table's values (monitor_samples: another
+      held-out batch) or leave its rows empty (monitor_every: other epochs logged), which went silently;
     - a run's folder that cannot be written (a finished run's too: what a table measures of it is
       cached beside it)."""
     from bayesncl.runs.layout import check_writable, refuse_a_run_in
@@ -183,6 +189,8 @@ def check_dirs(
                     f"{label}: {sub} holds a finished run with other settings ({changed}; run's -> now); "
                     f"{moved} (its run is then trained again), {other}"
                 )
+            _refuse_monitor(stored, cfg, monitor, f"{label}: the run {sub}", what,
+                            f"{moved} (its run is then trained again), {other}")
         elif finished(sub):
             changed = describe_config_diff(stored, cfg, ignore=REUSE_IGNORES)
             if changed:
@@ -190,6 +198,8 @@ def check_dirs(
                     f"{label}: the stored run {sub} was trained with other settings ({changed}; stored -> "
                     f"now): {moved} (its run is then trained again), {other}"
                 )
+            _refuse_monitor(stored, cfg, monitor, f"{label}: the stored run {sub}", what,
+                            f"{moved} (its run is then trained again), {other}")
             missing = [e for e in checkpoints if not (sub / f"epoch-{e:04d}.pt").exists()]
             if missing:
                 raise RunDirError(
@@ -199,18 +209,22 @@ def check_dirs(
                 )
         elif (sub / "last.pt").exists():  # the command continues it: what pretrain --resume checks
             restart = f"{moved} (its run is then trained from the start), {other}"
-            _check_unfinished(sub, cfg, label, store is not None, restart)
+            _check_unfinished(sub, cfg, label, store is not None, restart, (monitor, what))
         check_writable(sub)  # a finished run too: what a table measures is cached beside it
 
 
-def _check_unfinished(sub: Path, cfg: Config, label: str, stored: bool, restart: str) -> None:
+def _check_unfinished(
+    sub: Path, cfg: Config, label: str, stored: bool, restart: str, monitor: tuple[str, str] = ("", "")
+) -> None:
     """RunDirError (one line: ``label``, the run in ``sub``, what is wrong, then ``restart``: what to do)
     where continuing the unfinished run in ``sub`` to ``cfg`` would fail: its ``last.pt`` does not read
     as ``--resume`` reads it (empty, truncated, a folder, not a bayesncl checkpoint, an entry missing),
     or records other settings than ``cfg`` (but those ``--resume`` may change), or more epochs begun
-    than ``cfg``'s ``train.epochs``. Its turn came after the runs before it had trained, and ``--resume``'s
-    advice is no advice for ``reproduce``, which has none. The whole file is read, as ``--resume`` reads
-    it: an unfinished run is rare (one killed in training) and is then trained, which takes far longer."""
+    than ``cfg``'s ``train.epochs``, or (``monitor``: what of the held-out monitor the table reads, and
+    the table) another held-out monitor, which continuing it would mix into its ``log.csv``. Its turn
+    came after the runs before it had trained, and ``--resume``'s advice is no advice for ``reproduce``,
+    which has none. The whole file is read, as ``--resume`` reads it: an unfinished run is rare (one
+    killed in training) and is then trained, which takes far longer."""
     from bayesncl.config import ConfigError, build_config
     from bayesncl.runs.messages import RunDirError, describe_config_diff
     from bayesncl.runs.rundir import epochs_begun, read_resume_checkpoint
@@ -232,11 +246,42 @@ def _check_unfinished(sub: Path, cfg: Config, label: str, stored: bool, restart:
             f"{label}: {where} holds an unfinished run (last.pt) started with other settings "
             f"({changed}; {ours} -> now), which this command would continue: {restart}"
         )
+    _refuse_monitor(started, cfg, monitor[0], f"{label}: {where} holds an unfinished run (last.pt) that",
+                    monitor[1], restart)
     begun, done = epochs_begun(ckpt)
     if cfg.train.epochs < begun:
         raise RunDirError(
             f"{label}: {where} holds an unfinished run (last.pt) that this command would continue to "
             f"train.epochs={cfg.train.epochs}, but {done}: give train.epochs >= {begun}, or {restart}"
+        )
+
+
+MONITOR_KEYS = ("train.monitor_samples", "train.monitor_every")
+"""What a run's held-out monitor (``log.csv``'s ``heldout_*`` columns) depends on beyond the weights:
+the held-out images it scores and the epochs it scores them at."""
+
+
+def monitor_differs(run: Config, cfg: Config) -> tuple[str, str]:
+    """``("key: run's -> cfg's; ...", "key=run's ...")`` for the :data:`MONITOR_KEYS` in which the run
+    configured ``run`` logged its held-out monitor otherwise than ``cfg`` would, ``("", "")`` where
+    none: what differs, and the ``key=value`` words that give the run's."""
+    a, b = flatten(run.to_dict()), flatten(cfg.to_dict())
+    keys = [k for k in MONITOR_KEYS if a.get(k) != b.get(k)]
+    changed = "; ".join(f"{k}: {a.get(k)} -> {b.get(k)}" for k in keys)
+    return changed, " ".join(f"{k}={a.get(k)}" for k in keys)
+
+
+def _refuse_monitor(run: Config, cfg: Config, reads: str, who: str, what: str, advice: str) -> None:
+    """RunDirError ``"{who} logged ... : give key=value, or {advice}"`` where ``reads`` (what of the
+    held-out monitor ``what``, the table, reads; ``""``: none) and the run configured ``run`` logged
+    that monitor otherwise than ``cfg`` (:func:`monitor_differs`)."""
+    from bayesncl.runs.messages import RunDirError
+
+    changed, words = monitor_differs(run, cfg) if reads else ("", "")
+    if changed:
+        raise RunDirError(
+            f"{who} logged its held-out monitor with other settings ({changed}; run's -> now), and {what} "
+            f"reads {reads} from it: give {words} (the run's), or {advice}"
         )
 
 
