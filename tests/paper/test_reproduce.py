@@ -643,6 +643,29 @@ def test_a_stored_run_with_a_damaged_metrics_json_or_a_broken_link_is_named_up_f
             f"read ({why}){advice}"
         if text == "":
             expect("P16", err, tmp_path)
+    # its last.pt whole, of the command's settings and length: deleting metrics.json evaluates it again
+    # (a run with a last.pt and no metrics.json is continued: no epoch left), far cheaper than retraining
+    resumable_checkpoint(sub / "last.pt", cfg, epoch=cfg.train.epochs)
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"{ERROR}NCL seed 0: the stored run {sub}: its metrics.json cannot be read (it holds a JSON list, "
+        f"expected an object of metrics); its last.pt is whole: delete {sub / 'metrics.json'} and the run is "
+        f"evaluated again from it (no training), or move {sub} out of the store (its run is then trained "
+        "again), or use another --store\n"
+    )
+    for partial, epoch in ((True, cfg.train.epochs - 1), (False, cfg.train.epochs + 1)):  # more to train,
+        resumable_checkpoint(sub / "last.pt", cfg, epoch=epoch, partial=partial)  # or more than trained
+        assert main(args) == 2
+        assert capsys.readouterr().err.endswith(f"expected an object of metrics){advice}")
+    (sub / "last.pt").write_bytes(b"")  # damaged: only the move
+    assert main(args) == 2
+    assert capsys.readouterr().err.endswith(f"expected an object of metrics){advice}")
+    resumable_checkpoint(sub / "last.pt", cfg, epoch=cfg.train.epochs)
+    (sub / "metrics.json").unlink()  # as advised: the table continues the run (evaluates it), no refusal
+    assert variants.check_dirs(table, store, "table 1", {sub: ("NCL seed 0", cfg)}) is None
+    (sub / "metrics.json").write_text("[1, 2]")
+    (sub / "last.pt").unlink()
     with pytest.raises(ValueError) as raised:  # where it is read without check_dirs before (demo): named too
         variants.finished_metrics(sub)
     assert str(raised.value) == (
@@ -657,6 +680,21 @@ def test_a_stored_run_with_a_damaged_metrics_json_or_a_broken_link_is_named_up_f
     expect("P17", err, tmp_path)
     assert f"{sub}, where the store keeps this run, is a link to {tmp_path / 'gone'}, which" in err
     assert not table.exists() and list(store.iterdir()) == [sub] and sub.is_symlink()
+
+
+def _flip_a_byte(checkpoint: bytes) -> bytes:
+    """``checkpoint`` (a torch.save zip archive) with one byte changed in the middle of its first record
+    (``data.pkl``, stored uncompressed), so that its CRC-32 no longer matches."""
+    import io
+    import struct
+    import zipfile
+
+    first = zipfile.ZipFile(io.BytesIO(checkpoint)).infolist()[0]
+    assert first.filename.endswith("data.pkl") and first.compress_type == zipfile.ZIP_STORED
+    at = first.header_offset
+    name, extra = struct.unpack("<HH", checkpoint[at + 26 : at + 30])  # the local header's lengths
+    at += 30 + name + extra + first.file_size // 2
+    return checkpoint[:at] + bytes([checkpoint[at] ^ 0xFF]) + checkpoint[at + 1 :]
 
 
 def test_a_stored_runs_damaged_checkpoint_is_named_with_what_to_do(
@@ -689,6 +727,9 @@ def test_a_stored_runs_damaged_checkpoint_is_named_with_what_to_do(
         "truncated": (whole[: len(whole) // 2], f"{sub / 'last.pt'} is not a readable PyTorch checkpoint "
                                                  "(truncated or damaged? "),  # (torch's own words follow)
         "a folder": (None, f"{sub / 'last.pt'} is a directory, not a checkpoint file"),
+        # a byte changed inside a stored record: torch.load alone would read it (as other values)
+        "a bad CRC": (_flip_a_byte(whole), f"{sub / 'last.pt'} is damaged: the checksum of its record "
+                                           "whole/data.pkl does not match (a partial copy or a disk error)"),
     }  # fmt: skip
     for what, (content, why) in damage.items():
         shutil.rmtree(sub, ignore_errors=True)

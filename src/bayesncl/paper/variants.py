@@ -64,12 +64,16 @@ def refuse_other_settings(
         )
 
 
-def finished_metrics(sub: Path, who: str = "", advice: str = "") -> dict[str, Any]:
+def finished_metrics(
+    sub: Path, who: str = "", advice: str = "", cfg: Config | None = None
+) -> dict[str, Any]:
     """The metrics a finished variant saved (its ``metrics.json``, a JSON object). RunDirError (one
     line) for one that cannot be read (empty, not JSON, not an object: damaged, or cut short by a full
     disk): ``"{who}: its metrics.json cannot be read (why); {advice}"``, by default naming the run in
-    ``sub`` and saying to move it away (its run is then trained again). :func:`check_dirs` reads every
-    finished run's so, before any training."""
+    ``sub`` and saying to move it away (its run is then trained again). With ``cfg`` (the config the
+    command gives the run) the advice starts with the cheaper remedy where it applies
+    (:func:`_reevaluate_advice`: delete metrics.json, and the run is evaluated again from its whole
+    last.pt, without training). :func:`check_dirs` reads every finished run's so, before any training."""
     from bayesncl.runs.messages import RunDirError
 
     try:
@@ -87,7 +91,36 @@ def finished_metrics(sub: Path, who: str = "", advice: str = "") -> dict[str, An
             why = f"it holds a JSON {type(metrics).__name__}, expected an object of metrics"
     who = who or f"the run {sub}"
     advice = advice or f"move {sub} away (its run is then trained again)"
+    if cfg is not None:
+        advice = _reevaluate_advice(sub, cfg) + advice
     raise RunDirError(f"{who}: its metrics.json cannot be read ({why}); {advice}")
+
+
+def _reevaluate_advice(sub: Path, cfg: Config) -> str:
+    """``"delete …/metrics.json (...), or "`` where the finished run in ``sub`` would be evaluated again
+    without training once its metrics.json is gone: its ``last.pt`` reads as ``--resume`` reads it,
+    records ``cfg``'s settings (but those ``--resume`` may change) and has done ``cfg``'s
+    ``train.epochs`` whole (a table, ``demo --resume``: a run with a ``last.pt`` and no metrics.json is
+    continued, and with no epoch left only evaluated); else ``""`` (the file is read whole: this is said
+    only for a damaged metrics.json, which is rare)."""
+    from bayesncl.config import ConfigError, build_config
+    from bayesncl.runs.messages import describe_config_diff
+    from bayesncl.runs.rundir import read_resume_checkpoint
+    from bayesncl.runs.safe_load import CheckpointError
+
+    if not (sub / "last.pt").is_file():  # (a packed run: nothing to evaluate)
+        return ""
+    try:
+        ckpt = read_resume_checkpoint(sub / "last.pt")
+        started = build_config(ckpt["config"], source=sub / "last.pt")
+    except (CheckpointError, ConfigError):
+        return ""
+    if describe_config_diff(started, cfg) or ckpt.get("partial") or ckpt["epoch"] != cfg.train.epochs:
+        return ""
+    return (
+        f"its last.pt is whole: delete {sub / 'metrics.json'} and the run is evaluated again from it (no "
+        "training), or "
+    )
 
 
 def save_metrics(sub: Path, name: str, metrics: dict[str, Any]) -> None:
@@ -181,7 +214,7 @@ def check_dirs(
             who = f"{label}: the stored run {sub}" if store else f"{label}: {sub}"
             stored = _run_config(sub, who, f"{moved} (its run is then trained again), {other}")
             # what reusing it reads (read when its turn came, after the runs before it had trained)
-            finished_metrics(sub, who, f"{moved} (its run is then trained again), {other}")
+            finished_metrics(sub, who, f"{moved} (its run is then trained again), {other}", cfg)
         if finished(sub) and store is None:
             changed = describe_config_diff(stored, cfg, ignore=REUSE_IGNORES)
             if changed:
