@@ -320,6 +320,39 @@ def test_table3_refuses_stored_runs_without_its_checkpoints(
     assert not (tmp_path / "t3").exists()
 
 
+def test_table3_refuses_an_unfinished_stored_run_without_its_checkpoints_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unfinished stored run (last.pt, no metrics.json) that another table began with a larger
+    train.checkpoint_every lacks the epoch-NNNN.pt of the epochs it has done; Table 3 continued it (its
+    continuation writes only the epochs left) and failed only in the measure, after that training. It
+    is refused before any training, as a finished one is (P7); with them kept it passes."""
+    import bayesncl.app.train as train
+    from bayesncl.paper.reproduce import study_configs
+
+    monkeypatch.setattr(train, "pretrain", lambda *a, **k: pytest.fail("trained"))
+    tiny = [*TINY, "train.epochs=2"]
+    study = studies.build("3", "fashion-mnist", tiny)
+    assert study.checkpoints == (1, 2)
+    cfg = study_configs(study, "fashion-mnist", tiny, 1)["NCL", 0]
+    store, table = tmp_path / "store", tmp_path / "t3"
+    sub = store / variants.variant_hash(cfg)
+    resumable_checkpoint(sub / "last.pt", cfg, epoch=1)  # stopped after epoch 1, without epoch-0001.pt
+    args = ["reproduce", "3", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir", str(table),
+            *tiny]  # fmt: skip
+    assert main(args) == 2
+    assert error_line(capsys) == (
+        f"{ERROR}table 3 needs epoch-NNNN.pt of epochs 1 but {sub}, an unfinished run this command would "
+        "continue, has none (another table began it with a larger train.checkpoint_every): run table 3 "
+        f"before the tables that share its runs, or move {sub} out of the store (its run is then trained "
+        "from the start), or use another --store"
+    )
+    assert not table.exists() and sorted(p.name for p in sub.iterdir()) == ["last.pt"]
+    (sub / "epoch-0001.pt").write_bytes(b"")  # kept (read only by the measure): the run is continued
+    runs = {sub: ("NCL seed 0", cfg)}
+    assert variants.check_dirs(table, store, "table 3", runs, checkpoints=(1, 2)) is None
+
+
 def test_every_tables_folders_are_checked_as_the_mechanism_studys(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

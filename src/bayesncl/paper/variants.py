@@ -162,7 +162,8 @@ def check_dirs(
       ``--resume`` would refuse (:func:`_check_unfinished`: it was refused only when its turn came, with
       ``--resume``'s advice, which ``reproduce`` has no use for);
     - a finished stored run without the ``epoch-NNNN.pt`` of ``checkpoints``, which only its training
-      writes;
+      writes, or an unfinished run (in the store or not) without those of the epochs it has done (its
+      continuation writes the rest; it was said only after that training, by the measure);
     - where the table reads the held-out monitor of the runs' ``log.csv`` (``monitor``: what of it, e.g.
       ncl-dead's per-epoch dead dims), a run, finished or not, that logged it with another
       ``train.monitor_samples`` or ``train.monitor_every`` than ``cfg`` (:func:`monitor_differs`): what
@@ -242,13 +243,21 @@ def check_dirs(
                 )
         elif (sub / "last.pt").exists():  # the command continues it: what pretrain --resume checks
             restart = f"{moved} (its run is then trained from the start), {other}"
-            _check_unfinished(sub, cfg, label, store is not None, restart, (monitor, what))
+            done = _check_unfinished(sub, cfg, label, store is not None, restart, (monitor, what))
+            missing = [e for e in checkpoints if e <= done and not (sub / f"epoch-{e:04d}.pt").exists()]
+            if missing:  # continuing it writes those of the epochs left only: said after its training
+                raise RunDirError(
+                    f"{what} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but {sub}, an "
+                    f"unfinished run this command would continue, has none (another table began it with a "
+                    f"larger train.checkpoint_every): run {what} before the tables that share its runs, or "
+                    f"{restart}"
+                )
         check_writable(sub)  # a finished run too: what a table measures is cached beside it
 
 
 def _check_unfinished(
     sub: Path, cfg: Config, label: str, stored: bool, restart: str, monitor: tuple[str, str] = ("", "")
-) -> None:
+) -> int:
     """RunDirError (one line: ``label``, the run in ``sub``, what is wrong, then ``restart``: what to do)
     where continuing the unfinished run in ``sub`` to ``cfg`` would fail: its ``last.pt`` does not read
     as ``--resume`` reads it (empty, truncated, a folder, not a bayesncl checkpoint, an entry missing),
@@ -257,7 +266,8 @@ def _check_unfinished(
     the table) another held-out monitor, which continuing it would mix into its ``log.csv``. Its turn
     came after the runs before it had trained, and ``--resume``'s advice is no advice for ``reproduce``,
     which has none. The whole file is read, as ``--resume`` reads it: an unfinished run is rare (one
-    killed in training) and is then trained, which takes far longer."""
+    killed in training) and is then trained, which takes far longer. Returns the epochs it has done
+    whole (those whose ``epoch-NNNN.pt`` it may have kept)."""
     from bayesncl.config import ConfigError, build_config
     from bayesncl.runs.messages import RunDirError, describe_config_diff
     from bayesncl.runs.rundir import epochs_begun, read_resume_checkpoint
@@ -287,6 +297,7 @@ def _check_unfinished(
             f"{label}: {where} holds an unfinished run (last.pt) that this command would continue to "
             f"train.epochs={cfg.train.epochs}, but {done}: give train.epochs >= {begun}, or {restart}"
         )
+    return int(ckpt["epoch"])
 
 
 MONITOR_KEYS = ("train.monitor_samples", "train.monitor_every")
