@@ -630,3 +630,49 @@ def test_report_and_dynamics_read_a_moved_runs_data_under_data_root(
     assert main(["report", f"data.root={here}"]) == 2
     assert "give one or more RUN_DIR" in error_line(capsys)
     clear_cache()
+
+
+def test_report_takes_run_dirs_named_with_an_equals_sign_and_names_packed_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Since `report` takes data.root=DIR among its RUN_DIRs, a run dir named like a sweep's
+    (``rho=0.3``, ``runs/rho=0.3``) was read as a key=value and refused ("rho: report takes only
+    data.root=DIR"); a path that exists, or whose part before ``=`` holds a ``/``, is a run dir again.
+    A packed run (a store's results without checkpoint or features) was "no run to report on", which
+    read as an error in the folder; it is named as packed, with where its report can be made."""
+    from bayesncl.app.cli import main
+
+    from ..conftest import error_line, expect, tiny_checkpoint
+
+    run = tmp_path / "rho=0.3"
+    run.mkdir()
+    tiny_checkpoint(run / "last.pt", [])
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "rho=0.3", "--out", "site"]) == 0  # a relative path that exists
+    assert capsys.readouterr().out == f"report: {Path('site') / 'index.html'}\n"
+    assert "rho=0.3" in (tmp_path / "site" / "index.html").read_text()
+    assert main(["report", str(tmp_path / "gone=1")]) == 2  # a path that does not exist: said as one
+    assert error_line(capsys) == f"{ERROR}{tmp_path / 'gone=1'}: no such run dir"
+    assert main(["report", "rho=0.3", "root=x"]) == 2  # a key=value still: refused as before (M6)
+    assert error_line(capsys).startswith(f"{ERROR}root: report takes only data.root=DIR")
+    store = tmp_path / "store"
+    packed = store / "0123456789ab"
+    packed.mkdir(parents=True)
+    for name in ("metrics.json", "log.csv", "config.yaml"):
+        (packed / name).write_text("{}" if name == "metrics.json" else "")
+    advice = (
+        "nothing to report on; a report needs each run's last.pt or features_test.npz: `bayesncl report "
+        "RUN_DIR` makes it where the runs were trained (the store that holds their checkpoints)"
+    )
+    assert main(["report", str(packed)]) == 2
+    assert (line := error_line(capsys)) == (
+        f"{ERROR}{packed} is a packed run (its stored results, metrics.json and log.csv, without a "
+        f"checkpoint or features), {advice}"
+    )
+    expect("M7", line, tmp_path)
+    assert main(["report", str(store)]) == 2
+    assert error_line(capsys) == (
+        f"{ERROR}{store} holds only packed runs (0123456789ab: stored results without a checkpoint or "
+        f"features), {advice}"
+    )
+    assert sorted(p.name for p in packed.iterdir()) == ["config.yaml", "log.csv", "metrics.json"]

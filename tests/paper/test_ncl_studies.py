@@ -94,3 +94,101 @@ def test_dead_dims_per_epoch_and_shared_runs(tables: tuple[Path, dict[str, Any]]
     # ncl-dead's rep_relu run is ncl-sparsity's NCL run: trained once, reused
     assert t["runs"]["rep_relu seed 0"] == out["ncl-sparsity"]["runs"]["NCL seed 0"]
     assert t["runs"]["rep_relu seed 0"] in t["reused"]
+
+
+def _packed_run(sub: Path, cfg: Any, active: int, heldout: dict[int, int]) -> None:
+    """A finished run as ``long_queue.sh pack`` keeps it (config.yaml, log.csv, metrics.json; no
+    checkpoint): ``active`` dims on the test split, ``heldout``: epoch -> the held-out monitor's active
+    dims (the epochs it logged)."""
+    import csv
+
+    from bayesncl.config import dump_yaml
+    from bayesncl.runs.logs import LOG_FIELDS
+
+    sub.mkdir(parents=True)
+    (sub / "config.yaml").write_text(dump_yaml(cfg))
+    (sub / "metrics.json").write_text(json.dumps({"active_dims": active, "semantic_consistency": 50.0}))
+    with open(sub / "log.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=LOG_FIELDS)
+        w.writeheader()
+        for epoch in range(1, cfg.train.epochs + 1):
+            w.writerow({"epoch": epoch, "step": 2 * epoch, "epoch_time_s": 1.0,
+                        "heldout_active_dims": heldout.get(epoch, "")})  # fmt: skip
+
+
+def test_dead_dims_refuse_runs_whose_held_out_monitor_differs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ncl-dead's per-epoch rows are the held-out monitor of each run's log.csv. A stored run is reused
+    whatever its train.monitor_every (out of its name) and, in the checks, its train.monitor_samples
+    (REUSE_IGNORES): one logged every 2 epochs gave the rows of epoch 1 no value, silently, and one of
+    another monitor_samples other values. Each is refused before anything is written, naming what
+    differs and the key=value that takes the run's; with them the table reads the runs' logs."""
+    import dataclasses
+
+    import bayesncl.app.train as train
+    from bayesncl.paper.reproduce import study_configs
+
+    from ..conftest import ERROR, expect, resumable_checkpoint
+
+    monkeypatch.setattr(train, "pretrain", lambda *a, **k: pytest.fail("trained"))
+    store, table = tmp_path / "store", tmp_path / "dead"
+    configs = study_configs(studies.build("ncl-dead", "fashion-mnist", TINY), "fashion-mnist", TINY, 1)
+    subs = {}
+    for (name, _), cfg in configs.items():
+        every2 = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, monitor_every=2))
+        assert variants.variant_hash(every2) == variants.variant_hash(cfg)  # the same run in the store
+        subs[name] = store / variants.variant_hash(cfg)
+        _packed_run(subs[name], every2, active=10 if name == "ReLU" else 13, heldout={2: 12})
+    args = ["reproduce", "ncl-dead", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir",
+            str(table), *TINY]  # fmt: skip
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    expect("P21", err, tmp_path)
+    assert err == (
+        f"{ERROR}ReLU seed 0: the stored run {subs['ReLU']} logged its held-out monitor with other settings "
+        "(train.monitor_every: 2 -> 1; run's -> now), and ncl-dead reads the per-epoch dead dims (log.csv's "
+        "heldout_active_dims) from it: give train.monitor_every=2 (the run's), or move "
+        f"{subs['ReLU']} out of the store (its run is then trained again), or use another --store\n"
+    )
+    assert not table.exists() and sorted(p.name for p in subs["ReLU"].iterdir()) == [
+        "config.yaml", "log.csv", "metrics.json"
+    ]  # fmt: skip
+    # with the runs' monitor: their logs make the rows (D = 16), and the packed runs get no report
+    assert main([*args, "train.monitor_every=2"]) == 0
+    out, err = capsys.readouterr()
+    rows = json.loads((table / "ncl-dead.json").read_text())["rows"]
+    assert list(rows) == ["ReLU", "rep_relu", "ReLU epoch 2", "rep_relu epoch 2"]
+    assert [rows[r]["dead_dims"]["mean"] for r in rows] == [6.0, 3.0, 4.0, 4.0]
+    assert "warning" not in out + err and not (table / "report").exists()
+    assert (
+        "HTML report: not written: the table was made from packed runs (relu-s0, rep-relu-s0: stored "
+        "results without a checkpoint or features); a report needs each run's last.pt or "
+        "features_test.npz: `bayesncl report RUN_DIR` makes it where the runs were trained (the store "
+        "that holds their checkpoints)\n"
+    ) in out
+    # another held-out batch: other values in the same rows
+    cfg = configs["rep_relu", 0]
+    (subs["rep_relu"] / "config.yaml").write_text((subs["rep_relu"] / "config.yaml").read_text().replace(
+        "monitor_samples: 2000", "monitor_samples: 500"))  # fmt: skip
+    assert main([*args, "train.monitor_every=2"]) == 2
+    assert "rep_relu seed 0: the stored run " in (err := capsys.readouterr().err) and (
+        "(train.monitor_samples: 500 -> 2000; run's -> now)" in err
+        and "give train.monitor_samples=500 (the run's), or move" in err
+    )
+    # an unfinished run to continue: continuing it with another monitor would mix the two in its log.csv
+    for f in ("metrics.json", "config.yaml"):
+        (subs["rep_relu"] / f).unlink()
+    resumable_checkpoint(subs["rep_relu"] / "last.pt", cfg)  # logged every epoch (cfg's monitor_every=1)
+    assert main([*args, "train.monitor_every=2"]) == 2
+    assert capsys.readouterr().err == (
+        f"{ERROR}rep_relu seed 0: the store's folder {subs['rep_relu']} holds an unfinished run (last.pt) "
+        "that logged its held-out monitor with other settings (train.monitor_every: 1 -> 2; run's -> now), "
+        "and ncl-dead reads the per-epoch dead dims (log.csv's heldout_active_dims) from it: give "
+        f"train.monitor_every=1 (the run's), or move {subs['rep_relu']} out of the store (its run is then "
+        "trained from the start), or use another --store\n"
+    )
+    # and no monitor at all: no per-epoch row could have a value
+    assert main([*args, "train.monitor_samples=0"]) == 2
+    expect("P22", capsys.readouterr().err, tmp_path)

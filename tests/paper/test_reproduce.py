@@ -320,6 +320,39 @@ def test_table3_refuses_stored_runs_without_its_checkpoints(
     assert not (tmp_path / "t3").exists()
 
 
+def test_table3_refuses_an_unfinished_stored_run_without_its_checkpoints_up_front(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unfinished stored run (last.pt, no metrics.json) that another table began with a larger
+    train.checkpoint_every lacks the epoch-NNNN.pt of the epochs it has done; Table 3 continued it (its
+    continuation writes only the epochs left) and failed only in the measure, after that training. It
+    is refused before any training, as a finished one is (P7); with them kept it passes."""
+    import bayesncl.app.train as train
+    from bayesncl.paper.reproduce import study_configs
+
+    monkeypatch.setattr(train, "pretrain", lambda *a, **k: pytest.fail("trained"))
+    tiny = [*TINY, "train.epochs=2"]
+    study = studies.build("3", "fashion-mnist", tiny)
+    assert study.checkpoints == (1, 2)
+    cfg = study_configs(study, "fashion-mnist", tiny, 1)["NCL", 0]
+    store, table = tmp_path / "store", tmp_path / "t3"
+    sub = store / variants.variant_hash(cfg)
+    resumable_checkpoint(sub / "last.pt", cfg, epoch=1)  # stopped after epoch 1, without epoch-0001.pt
+    args = ["reproduce", "3", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir", str(table),
+            *tiny]  # fmt: skip
+    assert main(args) == 2
+    assert error_line(capsys) == (
+        f"{ERROR}table 3 needs epoch-NNNN.pt of epochs 1 but {sub}, an unfinished run this command would "
+        "continue, has none (another table began it with a larger train.checkpoint_every): run table 3 "
+        f"before the tables that share its runs, or move {sub} out of the store (its run is then trained "
+        "from the start), or use another --store"
+    )
+    assert not table.exists() and sorted(p.name for p in sub.iterdir()) == ["last.pt"]
+    (sub / "epoch-0001.pt").write_bytes(b"")  # kept (read only by the measure): the run is continued
+    runs = {sub: ("NCL seed 0", cfg)}
+    assert variants.check_dirs(table, store, "table 3", runs, checkpoints=(1, 2)) is None
+
+
 def test_every_tables_folders_are_checked_as_the_mechanism_studys(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -643,6 +676,29 @@ def test_a_stored_run_with_a_damaged_metrics_json_or_a_broken_link_is_named_up_f
             f"read ({why}){advice}"
         if text == "":
             expect("P16", err, tmp_path)
+    # its last.pt whole, of the command's settings and length: deleting metrics.json evaluates it again
+    # (a run with a last.pt and no metrics.json is continued: no epoch left), far cheaper than retraining
+    resumable_checkpoint(sub / "last.pt", cfg, epoch=cfg.train.epochs)
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"{ERROR}NCL seed 0: the stored run {sub}: its metrics.json cannot be read (it holds a JSON list, "
+        f"expected an object of metrics); its last.pt is whole: delete {sub / 'metrics.json'} and the run is "
+        f"evaluated again from it (no training), or move {sub} out of the store (its run is then trained "
+        "again), or use another --store\n"
+    )
+    for partial, epoch in ((True, cfg.train.epochs - 1), (False, cfg.train.epochs + 1)):  # more to train,
+        resumable_checkpoint(sub / "last.pt", cfg, epoch=epoch, partial=partial)  # or more than trained
+        assert main(args) == 2
+        assert capsys.readouterr().err.endswith(f"expected an object of metrics){advice}")
+    (sub / "last.pt").write_bytes(b"")  # damaged: only the move
+    assert main(args) == 2
+    assert capsys.readouterr().err.endswith(f"expected an object of metrics){advice}")
+    resumable_checkpoint(sub / "last.pt", cfg, epoch=cfg.train.epochs)
+    (sub / "metrics.json").unlink()  # as advised: the table continues the run (evaluates it), no refusal
+    assert variants.check_dirs(table, store, "table 1", {sub: ("NCL seed 0", cfg)}) is None
+    (sub / "metrics.json").write_text("[1, 2]")
+    (sub / "last.pt").unlink()
     with pytest.raises(ValueError) as raised:  # where it is read without check_dirs before (demo): named too
         variants.finished_metrics(sub)
     assert str(raised.value) == (
@@ -657,6 +713,21 @@ def test_a_stored_run_with_a_damaged_metrics_json_or_a_broken_link_is_named_up_f
     expect("P17", err, tmp_path)
     assert f"{sub}, where the store keeps this run, is a link to {tmp_path / 'gone'}, which" in err
     assert not table.exists() and list(store.iterdir()) == [sub] and sub.is_symlink()
+
+
+def _flip_a_byte(checkpoint: bytes) -> bytes:
+    """``checkpoint`` (a torch.save zip archive) with one byte changed in the middle of its first record
+    (``data.pkl``, stored uncompressed), so that its CRC-32 no longer matches."""
+    import io
+    import struct
+    import zipfile
+
+    first = zipfile.ZipFile(io.BytesIO(checkpoint)).infolist()[0]
+    assert first.filename.endswith("data.pkl") and first.compress_type == zipfile.ZIP_STORED
+    at = first.header_offset
+    name, extra = struct.unpack("<HH", checkpoint[at + 26 : at + 30])  # the local header's lengths
+    at += 30 + name + extra + first.file_size // 2
+    return checkpoint[:at] + bytes([checkpoint[at] ^ 0xFF]) + checkpoint[at + 1 :]
 
 
 def test_a_stored_runs_damaged_checkpoint_is_named_with_what_to_do(
@@ -689,6 +760,9 @@ def test_a_stored_runs_damaged_checkpoint_is_named_with_what_to_do(
         "truncated": (whole[: len(whole) // 2], f"{sub / 'last.pt'} is not a readable PyTorch checkpoint "
                                                  "(truncated or damaged? "),  # (torch's own words follow)
         "a folder": (None, f"{sub / 'last.pt'} is a directory, not a checkpoint file"),
+        # a byte changed inside a stored record: torch.load alone would read it (as other values)
+        "a bad CRC": (_flip_a_byte(whole), f"{sub / 'last.pt'} is damaged: the checksum of its record "
+                                           "whole/data.pkl does not match (a partial copy or a disk error)"),
     }  # fmt: skip
     for what, (content, why) in damage.items():
         shutil.rmtree(sub, ignore_errors=True)

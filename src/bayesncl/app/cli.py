@@ -184,6 +184,14 @@ def _data_root_only(overrides: list[str], command: str) -> list[str]:
     return overrides
 
 
+def _is_key_value(word: str) -> bool:
+    """Whether a word of ``report``'s RUN_DIR... list is a ``key=value`` rather than a run dir: a path
+    that exists (a run dir named ``rho=0.3``), or whose part before ``=`` holds a ``/``
+    (``runs/rho=0.3``), is a run dir, as it was before the list took ``data.root=DIR``."""
+    key = word.split("=", 1)[0]
+    return "=" in word and "/" not in key and not Path(word).exists()
+
+
 def cmd_dynamics(args: argparse.Namespace) -> int:
     from bayesncl.app.dynamics import dynamics_command
 
@@ -215,8 +223,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from bayesncl.app.report.html import report_command
 
     words = [*args.runs, *args.overrides]  # (argparse gives RUN_DIR... every word before an option)
-    overrides = _data_root_only([w for w in words if "=" in w], "report")
-    runs = [path_arg(r, "RUN_DIR", "a run dir") or Path(r) for r in words if "=" not in r]
+    keyed = [w for w in words if _is_key_value(w)]
+    overrides = _data_root_only(keyed, "report")
+    runs = [path_arg(r, "RUN_DIR", "a run dir") or Path(r) for r in words if r not in keyed]
     if not runs:
         raise ConfigError("report: give one or more RUN_DIR (data.root=DIR only says where their data lies)")
     print(f"report: {report_command(runs, path_arg(args.out, '--out', 'a folder'), overrides)}")

@@ -87,7 +87,7 @@ def _plan(run_dir: Path, configs: dict[str, Config], *, resume: bool, overwrite:
         if resume and variants.finished(sub) and (sub / "config.yaml").exists():
             advice = "resume with the same options and key=value overrides, or use --overwrite"
             variants.refuse_other_settings(sub, cfg, advice, ignore=_inert_for(cfg), prefix="--resume: ")
-            variants.finished_metrics(sub)  # what reusing it reads: a damaged one said now
+            variants.finished_metrics(sub, cfg=cfg)  # what reusing it reads: a damaged one said now
             plan[name] = "reuse"
         elif resume and (sub / "last.pt").exists():
             prepare_run_dir(sub, cfg, resume=True, overwrite=False)  # same settings? readable?

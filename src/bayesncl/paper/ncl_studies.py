@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bayesncl.config import Config
+from bayesncl.config import Config, ConfigError
 from bayesncl.paper import studies
 from bayesncl.paper.studies import (
     LP1,
@@ -97,7 +97,12 @@ def ncl_supervised(dataset: str, overrides: list[str]) -> Study:
 
 def ncl_dead(dataset: str, overrides: list[str]) -> Study:
     cfg = base_config(dataset, "ncl", overrides)
-    every = max(1, getattr(cfg.train, "monitor_every", 1))
+    if cfg.train.monitor_samples == 0:  # its per-epoch rows read the monitor: none would have a value
+        raise ConfigError(
+            "train.monitor_samples=0: ncl-dead reads the dead dims per epoch from the held-out monitor, "
+            "which 0 turns off; give train.monitor_samples >= 1 (the recipe's, or leave it out)"
+        )
+    every = cfg.train.monitor_every
     epochs = tuple(range(every, cfg.train.epochs + 1, every))
     variants = [Variant("ReLU", "ncl", ("method.nonneg=relu",)), Variant("rep_relu", "ncl")]
     dead = Column("dead dims", "dead_dims", "{:.1f}")
@@ -111,7 +116,8 @@ def ncl_dead(dataset: str, overrides: list[str]) -> Study:
              "paper: rep_relu revives dead neurons (feature diversity) on CIFAR; ReLU is better on IN-100"]
     title = "NCL paper: ReLU against rep_relu (dead dimensions, feature diversity)"
     return Study("ncl-dead", title, "ncl-dead", variants, [("dead", ())], [dead, SC, LP1], rows,
-                 panels=panels, defines=("method.name", "method.nonneg"), notes=notes)  # fmt: skip
+                 panels=panels, defines=("method.name", "method.nonneg"), notes=notes,
+                 monitor="the per-epoch dead dims (log.csv's heldout_active_dims)")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- their measures

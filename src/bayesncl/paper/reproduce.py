@@ -396,7 +396,8 @@ def reproduce(
     label = {h: f"{n} seed {s}" for (n, s), h in reversed(cells.items())}
     links = tuple(f"{variants.slug(n)}-s{s}" for n, s in cells)
     folders = {store / h: (label[h], cfg) for h, (cfg, _) in runs.items()}
-    variants.check_dirs(run_dir, store, _what(study), folders, links=links, checkpoints=study.checkpoints)
+    variants.check_dirs(run_dir, store, _what(study), folders, links=links, checkpoints=study.checkpoints,
+                        monitor=study.monitor)
     from bayesncl.data import DataError, dataset_info
 
     for data in {repr(cfg.data): cfg.data for cfg, _ in runs.values()}.values():

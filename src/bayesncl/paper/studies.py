@@ -81,6 +81,9 @@ class Study:
     defines: tuple[str, ...] = ("method.name",)  # keys the variants set: refused as overrides
     notes: list[str] = field(default_factory=list)  # printed with the plan (what the protocol is)
     checkpoints: tuple[int, ...] = ()  # the epochs whose epoch-NNNN.pt every run must keep (Table 3)
+    # what of the held-out monitor (log.csv's heldout_*) a measure reads, "" for none: every run must
+    # have logged it as this command would (variants.check_dirs; ncl-dead's per-epoch dead dims)
+    monitor: str = ""
     # (what, data) a measure reads besides the runs' data: checked with theirs before any training
     extra_data: tuple[tuple[str, DataConfig], ...] = ()
 

@@ -64,12 +64,16 @@ def refuse_other_settings(
         )
 
 
-def finished_metrics(sub: Path, who: str = "", advice: str = "") -> dict[str, Any]:
+def finished_metrics(
+    sub: Path, who: str = "", advice: str = "", cfg: Config | None = None
+) -> dict[str, Any]:
     """The metrics a finished variant saved (its ``metrics.json``, a JSON object). RunDirError (one
     line) for one that cannot be read (empty, not JSON, not an object: damaged, or cut short by a full
     disk): ``"{who}: its metrics.json cannot be read (why); {advice}"``, by default naming the run in
-    ``sub`` and saying to move it away (its run is then trained again). :func:`check_dirs` reads every
-    finished run's so, before any training."""
+    ``sub`` and saying to move it away (its run is then trained again). With ``cfg`` (the config the
+    command gives the run) the advice starts with the cheaper remedy where it applies
+    (:func:`_reevaluate_advice`: delete metrics.json, and the run is evaluated again from its whole
+    last.pt, without training). :func:`check_dirs` reads every finished run's so, before any training."""
     from bayesncl.runs.messages import RunDirError
 
     try:
@@ -87,7 +91,36 @@ def finished_metrics(sub: Path, who: str = "", advice: str = "") -> dict[str, An
             why = f"it holds a JSON {type(metrics).__name__}, expected an object of metrics"
     who = who or f"the run {sub}"
     advice = advice or f"move {sub} away (its run is then trained again)"
+    if cfg is not None:
+        advice = _reevaluate_advice(sub, cfg) + advice
     raise RunDirError(f"{who}: its metrics.json cannot be read ({why}); {advice}")
+
+
+def _reevaluate_advice(sub: Path, cfg: Config) -> str:
+    """``"delete …/metrics.json (...), or "`` where the finished run in ``sub`` would be evaluated again
+    without training once its metrics.json is gone: its ``last.pt`` reads as ``--resume`` reads it,
+    records ``cfg``'s settings (but those ``--resume`` may change) and has done ``cfg``'s
+    ``train.epochs`` whole (a table, ``demo --resume``: a run with a ``last.pt`` and no metrics.json is
+    continued, and with no epoch left only evaluated); else ``""`` (the file is read whole: this is said
+    only for a damaged metrics.json, which is rare)."""
+    from bayesncl.config import ConfigError, build_config
+    from bayesncl.runs.messages import describe_config_diff
+    from bayesncl.runs.rundir import read_resume_checkpoint
+    from bayesncl.runs.safe_load import CheckpointError
+
+    if not (sub / "last.pt").is_file():  # (a packed run: nothing to evaluate)
+        return ""
+    try:
+        ckpt = read_resume_checkpoint(sub / "last.pt")
+        started = build_config(ckpt["config"], source=sub / "last.pt")
+    except (CheckpointError, ConfigError):
+        return ""
+    if describe_config_diff(started, cfg) or ckpt.get("partial") or ckpt["epoch"] != cfg.train.epochs:
+        return ""
+    return (
+        f"its last.pt is whole: delete {sub / 'metrics.json'} and the run is evaluated again from it (no "
+        "training), or "
+    )
 
 
 def save_metrics(sub: Path, name: str, metrics: dict[str, Any]) -> None:
@@ -111,6 +144,7 @@ def link(run_dir: Path, name: str, target: Path) -> None:
 def check_dirs(
     run_dir: Path, store: Path | None, what: str, runs: dict[Path, tuple[str, Config]], *,
     links: tuple[str, ...] = (), unlinked: str = "", checkpoints: tuple[int, ...] = (),
+    monitor: str = "",
 ) -> None:
     """Everything ``reproduce`` and ``reproduce mechanism`` check of their folders before any output or
     training; raises RunDirError (one line) for
@@ -128,7 +162,13 @@ def check_dirs(
       ``--resume`` would refuse (:func:`_check_unfinished`: it was refused only when its turn came, with
       ``--resume``'s advice, which ``reproduce`` has no use for);
     - a finished stored run without the ``epoch-NNNN.pt`` of ``checkpoints``, which only its training
-      writes;
+      writes, or an unfinished run (in the store or not) without those of the epochs it has done (its
+      continuation writes the rest; it was said only after that training, by the measure);
+    - where the table reads the held-out monitor of the runs' ``log.csv`` (``monitor``: what of it, e.g.
+      ncl-dead's per-epoch dead dims), a run, finished or not, that logged it with another
+      ``train.monitor_samples`` or ``train.monitor_every`` than ``cfg`` (:func:`monitor_differs`): what
+      :data:`REUSE_IGNORES` lets differ would change the table's values (monitor_samples: another
+      held-out batch) or leave its rows empty (monitor_every: other epochs logged), which went silently;
     - a run's folder that cannot be written (a finished run's too: what a table measures of it is
       cached beside it)."""
     from bayesncl.runs.layout import check_writable, refuse_a_run_in
@@ -175,7 +215,7 @@ def check_dirs(
             who = f"{label}: the stored run {sub}" if store else f"{label}: {sub}"
             stored = _run_config(sub, who, f"{moved} (its run is then trained again), {other}")
             # what reusing it reads (read when its turn came, after the runs before it had trained)
-            finished_metrics(sub, who, f"{moved} (its run is then trained again), {other}")
+            finished_metrics(sub, who, f"{moved} (its run is then trained again), {other}", cfg)
         if finished(sub) and store is None:
             changed = describe_config_diff(stored, cfg, ignore=REUSE_IGNORES)
             if changed:
@@ -183,6 +223,8 @@ def check_dirs(
                     f"{label}: {sub} holds a finished run with other settings ({changed}; run's -> now); "
                     f"{moved} (its run is then trained again), {other}"
                 )
+            _refuse_monitor(stored, cfg, monitor, f"{label}: the run {sub}", what,
+                            f"{moved} (its run is then trained again), {other}")
         elif finished(sub):
             changed = describe_config_diff(stored, cfg, ignore=REUSE_IGNORES)
             if changed:
@@ -190,6 +232,8 @@ def check_dirs(
                     f"{label}: the stored run {sub} was trained with other settings ({changed}; stored -> "
                     f"now): {moved} (its run is then trained again), {other}"
                 )
+            _refuse_monitor(stored, cfg, monitor, f"{label}: the stored run {sub}", what,
+                            f"{moved} (its run is then trained again), {other}")
             missing = [e for e in checkpoints if not (sub / f"epoch-{e:04d}.pt").exists()]
             if missing:
                 raise RunDirError(
@@ -199,18 +243,31 @@ def check_dirs(
                 )
         elif (sub / "last.pt").exists():  # the command continues it: what pretrain --resume checks
             restart = f"{moved} (its run is then trained from the start), {other}"
-            _check_unfinished(sub, cfg, label, store is not None, restart)
+            done = _check_unfinished(sub, cfg, label, store is not None, restart, (monitor, what))
+            missing = [e for e in checkpoints if e <= done and not (sub / f"epoch-{e:04d}.pt").exists()]
+            if missing:  # continuing it writes those of the epochs left only: said after its training
+                raise RunDirError(
+                    f"{what} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but {sub}, an "
+                    f"unfinished run this command would continue, has none (another table began it with a "
+                    f"larger train.checkpoint_every): run {what} before the tables that share its runs, or "
+                    f"{restart}"
+                )
         check_writable(sub)  # a finished run too: what a table measures is cached beside it
 
 
-def _check_unfinished(sub: Path, cfg: Config, label: str, stored: bool, restart: str) -> None:
+def _check_unfinished(
+    sub: Path, cfg: Config, label: str, stored: bool, restart: str, monitor: tuple[str, str] = ("", "")
+) -> int:
     """RunDirError (one line: ``label``, the run in ``sub``, what is wrong, then ``restart``: what to do)
     where continuing the unfinished run in ``sub`` to ``cfg`` would fail: its ``last.pt`` does not read
     as ``--resume`` reads it (empty, truncated, a folder, not a bayesncl checkpoint, an entry missing),
     or records other settings than ``cfg`` (but those ``--resume`` may change), or more epochs begun
-    than ``cfg``'s ``train.epochs``. Its turn came after the runs before it had trained, and ``--resume``'s
-    advice is no advice for ``reproduce``, which has none. The whole file is read, as ``--resume`` reads
-    it: an unfinished run is rare (one killed in training) and is then trained, which takes far longer."""
+    than ``cfg``'s ``train.epochs``, or (``monitor``: what of the held-out monitor the table reads, and
+    the table) another held-out monitor, which continuing it would mix into its ``log.csv``. Its turn
+    came after the runs before it had trained, and ``--resume``'s advice is no advice for ``reproduce``,
+    which has none. The whole file is read, as ``--resume`` reads it: an unfinished run is rare (one
+    killed in training) and is then trained, which takes far longer. Returns the epochs it has done
+    whole (those whose ``epoch-NNNN.pt`` it may have kept)."""
     from bayesncl.config import ConfigError, build_config
     from bayesncl.runs.messages import RunDirError, describe_config_diff
     from bayesncl.runs.rundir import epochs_begun, read_resume_checkpoint
@@ -232,11 +289,43 @@ def _check_unfinished(sub: Path, cfg: Config, label: str, stored: bool, restart:
             f"{label}: {where} holds an unfinished run (last.pt) started with other settings "
             f"({changed}; {ours} -> now), which this command would continue: {restart}"
         )
+    _refuse_monitor(started, cfg, monitor[0], f"{label}: {where} holds an unfinished run (last.pt) that",
+                    monitor[1], restart)
     begun, done = epochs_begun(ckpt)
     if cfg.train.epochs < begun:
         raise RunDirError(
             f"{label}: {where} holds an unfinished run (last.pt) that this command would continue to "
             f"train.epochs={cfg.train.epochs}, but {done}: give train.epochs >= {begun}, or {restart}"
+        )
+    return int(ckpt["epoch"])
+
+
+MONITOR_KEYS = ("train.monitor_samples", "train.monitor_every")
+"""What a run's held-out monitor (``log.csv``'s ``heldout_*`` columns) depends on beyond the weights:
+the held-out images it scores and the epochs it scores them at."""
+
+
+def monitor_differs(run: Config, cfg: Config) -> tuple[str, str]:
+    """``("key: run's -> cfg's; ...", "key=run's ...")`` for the :data:`MONITOR_KEYS` in which the run
+    configured ``run`` logged its held-out monitor otherwise than ``cfg`` would, ``("", "")`` where
+    none: what differs, and the ``key=value`` words that give the run's."""
+    a, b = flatten(run.to_dict()), flatten(cfg.to_dict())
+    keys = [k for k in MONITOR_KEYS if a.get(k) != b.get(k)]
+    changed = "; ".join(f"{k}: {a.get(k)} -> {b.get(k)}" for k in keys)
+    return changed, " ".join(f"{k}={a.get(k)}" for k in keys)
+
+
+def _refuse_monitor(run: Config, cfg: Config, reads: str, who: str, what: str, advice: str) -> None:
+    """RunDirError ``"{who} logged ... : give key=value, or {advice}"`` where ``reads`` (what of the
+    held-out monitor ``what``, the table, reads; ``""``: none) and the run configured ``run`` logged
+    that monitor otherwise than ``cfg`` (:func:`monitor_differs`)."""
+    from bayesncl.runs.messages import RunDirError
+
+    changed, words = monitor_differs(run, cfg) if reads else ("", "")
+    if changed:
+        raise RunDirError(
+            f"{who} logged its held-out monitor with other settings ({changed}; run's -> now), and {what} "
+            f"reads {reads} from it: give {words} (the run's), or {advice}"
         )
 
 
@@ -300,10 +389,22 @@ def write_report(runs: list[Path], out: Path, cfg: Config | None) -> None:
     """The HTML report of a table's ``runs`` into ``out`` (its path printed; one that cannot be written:
     a one-line warning), each run's data read under the command's ``data.root`` (``cfg``: a config it
     gives its runs, :func:`measure_overrides`; every run of a command shares its root), as every measure
-    reads it: a reused run recorded where its data lay when it trained."""
-    from bayesncl.app.report.html import write_report_or_warn
+    reads it: a reused run recorded where its data lay when it trained. Packed runs (a store's results
+    kept without checkpoints: :func:`~bayesncl.app.report.html.is_packed`), which a table reuses but a
+    report cannot show, are left out with one line that says so and how to get their report (all of
+    them: no report; it was a warning that the first "holds no run to report on")."""
+    from bayesncl.app.report.html import PACKED_ADVICE, is_packed, write_report_or_warn
+    from bayesncl.runs.messages import some_names
 
-    write_report_or_warn(runs, out, overrides=measure_overrides(cfg) if cfg is not None else ())
+    packed = [r for r in runs if is_packed(r)]
+    shown = [r for r in runs if r not in packed]
+    if packed:
+        names = some_names([r.name for r in packed])
+        what = "the table was made from packed runs" if not shown else f"left out {len(packed)} packed run(s)"
+        print(f"HTML report: {'not written: ' if not shown else ''}{what} ({names}: stored results without a "
+              f"checkpoint or features); {PACKED_ADVICE}")
+    if shown:
+        write_report_or_warn(shown, out, overrides=measure_overrides(cfg) if cfg is not None else ())
 
 
 # ----------------------------------------------------------------------------- the store of runs

@@ -45,10 +45,24 @@ def _is_run(path: Path) -> bool:
     return any((path / n).is_file() for n in ("last.pt", "features_test.npz"))
 
 
+def is_packed(path: Path) -> bool:
+    """A packed run: a finished run's results kept without its checkpoint or features (its
+    ``metrics.json``, but neither ``last.pt`` nor ``features_test.npz``), as ``benchmarks/long_queue.sh
+    pack`` commits a store's runs; a table reuses one, the report has nothing to show of it."""
+    return (path / "metrics.json").is_file() and not _is_run(path)
+
+
+PACKED_ADVICE = (
+    "a report needs each run's last.pt or features_test.npz: `bayesncl report RUN_DIR` makes it where the "
+    "runs were trained (the store that holds their checkpoints)"
+)
+
+
 def find_runs(sources: Sequence[str | Path]) -> list[Path]:
     """The run dirs of ``sources``: a run dir itself, or (a demo or reproduce run dir) the runs in
-    its sub-folders, sorted. Raises RunDirError (one line) for a source holding neither."""
-    from bayesncl.runs.messages import RunDirError
+    its sub-folders, sorted. Raises RunDirError (one line) for a source holding neither (saying so
+    where it is, or holds, only packed runs: :func:`is_packed`)."""
+    from bayesncl.runs.messages import RunDirError, some_names
 
     runs: list[Path] = []
     for s in map(Path, sources):
@@ -58,8 +72,20 @@ def find_runs(sources: Sequence[str | Path]) -> list[Path]:
         if _is_run(s):
             runs.append(s)
             continue
-        subs = sorted(p for p in s.iterdir() if p.is_dir() and not p.name.startswith(".") and _is_run(p))
+        if is_packed(s):
+            raise RunDirError(
+                f"{s} is a packed run (its stored results, metrics.json and log.csv, without a checkpoint or "
+                f"features), nothing to report on; {PACKED_ADVICE}"
+            )
+        folders = sorted(p for p in s.iterdir() if p.is_dir() and not p.name.startswith("."))
+        subs = [p for p in folders if _is_run(p)]
         if not subs:
+            packed = [p.name for p in folders if is_packed(p)]
+            if packed:
+                raise RunDirError(
+                    f"{s} holds only packed runs ({some_names(packed)}: stored results without a checkpoint "
+                    f"or features), nothing to report on; {PACKED_ADVICE}"
+                )
             raise RunDirError(
                 f"{s} holds no run to report on (no last.pt or features_test.npz, nor sub-folders with one)"
             )
