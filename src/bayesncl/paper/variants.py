@@ -212,30 +212,26 @@ def check_dirs(
                 f"is then trained there), {other}"
             )
         if finished(sub):
+            again = f"{moved} (its run is then trained again), {other}"
             who = f"{label}: the stored run {sub}" if store else f"{label}: {sub}"
-            stored = _run_config(sub, who, f"{moved} (its run is then trained again), {other}")
+            stored = _run_config(sub, who, again)
             # what reusing it reads (read when its turn came, after the runs before it had trained)
-            finished_metrics(sub, who, f"{moved} (its run is then trained again), {other}", cfg)
-        if finished(sub) and store is None:
+            finished_metrics(sub, who, again, cfg)
             changed = describe_config_diff(stored, cfg, ignore=REUSE_IGNORES)
-            if changed:
+            if changed and store is None:
                 raise RunDirError(
                     f"{label}: {sub} holds a finished run with other settings ({changed}; run's -> now); "
-                    f"{moved} (its run is then trained again), {other}"
+                    f"{again}"
                 )
-            _refuse_monitor(stored, cfg, monitor, f"{label}: the run {sub}", what,
-                            f"{moved} (its run is then trained again), {other}")
-        elif finished(sub):
-            changed = describe_config_diff(stored, cfg, ignore=REUSE_IGNORES)
             if changed:
                 raise RunDirError(
                     f"{label}: the stored run {sub} was trained with other settings ({changed}; stored -> "
-                    f"now): {moved} (its run is then trained again), {other}"
+                    f"now): {again}"
                 )
-            _refuse_monitor(stored, cfg, monitor, f"{label}: the stored run {sub}", what,
-                            f"{moved} (its run is then trained again), {other}")
+            run = f"{label}: the {'stored ' if store else ''}run {sub}"
+            _refuse_monitor(stored, cfg, monitor, run, what, again)
             missing = [e for e in checkpoints if not (sub / f"epoch-{e:04d}.pt").exists()]
-            if missing:
+            if missing and store is not None:
                 raise RunDirError(
                     f"{what} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but the stored run "
                     f"{sub} has none (another table trained it with a larger train.checkpoint_every): run "
