@@ -267,9 +267,11 @@ def signal_at(monkeypatch: pytest.MonkeyPatch, module: Any, target: str, calls: 
     monkeypatch.setattr(module, target, wrapped)
 
 
-def error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    """What the command wrote to stderr: exactly one line ``bayesncl: error: ...`` (returned stripped)."""
-    err = capsys.readouterr().err
+def error_line(capsys: pytest.CaptureFixture[str], silent: bool = False) -> str:
+    """What the command wrote to stderr: exactly one line ``bayesncl: error: ...`` (returned stripped);
+    ``silent``: and nothing on stdout (refused before a word of output)."""
+    out, err = capsys.readouterr()
+    assert not (silent and out), out
     assert err.count("\n") == 1 and err.endswith("\n") and err.startswith(ERROR), err
     return err.strip()
 

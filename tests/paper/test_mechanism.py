@@ -632,11 +632,10 @@ def test_mechanism_checks_unfinished_runs_and_trains_over_a_run_without_a_checkp
     )
     study = ["reproduce", "mechanism", "--dataset", "fashion-mnist-bg", "--run-dir", str(table)]
     assert main([*study, *BG_TINY]) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err == (
+    assert error_line(capsys, silent=True) == (
         f"{ERROR}BayesNCL (STE), p=0.9, seed=0: {other} holds an unfinished run (last.pt) started with "
         f"other settings (method.lam: 0.5 -> {second.method.lam}; run's -> now), which this command would "
-        f"continue: move {other} away (its run is then trained from the start), or choose another --run-dir\n"
+        f"continue: move {other} away (its run is then trained from the start), or choose another --run-dir"
     )
     assert calls == []
     other.rename(tmp_path / "moved")
@@ -735,12 +734,12 @@ def test_mechanism_refuses_an_unfinished_run_beyond_its_train_epochs_up_front(
     resumable_checkpoint(sub / "last.pt", second, epoch=2, partial=True)  # a 3-epoch run, stopped in epoch 3
     for epochs in (1, 2):
         assert main([*study, f"train.epochs={epochs}"]) == 2
-        out, err = capsys.readouterr()
-        assert out == "" and err == (
+        err = error_line(capsys, silent=True)
+        assert err == (
             f"{ERROR}BayesNCL (STE), p=0.9, seed=0: {sub} holds an unfinished run (last.pt) that this "
             f"command would continue to train.epochs={epochs}, but the run stopped inside epoch 3: give "
             f"train.epochs >= 3, or move {sub} away (its run is then trained from the start), or choose "
-            "another --run-dir\n"
+            "another --run-dir"
         )
         if epochs == 1:
             expect("P20", err, tmp_path)

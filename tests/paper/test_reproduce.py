@@ -376,11 +376,10 @@ def test_every_tables_folders_are_checked_as_the_mechanism_studys(
     args = ["reproduce", "1", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir", str(table),
             *TINY]  # fmt: skip
     assert main(args) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err == (
+    assert error_line(capsys, silent=True) == (
         f"{ERROR}NCL seed 0: the stored run {sub} was trained with other settings (model.proj_dim: 8 -> 16; "
         f"stored -> now): move {sub} out of the store (its run is then trained again), or use another "
-        "--store\n"
+        "--store"
     )
     sub.rename(tmp_path / "moved")
     (table / "ncl-s0").mkdir(parents=True)  # a folder of its own where the table's link goes
@@ -666,34 +665,33 @@ def test_a_stored_run_with_a_damaged_metrics_json_or_a_broken_link_is_named_up_f
     (sub / "config.yaml").write_text(dump_yaml(cfg))
     args = ["reproduce", "1", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir", str(table),
             *TINY]  # fmt: skip
-    advice = f"; move {sub} out of the store (its run is then trained again), or use another --store\n"
+    bad = f"{ERROR}NCL seed 0: the stored run {sub}: its metrics.json cannot be read"
+    advice = f"; move {sub} out of the store (its run is then trained again), or use another --store"
     for text, why in (("\x00\x17garbage", "not JSON: Expecting value at character 0"), ("", "it is empty"),
                       ("[1, 2]", "it holds a JSON list, expected an object of metrics")):  # fmt: skip
         (sub / "metrics.json").write_text(text)
         assert main(args) == 2
-        out, err = capsys.readouterr()
-        assert out == "" and err == f"{ERROR}NCL seed 0: the stored run {sub}: its metrics.json cannot be " \
-            f"read ({why}){advice}"
+        err = error_line(capsys, silent=True)
+        assert err == f"{bad} ({why}){advice}"
         if text == "":
             expect("P16", err, tmp_path)
     # its last.pt whole, of the command's settings and length: deleting metrics.json evaluates it again
     # (a run with a last.pt and no metrics.json is continued: no epoch left), far cheaper than retraining
     resumable_checkpoint(sub / "last.pt", cfg, epoch=cfg.train.epochs)
     assert main(args) == 2
-    out, err = capsys.readouterr()
-    assert out == "" and err == (
+    assert error_line(capsys, silent=True) == (
         f"{ERROR}NCL seed 0: the stored run {sub}: its metrics.json cannot be read (it holds a JSON list, "
         f"expected an object of metrics); its last.pt is whole: delete {sub / 'metrics.json'} and the run is "
         f"evaluated again from it (no training), or move {sub} out of the store (its run is then trained "
-        "again), or use another --store\n"
+        "again), or use another --store"
     )
     for partial, epoch in ((True, cfg.train.epochs - 1), (False, cfg.train.epochs + 1)):  # more to train,
         resumable_checkpoint(sub / "last.pt", cfg, epoch=epoch, partial=partial)  # or more than trained
         assert main(args) == 2
-        assert capsys.readouterr().err.endswith(f"expected an object of metrics){advice}")
+        assert error_line(capsys, silent=True).endswith(f"expected an object of metrics){advice}")
     (sub / "last.pt").write_bytes(b"")  # damaged: only the move
     assert main(args) == 2
-    assert capsys.readouterr().err.endswith(f"expected an object of metrics){advice}")
+    assert error_line(capsys, silent=True).endswith(f"expected an object of metrics){advice}")
     resumable_checkpoint(sub / "last.pt", cfg, epoch=cfg.train.epochs)
     (sub / "metrics.json").unlink()  # as advised: the table continues the run (evaluates it), no refusal
     assert variants.check_dirs(table, store, "table 1", {sub: ("NCL seed 0", cfg)}) is None

@@ -172,7 +172,7 @@ def check_dirs(
     - a run's folder that cannot be written (a finished run's too: what a table measures of it is
       cached beside it)."""
     from bayesncl.runs.layout import check_writable, refuse_a_run_in
-    from bayesncl.runs.messages import RunDirError, describe_config_diff, some_names
+    from bayesncl.runs.messages import RunDirError, some_names
 
     check_writable(run_dir)
     refuse_a_run_in(run_dir, what)
@@ -213,30 +213,7 @@ def check_dirs(
             )
         if finished(sub):
             again = f"{moved} (its run is then trained again), {other}"
-            who = f"{label}: the stored run {sub}" if store else f"{label}: {sub}"
-            stored = _run_config(sub, who, again)
-            # what reusing it reads (read when its turn came, after the runs before it had trained)
-            finished_metrics(sub, who, again, cfg)
-            changed = describe_config_diff(stored, cfg, ignore=REUSE_IGNORES)
-            if changed and store is None:
-                raise RunDirError(
-                    f"{label}: {sub} holds a finished run with other settings ({changed}; run's -> now); "
-                    f"{again}"
-                )
-            if changed:
-                raise RunDirError(
-                    f"{label}: the stored run {sub} was trained with other settings ({changed}; stored -> "
-                    f"now): {again}"
-                )
-            run = f"{label}: the {'stored ' if store else ''}run {sub}"
-            _refuse_monitor(stored, cfg, monitor, run, what, again)
-            missing = [e for e in checkpoints if not (sub / f"epoch-{e:04d}.pt").exists()]
-            if missing and store is not None:
-                raise RunDirError(
-                    f"{what} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but the stored run "
-                    f"{sub} has none (another table trained it with a larger train.checkpoint_every): run "
-                    f"{what} before the tables that share its runs, or use another --store"
-                )
+            _check_finished(sub, label, cfg, store is not None, again, (monitor, what), checkpoints)
         elif (sub / "last.pt").exists():  # the command continues it: what pretrain --resume checks
             restart = f"{moved} (its run is then trained from the start), {other}"
             done = _check_unfinished(sub, cfg, label, store is not None, restart, (monitor, what))
@@ -249,6 +226,43 @@ def check_dirs(
                     f"{restart}"
                 )
         check_writable(sub)  # a finished run too: what a table measures is cached beside it
+
+
+def _check_finished(
+    sub: Path, label: str, cfg: Config, stored: bool, again: str, monitor: tuple[str, str],
+    checkpoints: tuple[int, ...],
+) -> None:
+    """:func:`check_dirs` on a finished run in ``sub`` (``stored``: in the store): RunDirError (one line:
+    ``label``, the run, what is wrong, then ``again``: what to do) where its config or ``metrics.json``
+    cannot be read, its settings differ from ``cfg`` beyond :data:`REUSE_IGNORES`, its held-out monitor
+    differs where the table (``monitor``: what of it it reads, and the table) reads it, or, stored, it
+    lacks an ``epoch-NNNN.pt`` of ``checkpoints`` (which only its training writes)."""
+    from bayesncl.runs.messages import RunDirError, describe_config_diff
+
+    read, what = monitor
+    who = f"{label}: the stored run {sub}" if stored else f"{label}: {sub}"
+    stored_cfg = _run_config(sub, who, again)
+    # what reusing it reads (read when its turn came, after the runs before it had trained)
+    finished_metrics(sub, who, again, cfg)
+    changed = describe_config_diff(stored_cfg, cfg, ignore=REUSE_IGNORES)
+    if changed and not stored:
+        raise RunDirError(
+            f"{label}: {sub} holds a finished run with other settings ({changed}; run's -> now); {again}"
+        )
+    if changed:
+        raise RunDirError(
+            f"{label}: the stored run {sub} was trained with other settings ({changed}; stored -> now): "
+            f"{again}"
+        )
+    run = f"{label}: the {'stored ' if stored else ''}run {sub}"
+    _refuse_monitor(stored_cfg, cfg, read, run, what, again)
+    missing = [e for e in checkpoints if not (sub / f"epoch-{e:04d}.pt").exists()]
+    if missing and stored:
+        raise RunDirError(
+            f"{what} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but the stored run "
+            f"{sub} has none (another table trained it with a larger train.checkpoint_every): run "
+            f"{what} before the tables that share its runs, or use another --store"
+        )
 
 
 def _check_unfinished(
