@@ -179,3 +179,31 @@ def test_one_shared_legend_names_each_run_once(tmp_path: Path) -> None:
     (legend,) = fig.legends
     assert [t.get_text() for t in legend.get_texts()] == [*runs, "held-out gate open (dotted, ×)"]
     assert fig.get_suptitle() == "Training curves of 12 runs"
+
+
+def test_seeds_of_a_variant_share_its_colour_and_each_seed_has_a_marker(tmp_path: Path) -> None:
+    """A 24-run figure (the mechanism study's: 8 variants x 3 seeds) cycled 20 colours, so a few runs
+    could not be told apart. Labels ending in a seed, as reproduce names them: a variant's seeds share
+    its colour, seed s has marker MARKERS[s], and the legend names each variant once, then the seeds."""
+    from bayesncl.app.report.curves import MARKERS, run_styles
+
+    labels = [f"{v} | p={p} | seed={s}" for p in (0, 0.9) for v in ("CL", "NCL") for s in range(3)]
+    styles, seeds = run_styles(labels)
+    assert [c for c, _, _ in styles] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert [m for _, m, _ in styles] == ["o", "s", "^"] * 4 and seeds == {0: "o", 1: "s", 2: "^"}
+    assert [n for _, _, n in styles][:4] == ["CL | p=0", "_CL | p=0", "_CL | p=0", "NCL | p=0"]
+    assert run_styles(["NCL seed 0", "NCL seed 1"])[0] == [(0, "o", "NCL"), (0, "s", "_NCL")]
+    # one seed per variant, or a label without a seed: a colour and a legend entry each, as before
+    assert run_styles(["NCL seed 0", "CL seed 0"]) == ([(0, "o", "NCL seed 0"), (1, "o", "CL seed 0")], {})
+    mixed = ["a seed 1", "a seed 2", "b"]
+    assert run_styles(mixed) == ([(0, "o", "a seed 1"), (1, "o", "a seed 2"), (2, "o", "b")], {})
+    assert MARKERS[12 % len(MARKERS)] == run_styles(["x seed 12", "x seed 0"])[1][12]
+    rows = read_log(_run(tmp_path / "r", 0.3, [5.6, 5.3]))
+    fig = training_curves_figure(dict.fromkeys(labels, rows), "Training curves of 12 runs")
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "CL | p=0", "NCL | p=0", "CL | p=0.9", "NCL | p=0.9", "seed 0", "seed 1", "seed 2"
+    ]
+    lines = fig.axes[0].lines
+    assert [ln.get_marker() for ln in lines] == ["o", "s", "^"] * 4
+    assert lines[0].get_color() == lines[2].get_color() != lines[3].get_color()

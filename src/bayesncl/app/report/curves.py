@@ -6,14 +6,17 @@ A panel against the epoch for each statistic with a title (a
 (:func:`bayesncl.core.losses.bernoulli_kl`, nats) and the gate-open rate with the prior ρ dashed
 (PAPER-NOTES §1). Markers are the epoch means; where the run has a ``steps.csv`` (a row every
 ``STEP_LOG_EVERY`` steps) a thin line of the same colour follows them. One legend under the panels
-names each run once. ``pretrain`` writes ``training_curves.png``, demo and ``reproduce``
-``curves.png``; ``bayesncl curves RUN_DIR ...`` draws any runs.
+names each run once; where the runs are seeds of a few variants (labels ending in ``seed N``, as
+``reproduce`` names them), a variant's seeds share its colour, each seed its marker, and the legend
+names each variant once (:func:`run_styles`). ``pretrain`` writes ``training_curves.png``, demo and
+``reproduce`` ``curves.png``; ``bayesncl curves RUN_DIR ...`` draws any runs.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,37 @@ from bayesncl.runs.lock import set_aside_hint
 from bayesncl.runs.logs import LOG_FIELDS, STEP_LOG_FIELDS
 from bayesncl.runs.messages import RunDirError
 
-__all__ = ["read_log", "read_steps", "run_label", "training_curves_figure", "write_training_curves"]
+__all__ = [
+    "read_log", "read_steps", "run_label", "run_styles", "training_curves_figure", "write_training_curves",
+]
+
+
+SEED_LABEL = re.compile(r"^(?P<variant>.+?)[\s|,]*\bseed[\s=]?(?P<seed>\d+)$")
+"""A run label that ends in its seed: ``NCL seed 0``, ``CL | p=0.9 | seed=2``."""
+MARKERS = "os^Dv<>ph*"
+
+
+def run_styles(labels: Sequence[str]) -> tuple[list[tuple[int, str, str]], dict[int, str]]:
+    """Per run label ``(colour index, marker, legend label)``, and ``{seed: marker}`` for the legend.
+
+    Where every label ends in a seed (:data:`SEED_LABEL`) and some variant has several, the seeds of a
+    variant share its colour (indices in order of first appearance), seed ``s`` gets marker
+    ``MARKERS[s % 10]``, and only a variant's first run carries its name (the others ``_``: no legend
+    entry); otherwise each run its own colour index, marker ``o`` and label, and no seed markers."""
+    found = [SEED_LABEL.match(label) for label in labels]
+    variants = [m["variant"] for m in found if m]
+    if len(variants) < len(labels) or len(set(variants)) == len(labels):
+        return [(i, "o", label) for i, label in enumerate(labels)], {}
+    order = list(dict.fromkeys(variants))
+    seeds = {int(m["seed"]): MARKERS[int(m["seed"]) % len(MARKERS)] for m in found if m}
+    named: set[str] = set()
+    styles = []
+    for m in found:
+        assert m is not None
+        v = m["variant"]
+        styles.append((order.index(v), seeds[int(m["seed"])], "_" + v if v in named else v))
+        named.add(v)
+    return styles, dict(sorted(seeds.items()))
 
 
 def panels() -> list[methods.Statistic]:
@@ -165,11 +198,12 @@ def training_curves_figure(
     for ax in grid.flat[len(every) :]:
         ax.axis("off")
     axes = list(grid.flat[: len(every)])
+    styles, seed_markers = run_styles(list(runs))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    if len(runs) > len(colours):  # 20 distinct colours before any repeats
+    if max(c for c, _, _ in styles) >= len(colours):  # 20 distinct colours before any repeats
         colours = [plt.get_cmap("tab20")(i) for i in range(20)]
-    for i, (label, rows) in enumerate(runs.items()):
-        colour = colours[i % len(colours)]
+    for (index, marker, label), rows in zip(styles, runs.values(), strict=True):
+        colour = colours[index % len(colours)]
         epochs = [r["epoch"] for r in rows]
         run_gated = _gated(rows)
         fine = (steps or {}).get(label, [])
@@ -177,7 +211,7 @@ def training_curves_figure(
             stat = by_name.get(key)
             if (stat is not None and stat.gated and not run_gated) or not _has(rows, key):
                 continue  # an ungated run has no KL and no gate; an older log no held-out columns
-            ax.plot(epochs, [r[key] for r in rows], marker="o", ms=3, color=colour, label=label)
+            ax.plot(epochs, [r[key] for r in rows], marker=marker, ms=3, color=colour, label=label)
             if fine and key in fine[0]:
                 ax.plot([r["epoch"] for r in fine], [r[key] for r in fine], color=colour, lw=0.7, alpha=0.45,
                         label="_steps")
@@ -195,19 +229,22 @@ def training_curves_figure(
         ax.grid(alpha=0.3)
         if key in by_name and by_name[key].ylim is not None:
             ax.set_ylim(*by_name[key].ylim)
-    _shared_legend(fig, axes, title)
+    _shared_legend(fig, axes, title, seed_markers)
     return fig
 
 
-def _shared_legend(fig: Any, axes: Sequence[Any], title: str) -> None:
+def _shared_legend(fig: Any, axes: Sequence[Any], title: str, seed_markers: Mapping[int, str]) -> None:
     """The runs' legend under all panels (a run has one colour everywhere; per-panel legends cover
-    the lines once a report overlays a dozen runs), each line style once, and the title above."""
+    the lines once a report overlays a dozen runs), each seed's marker and each line style once, and
+    the title above."""
     from matplotlib.lines import Line2D
 
     from bayesncl.app.report.figures import legend_below
 
     drawn = {line.get_label() for ax in axes for line in ax.get_lines()}
-    styles = {}
+    styles = {
+        f"seed {s}": Line2D([], [], color="gray", ls="", marker=m, ms=4) for s, m in seed_markers.items()
+    }
     if "_steps" in drawn:
         styles[f"every {STEP_LOG_EVERY} steps (thin)"] = Line2D([], [], color="gray", lw=0.7, alpha=0.45)
     if "_held-out" in drawn:
