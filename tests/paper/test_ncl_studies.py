@@ -192,3 +192,19 @@ def test_dead_dims_refuse_runs_whose_held_out_monitor_differs(
     # and no monitor at all: no per-epoch row could have a value
     assert main([*args, "train.monitor_samples=0"]) == 2
     expect("P22", capsys.readouterr().err, tmp_path)
+
+
+def test_a_cell_with_a_pipe_is_escaped_in_the_markdown_table() -> None:
+    """ncl-sparsity's and ncl-supervised's header "sparsity % (|x|<1e-5)" split its cell in two in
+    their .md (8 cells under a 6-column separator: a broken table). A pipe in a header or row label
+    is written as \\|."""
+    from bayesncl.paper.ncl_studies import SPARSITY
+    from bayesncl.paper.reproduce import format_study
+    from bayesncl.paper.studies import Study, Variant, rows_of
+
+    variants = [Variant("CL | p=0", "cl")]
+    study = Study("x", "t", "x", variants, [], [SPARSITY[0]], rows_of(variants))
+    md = format_study(study, {"CL | p=0": {"sparsity_paper": {"mean": 1.0, "std": 0.5, "paper": None}}})
+    head, sep, row = md.splitlines()
+    assert head == r"| row | sparsity % (\|x\|<1e-5) |" and sep == "|---|---:|"
+    assert row == r"| CL \| p=0 | 1.00 ± 0.50 |"

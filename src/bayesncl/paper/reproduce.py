@@ -342,11 +342,12 @@ def format_study(study: Study, rows: dict[str, Any]) -> str:
     the paper reports."""
     with_paper = [c for c in study.columns if any(rows[r][c.key]["paper"] is not None for r in rows)]
     head = ["row", *(c.header for c in study.columns), *(f"paper {c.header}" for c in with_paper)]
+    head = [h.replace("|", r"\|") for h in head]  # (a pipe in a cell would split it: "|x| < 1e-5")
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for label, cells in rows.items():
         ours = [_fmt(cells[c.key], c.fmt) for c in study.columns]
         paper = [c.fmt.format(p) if (p := cells[c.key]["paper"]) is not None else "–" for c in with_paper]
-        lines.append("| " + " | ".join([label, *ours, *paper]) + " |")
+        lines.append("| " + " | ".join([label.replace("|", r"\|"), *ours, *paper]) + " |")
     return "\n".join(lines)
 
 
