@@ -201,30 +201,14 @@ def check_dirs(
             other = "or choose another --run-dir" if real else "choose another --run-dir, or pass --store DIR"
         else:
             keeper, moved, other = "the store", f"move {sub} out of the store", "or use another --store"
-        if sub.is_symlink() and not sub.exists():  # (a link to a folder since moved or deleted)
-            raise RunDirError(
-                f"{label}: {sub}, where {keeper} keeps this run, is a link to {os.readlink(sub)}, which does "
-                f"not exist: {moved} (the run is then trained there), {other}"
-            )
-        if sub.exists() and not sub.is_dir():
-            raise RunDirError(
-                f"{label}: {sub}, where {keeper} keeps this run, is a file, not a folder: {moved} (the run "
-                f"is then trained there), {other}"
-            )
+        place = f"{sub}, where {keeper} keeps this run,"
+        _check_place(sub, label, place, f"{moved} (the run is then trained there), {other}")
         if finished(sub):
             again = f"{moved} (its run is then trained again), {other}"
             _check_finished(sub, label, cfg, store is not None, again, (monitor, what), checkpoints)
         elif (sub / "last.pt").exists():  # the command continues it: what pretrain --resume checks
             restart = f"{moved} (its run is then trained from the start), {other}"
-            done = _check_unfinished(sub, cfg, label, store is not None, restart, (monitor, what))
-            missing = [e for e in checkpoints if e <= done and not (sub / f"epoch-{e:04d}.pt").exists()]
-            if missing:  # continuing it writes those of the epochs left only: said after its training
-                raise RunDirError(
-                    f"{what} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but {sub}, an "
-                    f"unfinished run this command would continue, has none (another table began it with a "
-                    f"larger train.checkpoint_every): run {what} before the tables that share its runs, or "
-                    f"{restart}"
-                )
+            _check_unfinished(sub, cfg, label, store is not None, restart, (monitor, what), checkpoints)
         check_writable(sub)  # a finished run too: what a table measures is cached beside it
 
 
@@ -265,9 +249,21 @@ def _check_finished(
         )
 
 
+def _check_place(sub: Path, label: str, place: str, advice: str) -> None:
+    """RunDirError (one line: ``label``, ``place``: the run's folder and whose it is, then ``advice``)
+    where a run's folder ``sub`` is a file, or a link to a folder that is no more (moved or deleted)."""
+    from bayesncl.runs.messages import RunDirError
+
+    if sub.is_symlink() and not sub.exists():
+        raise RunDirError(f"{label}: {place} is a link to {os.readlink(sub)}, which does not exist: {advice}")
+    if sub.exists() and not sub.is_dir():
+        raise RunDirError(f"{label}: {place} is a file, not a folder: {advice}")
+
+
 def _check_unfinished(
-    sub: Path, cfg: Config, label: str, stored: bool, restart: str, monitor: tuple[str, str] = ("", "")
-) -> int:
+    sub: Path, cfg: Config, label: str, stored: bool, restart: str, monitor: tuple[str, str] = ("", ""),
+    checkpoints: tuple[int, ...] = (),
+) -> None:
     """RunDirError (one line: ``label``, the run in ``sub``, what is wrong, then ``restart``: what to do)
     where continuing the unfinished run in ``sub`` to ``cfg`` would fail: its ``last.pt`` does not read
     as ``--resume`` reads it (empty, truncated, a folder, not a bayesncl checkpoint, an entry missing),
@@ -275,9 +271,10 @@ def _check_unfinished(
     than ``cfg``'s ``train.epochs``, or (``monitor``: what of the held-out monitor the table reads, and
     the table) another held-out monitor, which continuing it would mix into its ``log.csv``. Its turn
     came after the runs before it had trained, and ``--resume``'s advice is no advice for ``reproduce``,
-    which has none. The whole file is read, as ``--resume`` reads it: an unfinished run is rare (one
-    killed in training) and is then trained, which takes far longer. Returns the epochs it has done
-    whole (those whose ``epoch-NNNN.pt`` it may have kept)."""
+    which has none. Also where it lacks the ``epoch-NNNN.pt`` of ``checkpoints`` of the epochs it has
+    done whole (continuing it writes those of the epochs left only). The whole file is read, as
+    ``--resume`` reads it: an unfinished run is rare (one killed in training) and is then trained, which
+    takes far longer."""
     from bayesncl.config import ConfigError, build_config
     from bayesncl.runs.messages import RunDirError, describe_config_diff
     from bayesncl.runs.rundir import epochs_begun, read_resume_checkpoint
@@ -307,7 +304,13 @@ def _check_unfinished(
             f"{label}: {where} holds an unfinished run (last.pt) that this command would continue to "
             f"train.epochs={cfg.train.epochs}, but {done}: give train.epochs >= {begun}, or {restart}"
         )
-    return int(ckpt["epoch"])
+    missing = [e for e in checkpoints if e <= int(ckpt["epoch"]) and not (sub / f"epoch-{e:04d}.pt").exists()]
+    if missing:  # continuing it writes those of the epochs left only: said after its training
+        raise RunDirError(
+            f"{monitor[1]} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but {sub}, an "
+            f"unfinished run this command would continue, has none (another table began it with a larger "
+            f"train.checkpoint_every): run {monitor[1]} before the tables that share its runs, or {restart}"
+        )
 
 
 MONITOR_KEYS = ("train.monitor_samples", "train.monitor_every")
