@@ -207,3 +207,16 @@ def test_seeds_of_a_variant_share_its_colour_and_each_seed_has_a_marker(tmp_path
     lines = fig.axes[0].lines
     assert [ln.get_marker() for ln in lines] == ["o", "s", "^"] * 4
     assert lines[0].get_color() == lines[2].get_color() != lines[3].get_color()
+
+
+def test_a_flat_series_is_labelled_with_its_values_not_an_offset(tmp_path: Path) -> None:
+    """CE's held-out SC stays at 10 %: matplotlib labelled that axis 0.000, 0.002 ... with "+1e1" above."""
+    rows = read_log(_run(tmp_path / "ce", "", [5.5, 5.25, 5.0]))
+    for r in rows:
+        r["online_acc"] = 10.0 + 1e-9 * r["epoch"]
+    fig = training_curves_figure({"ce": rows})
+    fig.canvas.draw()
+    ax = fig.axes[1]
+    assert ax.yaxis.get_offset_text().get_text() == ""
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert labels and all(t.startswith("10.0") for t in labels), labels

@@ -44,3 +44,18 @@ def test_a_long_title_wraps_on_one_panel(monkeypatch, tmp_path: Path) -> None:
     assert fig.get_suptitle() == f"{title}\n(mean ± std over 3 seeds)"
     fig = _draw(monkeypatch, tmp_path, [panel, panel], "Fig. 3", seeds=3)  # short: one line
     assert fig.get_suptitle() == "Fig. 3 (mean ± std over 3 seeds)"
+
+
+def test_a_reference_row_is_a_dashed_line_with_its_band(monkeypatch, tmp_path: Path) -> None:
+    """ncl-sparsity draws CL and NCL (not swept over β) as horizontal lines beside CL+L1 against β."""
+    swept = ("CL+L1", [(1e-3, 0.1, 0.05), (1.0, 24.0, 2.0)], [])
+    panel = ("sparsity", "β", "%", "log", [swept, ("NCL", [(None, 58.0, 1.5)], [])])
+    fig = _draw(monkeypatch, tmp_path, [panel], "T")
+    (ax,) = fig.axes
+    ref = [ln for ln in ax.get_lines() if ln.get_label() == "NCL"]
+    assert len(ref) == 1 and ref[0].get_linestyle() == "--"
+    assert list(ref[0].get_ydata()) == [58.0, 58.0]
+    assert sorted(t.get_text() for t in fig.legends[0].get_texts()) == ["CL+L1", "NCL"]
+    assert list(ax.get_xticks()) == [1e-3, 1.0]  # the reference adds no tick
+    (band,) = ax.patches  # ± 1 std across the panel
+    assert band.get_y() == pytest.approx(56.5) and band.get_y() + band.get_height() == pytest.approx(59.5)

@@ -63,7 +63,8 @@ def ncl_sparsity(dataset: str, overrides: list[str]) -> Study:
     l1 = [_variant(dataset, f"CL+L1 β={b:g}", "cl-l1", f"method.beta={b}") for b in L1_BETAS]
     variants = [Variant("CL", "cl"), *l1, Variant("NCL", "ncl")]
     panels = [Panel(f"{c.header} against β", "β (L1 weight)", c.header + ("" if "%" in c.header else " (%)"),
-                    (Series("CL+L1", tuple((b, v.name, c.key) for b, v in zip(L1_BETAS, l1, strict=True))),),
+                    (Series("CL+L1", tuple((b, v.name, c.key) for b, v in zip(L1_BETAS, l1, strict=True))),
+                     Series("CL", ((None, "CL", c.key),)), Series("NCL", ((None, "NCL", c.key),))),
                     xscale="log") for c in (SPARSITY[0], SC, LP1)]  # fmt: skip
     notes = ["sparsity: the fraction of test features with |x| < 1e-5 (the paper's, on the unit rows z̃) and "
              "with |x| ≤ 1e-5·‖row‖ (ours, docs/metrics.md)", SPARSITY_NOTE]

@@ -51,10 +51,11 @@ class Row:
 @dataclass(frozen=True)
 class Series:
     """One line of a figure panel: ``points`` are ``(x, row label, column key)``; ``paper`` the
-    paper's ``(x, value)`` points, drawn beside ours."""
+    paper's ``(x, value)`` points, drawn beside ours. One point with ``x`` None: a reference row (not
+    swept), drawn as a dashed horizontal line at its mean with its ± std band."""
 
     label: str
-    points: tuple[tuple[float, str, str], ...]
+    points: tuple[tuple[float | None, str, str], ...]
     paper: tuple[tuple[float, float], ...] = ()
 
 

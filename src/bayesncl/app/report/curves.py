@@ -226,6 +226,7 @@ def training_curves_figure(
         ax.set_xlabel("epoch")
         ax.set_xlim(0, last * 1.05)  # from the start of training (a 1-epoch run is a dot at x = 1)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.ticklabel_format(axis="y", useOffset=False)  # a flat series (CE's SC at 10 %) read "+1e1"
         ax.grid(alpha=0.3)
         if key in by_name and by_name[key].ylim is not None:
             ax.set_ylim(*by_name[key].ylim)

@@ -3,7 +3,9 @@ the paper's points beside ours.
 
 Input is plain data, so the figure needs nothing but the study's table: ``panels`` is a list of
 ``(title, xlabel, ylabel, xscale, series)`` and each series ``(label, [(x, mean, std)], [(x,
-paper value)])``; a missing mean (a cell no seed produced) is left out of its line.
+paper value)])``; a missing mean (a cell no seed produced) is left out of its line. A series whose one
+point has ``x`` None is a reference (a row that is not swept, e.g. CL beside CL+L1 against β): a dashed
+horizontal line at its mean across the panel, with its ± std band.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-Point = tuple[float, float | None, float | None]  # (x, mean, std)
+Point = tuple[float | None, float | None, float | None]  # (x, mean, std); x None: a reference
 SeriesData = tuple[str, Sequence[Point], Sequence[tuple[float, float]]]
 PanelData = tuple[str, str, str, str, Sequence[SeriesData]]
 
@@ -40,7 +42,12 @@ def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, 
         for label, points, paper in series:
             color = f"C{order.index(label) % 10}"  # a series keeps its colour in every panel
             pts = [(x, m, s) for x, m, s in points if m is not None and math.isfinite(m)]
-            if pts:
+            if pts and pts[0][0] is None:  # a reference: one value, across the panel
+                _, m, s = pts[0]
+                ax.axhline(m, color=color, ls="--", lw=1.2, label=label)
+                if seeds > 1 and s is not None and math.isfinite(s):
+                    ax.axhspan(m - s, m + s, color=color, alpha=0.12, lw=0)
+            elif pts:
                 xs = [p[0] for p in pts]
                 ms = [p[1] for p in pts]
                 ss = [p[2] if p[2] is not None and math.isfinite(p[2]) else 0.0 for p in pts]
@@ -55,7 +62,7 @@ def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, 
                            edgecolors=color, linewidths=1.5, label=f"{label} (paper)", zorder=3)  # fmt: skip
         ax.set_xscale(xscale)
         if xscale == "log":  # tick the swept values themselves (0.1, 0.25, ...), not only decades
-            ticks = sorted({p[0] for _, points, _ in series for p in points})
+            ticks = sorted({p[0] for _, points, _ in series for p in points if p[0] is not None})
             ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
             ax.minorticks_off()
         if xlabel == "epoch":  # whole epochs only
