@@ -28,8 +28,8 @@ PY="${PYTHON:-python}"
 # ncl-ood's CL and ncl-dead's NCL; ncl-finetune and 9 train no new pretraining run). New pretraining
 # runs per entry (a planning pass at 935f359): 15: 7, mechanism: 24, 4: 12, ncl-dead: 6, ncl-ood: 3,
 # ncl-dead bicubic (issue 26: the authors' bicubic crop against our bilinear, on NCL): 6,
-# ncl-spectral: 9, ncl-supervised: 12, ncl-sparsity: 12, appj: 9, ncl-mig: 9, 1: 6 (~115, ~35 h here).
-# Last, beyond the issues' tables: fig4b (ρ and λ swept around the recipe's, ~24 runs), which asks whether
+# ncl-spectral: 9, appj: 9, ncl-mig: 9, 1: 6 (~91, ~27 h here).
+# Then, beyond the issues' tables: fig4b (ρ and λ swept around the recipe's, ~24 runs), which asks whether
 # another ρ or λ restores BayesNCL's SC lead that Table 1 at 100 epochs did not show (CONFIG.md); then
 # ncl-supervised and ncl-sparsity, which need > 2 h here (12 new runs each) and so were run at the 3-epoch
 # budget first, as issue 25 says (CONFIG.md): at 100 epochs they are a check of those readings.

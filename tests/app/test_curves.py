@@ -197,7 +197,7 @@ def test_seeds_of_a_variant_share_its_colour_and_each_seed_has_a_marker(tmp_path
     assert run_styles(["NCL seed 0", "CL seed 0"]) == ([(0, "o", "NCL seed 0"), (1, "o", "CL seed 0")], {})
     mixed = ["a seed 1", "a seed 2", "b"]
     assert run_styles(mixed) == ([(0, "o", "a seed 1"), (1, "o", "a seed 2"), (2, "o", "b")], {})
-    assert MARKERS[12 % len(MARKERS)] == run_styles(["x seed 12", "x seed 0"])[1][12]
+    assert run_styles(["x seed 12", "x seed 0"])[1] == {0: "o", 12: MARKERS[2]} and MARKERS[2] == "^"
     rows = read_log(_run(tmp_path / "r", 0.3, [5.6, 5.3]))
     fig = training_curves_figure(dict.fromkeys(labels, rows), "Training curves of 12 runs")
     (legend,) = fig.legends
@@ -220,3 +220,13 @@ def test_a_flat_series_is_labelled_with_its_values_not_an_offset(tmp_path: Path)
     assert ax.yaxis.get_offset_text().get_text() == ""
     labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     assert labels and all(t.startswith("10.0") for t in labels), labels
+
+
+def test_each_seed_of_a_variant_keeps_its_step_line(tmp_path: Path) -> None:
+    """The step rows were looked up by the legend label, which is the variant's once its seeds are
+    grouped ("NCL", "_NCL"): reproduce's curves of a variant's seeds drew no step line at all."""
+    rows = read_log(_run(tmp_path / "r", 0.3, [5.6, 5.3]))
+    steps = {f"NCL seed {s}": [{"step": 25, "epoch": 0.5, "info_nce": 6.0 + s}] for s in (0, 1)}
+    fig = training_curves_figure({"NCL seed 0": rows, "NCL seed 1": rows}, steps=steps)
+    thin = [ln for ln in fig.axes[0].lines if ln.get_label() == "_steps"]
+    assert [list(ln.get_ydata()) for ln in thin] == [[6.0], [7.0]]

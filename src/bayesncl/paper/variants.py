@@ -240,13 +240,9 @@ def _check_finished(
         )
     run = f"{label}: the {'stored ' if stored else ''}run {sub}"
     _refuse_monitor(stored_cfg, cfg, read, run, what, again)
-    missing = [e for e in checkpoints if not (sub / f"epoch-{e:04d}.pt").exists()]
-    if missing and stored:
-        raise RunDirError(
-            f"{what} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but the stored run "
-            f"{sub} has none (another table trained it with a larger train.checkpoint_every): run "
-            f"{what} before the tables that share its runs, or use another --store"
-        )
+    if stored:
+        run = f"the stored run {sub}"
+        _need_checkpoints(sub, checkpoints, None, what, run, "trained", "use another --store")
 
 
 def _check_place(sub: Path, label: str, place: str, advice: str) -> None:
@@ -258,6 +254,24 @@ def _check_place(sub: Path, label: str, place: str, advice: str) -> None:
         raise RunDirError(f"{label}: {place} is a link to {os.readlink(sub)}, which does not exist: {advice}")
     if sub.exists() and not sub.is_dir():
         raise RunDirError(f"{label}: {place} is a file, not a folder: {advice}")
+
+
+def _need_checkpoints(
+    sub: Path, checkpoints: tuple[int, ...], done: int | None, what: str, run: str, verb: str, advice: str
+) -> None:
+    """RunDirError (one line) where ``sub`` lacks an ``epoch-NNNN.pt`` of ``checkpoints`` (of those up
+    to epoch ``done``; None: all) that ``what`` (the table) reads: ``run`` names the run, ``verb`` what
+    another table did to it ("trained", "began"), ``advice`` the way out besides running ``what`` first."""
+    from bayesncl.runs.messages import RunDirError
+
+    due = [e for e in checkpoints if done is None or e <= done]
+    missing = [e for e in due if not (sub / f"epoch-{e:04d}.pt").exists()]
+    if missing:
+        raise RunDirError(
+            f"{what} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but {run} has none "
+            f"(another table {verb} it with a larger train.checkpoint_every): run {what} before the tables "
+            f"that share its runs, or {advice}"
+        )
 
 
 def _check_unfinished(
@@ -304,13 +318,9 @@ def _check_unfinished(
             f"{label}: {where} holds an unfinished run (last.pt) that this command would continue to "
             f"train.epochs={cfg.train.epochs}, but {done}: give train.epochs >= {begun}, or {restart}"
         )
-    missing = [e for e in checkpoints if e <= int(ckpt["epoch"]) and not (sub / f"epoch-{e:04d}.pt").exists()]
-    if missing:  # continuing it writes those of the epochs left only: said after its training
-        raise RunDirError(
-            f"{monitor[1]} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but {sub}, an "
-            f"unfinished run this command would continue, has none (another table began it with a larger "
-            f"train.checkpoint_every): run {monitor[1]} before the tables that share its runs, or {restart}"
-        )
+    # continuing it writes those of the epochs left only: said after its training
+    run = f"{sub}, an unfinished run this command would continue,"
+    _need_checkpoints(sub, checkpoints, int(ckpt["epoch"]), monitor[1], run, "began", restart)
 
 
 MONITOR_KEYS = ("train.monitor_samples", "train.monitor_every")

@@ -202,11 +202,11 @@ def training_curves_figure(
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     if max(c for c, _, _ in styles) >= len(colours):  # 20 distinct colours before any repeats
         colours = [plt.get_cmap("tab20")(i) for i in range(20)]
-    for (index, marker, label), rows in zip(styles, runs.values(), strict=True):
+    for (index, marker, label), (run, rows) in zip(styles, runs.items(), strict=True):
         colour = colours[index % len(colours)]
         epochs = [r["epoch"] for r in rows]
         run_gated = _gated(rows)
-        fine = (steps or {}).get(label, [])
+        fine = (steps or {}).get(run, [])  # by the run's own name (``label`` may be its variant's)
         for ax, (key, _) in zip(axes, every, strict=True):
             stat = by_name.get(key)
             if (stat is not None and stat.gated and not run_gated) or not _has(rows, key):
