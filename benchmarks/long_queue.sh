@@ -27,8 +27,8 @@ PY="${PYTHON:-python}"
 # 26's at the long budget. Later IDs reuse earlier runs (ncl-ood trains only CL; ncl-sparsity reuses
 # ncl-ood's CL and ncl-dead's NCL; ncl-finetune and 9 train no new pretraining run). New pretraining
 # runs per entry (a planning pass at 935f359): 15: 7, mechanism: 24, 4: 12, ncl-dead: 6, ncl-ood: 3,
-# ncl-dead bicubic (issue 26: the authors' bicubic crop against our bilinear, on NCL): 6,
-# ncl-spectral: 9, appj: 9, ncl-mig: 9, 1: 6 (~91, ~27 h here).
+# ncl-spectral: 9 (issue 25's last), ncl-dead bicubic (issue 26: the authors' bicubic crop against our
+# bilinear, on NCL): 6, appj: 9, ncl-mig: 9, 1: 6 (~91, ~27 h here).
 # Then, beyond the issues' tables: fig4b (ρ and λ swept around the recipe's, ~24 runs), which asks whether
 # another ρ or λ restores BayesNCL's SC lead that Table 1 at 100 epochs did not show (CONFIG.md); then
 # ncl-supervised and ncl-sparsity, which need > 2 h here (12 new runs each) and so were run at the 3-epoch
@@ -37,9 +37,9 @@ L="--dataset fashion-mnist-long train.precision=fp32"
 QUEUE=(
     "15 $L" "4 $L"
     "mechanism --dataset fashion-mnist-bg-long --run-dir runs/mechanism-fashion-mnist-bg-long train.precision=fp32"
-    "ncl-dead $L" "ncl-ood $L"
+    "ncl-dead $L" "ncl-ood $L" "ncl-spectral $L"
     "ncl-dead $L data.crop_interpolation=bicubic --run-dir runs/ncl-dead-fashion-mnist-long-bicubic"
-    "ncl-spectral $L" "appj $L"
+    "appj $L"
     "ncl-mig $L" "1 $L" "ncl-finetune $L" "9 $L"
     "fig4b $L" "ncl-supervised $L" "ncl-sparsity $L"
 )
