@@ -10,8 +10,9 @@
 #   bash benchmarks/long_queue.sh run       # restore, then each table of QUEUE in order, packing after each
 #
 # A restored run is reused by the tables whose measures its reproduce.json already holds; a table that
-# needs its checkpoints (Table 3's trajectory, fine-tuning) says so and retrains nothing by itself: move
-# the run's folder away to train it again. Store: $STORE (default ~/bayesncl-store). Run it with the
+# needs its weights for a measure not cached there (ncl-ood, fine-tuning, Table 3's trajectory) names
+# every such run before it trains anything and retrains nothing by itself: move those folders out of
+# the store (e.g. to $STORE/no-weights/) to train them again. Store: $STORE (default ~/bayesncl-store). Run it with the
 # package importable (`pip install -e .`, or PYTHONPATH=src) and nothing else on the cores.
 set -uo pipefail
 cd "$(dirname "$0")/.."

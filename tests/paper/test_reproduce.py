@@ -219,7 +219,7 @@ def test_sweeps_reuse_the_recipes_run(bench: Bench, table1: dict[str, Any]) -> N
 
 
 def test_a_run_is_measured_when_it_finishes_and_its_small_files_make_the_table(
-    bench: Bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bench: Bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A table stopped while its second run trains keeps the first run's measures beside it
     (reproduce.json), and a run's small files (what benchmarks/long_queue.sh commits: config.yaml,
@@ -260,6 +260,26 @@ def test_a_run_is_measured_when_it_finishes_and_its_small_files_make_the_table(
     main([*args, "--store", str(small), "--run-dir", str(tmp_path / "b")])
     again = json.loads((tmp_path / "b" / "table4.json").read_text())
     assert len(bench.calls) == before and again["reused"] == sorted(set(whole["runs"].values()))
+    # a measure not cached beside them needs their weights, which small files lack: ncl-ood trained its
+    # new runs for 30 min and then failed on the first restored one; now all are named before any training
+    for h in whole["runs"].values():
+        cache = json.loads((small / h / "reproduce.json").read_text())
+        assert rp.needs_weights(small / h, [("base", ()), ("dead", ()), ("flops", ())]) is False
+        assert rp.needs_weights(small / h, [("probe3", ())]) is False  # cached
+        del cache["probe3[]"]
+        (small / h / "reproduce.json").write_text(json.dumps(cache))
+        assert rp.needs_weights(small / h, [("probe3", ())]) is True
+    capsys.readouterr()
+    assert main([*args, "--store", str(small), "--run-dir", str(tmp_path / "c")]) == 2
+    assert len(bench.calls) == before and not (tmp_path / "c").exists()
+    line = error_line(capsys, silent=True)
+    first = small / whole["runs"]["full seed 0"]
+    assert line.startswith(
+        f"{ERROR}table 4 measures its runs from their weights, but 2 finished run(s) have no last.pt (small "
+        f"files only, as a packed store restores them): full seed 0 ({first}), soft gate seed 0 ("
+    ), line
+    assert line.endswith("; move them out of the store (their runs are then trained again), or use another "
+                         "--store")
     assert again["rows"] == whole["rows"] and len(whole["rows"]) == 2
 
 

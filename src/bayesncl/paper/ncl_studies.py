@@ -153,6 +153,10 @@ def m_head(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     return {"head_acc1": 100.0 * float((pred == test["labels"]).mean())}
 
 
+FILES_ONLY = frozenset({"dead"})
+"""This module's measures that read a run's metrics.json and log.csv only, never its weights."""
+
+
 def m_dead(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     """Dead dims (never active): D − the test split's active dims (final), and D − log.csv's
     ``heldout_active_dims`` per epoch (``e{epoch}.dead_dims``)."""
@@ -168,7 +172,6 @@ def m_dead(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
             if row.get("heldout_active_dims"):
                 out[f"e{int(row['epoch'])}.dead_dims"] = float(d - float(row["heldout_active_dims"]))
     return out
-
 
 
 # ----------------------------------------------------------------------------- ncl-mig

@@ -288,6 +288,17 @@ MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval"
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
 
 
+FILES_ONLY = frozenset({"base", "flops", *ncl_studies.FILES_ONLY})
+"""The measures that read a run's metrics.json, log.csv or config only, never its weights."""
+
+
+def needs_weights(sub: Path, wanted: list[tuple[str, tuple[Any, ...]]]) -> bool:
+    """Whether measuring the finished run in ``sub`` loads its weights: a measure of ``wanted`` not in
+    :data:`FILES_ONLY` and not yet cached in its ``reproduce.json``."""
+    cache = variants.read_cache(sub)
+    return any(name not in FILES_ONLY and f"{name}{list(params)}" not in cache for name, params in wanted)
+
+
 def measure(sub: Path, cfg: Config, wanted: list[tuple[str, tuple[Any, ...]]]) -> dict[str, float]:
     """The metrics ``wanted`` of the finished run in ``sub``, from its cache where computed before
     (``reproduce.json``), plus its ``pretrain_minutes``."""
@@ -398,7 +409,7 @@ def reproduce(
     links = tuple(f"{variants.slug(n)}-s{s}" for n, s in cells)
     folders = {store / h: (label[h], cfg) for h, (cfg, _) in runs.items()}
     variants.check_dirs(run_dir, store, _what(study), folders, links=links, checkpoints=study.checkpoints,
-                        monitor=study.monitor)
+                        monitor=study.monitor, needs_weights=lambda sub: needs_weights(sub, study.measures))
     from bayesncl.data import DataError, dataset_info
 
     for data in {repr(cfg.data): cfg.data for cfg, _ in runs.values()}.values():

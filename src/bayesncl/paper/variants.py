@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -144,7 +144,7 @@ def link(run_dir: Path, name: str, target: Path) -> None:
 def check_dirs(
     run_dir: Path, store: Path | None, what: str, runs: dict[Path, tuple[str, Config]], *,
     links: tuple[str, ...] = (), unlinked: str = "", checkpoints: tuple[int, ...] = (),
-    monitor: str = "",
+    monitor: str = "", needs_weights: Callable[[Path], bool] | None = None,
 ) -> None:
     """Everything ``reproduce`` and ``reproduce mechanism`` check of their folders before any output or
     training; raises RunDirError (one line) for
@@ -170,7 +170,11 @@ def check_dirs(
       :data:`REUSE_IGNORES` lets differ would change the table's values (monitor_samples: another
       held-out batch) or leave its rows empty (monitor_every: other epochs logged), which went silently;
     - a run's folder that cannot be written (a finished run's too: what a table measures of it is
-      cached beside it)."""
+      cached beside it);
+    - finished runs without ``last.pt`` (their small files only: a store restored from
+      ``benchmarks/long_queue.sh``'s packed runs) where ``needs_weights(folder)`` says a measure of the
+      command, not yet cached beside the run, loads its weights: named all at once, before the other
+      runs train (it was said after them, by the measure)."""
     from bayesncl.runs.layout import check_writable, refuse_a_run_in
     from bayesncl.runs.messages import RunDirError, some_names
 
@@ -210,6 +214,28 @@ def check_dirs(
             restart = f"{moved} (its run is then trained from the start), {other}"
             _check_unfinished(sub, cfg, label, store is not None, restart, (monitor, what), checkpoints)
         check_writable(sub)  # a finished run too: what a table measures is cached beside it
+    if needs_weights is not None:
+        _check_weights(runs, store is not None, what, needs_weights)
+
+
+def _check_weights(
+    runs: dict[Path, tuple[str, Config]], stored: bool, what: str, needs_weights: Callable[[Path], bool]
+) -> None:
+    """:func:`check_dirs` on the finished runs without ``last.pt``: RunDirError naming them all (and
+    what to do) where ``needs_weights(folder)`` says a measure of ``what`` would load the run's weights."""
+    from bayesncl.runs.messages import RunDirError, some_names
+
+    weightless = [f"{label} ({sub})" for sub, (label, _) in runs.items()
+                  if finished(sub) and not (sub / "last.pt").exists() and needs_weights(sub)]  # fmt: skip
+    if weightless:
+        where = ("move them out of the store (their runs are then trained again), or use another --store"
+                 if stored else "move them away (their runs are then trained there), or choose another "
+                 "--run-dir")  # fmt: skip
+        raise RunDirError(
+            f"{what} measures its runs from their weights, but {len(weightless)} finished run(s) have no "
+            f"last.pt (small files only, as a packed store restores them): {some_names(weightless, 3)}; "
+            f"{where}"
+        )
 
 
 def _check_finished(
