@@ -27,9 +27,10 @@ PY="${PYTHON:-python}"
 # stopped, and the mechanism's runs go to the store only from session 15's `mechanism --store`), then 25's and
 # 26's at the long budget. Later IDs reuse earlier runs (ncl-ood trains only CL; ncl-sparsity reuses
 # ncl-ood's CL and ncl-dead's NCL; ncl-finetune and 9 train no new pretraining run). New pretraining
-# runs per entry (a planning pass at 935f359): 15: 7, mechanism: 24, 4: 12, ncl-dead: 6, ncl-ood: 3,
-# ncl-spectral: 9 (issue 25's last), ncl-dead bicubic (issue 26: the authors' bicubic crop against our
-# bilinear, on NCL): 6, appj: 9, ncl-mig: 9, 1: 6 (~91, ~27 h here).
+# runs per entry (a planning pass at 935f359): 15: 7, mechanism: 24, 4: 12, ncl-dead: 6, ncl-spectral: 9
+# (issue 25's last), ncl-ood: 3 (+ its 3 BayesNCL runs again: restored without weights, session 21 moved
+# them out of the store), ncl-dead bicubic (issue 26: the authors' bicubic crop against our bilinear, on
+# NCL): 6, appj: 9 (+ the mechanism's 9 bg runs again, for their weights), ncl-mig: 9, 1: 6 (~91, ~27 h here).
 # Then, beyond the issues' tables: fig4b (ρ and λ swept around the recipe's, ~24 runs), which asks whether
 # another ρ or λ restores BayesNCL's SC lead that Table 1 at 100 epochs did not show (CONFIG.md); then
 # ncl-supervised and ncl-sparsity, which need > 2 h here (12 new runs each) and so were run at the 3-epoch
@@ -38,7 +39,7 @@ L="--dataset fashion-mnist-long train.precision=fp32"
 QUEUE=(
     "15 $L" "4 $L"
     "mechanism --dataset fashion-mnist-bg-long --run-dir runs/mechanism-fashion-mnist-bg-long train.precision=fp32"
-    "ncl-dead $L" "ncl-ood $L" "ncl-spectral $L"
+    "ncl-dead $L" "ncl-spectral $L" "ncl-ood $L"
     "ncl-dead $L data.crop_interpolation=bicubic --run-dir runs/ncl-dead-fashion-mnist-long-bicubic"
     "appj $L"
     "ncl-mig $L" "1 $L" "ncl-finetune $L" "9 $L"
