@@ -36,7 +36,7 @@ from bayesncl.paper.studies import (
     rows_of,
     transfer_config,
 )
-from bayesncl.paper.variants import finished_metrics, load_stored, stored_features
+from bayesncl.paper.variants import files_only, finished_metrics, load_stored, stored_features
 
 L1_BETAS = (1e-3, 1e-2, 1e-1, 1.0)  # ncl-sparsity: β over 3 decades (a module constant: tests shorten it)
 SPARSITY = [Column("sparsity % (|x|<1e-5)", "sparsity_paper"), Column("sparsity % (ε)", "sparsity_eps")]
@@ -153,10 +153,7 @@ def m_head(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     return {"head_acc1": 100.0 * float((pred == test["labels"]).mean())}
 
 
-FILES_ONLY = frozenset({"dead"})
-"""This module's measures that read a run's metrics.json and log.csv only, never its weights."""
-
-
+@files_only
 def m_dead(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     """Dead dims (never active): D − the test split's active dims (final), and D − log.csv's
     ``heldout_active_dims`` per epoch (``e{epoch}.dead_dims``)."""

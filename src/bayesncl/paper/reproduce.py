@@ -169,11 +169,13 @@ def _warn_cpu_resnet50(study: Study, runs: dict[str, tuple[Config, str]], est: d
 _features = variants.stored_features  # (train, test) features of a stored run, under the command's data.root
 
 
+@variants.files_only
 def _m_base(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     m = variants.finished_metrics(sub)
     return {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+@variants.files_only
 def _m_flops(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     from bayesncl.paper.benchmark import flops_per_image
 
@@ -288,15 +290,12 @@ MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval"
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
 
 
-FILES_ONLY = frozenset({"base", "flops", *ncl_studies.FILES_ONLY})
-"""The measures that read a run's metrics.json, log.csv or config only, never its weights."""
-
-
 def needs_weights(sub: Path, wanted: list[tuple[str, tuple[Any, ...]]]) -> bool:
-    """Whether measuring the finished run in ``sub`` loads its weights: a measure of ``wanted`` not in
-    :data:`FILES_ONLY` and not yet cached in its ``reproduce.json``."""
+    """Whether measuring the finished run in ``sub`` loads its weights: a measure of ``wanted`` that
+    reads them (:func:`variants.reads_weights`) and is not yet cached in its ``reproduce.json``."""
     cache = variants.read_cache(sub)
-    return any(name not in FILES_ONLY and f"{name}{list(params)}" not in cache for name, params in wanted)
+    return any(variants.reads_weights(MEASURES[name]) and f"{name}{list(params)}" not in cache
+               for name, params in wanted)
 
 
 def measure(sub: Path, cfg: Config, wanted: list[tuple[str, tuple[Any, ...]]]) -> dict[str, float]:

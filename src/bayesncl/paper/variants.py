@@ -500,6 +500,18 @@ def variant_hash(cfg: Config) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def files_only(measure: Callable[..., dict[str, float]]) -> Callable[..., dict[str, float]]:
+    """Mark a study measure as reading a run's metrics.json, log.csv or config only, never its weights:
+    a finished run restored without ``last.pt`` (``benchmarks/long_queue.sh``) can still be measured."""
+    measure.files_only = True  # type: ignore[attr-defined]
+    return measure
+
+
+def reads_weights(measure: Callable[..., dict[str, float]]) -> bool:
+    """Whether ``measure`` loads the run's weights (every measure not marked :func:`files_only`)."""
+    return not getattr(measure, "files_only", False)
+
+
 def read_cache(sub: Path) -> dict[str, Any]:
     """What tables computed from the stored run in ``sub`` (``reproduce.json``: ``{measure key:
     {metric: value}}``); empty when none yet or unreadable (it is recomputed)."""
