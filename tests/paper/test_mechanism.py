@@ -511,6 +511,7 @@ def test_mechanism_checks_every_folder_before_training(
     variants.check_dirs), before a word on stdout: a stored run with other settings is refused up
     front, naming it and what differs (it was refused only once the runs before it had trained)."""
     import dataclasses
+    import shutil
 
     from bayesncl.paper import mechanism as mech
     from bayesncl.paper import variants
@@ -538,6 +539,21 @@ def test_mechanism_checks_every_folder_before_training(
         f"{table / 'bayesncl-ste-p-0-9-seed-0'} away (its run is then trained again), or choose another "
         "--run-dir"
     )
+    # finished runs without last.pt (small files, as a packed store restores them) whose dynamics are
+    # not in their metrics: final_dynamics would load their weights, so all are named before any training
+    first, _ = cfgs.values()
+    shutil.rmtree(store)
+    bare = [_finished(store / variants.variant_hash(c), c, {"semantic_consistency": 50.0})
+            for c in (first, second)]  # fmt: skip
+    fresh = tmp_path / "fresh"
+    assert main([*study, "--run-dir", str(fresh), *BG_TINY]) == 2
+    line = error_line(capsys)
+    assert "the mechanism study measures its runs from their weights, but 2 finished run(s) have no " in line
+    assert all(str(sub) in line for sub in bare) and "move them out of the store" in line
+    (bare[0] / "metrics.json").write_text(json.dumps({"semantic_consistency": 50.0, "AF-GV": 0.1}))
+    assert main([*study, "--run-dir", str(fresh), *BG_TINY]) == 2
+    line = error_line(capsys)
+    assert str(bare[1]) in line and str(bare[0]) not in line and not fresh.exists()
     (tmp_path / "a-file").write_text("x")  # G1, as for every table
     assert main([*study[:4], "--run-dir", str(tmp_path / "a-file"), *BG_TINY]) == 2
     expect("G1", error_line(capsys), tmp_path)

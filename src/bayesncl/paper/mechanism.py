@@ -167,10 +167,11 @@ def mechanism(
     write ``mechanism.md``/``.json`` (the per-run rows and the seed means of :func:`aggregate`).
     Returns the means. Every folder is checked before any training (:func:`variants.check_dirs`):
     RunDirError (one line) for an unusable run dir or store, a finished run with other settings, an
-    unfinished one started with settings its continuation would refuse, or, with ``store``, folders of
-    the run dir's own where its links go (runs from before ``--store``). A run cut short before its
-    first checkpoint (a ``config.yaml``, a ``log.csv``, no ``last.pt``) is trained again, as by the
-    tables (:func:`variants.train_run`)."""
+    unfinished one started with settings its continuation would refuse, a finished run without
+    ``last.pt`` whose dynamics are not yet in its metrics (:func:`final_dynamics` reads its weights),
+    or, with ``store``, folders of the run dir's own where its links go (runs from before ``--store``).
+    A run cut short before its first checkpoint (a ``config.yaml``, a ``log.csv``, no ``last.pt``) is
+    trained again, as by the tables (:func:`variants.train_run`)."""
     configs = mechanism_configs(dataset, seeds, overrides)
     run_dir = run_dir or Path("runs") / f"mechanism-{dataset}"
     subs = {n: store / variants.variant_hash(c) if store else run_dir / variants.slug(n)
@@ -178,7 +179,8 @@ def mechanism(
     links = tuple(variants.slug(n) for n in configs) if store else ()
     folders = {subs[n]: (n.replace(" | ", ", "), c) for n, c in configs.items()}  # labels as the table's
     unlinked = "; from before --store? the same command without --store reuses them in place"
-    variants.check_dirs(run_dir, store, "the mechanism study", folders, links=links, unlinked=unlinked)
+    variants.check_dirs(run_dir, store, "the mechanism study", folders, links=links, unlinked=unlinked,
+                        needs_weights=lambda sub: "AF-GV" not in variants.finished_metrics(sub))
     results: dict[str, dict[str, Any]] = {}
     for name, cfg in configs.items():
         sub = subs[name]
