@@ -110,6 +110,10 @@ def test_metrics_table_has_labels_and_units() -> None:
     assert rows == [("Semantic consistency (SC)", "10.00", "%"), ("Active dims", "8", "count"),
                     ("Linear probe top-1 (LP@1, frozen h)", "43.33", "%"),
                     ("Linear probe protocol", "x" * 200, ""), ("custom", "0.1235", "")]
+    # the gradient dynamics a table adds (the mechanism study's runs showed their raw keys, no unit)
+    assert _scalars({"AF-GV": 0.81234, "dims": 251}) == [
+        ("Activation frequency vs gradient variance, over dims", "0.812", "Spearman ρ"),
+        ("Dims in those correlations (AF > 0, SC defined)", "251", "count")]
 
 
 def test_correlations_by_hand() -> None:

@@ -489,6 +489,24 @@ def test_mechanism_study_end_to_end(tmp_path: Path, fm_root: Path, monkeypatch):
     monkeypatch.setattr("bayesncl.app.train.pretrain", lambda *a, **k: pytest.fail("trained"))
     assert mech.mechanism("fashion-mnist-bg", table, tiny, seeds=1, samples=64, store=store) == again
     assert sorted((table / variants.slug(n)).resolve() for n in cfgs) == sorted(store.iterdir())
+    # its report names the runs as the table's folder does (it showed the store's hashes), and says
+    # what the page is: the study, its header, a link to the table
+    index = (table / "report" / "index.html").read_text()
+    assert "<h1>bayesncl report: mechanism</h1>" in index and 'The table: <a href="../mechanism.md">' in index
+    assert all(f'href="#run-{variants.slug(n)}"' in index for n in cfgs)
+    assert not any(h.name in index for h in store.iterdir())
+    # a packed run (small files only) of a table is left out of its page, and the page says so
+    packed = tmp_path / "packed" / "bayesncl-ste-p-0-seed-0"
+    packed.mkdir(parents=True)
+    for f in ("config.yaml", "log.csv", "metrics.json"):
+        shutil.copy(table / variants.slug(next(iter(cfgs))) / f, packed / f)
+    shown = table / variants.slug(list(cfgs)[1])
+    variants.write_report([packed, shown], tmp_path / "page", None, heading="x", intro="Runs.",
+                          table="../x.md")
+    index = (tmp_path / "page" / "index.html").read_text()
+    left = "Runs. Left out of this page: 1 packed run(s) of the table (bayesncl-ste-p-0-seed-0). The table: "
+    assert left in index
+    assert f'href="#run-{shown.name}"' in index and 'href="#run-bayesncl-ste-p-0-seed-0"' not in index
 
 
 BG_TINY = [o for o in TINY if not o.startswith("data.name")]  # the study sets data.name

@@ -128,6 +128,10 @@ def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> No
     index = (bench.root / "1" / "report" / "index.html").read_text()  # the HTML report: seed 0 of each
     assert all(f"{v}-s0" in index for v in ("cl", "ncl", "ncl-topk", "bayesncl-ste", "bayesncl-gs"))
     assert "-s1" not in index
+    # the page says what it is: the table's ID, its header, that it shows seed 0, and links the table
+    assert "<h1>bayesncl report: 1</h1>" in index
+    assert 'The table: <a href="../table1.md">table1.md</a>' in index
+    assert "This page: seed 0 of each variant (the table holds the seeds&#39; mean ± std)." in index
     # the paper has no Fashion-MNIST numbers: the title says so instead of promising them
     assert all(c["paper"] is None for r in table1["rows"].values() for c in r.values())
     title = (bench.root / "1" / "table1.md").read_text().splitlines()[0]
@@ -302,6 +306,13 @@ def test_an_interrupted_run_continues(
     assert calls == [True]  # resumed, not retrained
     assert "to train 0, to continue 1, reused 5" in capsys.readouterr().out
     assert out["continued"] == [sub.name]
+    # the study's notes (what its protocol is) close its Markdown, not only the plan printed on stdout
+    md = (bench.root / "2" / "table2.md").read_text()
+    assert md.endswith(
+        "\n\nNotes:\n- LP@1/LP@5: the fast probe on frozen h, mean of 3 probe seeds per run (the paper: 3 "
+        "seeds)\n- retrieval: P@1/5/10 and mAP@10 (%) on the top-16 dims of z̃ by expected activation (the "
+        "paper's K per dataset); not for CL, as in the paper (selecting dims of CL is meaningless)\n"
+    )
 
 
 def test_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -77,6 +77,11 @@ RESULT_KEYS: dict[str, tuple[str, str, str]] = {
     "n_test": ("Test images", "count", "{}"),
     "retrieval_note": ("Retrieval", "", "{}"),
     "note": ("Note", "", "{}"),
+    # the gradient dynamics a table adds to a run's metrics (metrics.dynamics_correlations; Table 3)
+    "AF-GV": ("Activation frequency vs gradient variance, over dims", "Spearman ρ", "{:.3f}"),
+    "GV-SC": ("Gradient variance vs SC, over dims", "Spearman ρ", "{:.3f}"),
+    "AF-SC": ("Activation frequency vs SC, over dims", "Spearman ρ", "{:.3f}"),
+    "dims": ("Dims in those correlations (AF > 0, SC defined)", "count", "{}"),
 }  # fmt: skip
 
 

@@ -207,7 +207,9 @@ def mechanism(
     if store:  # the table's folder shows its runs
         for name, sub in subs.items():
             variants.link(run_dir, variants.slug(name), sub)
-    logged = {n: sub for n, sub in subs.items() if (sub / "log.csv").exists()}
+    # the runs as the table's folder names them (its links, with --store: not the store's hashes)
+    shown = {n: run_dir / variants.slug(n) if store else sub for n, sub in subs.items()}
+    logged = {n: shown[n] for n, sub in subs.items() if (sub / "log.csv").exists()}
     variants.write_table(run_dir, "mechanism", {"means": means, "runs": results}, md, header, logged,
                          cfg=next(iter(configs.values())))  # its report reads the data at the command's root
     print(header)

@@ -454,7 +454,8 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
     paper = any(c.get("paper") is not None for r in rows.values() for c in r.values() if isinstance(c, dict))
     versus = " vs the paper's reported values" if paper else "; the paper reports no values for this setting"
     header = f"{study.title} on {dataset_shown}: ours ({spread}){versus}."
-    write_results(run_dir, study.stem, result, md, header=header)
+    notes = "".join(f"\n- {n}" for n in study.notes)  # what the protocol is (printed with the plan)
+    write_results(run_dir, study.stem, result, md + (f"\n\nNotes:{notes}" if notes else ""), header=header)
     for (name, s), h in cells.items():
         variants.link(run_dir, f"{variants.slug(name)}-s{s}", store / h)
     if study.panels:
@@ -469,5 +470,8 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
     print(f"wrote {run_dir / (study.stem + '.md')} and .json{figure}")
     # the HTML report of seed 0 of every variant (the table holds the seeds' spread)
     seed0 = [run_dir / f"{variants.slug(n)}-s0" for n, s in cells if s == 0]
-    variants.write_report(seed0, run_dir / "report", next(iter(runs.values()))[0])
+    intro = (f"{header} This page: seed 0 of each variant (the table holds the seeds' mean ± std)."
+             if seeds > 1 else header)  # fmt: skip
+    variants.write_report(seed0, run_dir / "report", next(iter(runs.values()))[0], heading=study.id,
+                          intro=intro, table=f"../{study.stem}.md")
     return result

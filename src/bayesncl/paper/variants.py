@@ -431,17 +431,22 @@ def write_table(
     if curves:
         write_training_curves(list(curves.values()), run_dir / "curves.png", labels=list(curves))
     if report:  # the runs in the table's order, so that each keeps its curves.png colour
-        write_report(list(curves.values()) or [run_dir], run_dir / "report", cfg)
+        write_report(list(curves.values()) or [run_dir], run_dir / "report", cfg, heading=stem,
+                     intro=header, table=f"../{stem}.md")
 
 
-def write_report(runs: list[Path], out: Path, cfg: Config | None) -> None:
+def write_report(
+    runs: list[Path], out: Path, cfg: Config | None, *, heading: str = "", intro: str = "", table: str = ""
+) -> None:
     """The HTML report of a table's ``runs`` into ``out`` (its path printed; one that cannot be written:
     a one-line warning), each run's data read under the command's ``data.root`` (``cfg``: a config it
     gives its runs, :func:`measure_overrides`; every run of a command shares its root), as every measure
     reads it: a reused run recorded where its data lay when it trained. Packed runs (a store's results
     kept without checkpoints: :func:`~bayesncl.app.report.html.is_packed`), which a table reuses but a
     report cannot show, are left out with one line that says so and how to get their report (all of
-    them: no report; it was a warning that the first "holds no run to report on")."""
+    them: no report; it was a warning that the first "holds no run to report on"), and the page says
+    so under ``intro`` (``heading``, ``intro``, ``table``: the page's,
+    :func:`bayesncl.app.report.html.write_report`)."""
     from bayesncl.app.report.html import PACKED_ADVICE, is_packed, write_report_or_warn
     from bayesncl.runs.messages import some_names
 
@@ -450,10 +455,12 @@ def write_report(runs: list[Path], out: Path, cfg: Config | None) -> None:
     if packed:
         names = some_names([r.name for r in packed])
         what = "the table was made from packed runs" if not shown else f"left out {len(packed)} packed run(s)"
-        print(f"HTML report: {'not written: ' if not shown else ''}{what} ({names}: stored results without a "
-              f"checkpoint or features); {PACKED_ADVICE}")
+        line = f"{what} ({names}: stored results without a checkpoint or features); {PACKED_ADVICE}"
+        print(f"HTML report: {'not written: ' if not shown else ''}{line}")
+        intro = f"{intro} Left out of this page: {len(packed)} packed run(s) of the table ({names})."
     if shown:
-        write_report_or_warn(shown, out, overrides=measure_overrides(cfg) if cfg is not None else ())
+        write_report_or_warn(shown, out, overrides=measure_overrides(cfg) if cfg is not None else (),
+                             heading=heading, intro=intro.strip(), table=table)
 
 
 # ----------------------------------------------------------------------------- the store of runs

@@ -252,8 +252,13 @@ def _curves(runs: Sequence[RunInput], out: Path) -> bool:
     return True
 
 
-def write_report(runs: Sequence[RunInput], out: Path) -> Path:
-    """Write the site of ``runs`` into ``out`` (README, "The HTML report"); returns ``out/index.html``."""
+def write_report(
+    runs: Sequence[RunInput], out: Path, *, heading: str = "", intro: str = "", table: str = ""
+) -> Path:
+    """Write the site of ``runs`` into ``out`` (README, "The HTML report"); returns ``out/index.html``.
+    ``heading``: what the page shows (a table's ID: by default the runs' labels); ``intro``: a paragraph
+    under it (which runs these are of a table, which were left out); ``table``: a link to the table the
+    runs make (relative to ``out``)."""
     from bayesncl.app.report import MAIN_COLUMNS
     from bayesncl.config import dump_yaml
     from bayesncl.data import dataset_info, load_split_images
@@ -272,7 +277,8 @@ def write_report(runs: Sequence[RunInput], out: Path) -> Path:
     logged = [r for r in runs if (r.path / "log.csv").is_file()]  # several runs: their curves overlaid
     curves = "curves.png" if len(runs) > 1 and logged and _curves(logged, out / "curves.png") else None
     html = env.get_template("index.html").render(
-        sections=sections, columns=MAIN_COLUMNS, curves=curves, root="", thumb_px=THUMB_PX
+        sections=sections, columns=MAIN_COLUMNS, curves=curves, root="", thumb_px=THUMB_PX, heading=heading,
+        intro=intro, table=table,
     )
     (out / "index.html").write_text(html)
     return out / "index.html"
@@ -300,16 +306,16 @@ def _scalars(metrics: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def report_command(
-    sources: Sequence[str | Path], out: str | Path | None = None, overrides: Sequence[str] = ()
+    sources: Sequence[str | Path], out: str | Path | None = None, overrides: Sequence[str] = (), **page: str
 ) -> Path:
     """``bayesncl report``: find the runs of ``sources`` (:func:`find_runs`), load each (``overrides``:
     :func:`load_run`'s, ``data.root=DIR``) and write the site into ``out`` (default: ``SOURCE/report``
-    for one source, ``./report`` for several). Returns the index page. Raises RunDirError / EvalError
-    (one line) for unusable input."""
+    for one source, ``./report`` for several; ``page``: :func:`write_report`'s heading, intro and
+    table). Returns the index page. Raises RunDirError / EvalError (one line) for unusable input."""
     paths = find_runs(sources)
     dest = Path(out) if out is not None else (Path(sources[0]) if len(sources) == 1 else Path()) / "report"
     runs = [load_run(p, label, overrides) for p, label in zip(paths, _labels(paths), strict=True)]
-    return write_report(runs, dest)
+    return write_report(runs, dest, **page)
 
 
 def write_run_report(
@@ -322,16 +328,19 @@ def write_run_report(
 
 
 def write_report_or_warn(
-    sources: Sequence[str | Path], out: Path, run: RunInput | None = None, overrides: Sequence[str] = ()
+    sources: Sequence[str | Path], out: Path, run: RunInput | None = None, overrides: Sequence[str] = (),
+    **page: str,
 ) -> Path | None:
     """:func:`report_command` for ``demo``, ``evaluate`` and ``reproduce`` (``run``: one run
     already in memory, written as it is; ``overrides``: :func:`load_run`'s, the command's ``data.root``
-    for runs it reuses, :func:`bayesncl.paper.variants.measure_overrides`): prints the index's path; a
+    for runs it reuses, :func:`bayesncl.paper.variants.measure_overrides`; ``page``: a table's heading,
+    intro and link, :func:`write_report`): prints the index's path; a
     report that cannot be written is a one-line warning, never the command's failure."""
     from bayesncl.app.errors import user_errors
 
     try:
-        index = write_report([run], out) if run is not None else report_command(sources, out, overrides)
+        index = (write_report([run], out) if run is not None
+                 else report_command(sources, out, overrides, **page))  # fmt: skip
     except (*user_errors(), OSError) as e:
         print(f"bayesncl: warning: no HTML report: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         return None
