@@ -284,6 +284,17 @@ def test_a_run_is_measured_when_it_finishes_and_its_small_files_make_the_table(
     ), line
     assert line.endswith("; move them out of the store (their runs are then trained again), or use another "
                          "--store")
+    # --plan: the same plan, those runs marked, nothing trained or written (what to set aside, by hash)
+    plan = rp.reproduce("4", "fashion-mnist", tmp_path / "d", [*TINY, "method.rho=0.31"], seeds=1,
+                        store=small, plan_only=True)
+    lacking = sorted(whole["runs"][f"{v} seed 0"] for v in ("full", "soft gate"))
+    assert plan == {"train": [], "resume": [], "reuse": sorted(set(whole["runs"].values())),
+                    "needs_weights": lacking}
+    assert main([*args, "--store", str(small), "--run-dir", str(tmp_path / "d"), "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert f"  full seed 0: reuse {first.name} (no last.pt: the table reads its weights)\n" in out
+    assert f"2 finished run(s) have no last.pt and it reads their weights: {' '.join(lacking)}; " in out
+    assert len(bench.calls) == before and not (tmp_path / "d").exists()
     assert again["rows"] == whole["rows"] and len(whole["rows"]) == 2
 
 
@@ -319,6 +330,11 @@ def test_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["--dataset", "fashion-mnist", "--run-dir", str(tmp_path / "t"), *TINY]
     assert main(["reproduce", "66", *base]) == 2
     expect("P1", error_line(capsys), tmp_path)
+    assert main(["reproduce", "mechanism", "--dataset", "fashion-mnist-bg", "--plan"]) == 2
+    assert error_line(capsys) == (
+        f"{ERROR}--plan: for the tables and figures of reproduce, not mechanism (its runs are listed as it "
+        "starts)"
+    )
     assert main(["reproduce", "6", *base]) == 2  # table 6 exists: it needs a dataset with places
     expect("P2", error_line(capsys), tmp_path)
     for n in ("0", "-1"):

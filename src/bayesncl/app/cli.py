@@ -241,6 +241,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.table in MECHANISM_IDS:  # issue 15: the background probe (6) and the mechanism study
         from bayesncl.paper import mechanism
 
+        if args.plan:
+            raise ConfigError(f"--plan: for the tables and figures of reproduce, not {args.table} (its runs "
+                              "are listed as it starts)")
+
         if args.seeds < 1:
             raise ConfigError(f"--seeds {args.seeds}: expected >= 1 (the number of pretraining seeds)")
         settings = [o for o in args.overrides if "=" in o]
@@ -252,7 +256,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         else:
             mechanism.mechanism(args.dataset, run_dir, settings, seeds=args.seeds, store=store)
         return 0
-    reproduce(args.table, args.dataset, run_dir, args.overrides, seeds=args.seeds, store=store)
+    reproduce(args.table, args.dataset, run_dir, args.overrides, seeds=args.seeds, store=store,
+              plan_only=args.plan)
     return 0
 
 
@@ -450,6 +455,9 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
                  help="where the table goes (default runs/<stem>-<dataset>, e.g. runs/table1-cifar100)"),
             _arg("--store", help="the shared store of runs (default: variants/ beside the run dir; "
                                  "mechanism: its runs inside the run dir)"),
+            _arg("--plan", action="store_true",
+                 help="print the plan (runs to train, continue, reuse; finished runs without the weights "
+                      "the table reads) and stop: nothing is trained or written"),
             _OVERRIDES,
             _PLUGIN,
         ],

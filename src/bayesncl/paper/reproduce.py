@@ -134,7 +134,8 @@ def _duration(seconds: float) -> str:
 
 
 def _print_plan(study: Study, dataset: str, seeds: int, store: Path, cells: Cells,
-                runs: dict[str, tuple[Config, str]], est: dict[str, float], source: str) -> None:  # fmt: skip
+                runs: dict[str, tuple[Config, str]], est: dict[str, float], source: str,
+                weightless: frozenset[str] = frozenset()) -> None:  # fmt: skip
     counts = {s: sum(1 for _, st in runs.values() if st == s) for s in ("train", "resume", "reuse")}
     print(f"reproduce {study.id} ({study.title}) on {dataset}: {len(study.variants)} variant(s) x {seeds} "
           f"seed(s) = {len(cells)} run(s), {len(runs)} distinct; to train {counts['train']}, to continue "
@@ -142,12 +143,17 @@ def _print_plan(study: Study, dataset: str, seeds: int, store: Path, cells: Cell
     for (name, seed), h in cells.items():
         status = runs[h][1]
         extra = f", ~{_duration(est[h])}" if h in est else ""
+        extra += " (no last.pt: the table reads its weights)" if h in weightless else ""
         print(f"  {name} seed {seed}: {status} {h}{extra}")
     device = next(iter(runs.values()))[0].train.device
     print(f"estimated training time on this device ({device}): {_duration(sum(est.values()))} "
           f"(from {source}; evaluation not included)")  # fmt: skip
     for note in study.notes:
         print(f"note: {note}")
+    if weightless:
+        print(f"without --plan {_what(study)} refuses: {len(weightless)} finished run(s) have no last.pt "
+              f"and it reads their weights: {' '.join(sorted(weightless))}; move them out of the store to "
+              "train them again (benchmarks/long_queue.sh: an `again HASH...` entry)")
 
 
 def _warn_cpu_resnet50(study: Study, runs: dict[str, tuple[Config, str]], est: dict[str, float]) -> None:
@@ -386,7 +392,7 @@ def _train(h: str, cfg: Config, sub: Path, label: str, i: int, n: int, est: floa
 
 def reproduce(
     study_id: str, dataset: str, run_dir: Path | None, overrides: list[str], *, seeds: int = 1,
-    store: Path | None = None,
+    store: Path | None = None, plan_only: bool = False,
 ) -> dict[str, Any]:
     """Train (or reuse) every variant of ``study_id`` on ``dataset`` for seeds 0..``seeds``-1, measure
     them, and write ``RUN_DIR/<stem>.md`` / ``.json`` (and ``<stem>.png`` for a figure, ``curves.png``)
@@ -395,7 +401,10 @@ def reproduce(
     ``run_dir``: default ``runs/<stem>-<dataset>``; ``store``: default ``RUN_DIR/../variants``.
     Raises ConfigError for a bad ID (listing the valid ones), dataset, ``seeds`` or override,
     RunDirError for an unusable run dir or store, DataError for data that cannot be read (the runs' or
-    the study's ``extra_data``), before any training."""
+    the study's ``extra_data``), before any training. ``plan_only`` (``--plan``): the same checks and
+    printed plan, where finished runs without the weights the table reads are marked (not refused),
+    then nothing is trained, measured or written; returns ``{"train", "resume", "reuse",
+    "needs_weights"}``, each a sorted list of store hashes."""
     study = studies.build(study_id, dataset, overrides)
     configs = study_configs(study, dataset, overrides, seeds)
     run_dir = run_dir or Path("runs") / f"{study.stem}-{dataset}"
@@ -407,8 +416,11 @@ def reproduce(
     label = {h: f"{n} seed {s}" for (n, s), h in reversed(cells.items())}
     links = tuple(f"{variants.slug(n)}-s{s}" for n, s in cells)
     folders = {store / h: (label[h], cfg) for h, (cfg, _) in runs.items()}
+    def weights(sub: Path) -> bool:
+        return needs_weights(sub, study.measures)
+
     variants.check_dirs(run_dir, store, _what(study), folders, links=links, checkpoints=study.checkpoints,
-                        monitor=study.monitor, needs_weights=lambda sub: needs_weights(sub, study.measures))
+                        monitor=study.monitor, needs_weights=None if plan_only else weights)
     from bayesncl.data import DataError, dataset_info
 
     for data in {repr(cfg.data): cfg.data for cfg, _ in runs.values()}.values():
@@ -420,7 +432,12 @@ def reproduce(
             raise DataError(f"{what}: {e}") from e
     to_train = {h: cfg for h, (cfg, st) in runs.items() if st != "reuse"}
     est, source = estimate_seconds(to_train, store)
-    _print_plan(study, dataset, seeds, store, cells, runs, est, source)
+    weightless = frozenset(h for h, (_, st) in runs.items() if plan_only and st == "reuse"
+                           and not (store / h / "last.pt").exists() and weights(store / h))  # fmt: skip
+    _print_plan(study, dataset, seeds, store, cells, runs, est, source, weightless)
+    if plan_only:
+        plan = {k: sorted(h for h, (_, st) in runs.items() if st == k) for k in ("train", "resume", "reuse")}
+        return {**plan, "needs_weights": sorted(weightless)}
     _warn_cpu_resnet50(study, runs, est)
     for i, h in enumerate(to_train, 1):
         _train(h, to_train[h], store / h, label[h], i, len(to_train), est.get(h))
