@@ -102,6 +102,13 @@ def test_a_dimension_active_on_every_image_is_called_not_selective() -> None:
     assert '<td class="l">tie (7 classes)</td>\n<td>10.8</td>' in index  # classes 3-9: 4 of the 37 each
 
 
+def test_percentages_never_round_a_firing_dim_to_zero() -> None:
+    from bayesncl.app.report.html import _pct
+
+    assert [_pct(v) for v in (None, float("nan"), 0.0, 2 / 10000, 0.0005, 0.123)] == [
+        "–", "–", "0.0", "<0.1", "0.1", "12.3"]
+
+
 def test_metrics_table_has_labels_and_units() -> None:
     from bayesncl.app.report.html import _scalars
 

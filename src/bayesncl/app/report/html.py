@@ -135,6 +135,14 @@ def load_run(path: Path, label: str, overrides: Sequence[str] = ()) -> RunInput:
 
 
 # ----------------------------------------------------------------------------- the site
+def _pct(v: float | None) -> str:
+    """A fraction as a percentage to 0.1: "–" for None/NaN, "<0.1" for a value above 0 that would read
+    "0.0" (a dim firing on 2 of 10,000 images is not silent)."""
+    if v is None or v != v:
+        return "–"
+    return "<0.1" if 0 < v < 0.0005 else f"{100 * v:.1f}"
+
+
 def _env() -> Any:
     import jinja2
 
@@ -142,7 +150,7 @@ def _env() -> Any:
         loader=jinja2.PackageLoader("bayesncl.app.report", "templates"),
         autoescape=jinja2.select_autoescape(("html",)), trim_blocks=True, lstrip_blocks=True,
     )
-    env.filters["pct"] = lambda v: "–" if v is None or v != v else f"{100 * v:.1f}"
+    env.filters["pct"] = _pct
     env.filters["num"] = lambda v, fmt="{:.3f}": "–" if v is None or v != v else fmt.format(v)
     env.globals["unselective"] = dm.UNSELECTIVE  # the firing rate from which no majority class is named
     return env
