@@ -78,6 +78,8 @@ def test_interrupted_demo_resumes_then_overwrites(
     assert (run / "curves.png").read_bytes().startswith(b"\x89PNG")
     index = (run / "report" / "index.html").read_text()  # the report keeps the table's order (and colours)
     assert index.index('href="ncl/') < index.index('href="bayesncl/')
+    assert "<h1>bayesncl report: demo</h1>" in index
+    assert 'The table: <a href="../table.md">table.md</a>' in index
     caption = (run / "table.md").read_text().splitlines()[0]
     assert "Test split, 60-image subset; SC in %" in caption
 

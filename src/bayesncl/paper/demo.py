@@ -155,7 +155,8 @@ def run_demo(
         f"BayesNCL rho={configs['bayesncl'].method.rho}, lambda={configs['bayesncl'].method.lam}). "
         f"{test_split}; SC in %, entropies in nats, LP@1 = fast linear probe on frozen h."
     )
-    variants.write_table(run_dir, "table", results, table, header, {m: run_dir / m for m in configs}, cfg=c)
+    variants.write_table(run_dir, "table", results, table, header, {m: run_dir / m for m in configs}, cfg=c,
+                         heading="demo")
     print()
     print(header)
     print(table)

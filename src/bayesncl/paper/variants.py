@@ -419,19 +419,20 @@ def train_run(cfg: Config, sub: Path) -> dict[str, Any]:
 
 def write_table(
     run_dir: Path, stem: str, results: dict[str, dict[str, Any]], markdown: str, header: str,
-    curves: dict[str, Path], report: bool = True, cfg: Config | None = None,
+    curves: dict[str, Path], report: bool = True, cfg: Config | None = None, heading: str = "",
 ) -> None:
     """Write the variants' table ``run_dir/{stem}.md``/``.json``, the training curves of
     ``curves`` (``{label: sub-run with a log.csv}``), if any, as ``run_dir/curves.png``, and the
-    HTML report of the variants as ``run_dir/report/`` (:func:`write_report`; ``cfg``: a config this
-    command gives its runs; ``report=False``: none, for a table of encoders trained elsewhere)."""
+    HTML report of the variants as ``run_dir/report/`` (:func:`write_report`, headed ``heading``,
+    default ``stem``, with ``header`` and a link to the table; ``cfg``: a config this command gives its
+    runs; ``report=False``: none, for a table of encoders trained elsewhere)."""
     from bayesncl.app.report.curves import write_training_curves
 
     write_results(run_dir, stem, results, markdown, header=header)
     if curves:
         write_training_curves(list(curves.values()), run_dir / "curves.png", labels=list(curves))
     if report:  # the runs in the table's order, so that each keeps its curves.png colour
-        write_report(list(curves.values()) or [run_dir], run_dir / "report", cfg, heading=stem,
+        write_report(list(curves.values()) or [run_dir], run_dir / "report", cfg, heading=heading or stem,
                      intro=header, table=f"../{stem}.md")
 
 
