@@ -784,7 +784,8 @@ def test_mechanism_refuses_an_unfinished_run_beyond_its_train_epochs_up_front(
     assert f"== BayesNCL (STE) | p=0.9 | seed=0: continuing {sub}\n" in capsys.readouterr().out
     (done / "metrics.json").write_text('{"semantic_consistency": 40.0}')  # its dynamics: from its last.pt
     assert main([*study, "train.epochs=3"]) == 2
-    assert error_line(capsys) == (
-        f"{ERROR}BayesNCL (STE), p=0, seed=0: {done} is finished but its last.pt is missing, and measuring "
-        f"it needs that: move {done} away (its run is then trained again)"
+    assert error_line(capsys) == (  # named up front, before any training (as every table's)
+        f"{ERROR}the mechanism study measures its runs from their weights, but 1 finished run(s) have no "
+        f"last.pt (small files only, as a packed store restores them): BayesNCL (STE), p=0, seed=0 ({done}); "
+        "move them away (their runs are then trained there), or choose another --run-dir"
     )
