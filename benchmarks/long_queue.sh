@@ -44,10 +44,13 @@ QUEUE=(
     "again 51dcb37a1ceb 86a81b8cc400 d143718c979d"  # ncl-ood's (and ncl-finetune's) BayesNCL runs
     "ncl-ood $L"
     "ncl-dead $L data.crop_interpolation=bicubic --run-dir runs/ncl-dead-fashion-mnist-long-bicubic"
+    # ncl-finetune reads the weights of ncl-ood's runs (CL/NCL/BayesNCL at p = 0); first, as it trains no
+    # new pretraining run where they have weights (session 22: ~9 fine-tunings before appj's 9 runs again)
+    "ncl-finetune $L"
     # appj reads the mechanism's CL/NCL/BayesNCL runs at p = 0 (restored without weights: trained again)
     "again f47042b429a3 b2ff5b7135f9 68e3832a09f6 34606ec66a1c 3b5986fef3c1 08a481d6b6de e794b0eb4642 aae3052a97a3 3d295be164c6"
     "appj $L"
-    "ncl-mig $L" "1 $L" "ncl-finetune $L"
+    "ncl-mig $L" "1 $L"
     # Tables 9/10 measure every Table 4 run (its soft gate, no detach, 1- and 3-layer heads: trained again)
     "again 683e3a79a51f 5cd7e5643c06 29b42a9a74b9 954c34a6d085 4f3f8f51ac9f ed6cd04f327f 8a1f73b21ccb bb5d6b88af91 89e8e04336f4 7cec34f77d56 285dd810285d 3dbd50457607"
     "9 $L"
