@@ -8,13 +8,16 @@
 #   bash benchmarks/long_queue.sh restore   # copy results/long-store/ into the store (never overwrites)
 #   bash benchmarks/long_queue.sh pack      # copy the store's finished runs' small files into results/long-store/
 #   bash benchmarks/long_queue.sh run       # restore, then each table of QUEUE in order, packing after each
+#   bash benchmarks/long_queue.sh again HASH...  # set these stored runs aside by hand (see below)
 #
 # A restored run is reused by the tables whose measures its reproduce.json already holds; a table that
 # needs its weights for a measure not cached there (ncl-ood, fine-tuning, Table 3's trajectory) names
-# every such run before it trains anything and retrains nothing by itself: an `again HASH...` entry of
-# QUEUE, before that table, sets them aside (into $STORE/no-weights/, which restore and pack leave out)
-# so that the table trains them again. Store: $STORE (default ~/bayesncl-store). Run it with the
-# package importable (`pip install -e .`, or PYTHONPATH=src) and nothing else on the cores.
+# every such run before it trains anything and retrains nothing by itself. So before each table `run`
+# asks it which runs it would refuse for want of weights (`reproduce ... --list-weightless`: one hash a
+# line, nothing written) and sets exactly those aside (into $STORE/no-weights/, which restore and pack
+# leave out), so that the table trains them again; a run whose reproduce.json caches what the table
+# reads stays, and is reused. Store: $STORE (default ~/bayesncl-store). Run it with the package
+# importable (`pip install -e .`, or PYTHONPATH=src) and nothing else on the cores.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STORE="${STORE:-$HOME/bayesncl-store}"
@@ -29,8 +32,8 @@ PY="${PYTHON:-python}"
 # 26's at the long budget. Later IDs reuse earlier runs (ncl-ood trains only CL; ncl-sparsity reuses
 # ncl-ood's CL and ncl-dead's NCL; ncl-finetune and 9 train no new pretraining run). New pretraining
 # runs per entry (a planning pass at 935f359): 15: 7, mechanism: 24, 4: 12, ncl-dead: 6, ncl-spectral: 9
-# (issue 25's last), ncl-ood: 3 (+ its 3 BayesNCL runs again: restored without weights, set aside by
-# `again`), ncl-dead bicubic (issue 26: the authors' bicubic crop against our bilinear, on
+# (issue 25's last), ncl-ood: 3 (+ its 3 BayesNCL runs again: restored without weights, set aside before
+# it), ncl-dead bicubic (issue 26: the authors' bicubic crop against our bilinear, on
 # NCL): 6, appj: 9 (the mechanism's bg runs again, for their weights), ncl-mig: 9, 1: 9, 9: 12 (Table 4's again).
 # Then, beyond the issues' tables: fig4b (ρ and λ swept around the recipe's, ~24 runs), which asks whether
 # another ρ or λ restores BayesNCL's SC lead that Table 1 at 100 epochs did not show (CONFIG.md); then
@@ -41,24 +44,21 @@ QUEUE=(
     "15 $L" "4 $L"
     "mechanism --dataset fashion-mnist-bg-long --run-dir runs/mechanism-fashion-mnist-bg-long train.precision=fp32"
     "ncl-dead $L" "ncl-spectral $L"
-    "again 51dcb37a1ceb 86a81b8cc400 d143718c979d"  # ncl-ood's (and ncl-finetune's) BayesNCL runs
-    "ncl-ood $L"
+    "ncl-ood $L"  # (its BayesNCL runs, ncl-finetune's too, restored without weights: set aside, trained again)
     "ncl-dead $L data.crop_interpolation=bicubic --run-dir runs/ncl-dead-fashion-mnist-long-bicubic"
     # ncl-finetune reads the weights of ncl-ood's runs (CL/NCL/BayesNCL at p = 0); first, as it trains no
     # new pretraining run where they have weights (session 22: ~9 fine-tunings before appj's 9 runs again)
     "ncl-finetune $L"
     # appj reads the mechanism's CL/NCL/BayesNCL runs at p = 0 (restored without weights: trained again)
-    "again f47042b429a3 b2ff5b7135f9 68e3832a09f6 34606ec66a1c 3b5986fef3c1 08a481d6b6de e794b0eb4642 aae3052a97a3 3d295be164c6"
     "appj $L"
     "ncl-mig $L" "1 $L"
     # Tables 9/10 measure every Table 4 run (its soft gate, no detach, 1- and 3-layer heads: trained again)
-    "again 683e3a79a51f 5cd7e5643c06 29b42a9a74b9 954c34a6d085 4f3f8f51ac9f ed6cd04f327f 8a1f73b21ccb bb5d6b88af91 89e8e04336f4 7cec34f77d56 285dd810285d 3dbd50457607"
     "9 $L"
     "fig4b $L" "ncl-supervised $L" "ncl-sparsity $L"
 )
 
 # copy_finished SRC DST [keep]: every SRC/<kind>/<run>/ holding metrics.json, its small files only,
-# into DST (not SRC/no-weights/: runs set aside by `again`); with "keep" (restore) a run already in DST,
+# into DST (not SRC/no-weights/: runs set aside); with "keep" (restore) a run already in DST,
 # finished or not, is left as it is (a committed metrics.json beside a local half-trained run's log.csv
 # would make a run no one trained), and so is one DST set aside (DST/no-weights/<run>: its table
 # trains it again)
@@ -84,17 +84,35 @@ copy_finished() {
     return 0
 }
 
-# set_aside HASH...: each finished stored run without last.pt (restored small files) into
-# $STORE/no-weights/, so that the next table that needs its weights trains it again (a table refuses,
-# naming them, rather than retrain on its own: variants.check_dirs); a run with its weights stays
+# set_aside HASH...: each stored run $STORE/variants/HASH into $STORE/no-weights/HASH (one there before
+# it is replaced), so that the next table that reads it trains it again; a hash not in the store is said
+# in one line. The hashes: those a table would refuse for want of weights (weightless, below), or given
+# by hand (`again HASH...`).
 set_aside() {
     local h
-    mkdir -p "$STORE/no-weights"
     for h in "$@"; do
-        [ -f "$STORE/variants/$h/metrics.json" ] && [ ! -f "$STORE/variants/$h/last.pt" ] || continue
-        rm -rf "$STORE/no-weights/$h" && mv "$STORE/variants/$h" "$STORE/no-weights/$h"
-        echo "again: set $h aside in $STORE/no-weights/ (no last.pt): trained again by the next table"
+        if [ -z "$h" ] || [ "$h" = . ] || [ "$h" = .. ] || [ "$h" != "${h%/*}" ]; then
+            echo "again: $h is not the name of a run in the store: nothing set aside"
+            continue
+        fi
+        if [ ! -d "$STORE/variants/$h" ]; then
+            echo "again: no run $h in $STORE/variants/: nothing set aside"
+            continue
+        fi
+        mkdir -p "$STORE/no-weights"
+        rm -rf "${STORE:?}/no-weights/$h" && mv "$STORE/variants/$h" "$STORE/no-weights/$h"
+        echo "again: set $h aside in $STORE/no-weights/ (the table reads weights it lacks): trained again"
     done
+}
+
+# weightless JOB: the store hashes of the runs the table JOB would refuse for want of their weights
+# (finished runs without last.pt whose reproduce.json lacks a measure it reads from them, runs without
+# the epoch-NNNN.pt it reads), one a line, as `reproduce JOB --list-weightless` lists them (it writes
+# nothing); nothing where it fails (the table itself then says why)
+weightless() {
+    # shellcheck disable=SC2086  # the job is words
+    $PY -m bayesncl reproduce $1 --seeds 3 --store "$STORE/variants" --list-weightless \
+        || echo "again: could not list what $1 would refuse (its run below says why)" >&2
 }
 
 case "${1:-run}" in
@@ -103,13 +121,14 @@ case "${1:-run}" in
     run)
         [ -d "$SEEDS" ] && copy_finished "$SEEDS" "$STORE" keep
         for job in "${QUEUE[@]}"; do
-            # shellcheck disable=SC2086  # the hashes are words
-            if [ "${job%% *}" = again ]; then set_aside ${job#again }; continue; fi
             echo "=== $job $(date -u +%FT%H:%MZ)"
+            # shellcheck disable=SC2046  # one hash a line: words
+            set_aside $(weightless "$job")
             # shellcheck disable=SC2086  # the job is words
             $PY -m bayesncl reproduce $job --seeds 3 --store "$STORE/variants"
             echo "=== done rc=$? $(date -u +%FT%H:%MZ)"
             copy_finished "$STORE" "$SEEDS"
         done ;;
-    *) echo "usage: bash benchmarks/long_queue.sh [run|pack|restore]" >&2; exit 2 ;;
+    again) shift; set_aside "$@" ;;
+    *) echo "usage: bash benchmarks/long_queue.sh [run|pack|restore|again HASH...]" >&2; exit 2 ;;
 esac

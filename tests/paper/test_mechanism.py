@@ -568,10 +568,16 @@ def test_mechanism_checks_every_folder_before_training(
     line = error_line(capsys)
     assert "the mechanism study measures its runs from their weights, but 2 finished run(s) have no " in line
     assert all(str(sub) in line for sub in bare) and "move them out of the store" in line
+    # --list-weightless: those runs' hashes, one a line, nothing else (what long_queue.sh sets aside)
+    assert main([*study, "--run-dir", str(fresh), *BG_TINY, "--list-weightless"]) == 0
+    assert capsys.readouterr() == (f"{bare[0].name}\n{bare[1].name}\n", "")
     (bare[0] / "metrics.json").write_text(json.dumps({"semantic_consistency": 50.0, "AF-GV": 0.1}))
     assert main([*study, "--run-dir", str(fresh), *BG_TINY]) == 2
     line = error_line(capsys)
     assert str(bare[1]) in line and str(bare[0]) not in line and not fresh.exists()
+    assert main([*study, "--run-dir", str(fresh), *BG_TINY, "--list-weightless"]) == 0
+    assert capsys.readouterr() == (f"{bare[1].name}\n", "")  # its dynamics in its metrics: reused
+    assert not fresh.exists() and sorted(p.name for p in bare[1].iterdir()) == ["config.yaml", "metrics.json"]
     (tmp_path / "a-file").write_text("x")  # G1, as for every table
     assert main([*study[:4], "--run-dir", str(tmp_path / "a-file"), *BG_TINY]) == 2
     expect("G1", error_line(capsys), tmp_path)
@@ -710,7 +716,7 @@ def test_mechanism_offers_store_only_where_store_would_not_be_refused(
         f"move {sub} away (its run is then trained again), choose another --run-dir, or pass --store DIR"
     )
     links = tuple(variants.slug(n) for n in cfgs)
-    assert variants.check_dirs(table, tmp_path / "store", "the mechanism study", {}, links=links) is None
+    assert variants.check_dirs(table, tmp_path / "store", "the mechanism study", {}, links=links) == {}
 
 
 def test_mechanism_reuses_its_own_finished_runs_wherever_the_store_would(

@@ -129,7 +129,7 @@ def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> No
     assert all(f"{v}-s0" in index for v in ("cl", "ncl", "ncl-topk", "bayesncl-ste", "bayesncl-gs"))
     assert "-s1" not in index
     # the page says what it is: the table's ID, its header, that it shows seed 0, and links the table
-    assert "<h1>bayesncl report: 1</h1>" in index
+    assert "<h1>bayesncl report: Table 1</h1>" in index and "<title>bayesncl report: Table 1</title>" in index
     assert 'The table: <a href="../table1.md">table1.md</a>' in index
     assert "This page: seed 0 of each variant (the table holds the seeds&#39; mean ± std)." in index
     # the paper has no Fashion-MNIST numbers: the title says so instead of promising them
@@ -293,7 +293,7 @@ def test_a_run_is_measured_when_it_finishes_and_its_small_files_make_the_table(
     assert main([*args, "--store", str(small), "--run-dir", str(tmp_path / "d"), "--plan"]) == 0
     out = capsys.readouterr().out
     assert f"  full seed 0: reuse {first.name} (no last.pt: the table reads its weights)\n" in out
-    assert f"2 finished run(s) have no last.pt and it reads their weights: {' '.join(lacking)}; " in out
+    assert f"without --plan table 4 refuses 2 run(s) that lack weights it reads: {' '.join(lacking)}; " in out
     assert len(bench.calls) == before and not (tmp_path / "d").exists()
     assert again["rows"] == whole["rows"] and len(whole["rows"]) == 2
 
@@ -332,8 +332,21 @@ def test_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     expect("P1", error_line(capsys), tmp_path)
     assert main(["reproduce", "mechanism", "--dataset", "fashion-mnist-bg", "--plan"]) == 2
     assert error_line(capsys) == (
-        f"{ERROR}--plan: for the tables and figures of reproduce, not mechanism (its runs are listed as it "
-        "starts)"
+        f"{ERROR}--plan: the mechanism study has no plan (it names each run as it reaches it); "
+        "--list-weightless lists the runs it would refuse for want of their weights"
+    )
+    # table 6 probes the encoders it is given: no run of its own to plan or list (it said "its runs")
+    assert main(["reproduce", "6", "--dataset", "fashion-mnist-bg", "--plan", "enc.pt"]) == 2
+    assert error_line(capsys) == (
+        f"{ERROR}--plan: table 6 has no plan: it trains none, it probes the encoders given"
+    )
+    assert main(["reproduce", "6", "--dataset", "fashion-mnist-bg", "--list-weightless"]) == 2
+    assert error_line(capsys) == (
+        f"{ERROR}--list-weightless: table 6 has no runs to list: it trains none, it probes the encoders given"
+    )
+    assert main(["reproduce", "1", *base, "--plan", "--list-weightless"]) == 2
+    assert error_line(capsys) == (
+        f"{ERROR}--plan and --list-weightless: give one (--list-weightless prints only the hashes)"
     )
     assert main(["reproduce", "6", *base]) == 2  # table 6 exists: it needs a dataset with places
     expect("P2", error_line(capsys), tmp_path)
@@ -395,9 +408,148 @@ def test_table3_refuses_an_unfinished_stored_run_without_its_checkpoints_up_fron
         "from the start), or use another --store"
     )
     assert not table.exists() and sorted(p.name for p in sub.iterdir()) == ["last.pt"]
-    (sub / "epoch-0001.pt").write_bytes(b"")  # kept (read only by the measure): the run is continued
     runs = {sub: ("NCL seed 0", cfg)}
-    assert variants.check_dirs(table, store, "table 3", runs, checkpoints=(1, 2)) is None
+    # --plan marks it (the plan refused it) and --list-weightless names it
+    marked = {sub: "no epoch-NNNN.pt of epoch(s) 1: the table reads them"}
+    assert variants.check_dirs(table, store, "table 3", runs, checkpoints=(1, 2), plan=True) == marked
+    assert main([*args, "--list-weightless"]) == 0
+    assert capsys.readouterr() == (f"{sub.name}\n", "")
+    (sub / "epoch-0001.pt").write_bytes(b"")  # kept (read only by the measure): the run is continued
+    assert variants.check_dirs(table, store, "table 3", runs, checkpoints=(1, 2)) == {}
+    assert variants.check_dirs(table, store, "table 3", runs, checkpoints=(1, 2), plan=True) == {}
+    assert not table.exists() and sorted(p.name for p in sub.iterdir()) == ["epoch-0001.pt", "last.pt"]
+
+
+def _small_run(sub: Path, cfg: Any, cache: dict[str, Any] | None = None, weights: bool = False) -> Path:
+    """A finished stored run of ``cfg`` as a packed store restores it (config.yaml, metrics.json and,
+    given ``cache``, reproduce.json; no checkpoint), or with a ``last.pt`` (``weights``: an empty file,
+    which the checks before any training do not read)."""
+    from bayesncl.config import dump_yaml
+
+    sub.mkdir(parents=True)
+    (sub / "config.yaml").write_text(dump_yaml(cfg))
+    (sub / "metrics.json").write_text(json.dumps({"semantic_consistency": 50.0}))
+    if cache is not None:
+        (sub / "reproduce.json").write_text(json.dumps(cache))
+    if weights:
+        (sub / "last.pt").write_bytes(b"")
+    return sub
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_list_weightless_names_exactly_the_runs_the_table_refuses_for_want_of_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``reproduce ID --list-weightless`` prints the hash of each run the table would refuse for want of
+    its weights, one a line, and nothing else, writing nothing: a finished run without last.pt whose
+    reproduce.json lacks a measure that reads them. A packed run whose reproduce.json caches every
+    measure, a run with its last.pt and a run to train are not listed (long_queue.sh's hard-coded
+    `again` lists moved any listed run without last.pt, cached or not: retrained for nothing)."""
+    import bayesncl.app.train as train
+    from bayesncl.paper.reproduce import study_configs, weightless_runs
+
+    monkeypatch.setattr(train, "pretrain", lambda *a, **k: pytest.fail("trained"))
+    study = studies.build("2", "fashion-mnist", TINY)
+    configs = study_configs(study, "fashion-mnist", TINY, 2)
+    store, table = tmp_path / "store", tmp_path / "t2"
+    h = {key: variants.variant_hash(cfg) for key, cfg in configs.items()}
+    every = {f"{n}{list(p)}": {"x": 1.0} for n, p in study.measures}  # every measure of the table cached
+    probe3 = {"probe3[]": {"lp3_acc1": 50.0}}  # retrieval_sel, which reads the weights, not yet
+    _small_run(store / h["CL", 0], configs["CL", 0], probe3)  # refused: no weights for retrieval_sel
+    _small_run(store / h["NCL", 0], configs["NCL", 0], every)  # reused from its cache
+    _small_run(store / h["BayesNCL", 0], configs["BayesNCL", 0], weights=True)  # measured from its last.pt
+    _small_run(store / h["BayesNCL", 1], configs["BayesNCL", 1])  # refused: no cache, no weights
+    before = _files(store)
+    args = ["reproduce", "2", "--dataset", "fashion-mnist", "--seeds", "2", "--store", str(store),
+            "--run-dir", str(table), *TINY]  # fmt: skip
+    assert main([*args, "--list-weightless"]) == 0
+    assert capsys.readouterr() == (f"{h['CL', 0]}\n{h['BayesNCL', 1]}\n", "")  # the table's order
+    assert weightless_runs("2", "fashion-mnist", table, TINY, seeds=2, store=store) == [h["CL", 0],
+                                                                                          h["BayesNCL", 1]]
+    assert _files(store) == before and not table.exists()
+    # the same runs the table refuses, and --plan marks
+    assert main(args) == 2
+    line = error_line(capsys, silent=True)
+    assert "table 2 measures its runs from their weights, but 2 finished run(s) have no last.pt" in line
+    assert f"CL seed 0 ({store / h['CL', 0]}), BayesNCL seed 1 ({store / h['BayesNCL', 1]}); " in line
+    assert main([*args, "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert f"  CL seed 0: reuse {h['CL', 0]} (no last.pt: the table reads its weights)\n" in out
+    assert f"  NCL seed 0: reuse {h['NCL', 0]}\n" in out
+    assert f"  BayesNCL seed 0: reuse {h['BayesNCL', 0]}\n" in out
+    lacking = " ".join(sorted([h["CL", 0], h["BayesNCL", 1]]))
+    assert f"without --plan table 2 refuses 2 run(s) that lack weights it reads: {lacking}; " in out
+    assert _files(store) == before and not table.exists()
+    # an empty store: nothing to list (the runs are to train)
+    assert main(["reproduce", "2", "--dataset", "fashion-mnist", "--store", str(tmp_path / "empty"),
+                 "--run-dir", str(table), *TINY, "--list-weightless"]) == 0  # fmt: skip
+    assert capsys.readouterr() == ("", "") and not (tmp_path / "empty").exists()
+
+
+def test_table3_plan_marks_runs_without_their_checkpoints_and_a_packed_run_is_refused_as_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Table 3 (and convergence) read each run's epoch-NNNN.pt. ``--plan`` refused a run without them
+    (variants._need_checkpoints), so the plan of a store with one was an error; it marks it now, as it
+    marks a run without last.pt, and --list-weightless names both. Without --plan a packed run (small
+    files only: no last.pt, no checkpoint) was refused as one "another table trained with a larger
+    train.checkpoint_every"; it is refused as a run without its weights, with the others. A run whose
+    reproduce.json caches what the table reads needs neither."""
+    import bayesncl.app.train as train
+    from bayesncl.paper.reproduce import needs_weights, reproduce, study_configs
+
+    monkeypatch.setattr(train, "pretrain", lambda *a, **k: pytest.fail("trained"))
+    study = studies.build("3", "fashion-mnist", TINY)
+    assert study.checkpoints == (1,)
+    configs = study_configs(study, "fashion-mnist", TINY, 1)
+    store, table = tmp_path / "store", tmp_path / "t3"
+    packed = _small_run(store / variants.variant_hash(configs["NCL", 0]), configs["NCL", 0], {})
+    other = _small_run(store / variants.variant_hash(configs["BayesNCL", 0]), configs["BayesNCL", 0],
+                       weights=True)  # its last.pt, but no epoch-0001.pt: trained by another table
+    before = _files(store)
+    args = ["reproduce", "3", "--dataset", "fashion-mnist", "--store", str(store), "--run-dir", str(table),
+            *TINY]  # fmt: skip
+    assert main([*args, "--plan"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert f"  NCL seed 0: reuse {packed.name} (no last.pt: the table reads its weights)\n" in out
+    assert f"  BayesNCL seed 0: reuse {other.name} (no epoch-NNNN.pt of epoch(s) 1: the table reads them)\n" \
+        in out
+    assert (f"without --plan table 3 refuses 2 run(s) that lack weights it reads: "
+            f"{' '.join(sorted([packed.name, other.name]))}; move them out of the store") in out  # fmt: skip
+    plan = reproduce("3", "fashion-mnist", table, TINY, store=store, plan_only=True)
+    assert plan["needs_weights"] == plan["reuse"] == sorted([packed.name, other.name])
+    capsys.readouterr()
+    assert main([*args, "--list-weightless"]) == 0
+    assert capsys.readouterr() == (f"{packed.name}\n{other.name}\n", "")
+    assert _files(store) == before and not table.exists()
+    # without --plan: the run with its last.pt as before (P7), the packed run as one without its weights
+    assert main(args) == 2
+    assert error_line(capsys).startswith(f"{ERROR}table 3 needs epoch-NNNN.pt of epochs 1 but the stored run "
+                                         f"{other} has none (another table trained it with a larger ")
+    (other / "epoch-0001.pt").write_bytes(b"")
+    assert main(args) == 2
+    assert error_line(capsys) == (
+        f"{ERROR}table 3 measures its runs from their weights, but 1 finished run(s) have no last.pt (small "
+        f"files only, as a packed store restores them): NCL seed 0 ({packed}); move them out of the store "
+        "(their runs are then trained again), or use another --store"
+    )
+    # its dynamics cached (packed after table 3 measured it): reused, no checkpoint needed; so the other
+    (other / "epoch-0001.pt").unlink()
+    ((name, params),) = study.measures
+    for sub in (packed, other):
+        (sub / "reproduce.json").write_text(json.dumps({f"{name}{list(params)}": {"e1.AF-GV": 0.5}}))
+    assert main([*args, "--list-weightless"]) == 0
+    assert capsys.readouterr() == ("", "")
+    runs = {packed: ("NCL seed 0", configs["NCL", 0]), other: ("BayesNCL seed 0", configs["BayesNCL", 0])}
+    def weights(sub: Path) -> bool:
+        return needs_weights(sub, study.measures)
+
+    assert variants.check_dirs(table, store, "table 3", runs, checkpoints=(1,), needs_weights=weights) == {}
+    assert not table.exists()
 
 
 def test_every_tables_folders_are_checked_as_the_mechanism_studys(
@@ -646,7 +798,7 @@ def test_an_unfinished_stored_run_with_other_settings_is_refused_before_training
     assert f"folder {sub} holds" in err and "(model.proj_dim: 8 -> 16; stored -> now)" in err
     assert not table.exists() and sorted(store.iterdir()) == [sub]
     resumable_checkpoint(sub / "last.pt", cfg)  # its own settings: to be continued, not refused
-    assert variants.check_dirs(table, store, "table 1", {sub: ("NCL seed 0", cfg)}) is None
+    assert variants.check_dirs(table, store, "table 1", {sub: ("NCL seed 0", cfg)}) == {}
     assert not table.exists()
 
 
@@ -741,7 +893,7 @@ def test_a_stored_run_with_a_damaged_metrics_json_or_a_broken_link_is_named_up_f
     assert error_line(capsys, silent=True).endswith(f"expected an object of metrics){advice}")
     resumable_checkpoint(sub / "last.pt", cfg, epoch=cfg.train.epochs)
     (sub / "metrics.json").unlink()  # as advised: the table continues the run (evaluates it), no refusal
-    assert variants.check_dirs(table, store, "table 1", {sub: ("NCL seed 0", cfg)}) is None
+    assert variants.check_dirs(table, store, "table 1", {sub: ("NCL seed 0", cfg)}) == {}
     (sub / "metrics.json").write_text("[1, 2]")
     (sub / "last.pt").unlink()
     with pytest.raises(ValueError) as raised:  # where it is read without check_dirs before (demo): named too

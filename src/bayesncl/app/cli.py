@@ -233,18 +233,22 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from bayesncl.paper.reproduce import reproduce
+    from bayesncl.paper.reproduce import reproduce, weightless_runs
     from bayesncl.paper.studies import MECHANISM_IDS
 
     run_dir = path_arg(args.run_dir, "--run-dir", "a directory")
     store = path_arg(args.store, "--store", "a directory")
+    if args.plan and args.list_weightless:
+        raise ConfigError("--plan and --list-weightless: give one (--list-weightless prints only the hashes)")
+    if args.table == "6" and (args.plan or args.list_weightless):
+        flag, none = ("--plan", "no plan") if args.plan else ("--list-weightless", "no runs to list")
+        raise ConfigError(f"{flag}: table 6 has {none}: it trains none, it probes the encoders given")
     if args.table in MECHANISM_IDS:  # issue 15: the background probe (6) and the mechanism study
         from bayesncl.paper import mechanism
 
         if args.plan:
-            raise ConfigError(f"--plan: for the tables and figures of reproduce, not {args.table} (its runs "
-                              "are listed as it starts)")
-
+            raise ConfigError("--plan: the mechanism study has no plan (it names each run as it reaches it); "
+                              "--list-weightless lists the runs it would refuse for want of their weights")
         if args.seeds < 1:
             raise ConfigError(f"--seeds {args.seeds}: expected >= 1 (the number of pretraining seeds)")
         settings = [o for o in args.overrides if "=" in o]
@@ -253,8 +257,17 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
                 raise ConfigError("--store: table 6 trains no runs (it probes the encoders given)")
             sources = [o for o in args.overrides if "=" not in o]
             mechanism.table6(sources, args.dataset, run_dir, settings)
+        elif args.list_weightless:
+            names = mechanism.mechanism_weightless(args.dataset, run_dir, settings, seeds=args.seeds,
+                                                   store=store)
+            print("".join(f"{n}\n" for n in names), end="")
         else:
             mechanism.mechanism(args.dataset, run_dir, settings, seeds=args.seeds, store=store)
+        return 0
+    if args.list_weightless:  # one hash a line, nothing else: benchmarks/long_queue.sh reads it
+        hashes = weightless_runs(args.table, args.dataset, run_dir, args.overrides, seeds=args.seeds,
+                                 store=store)
+        print("".join(f"{h}\n" for h in hashes), end="")
         return 0
     reproduce(args.table, args.dataset, run_dir, args.overrides, seeds=args.seeds, store=store,
               plan_only=args.plan)
@@ -456,8 +469,14 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("--store", help="the shared store of runs (default: variants/ beside the run dir; "
                                  "mechanism: its runs inside the run dir)"),
             _arg("--plan", action="store_true",
-                 help="print the plan (runs to train, continue, reuse; finished runs without the weights "
-                      "the table reads) and stop: nothing is trained or written"),
+                 help="print the plan (runs to train, continue, reuse; marked: the runs that lack weights "
+                      "the table reads, last.pt or epoch-NNNN.pt, which it would refuse) and stop: nothing "
+                      "is trained or written"),
+            _arg("--list-weightless", action="store_true",
+                 help="print the store hash of each run the table (or mechanism) would refuse for weights "
+                      "it lacks (those --plan marks), one a line, and stop: nothing else is printed or "
+                      "written (benchmarks/long_queue.sh sets them aside before each table, which then "
+                      "trains them again)"),
             _OVERRIDES,
             _PLUGIN,
         ],

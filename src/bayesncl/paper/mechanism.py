@@ -19,7 +19,7 @@ from bayesncl.paper import variants
 
 __all__ = [
     "TABLE6_PAPER", "MECHANISM_METHODS", "MECHANISM_COLUMNS", "SPURIOUS", "table6", "mechanism_configs",
-    "mechanism", "final_dynamics", "aggregate"
+    "mechanism", "mechanism_weightless", "final_dynamics", "aggregate"
 ]
 
 RECIPE = Path(__file__).parents[1] / "configs" / "fashion-mnist-demo.yaml"
@@ -156,6 +156,34 @@ def _shown(means: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _checked(
+    dataset: str, run_dir: Path | None, overrides: list[str], seeds: int, store: Path | None, plan: bool
+) -> tuple[dict[str, Config], Path, dict[str, Path], list[Path]]:
+    """``(configs, run dir, {run: its folder}, the folders of the runs that lack their weights)`` of
+    :func:`mechanism`, its folders checked (:func:`variants.check_dirs`; with ``plan`` the finished runs
+    without ``last.pt`` whose dynamics are not yet in their metrics are returned, not refused)."""
+    configs = mechanism_configs(dataset, seeds, overrides)
+    run_dir = run_dir or Path("runs") / f"mechanism-{dataset}"
+    subs = {n: store / variants.variant_hash(c) if store else run_dir / variants.slug(n)
+            for n, c in configs.items()}  # fmt: skip
+    links = tuple(variants.slug(n) for n in configs) if store else ()
+    folders = {subs[n]: (n.replace(" | ", ", "), c) for n, c in configs.items()}  # labels as the table's
+    unlinked = "; from before --store? the same command without --store reuses them in place"
+    lacking = variants.check_dirs(run_dir, store, "the mechanism study", folders, links=links,
+                                  unlinked=unlinked, plan=plan,
+                                  needs_weights=lambda sub: "AF-GV" not in variants.finished_metrics(sub))
+    return configs, run_dir, subs, list(lacking)
+
+
+def mechanism_weightless(
+    dataset: str, run_dir: Path | None, overrides: list[str], *, seeds: int = 1, store: Path | None = None
+) -> list[str]:
+    """``reproduce mechanism --list-weightless``: the folder names (in the store: the hashes) of the
+    runs :func:`mechanism` would refuse for want of their weights (finished, without ``last.pt``, their
+    dynamics not yet in their metrics), after the same checks; nothing printed or written."""
+    return [sub.name for sub in _checked(dataset, run_dir, overrides, seeds, store, plan=True)[3]]
+
+
 def mechanism(
     dataset: str, run_dir: Path | None, overrides: list[str], *, seeds: int = 1, samples: int = 1024,
     store: Path | None = None,
@@ -172,15 +200,7 @@ def mechanism(
     or, with ``store``, folders of the run dir's own where its links go (runs from before ``--store``).
     A run cut short before its first checkpoint (a ``config.yaml``, a ``log.csv``, no ``last.pt``) is
     trained again, as by the tables (:func:`variants.train_run`)."""
-    configs = mechanism_configs(dataset, seeds, overrides)
-    run_dir = run_dir or Path("runs") / f"mechanism-{dataset}"
-    subs = {n: store / variants.variant_hash(c) if store else run_dir / variants.slug(n)
-            for n, c in configs.items()}  # fmt: skip
-    links = tuple(variants.slug(n) for n in configs) if store else ()
-    folders = {subs[n]: (n.replace(" | ", ", "), c) for n, c in configs.items()}  # labels as the table's
-    unlinked = "; from before --store? the same command without --store reuses them in place"
-    variants.check_dirs(run_dir, store, "the mechanism study", folders, links=links, unlinked=unlinked,
-                        needs_weights=lambda sub: "AF-GV" not in variants.finished_metrics(sub))
+    configs, run_dir, subs, _ = _checked(dataset, run_dir, overrides, seeds, store, plan=False)
     results: dict[str, dict[str, Any]] = {}
     for name, cfg in configs.items():
         sub = subs[name]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +61,10 @@ def study_configs(
     return out
 
 
-def _what(study: Study) -> str:
-    return f"table {study.id}" if study.id.isdigit() else study.id
+def _what(study: Study, start: bool = False) -> str:
+    """The study as messages name it: ``"table 1"`` (``start``, heading a page or a sentence:
+    ``"Table 1"``), or its ID (``"fig3"``, ``"ncl-ood"``)."""
+    return f"{'Table' if start else 'table'} {study.id}" if study.id.isdigit() else study.id
 
 
 def _status(sub: Path) -> str:
@@ -135,7 +138,10 @@ def _duration(seconds: float) -> str:
 
 def _print_plan(study: Study, dataset: str, seeds: int, store: Path, cells: Cells,
                 runs: dict[str, tuple[Config, str]], est: dict[str, float], source: str,
-                weightless: frozenset[str] = frozenset()) -> None:  # fmt: skip
+                lacking: dict[str, str] | None = None) -> None:  # fmt: skip
+    """The plan; ``lacking`` (``--plan``): ``{hash: what the run lacks that the table reads}``, each
+    marked on its line and named at the end (:func:`variants.check_dirs` with ``plan``)."""
+    lacking = lacking or {}
     counts = {s: sum(1 for _, st in runs.values() if st == s) for s in ("train", "resume", "reuse")}
     print(f"reproduce {study.id} ({study.title}) on {dataset}: {len(study.variants)} variant(s) x {seeds} "
           f"seed(s) = {len(cells)} run(s), {len(runs)} distinct; to train {counts['train']}, to continue "
@@ -143,17 +149,17 @@ def _print_plan(study: Study, dataset: str, seeds: int, store: Path, cells: Cell
     for (name, seed), h in cells.items():
         status = runs[h][1]
         extra = f", ~{_duration(est[h])}" if h in est else ""
-        extra += " (no last.pt: the table reads its weights)" if h in weightless else ""
+        extra += f" ({lacking[h]})" if h in lacking else ""
         print(f"  {name} seed {seed}: {status} {h}{extra}")
     device = next(iter(runs.values()))[0].train.device
     print(f"estimated training time on this device ({device}): {_duration(sum(est.values()))} "
           f"(from {source}; evaluation not included)")  # fmt: skip
     for note in study.notes:
         print(f"note: {note}")
-    if weightless:
-        print(f"without --plan {_what(study)} refuses: {len(weightless)} finished run(s) have no last.pt "
-              f"and it reads their weights: {' '.join(sorted(weightless))}; move them out of the store to "
-              "train them again (benchmarks/long_queue.sh: an `again HASH...` entry)")
+    if lacking:
+        print(f"without --plan {_what(study)} refuses {len(lacking)} run(s) that lack weights it reads: "
+              f"{' '.join(sorted(lacking))}; move them out of the store to train them again "
+              "(--list-weightless lists them, one a line; benchmarks/long_queue.sh sets them aside so)")
 
 
 def _warn_cpu_resnet50(study: Study, runs: dict[str, tuple[Config, str]], est: dict[str, float]) -> None:
@@ -390,6 +396,62 @@ def _train(h: str, cfg: Config, sub: Path, label: str, i: int, n: int, est: floa
     print(f"[{i}/{n}] {label}: done in {_duration(time.time() - t)}", flush=True)
 
 
+@dataclass
+class _Prepared:
+    """What :func:`reproduce` (and :func:`weightless_runs`) knows once its folders are checked."""
+
+    study: Study
+    configs: dict[tuple[str, int], Config]
+    run_dir: Path
+    store: Path
+    cells: Cells
+    runs: dict[str, tuple[Config, str]]  # hash -> (its config, "train" | "resume" | "reuse")
+    label: dict[str, str]  # hash -> "variant seed N"
+    lacking: dict[str, str]  # hash -> what the run lacks that the table reads (plan only: else refused)
+
+
+def _prepare(
+    study_id: str, dataset: str, run_dir: Path | None, overrides: list[str], seeds: int, store: Path | None,
+    plan: bool,
+) -> _Prepared:
+    """The study's configs, runs and folders, checked (:func:`variants.check_dirs`; with ``plan`` the
+    runs that lack weights the table reads are returned, not refused)."""
+    study = studies.build(study_id, dataset, overrides)
+    configs = study_configs(study, dataset, overrides, seeds)
+    run_dir = run_dir or Path("runs") / f"{study.stem}-{dataset}"
+    store = store or run_dir.parent / "variants"
+    cells = {key: variants.variant_hash(cfg) for key, cfg in configs.items()}
+    runs: dict[str, tuple[Config, str]] = {}
+    for key, h in cells.items():
+        runs.setdefault(h, (configs[key], _status(store / h)))
+    label = {h: f"{n} seed {s}" for (n, s), h in reversed(cells.items())}
+    links = tuple(f"{variants.slug(n)}-s{s}" for n, s in cells)
+    folders = {store / h: (label[h], cfg) for h, (cfg, _) in runs.items()}
+
+    def weights(sub: Path) -> bool:
+        return needs_weights(sub, study.measures)
+
+    lacking = variants.check_dirs(run_dir, store, _what(study), folders, links=links,
+                                  checkpoints=study.checkpoints, monitor=study.monitor, needs_weights=weights,
+                                  plan=plan)  # fmt: skip
+    return _Prepared(study, configs, run_dir, store, cells, runs, label,
+                     {sub.name: note for sub, note in lacking.items()})  # fmt: skip
+
+
+def weightless_runs(
+    study_id: str, dataset: str, run_dir: Path | None, overrides: list[str], *, seeds: int = 1,
+    store: Path | None = None,
+) -> list[str]:
+    """``reproduce ID --list-weightless``: the store hashes (in the table's order) of the runs that
+    :func:`reproduce` would refuse for weights they lack and it reads: finished runs without
+    ``last.pt`` (small files only, as a packed store restores them) whose measures not yet cached
+    beside them load their weights (:func:`variants.weightless`), and runs without the
+    ``epoch-NNNN.pt`` the table reads. The same checks as :func:`reproduce` before them (ConfigError,
+    RunDirError); the data is not read, nothing is printed or written. ``benchmarks/long_queue.sh``
+    moves them out of the store before the table, which then trains them again."""
+    return list(_prepare(study_id, dataset, run_dir, overrides, seeds, store, plan=True).lacking)
+
+
 def reproduce(
     study_id: str, dataset: str, run_dir: Path | None, overrides: list[str], *, seeds: int = 1,
     store: Path | None = None, plan_only: bool = False,
@@ -402,25 +464,12 @@ def reproduce(
     Raises ConfigError for a bad ID (listing the valid ones), dataset, ``seeds`` or override,
     RunDirError for an unusable run dir or store, DataError for data that cannot be read (the runs' or
     the study's ``extra_data``), before any training. ``plan_only`` (``--plan``): the same checks and
-    printed plan, where finished runs without the weights the table reads are marked (not refused),
-    then nothing is trained, measured or written; returns ``{"train", "resume", "reuse",
-    "needs_weights"}``, each a sorted list of store hashes."""
-    study = studies.build(study_id, dataset, overrides)
-    configs = study_configs(study, dataset, overrides, seeds)
-    run_dir = run_dir or Path("runs") / f"{study.stem}-{dataset}"
-    store = store or run_dir.parent / "variants"
-    cells = {key: variants.variant_hash(cfg) for key, cfg in configs.items()}
-    runs: dict[str, tuple[Config, str]] = {}
-    for key, h in cells.items():
-        runs.setdefault(h, (configs[key], _status(store / h)))
-    label = {h: f"{n} seed {s}" for (n, s), h in reversed(cells.items())}
-    links = tuple(f"{variants.slug(n)}-s{s}" for n, s in cells)
-    folders = {store / h: (label[h], cfg) for h, (cfg, _) in runs.items()}
-    def weights(sub: Path) -> bool:
-        return needs_weights(sub, study.measures)
-
-    variants.check_dirs(run_dir, store, _what(study), folders, links=links, checkpoints=study.checkpoints,
-                        monitor=study.monitor, needs_weights=None if plan_only else weights)
+    printed plan, where the runs that lack weights the table reads (:func:`weightless_runs`: no
+    ``last.pt``, or no ``epoch-NNNN.pt`` of the table's) are marked, not refused, then nothing is
+    trained, measured or written; returns ``{"train", "resume", "reuse", "needs_weights"}``, each a
+    sorted list of store hashes (``needs_weights``: those marked)."""
+    p = _prepare(study_id, dataset, run_dir, overrides, seeds, store, plan=plan_only)
+    study, configs, run_dir, store, cells, runs = p.study, p.configs, p.run_dir, p.store, p.cells, p.runs
     from bayesncl.data import DataError, dataset_info
 
     for data in {repr(cfg.data): cfg.data for cfg, _ in runs.values()}.values():
@@ -432,15 +481,13 @@ def reproduce(
             raise DataError(f"{what}: {e}") from e
     to_train = {h: cfg for h, (cfg, st) in runs.items() if st != "reuse"}
     est, source = estimate_seconds(to_train, store)
-    weightless = frozenset(h for h, (_, st) in runs.items() if plan_only and st == "reuse"
-                           and not (store / h / "last.pt").exists() and weights(store / h))  # fmt: skip
-    _print_plan(study, dataset, seeds, store, cells, runs, est, source, weightless)
+    _print_plan(study, dataset, seeds, store, cells, runs, est, source, p.lacking)
     if plan_only:
         plan = {k: sorted(h for h, (_, st) in runs.items() if st == k) for k in ("train", "resume", "reuse")}
-        return {**plan, "needs_weights": sorted(weightless)}
+        return {**plan, "needs_weights": sorted(p.lacking)}
     _warn_cpu_resnet50(study, runs, est)
     for i, h in enumerate(to_train, 1):
-        _train(h, to_train[h], store / h, label[h], i, len(to_train), est.get(h))
+        _train(h, to_train[h], store / h, p.label[h], i, len(to_train), est.get(h))
         measure(store / h, to_train[h], study.measures)  # cached beside the run now, not at the table's end
     per_run = {key: measure(store / h, configs[key], study.measures) for key, h in cells.items()}
     rows = aggregate(study, per_run, seeds)
@@ -489,6 +536,7 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
     seed0 = [run_dir / f"{variants.slug(n)}-s0" for n, s in cells if s == 0]
     intro = (f"{header} This page: seed 0 of each variant (the table holds the seeds' mean ± std)."
              if seeds > 1 else header)  # fmt: skip
-    variants.write_report(seed0, run_dir / "report", next(iter(runs.values()))[0], heading=study.id,
+    variants.write_report(seed0, run_dir / "report", next(iter(runs.values()))[0],
+                          heading=_what(study, start=True),
                           intro=intro, table=f"../{study.stem}.md")
     return result

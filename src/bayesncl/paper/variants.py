@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -144,8 +144,8 @@ def link(run_dir: Path, name: str, target: Path) -> None:
 def check_dirs(
     run_dir: Path, store: Path | None, what: str, runs: dict[Path, tuple[str, Config]], *,
     links: tuple[str, ...] = (), unlinked: str = "", checkpoints: tuple[int, ...] = (),
-    monitor: str = "", needs_weights: Callable[[Path], bool] | None = None,
-) -> None:
+    monitor: str = "", needs_weights: Callable[[Path], bool] | None = None, plan: bool = False,
+) -> dict[Path, str]:
     """Everything ``reproduce`` and ``reproduce mechanism`` check of their folders before any output or
     training; raises RunDirError (one line) for
 
@@ -161,9 +161,11 @@ def check_dirs(
     - an unfinished run of ``runs`` (its ``last.pt``, which the command continues) that pretrain's
       ``--resume`` would refuse (:func:`_check_unfinished`: it was refused only when its turn came, with
       ``--resume``'s advice, which ``reproduce`` has no use for);
-    - a finished stored run without the ``epoch-NNNN.pt`` of ``checkpoints``, which only its training
-      writes, or an unfinished run (in the store or not) without those of the epochs it has done (its
-      continuation writes the rest; it was said only after that training, by the measure);
+    - a finished stored run with its ``last.pt`` but without the ``epoch-NNNN.pt`` of ``checkpoints``,
+      which only its training writes (where ``needs_weights(folder)`` says a measure not cached beside
+      it reads them; without ``needs_weights``: always), or an unfinished run (in the store or not)
+      without those of the epochs it has done (its continuation writes the rest; it was said only after
+      that training, by the measure);
     - where the table reads the held-out monitor of the runs' ``log.csv`` (``monitor``: what of it, e.g.
       ncl-dead's per-epoch dead dims), a run, finished or not, that logged it with another
       ``train.monitor_samples`` or ``train.monitor_every`` than ``cfg`` (:func:`monitor_differs`): what
@@ -172,9 +174,15 @@ def check_dirs(
     - a run's folder that cannot be written (a finished run's too: what a table measures of it is
       cached beside it);
     - finished runs without ``last.pt`` (their small files only: a store restored from
-      ``benchmarks/long_queue.sh``'s packed runs) where ``needs_weights(folder)`` says a measure of the
-      command, not yet cached beside the run, loads its weights: named all at once, before the other
-      runs train (it was said after them, by the measure)."""
+      ``benchmarks/long_queue.sh``'s packed runs, without checkpoints too) where
+      ``needs_weights(folder)`` says a measure of the command, not yet cached beside the run, loads its
+      weights (without ``needs_weights``: where ``checkpoints`` are read): :func:`weightless`, named all
+      at once, before the other runs train (it was said after them, by the measure; a packed run was
+      refused as one "another table trained with a larger train.checkpoint_every").
+
+    With ``plan`` (``reproduce --plan``, ``--list-weightless``) the runs refused for weights or
+    checkpoints they lack (the last two items) are returned instead, ``{folder: what it lacks}``
+    (:func:`lacks_note`), and every other check raises as without it; without ``plan``: ``{}``."""
     from bayesncl.runs.layout import check_writable, refuse_a_run_in
     from bayesncl.runs.messages import RunDirError, some_names
 
@@ -198,6 +206,10 @@ def check_dirs(
     # without a store, --store DIR is advice only while no run's folder is a real one: --store links its
     # stored runs where these folders are, and refuses a run dir that holds folders of its own there
     real = store is None and any(s.exists() and not s.is_symlink() for s in runs)
+    def reads(sub: Path) -> bool:  # a measure reads the run's weights (None given: where checkpoints are)
+        return needs_weights(sub) if needs_weights is not None else bool(checkpoints)
+
+    lacking: dict[Path, str] = {}
     for sub, (label, cfg) in runs.items():
         # where a run cannot be reused or continued as it is: what to do
         if store is None:
@@ -207,46 +219,77 @@ def check_dirs(
             keeper, moved, other = "the store", f"move {sub} out of the store", "or use another --store"
         place = f"{sub}, where {keeper} keeps this run,"
         _check_place(sub, label, place, f"{moved} (the run is then trained there), {other}")
+        missing: list[int] = []
         if finished(sub):
             again = f"{moved} (its run is then trained again), {other}"
-            _check_finished(sub, label, cfg, store is not None, again, (monitor, what), checkpoints)
+            _check_finished(sub, label, cfg, store is not None, again, (monitor, what))
+            # (a run without last.pt, packed: named below with the others, for that cause)
+            if store is not None and checkpoints and (sub / "last.pt").exists() and reads(sub):
+                missing = missing_checkpoints(sub, checkpoints, None)
+                if missing and not plan:
+                    run = f"the stored run {sub}"
+                    raise _need_checkpoints(missing, what, run, "trained", "use another --store")
         elif (sub / "last.pt").exists():  # the command continues it: what pretrain --resume checks
             restart = f"{moved} (its run is then trained from the start), {other}"
-            _check_unfinished(sub, cfg, label, store is not None, restart, (monitor, what), checkpoints)
+            done = _check_unfinished(sub, cfg, label, store is not None, restart, (monitor, what))
+            # continuing it writes those of the epochs left only: said after its training
+            missing = missing_checkpoints(sub, checkpoints, done)
+            if missing and not plan:
+                run = f"{sub}, an unfinished run this command would continue,"
+                raise _need_checkpoints(missing, what, run, "began", restart)
+        if missing:
+            lacking[sub] = lacks_note(missing)
         check_writable(sub)  # a finished run too: what a table measures is cached beside it
-    if needs_weights is not None:
-        _check_weights(runs, store is not None, what, needs_weights)
+    if plan:
+        lacking.update((sub, lacks_note(None)) for sub in weightless(runs, reads))
+        return {sub: lacking[sub] for sub in runs if sub in lacking}  # (in the runs' order)
+    _check_weights(runs, store is not None, what, reads)
+    return {}
+
+
+def weightless(runs: Iterable[Path], needs_weights: Callable[[Path], bool]) -> list[Path]:
+    """The finished runs of ``runs`` (their folders) without ``last.pt`` (small files only: a store
+    restored from ``benchmarks/long_queue.sh``'s packed runs) where ``needs_weights(folder)`` says a
+    measure of the command, not yet cached beside the run, loads its weights: those the command refuses
+    (:func:`check_dirs`), ``reproduce --plan`` marks and ``reproduce --list-weightless`` lists."""
+    return [sub for sub in runs if finished(sub) and not (sub / "last.pt").exists() and needs_weights(sub)]
+
+
+def lacks_note(missing: list[int] | None) -> str:
+    """What a run lacks that the table reads, as ``reproduce --plan`` marks it: ``missing``, the epochs
+    of the ``epoch-NNNN.pt`` it lacks, or None for its ``last.pt`` (:func:`weightless`)."""
+    if missing is None:
+        return "no last.pt: the table reads its weights"
+    return f"no epoch-NNNN.pt of epoch(s) {', '.join(map(str, missing))}: the table reads them"
 
 
 def _check_weights(
     runs: dict[Path, tuple[str, Config]], stored: bool, what: str, needs_weights: Callable[[Path], bool]
 ) -> None:
     """:func:`check_dirs` on the finished runs without ``last.pt``: RunDirError naming them all (and
-    what to do) where ``needs_weights(folder)`` says a measure of ``what`` would load the run's weights."""
+    what to do) where ``needs_weights(folder)`` says a measure of ``what`` would load the run's weights
+    (:func:`weightless`)."""
     from bayesncl.runs.messages import RunDirError, some_names
 
-    weightless = [f"{label} ({sub})" for sub, (label, _) in runs.items()
-                  if finished(sub) and not (sub / "last.pt").exists() and needs_weights(sub)]  # fmt: skip
-    if weightless:
+    named = [f"{runs[sub][0]} ({sub})" for sub in weightless(runs, needs_weights)]
+    if named:
         where = ("move them out of the store (their runs are then trained again), or use another --store"
                  if stored else "move them away (their runs are then trained there), or choose another "
                  "--run-dir")  # fmt: skip
         raise RunDirError(
-            f"{what} measures its runs from their weights, but {len(weightless)} finished run(s) have no "
-            f"last.pt (small files only, as a packed store restores them): {some_names(weightless, 3)}; "
+            f"{what} measures its runs from their weights, but {len(named)} finished run(s) have no "
+            f"last.pt (small files only, as a packed store restores them): {some_names(named, 3)}; "
             f"{where}"
         )
 
 
 def _check_finished(
-    sub: Path, label: str, cfg: Config, stored: bool, again: str, monitor: tuple[str, str],
-    checkpoints: tuple[int, ...],
+    sub: Path, label: str, cfg: Config, stored: bool, again: str, monitor: tuple[str, str]
 ) -> None:
     """:func:`check_dirs` on a finished run in ``sub`` (``stored``: in the store): RunDirError (one line:
     ``label``, the run, what is wrong, then ``again``: what to do) where its config or ``metrics.json``
     cannot be read, its settings differ from ``cfg`` beyond :data:`REUSE_IGNORES`, its held-out monitor
-    differs where the table (``monitor``: what of it it reads, and the table) reads it, or, stored, it
-    lacks an ``epoch-NNNN.pt`` of ``checkpoints`` (which only its training writes)."""
+    differs where the table (``monitor``: what of it it reads, and the table) reads it."""
     from bayesncl.runs.messages import RunDirError, describe_config_diff
 
     read, what = monitor
@@ -266,9 +309,6 @@ def _check_finished(
         )
     run = f"{label}: the {'stored ' if stored else ''}run {sub}"
     _refuse_monitor(stored_cfg, cfg, read, run, what, again)
-    if stored:
-        run = f"the stored run {sub}"
-        _need_checkpoints(sub, checkpoints, None, what, run, "trained", "use another --store")
 
 
 def _check_place(sub: Path, label: str, place: str, advice: str) -> None:
@@ -282,28 +322,29 @@ def _check_place(sub: Path, label: str, place: str, advice: str) -> None:
         raise RunDirError(f"{label}: {place} is a file, not a folder: {advice}")
 
 
-def _need_checkpoints(
-    sub: Path, checkpoints: tuple[int, ...], done: int | None, what: str, run: str, verb: str, advice: str
-) -> None:
-    """RunDirError (one line) where ``sub`` lacks an ``epoch-NNNN.pt`` of ``checkpoints`` (of those up
-    to epoch ``done``; None: all) that ``what`` (the table) reads: ``run`` names the run, ``verb`` what
+def missing_checkpoints(sub: Path, checkpoints: tuple[int, ...], done: int | None) -> list[int]:
+    """The epochs of ``checkpoints`` (those up to epoch ``done``; None: all) whose ``epoch-NNNN.pt``
+    the run in ``sub`` lacks."""
+    due = [e for e in checkpoints if done is None or e <= done]
+    return [e for e in due if not (sub / f"epoch-{e:04d}.pt").exists()]
+
+
+def _need_checkpoints(missing: list[int], what: str, run: str, verb: str, advice: str) -> Exception:
+    """RunDirError (one line) for a run that lacks the ``epoch-NNNN.pt`` of the epochs ``missing``
+    (:func:`missing_checkpoints`) that ``what`` (the table) reads: ``run`` names the run, ``verb`` what
     another table did to it ("trained", "began"), ``advice`` the way out besides running ``what`` first."""
     from bayesncl.runs.messages import RunDirError
 
-    due = [e for e in checkpoints if done is None or e <= done]
-    missing = [e for e in due if not (sub / f"epoch-{e:04d}.pt").exists()]
-    if missing:
-        raise RunDirError(
-            f"{what} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but {run} has none "
-            f"(another table {verb} it with a larger train.checkpoint_every): run {what} before the tables "
-            f"that share its runs, or {advice}"
-        )
+    return RunDirError(
+        f"{what} needs epoch-NNNN.pt of epochs {', '.join(map(str, missing))} but {run} has none "
+        f"(another table {verb} it with a larger train.checkpoint_every): run {what} before the tables "
+        f"that share its runs, or {advice}"
+    )
 
 
 def _check_unfinished(
-    sub: Path, cfg: Config, label: str, stored: bool, restart: str, monitor: tuple[str, str] = ("", ""),
-    checkpoints: tuple[int, ...] = (),
-) -> None:
+    sub: Path, cfg: Config, label: str, stored: bool, restart: str, monitor: tuple[str, str] = ("", "")
+) -> int:
     """RunDirError (one line: ``label``, the run in ``sub``, what is wrong, then ``restart``: what to do)
     where continuing the unfinished run in ``sub`` to ``cfg`` would fail: its ``last.pt`` does not read
     as ``--resume`` reads it (empty, truncated, a folder, not a bayesncl checkpoint, an entry missing),
@@ -311,8 +352,8 @@ def _check_unfinished(
     than ``cfg``'s ``train.epochs``, or (``monitor``: what of the held-out monitor the table reads, and
     the table) another held-out monitor, which continuing it would mix into its ``log.csv``. Its turn
     came after the runs before it had trained, and ``--resume``'s advice is no advice for ``reproduce``,
-    which has none. Also where it lacks the ``epoch-NNNN.pt`` of ``checkpoints`` of the epochs it has
-    done whole (continuing it writes those of the epochs left only). The whole file is read, as
+    which has none. Returns the epochs it has done whole (:func:`check_dirs` checks their
+    ``epoch-NNNN.pt``: continuing it writes those of the epochs left only). The whole file is read, as
     ``--resume`` reads it: an unfinished run is rare (one killed in training) and is then trained, which
     takes far longer."""
     from bayesncl.config import ConfigError, build_config
@@ -344,9 +385,7 @@ def _check_unfinished(
             f"{label}: {where} holds an unfinished run (last.pt) that this command would continue to "
             f"train.epochs={cfg.train.epochs}, but {done}: give train.epochs >= {begun}, or {restart}"
         )
-    # continuing it writes those of the epochs left only: said after its training
-    run = f"{sub}, an unfinished run this command would continue,"
-    _need_checkpoints(sub, checkpoints, int(ckpt["epoch"]), monitor[1], run, "began", restart)
+    return int(ckpt["epoch"])
 
 
 MONITOR_KEYS = ("train.monitor_samples", "train.monitor_every")

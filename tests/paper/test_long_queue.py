@@ -1,0 +1,134 @@
+"""``benchmarks/long_queue.sh``: before each table of its QUEUE it sets aside (into
+``$STORE/no-weights/``) exactly the runs that table lists with ``reproduce ... --list-weightless``, the
+runs it would refuse for want of their weights, and then runs the table. Run here against a temporary
+store with a stub ``$PYTHON`` that logs each call (and, for ``--list-weightless``, prints what the test
+gives it), so no table trains."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+QUEUE_SH = Path(__file__).parents[2] / "benchmarks" / "long_queue.sh"
+
+# the stub: one line a call in $CALLS ("<args> | <runs in the store's variants/>"); for
+# --list-weightless of the job named in $LIST_JOB, $LIST_OUT (exit $LIST_RC)
+STUB = """#!/usr/bin/env bash
+echo "$* | $(ls "$STORE/variants" 2>/dev/null | tr '\\n' ' ')" >> "$CALLS"
+case " $* " in
+    *" --list-weightless "*)
+        [ "$4" = "$LIST_JOB" ] || exit 0
+        [ "$LIST_RC" = 0 ] || { echo "bayesncl: error: a listing that fails" >&2; exit "$LIST_RC"; }
+        printf '%s' "$LIST_OUT" ;;
+esac
+exit 0
+"""
+
+
+def _queue(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """``bash benchmarks/long_queue.sh ARGS`` on ``tmp_path/store`` (results packed into
+    ``tmp_path/packed``): its output and the stub's calls."""
+    stub = tmp_path / "python"
+    stub.write_text(STUB)
+    stub.chmod(0o755)
+    calls = tmp_path / "calls"
+    calls.unlink(missing_ok=True)
+    full = {**os.environ, "STORE": str(tmp_path / "store"), "SEEDS": str(tmp_path / "packed"),
+            "PYTHON": str(stub), "CALLS": str(calls), "LIST_JOB": "", "LIST_OUT": "", "LIST_RC": "0", **env}
+    done = subprocess.run(["bash", str(QUEUE_SH), *args], env=full, capture_output=True, text=True,
+                          timeout=120)
+    return done, calls.read_text().splitlines() if calls.exists() else []
+
+
+def _queue_jobs() -> list[str]:
+    """The jobs of the script's QUEUE (its ``L=`` and ``QUEUE=(...)`` lines, evaluated by bash)."""
+    lines = QUEUE_SH.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("L="))
+    end = next(i for i, line in enumerate(lines) if i > start and line == ")")
+    script = "\n".join([*lines[start : end + 1], 'printf "%s\\n" "${QUEUE[@]}"'])
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    return done.stdout.splitlines()
+
+
+def _run(store: Path, h: str, weights: bool = False) -> Path:
+    """A finished stored run (its small files; ``weights``: and a last.pt)."""
+    sub = store / "variants" / h
+    sub.mkdir(parents=True)
+    for f in ("config.yaml", "metrics.json", "reproduce.json"):
+        (sub / f).write_text("{}")
+    if weights:
+        (sub / "last.pt").write_bytes(b"")
+    return sub
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_run_sets_aside_what_each_table_lists_before_running_it(tmp_path: Path) -> None:
+    """Before each job the queue asks the table for its weightless runs and moves exactly those; a run
+    it does not list stays, whether it has last.pt or not (its reproduce.json caches what the table
+    reads: the hard-coded `again` lists retrained such runs), and a listed hash not in the store is
+    said in one line. A listing that fails moves nothing and the table still runs (and says why)."""
+    store = tmp_path / "store"
+    listed = _run(store, "aaaaaaaaaaaa")  # ncl-ood reads its weights: no last.pt
+    cached = _run(store, "cccccccccccc")  # no last.pt either, but ncl-ood did not list it
+    whole = _run(store, "dddddddddddd", weights=True)
+    done, calls = _queue(tmp_path, "run", LIST_JOB="ncl-ood", LIST_OUT="aaaaaaaaaaaa\nbbbbbbbbbbbb\n")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert f"again: set aaaaaaaaaaaa aside in {store}/no-weights/ (the table reads weights it lacks): " \
+        "trained again" in out
+    assert f"again: no run bbbbbbbbbbbb in {store}/variants/: nothing set aside" in out
+    assert sum(line.startswith("again: ") for line in out) == 2
+    assert (store / "no-weights" / "aaaaaaaaaaaa" / "metrics.json").exists() and not listed.exists()
+    assert cached.is_dir() and (whole / "last.pt").exists()
+    # each job: its listing, then the table, in QUEUE's order; ncl-ood's table after the move
+    jobs = [c.split(" | ")[0] for c in calls]
+    queue = _queue_jobs()
+    assert len(queue) > 10 and not [j for j in queue if j.startswith("again")]  # no hard-coded `again` left
+    assert jobs[1::2] == [f"-m bayesncl reproduce {j} --seeds 3 --store {store}/variants" for j in queue]
+    assert jobs[::2] == [f"{j} --list-weightless" for j in jobs[1::2]]
+    ood = [i for i, j in enumerate(jobs) if j.startswith("-m bayesncl reproduce ncl-ood ")]
+    assert len(ood) == 2 and "aaaaaaaaaaaa" in calls[ood[0]] and "aaaaaaaaaaaa" not in calls[ood[1]]
+    # packed after the first job, before it was set aside: restore leaves it out (its table trains it)
+    assert sorted(p.name for p in (tmp_path / "packed" / "variants").iterdir()) == [
+        "aaaaaaaaaaaa", "cccccccccccc", "dddddddddddd"]  # fmt: skip
+    done, _ = _queue(tmp_path, "restore")
+    left = f"restore: left out aaaaaaaaaaaa: set aside in {store}/no-weights/ to be trained again"
+    assert left in done.stdout.splitlines()
+    assert not listed.exists()
+    # a listing that fails: nothing moved, said on stderr, the table runs
+    done, calls = _queue(tmp_path, "run", LIST_JOB="ncl-ood", LIST_OUT="cccccccccccc\n", LIST_RC="2")
+    assert done.returncode == 0 and cached.is_dir()
+    assert "again: could not list what ncl-ood --dataset fashion-mnist-long train.precision=fp32 would " \
+        "refuse (its run below says why)" in done.stderr
+    assert "bayesncl: error: a listing that fails" in done.stderr
+    assert any(c.startswith("-m bayesncl reproduce ncl-ood ") and "--list-weightless" not in c for c in calls)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_again_sets_aside_the_runs_given_and_names_those_not_in_the_store(tmp_path: Path) -> None:
+    """``long_queue.sh again HASH...`` (by hand): each stored run given into no-weights/ (replacing one
+    set aside before), one line for each; a hash not in the store, or not a run's name, said in one line
+    (it was passed over silently)."""
+    store = tmp_path / "store"
+    _run(store, "aaaaaaaaaaaa", weights=True)
+    (store / "no-weights" / "aaaaaaaaaaaa").mkdir(parents=True)
+    (store / "no-weights" / "aaaaaaaaaaaa" / "old").write_text("")
+    done, calls = _queue(tmp_path, "again", "aaaaaaaaaaaa", "bbbbbbbbbbbb", "../variants")
+    assert (done.returncode, done.stderr, calls) == (0, "", [])
+    assert done.stdout.splitlines() == [
+        f"again: set aaaaaaaaaaaa aside in {store}/no-weights/ (the table reads weights it lacks): trained "
+        "again",
+        f"again: no run bbbbbbbbbbbb in {store}/variants/: nothing set aside",
+        "again: ../variants is not the name of a run in the store: nothing set aside",
+    ]
+    assert sorted(p.name for p in (store / "no-weights" / "aaaaaaaaaaaa").iterdir()) == [
+        "config.yaml", "last.pt", "metrics.json", "reproduce.json"]  # fmt: skip
+    assert list((store / "variants").iterdir()) == []
+    done, _ = _queue(tmp_path, "bogus")
+    assert done.returncode == 2 and done.stderr == (
+        "usage: bash benchmarks/long_queue.sh [run|pack|restore|again HASH...]\n"
+    )
