@@ -49,6 +49,7 @@ QUEUE=(
     # ncl-finetune reads the weights of ncl-ood's runs (CL/NCL/BayesNCL at p = 0); first, as it trains no
     # new pretraining run where they have weights (session 22: ~9 fine-tunings before appj's 9 runs again)
     "ncl-finetune $L"
+    "2 $L"  # Table 2's retrieval columns (issue 26): ncl-ood's runs again, evaluation only
     # appj reads the mechanism's CL/NCL/BayesNCL runs at p = 0 (restored without weights: trained again)
     "appj $L"
     "ncl-mig $L" "1 $L"
