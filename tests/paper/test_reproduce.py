@@ -119,6 +119,14 @@ def test_variant_hash_is_the_resolved_config_and_seed() -> None:
     assert len(variants.variant_hash(a)) == 12 and int(variants.variant_hash(a), 16) >= 0
 
 
+def test_named_overrides_are_those_in_a_runs_name_last_value_first_place() -> None:
+    given = ["data.name=synthetic", "train.epochs=3", "data.root=/d", "eval.batch_size=8",
+             "data.crop_interpolation=bicubic", "train.progress=false", "train.epochs=5", "method.rho=0.3"]
+    named = ["train.epochs=5", "data.crop_interpolation=bicubic", "method.rho=0.3"]
+    assert variants.named_overrides(given) == named
+    assert variants.named_overrides([]) == []
+
+
 def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> None:
     check_cells(table1, rows=5, columns=4)
     assert table1["rows"]["CL"]["activation_ratio"]["mean"] == pytest.approx(1.0)  # CL: every dim active
@@ -135,7 +143,9 @@ def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> No
     # the paper has no Fashion-MNIST numbers: the title says so instead of promising them
     assert all(c["paper"] is None for r in table1["rows"].values() for c in r.values())
     title = (bench.root / "1" / "table1.md").read_text().splitlines()[0]
-    assert " on synthetic (with the fashion-mnist recipe): " in title  # TINY overrides data.name
+    given = variants.named_overrides(TINY)  # and the overrides that name its runs, as given
+    assert f" on synthetic (with the fashion-mnist recipe) ({' '.join(given)}): " in title  # TINY: data.name
+    assert table1["overrides"] == given
     assert table1["dataset"] == "fashion-mnist" and table1["data"] == ["synthetic"]
     assert title.endswith("ours (mean ± std (ddof 1) over seeds 0..1); the paper reports no values for this "
                           "setting.")

@@ -373,7 +373,7 @@ def format_study(study: Study, rows: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _figure(study: Study, rows: dict[str, Any], path: Path, seeds: int) -> None:
+def _figure(study: Study, rows: dict[str, Any], path: Path, seeds: int, title: str) -> None:
     from bayesncl.app.report.plots import write_error_bar_figure
 
     panels = [
@@ -383,7 +383,7 @@ def _figure(study: Study, rows: dict[str, Any], path: Path, seeds: int) -> None:
         ])
         for p in study.panels
     ]  # fmt: skip
-    write_error_bar_figure(panels, path, study.title, seeds)
+    write_error_bar_figure(panels, path, title, seeds)
 
 
 # ----------------------------------------------------------------------------- the command
@@ -491,11 +491,13 @@ def reproduce(
         measure(store / h, to_train[h], study.measures)  # cached beside the run now, not at the table's end
     per_run = {key: measure(store / h, configs[key], study.measures) for key, h in cells.items()}
     rows = aggregate(study, per_run, seeds)
-    return _write(study, dataset, seeds, run_dir, store, cells, runs, rows)
+    given = variants.named_overrides(overrides)
+    return _write(study, dataset, seeds, run_dir, store, cells, runs, rows, given)
 
 
 def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, cells: Cells,
-           runs: dict[str, tuple[Config, str]], rows: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+           runs: dict[str, tuple[Config, str]], rows: dict[str, Any],
+           given: list[str]) -> dict[str, Any]:  # fmt: skip
     from bayesncl.app.report import write_results
     from bayesncl.app.report.curves import write_training_curves
 
@@ -504,8 +506,11 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
     recipe = studies.base_config(dataset, "ncl", []).data.name  # imagenet100's is imagefolder
     overridden = data and data != [recipe]  # a data.name override: say what the runs trained on
     dataset_shown = f"{', '.join(data)} (with the {dataset} recipe)" if overridden else dataset
+    if given:  # the command's key=value that name its runs: a table says what it was run with
+        dataset_shown += f" ({' '.join(given)})"
     result = {
-        "id": study.id, "title": study.title, "dataset": dataset, "data": data, "seeds": list(range(seeds)),
+        "id": study.id, "title": study.title, "dataset": dataset, "data": data, "overrides": given,
+        "seeds": list(range(seeds)),
         "store": str(store), "columns": [{"header": c.header, "key": c.key} for c in study.columns],
         "rows": rows, "notes": study.notes,
         "runs": {f"{n} seed {s}": h for (n, s), h in cells.items()},
@@ -523,7 +528,7 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
     for (name, s), h in cells.items():
         variants.link(run_dir, f"{variants.slug(name)}-s{s}", store / h)
     if study.panels:
-        _figure(study, rows, run_dir / f"{study.stem}.png", seeds)
+        _figure(study, rows, run_dir / f"{study.stem}.png", seeds, f"{study.title} on {dataset_shown}")
     logged = {f"{n} s{s}": store / h for (n, s), h in cells.items() if s == 0}
     logged = {k: p for k, p in logged.items() if (p / "log.csv").exists()}
     if logged and len(logged) <= 12:

@@ -519,6 +519,15 @@ ADDED_KEYS: dict[str, Any] = {
 }
 
 
+def named_overrides(overrides: list[str]) -> list[str]:
+    """The ``key=value`` items of ``overrides`` that enter a run's name: not :data:`IDENTITY_IGNORES`
+    (``data.root``, ``eval.*``, ...) and not ``data.name`` (a table's header names its data itself);
+    what a table's header, JSON and figure say it was run with, in the order given (a key given twice:
+    its last item, which is the one applied, at its first place)."""
+    last = {o.split("=", 1)[0].strip(): o for o in overrides if "=" in o}
+    return [o for k, o in last.items() if k != "data.name" and not ignored(k, IDENTITY_IGNORES)]
+
+
 def identity(cfg: Config) -> dict[str, Any]:
     """The resolved config as flat dotted keys, without :data:`IDENTITY_IGNORES` and without the
     :data:`ADDED_KEYS` at their old value: what makes two runs the same run (the seed is one of its
