@@ -52,7 +52,9 @@ QUEUE=(
     "2 $L"  # Table 2's retrieval columns (issue 26): ncl-ood's runs again, evaluation only
     # appj reads the mechanism's CL/NCL/BayesNCL runs at p = 0 (restored without weights: trained again)
     "appj $L"
-    "ncl-mig $L" "1 $L"
+    # ncl-mig at 32 px, as the CIFAR recipes resize dSprites (the long recipe's native size is dSprites'
+    # 64 px: 4x the pixels, ~40 min a run here instead of ~11; session 22)
+    "ncl-mig $L data.image_size=32" "1 $L"
     # Tables 9/10 measure every Table 4 run (its soft gate, no detach, 1- and 3-layer heads: trained again)
     "9 $L"
     "fig4b $L" "ncl-supervised $L" "ncl-sparsity $L"
