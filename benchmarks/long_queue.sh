@@ -34,7 +34,8 @@ PY="${PYTHON:-python}"
 # runs per entry (a planning pass at 935f359): 15: 7, mechanism: 24, 4: 12, ncl-dead: 6, ncl-spectral: 9
 # (issue 25's last), ncl-ood: 3 (+ its 3 BayesNCL runs again: restored without weights, set aside before
 # it), ncl-dead bicubic (issue 26: the authors' bicubic crop against our bilinear, on
-# NCL): 6, appj: 9 (the mechanism's bg runs again, for their weights), ncl-mig: 9, 1: 9, 9: 12 (Table 4's again).
+# NCL): 6, appj: 9 (the mechanism's bg runs again, for their weights), ncl-mig: 9 (at 32 px), 9: 12 (Table
+# 4's again), 1: 6 (fp32; after 9, which issue 26 asks for).
 # Then, beyond the issues' tables: fig4b (ρ and λ swept around the recipe's, ~24 runs), which asks whether
 # another ρ or λ restores BayesNCL's SC lead that Table 1 at 100 epochs did not show (CONFIG.md); then
 # ncl-supervised and ncl-sparsity, which need > 2 h here (12 new runs each) and so were run at the 3-epoch
@@ -54,9 +55,10 @@ QUEUE=(
     "appj $L"
     # ncl-mig at 32 px, as the CIFAR recipes resize dSprites (the long recipe's native size is dSprites'
     # 64 px: 4x the pixels, ~40 min a run here instead of ~11; session 22)
-    "ncl-mig $L data.image_size=32" "1 $L"
+    "ncl-mig $L data.image_size=32"
     # Tables 9/10 measure every Table 4 run (its soft gate, no detach, 1- and 3-layer heads: trained again)
     "9 $L"
+    "1 $L"  # Table 1 in fp32 (its 100-epoch table was bf16): 6 new runs
     "fig4b $L" "ncl-supervised $L" "ncl-sparsity $L"
 )
 
