@@ -43,6 +43,10 @@ PY="${PYTHON:-python}"
 L="--dataset fashion-mnist-long train.precision=fp32"
 QUEUE=(
     "15 $L" "4 $L"
+    # appj reads the mechanism's CL/NCL/BayesNCL runs at p = 0 (restored without weights: trained again).
+    # Before the mechanism, so that appj trains them and caches its measure beside each run as it
+    # finishes (a pack keeps that, not the weights; the mechanism's measures are cached after it)
+    "appj $L"
     "mechanism --dataset fashion-mnist-bg-long --run-dir runs/mechanism-fashion-mnist-bg-long train.precision=fp32"
     "ncl-dead $L" "ncl-spectral $L"
     "ncl-ood $L"  # (its BayesNCL runs, ncl-finetune's too, restored without weights: set aside, trained again)
@@ -51,8 +55,6 @@ QUEUE=(
     # new pretraining run where they have weights (session 22: ~9 fine-tunings before appj's 9 runs again)
     "ncl-finetune $L"
     "2 $L"  # Table 2's retrieval columns (issue 26): ncl-ood's runs again, evaluation only
-    # appj reads the mechanism's CL/NCL/BayesNCL runs at p = 0 (restored without weights: trained again)
-    "appj $L"
     # ncl-mig at 32 px, as the CIFAR recipes resize dSprites (the long recipe's native size is dSprites'
     # 64 px: 4x the pixels, ~40 min a run here instead of ~11; session 22)
     "ncl-mig $L data.image_size=32"
