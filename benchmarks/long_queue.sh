@@ -136,6 +136,9 @@ case "${1:-run}" in
             echo "=== done rc=$? $(date -u +%FT%H:%MZ)"
             copy_finished "$STORE" "$SEEDS"
         done ;;
-    again) shift; set_aside "$@" ;;
+    again)
+        shift
+        [ $# -gt 0 ] || { echo "usage: bash benchmarks/long_queue.sh again HASH... (the stored runs to set aside)" >&2; exit 2; }
+        set_aside "$@" ;;
     *) echo "usage: bash benchmarks/long_queue.sh [run|pack|restore|again HASH...]" >&2; exit 2 ;;
 esac

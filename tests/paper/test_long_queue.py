@@ -132,3 +132,17 @@ def test_again_sets_aside_the_runs_given_and_names_those_not_in_the_store(tmp_pa
     assert done.returncode == 2 and done.stderr == (
         "usage: bash benchmarks/long_queue.sh [run|pack|restore|again HASH...]\n"
     )
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_again_without_a_hash_is_a_usage_error(tmp_path: Path) -> None:
+    """``long_queue.sh again`` with no hash set nothing aside and said nothing (exit 0), as if it had
+    done its work; it is refused in one line on stderr, exit 2."""
+    _run(tmp_path / "store", "aaaaaaaaaaaa")
+    done, calls = _queue(tmp_path, "again")
+    assert (done.returncode, done.stdout, calls) == (2, "", [])
+    assert done.stderr == (
+        "usage: bash benchmarks/long_queue.sh again HASH... (the stored runs to set aside)\n"
+    )
+    assert (tmp_path / "store" / "variants" / "aaaaaaaaaaaa").is_dir()
+
