@@ -16,11 +16,13 @@
 # asks it which runs it would refuse for want of weights (`reproduce ... --list-weightless`: one hash a
 # line, nothing written) and sets exactly those aside (into $STORE/no-weights/, which restore and pack
 # leave out), so that the table trains them again; a run whose reproduce.json caches what the table
-# reads stays, and is reused. Store: $STORE (default ~/bayesncl-store). Run it with the package
+# reads stays, and is reused. Store: $STORE (default ~/bayesncl-store; a relative one: from where the
+# script is started, though it runs in the repository). Run it with the package
 # importable (`pip install -e .`, or PYTHONPATH=src) and nothing else on the cores.
 set -uo pipefail
-cd "$(dirname "$0")/.."
 STORE="${STORE:-$HOME/bayesncl-store}"
+case $STORE in /*) ;; *) STORE="$PWD/$STORE" ;; esac  # a relative one: where the script was started
+cd "$(dirname "$0")/.."
 SEEDS="${SEEDS:-results/long-store}"
 PY="${PYTHON:-python}"
 # fp32 on every machine (the recipe's `auto` is bf16 only on CPUs with native bf16, and a bf16 run is

@@ -146,3 +146,18 @@ def test_again_without_a_hash_is_a_usage_error(tmp_path: Path) -> None:
     )
     assert (tmp_path / "store" / "variants" / "aaaaaaaaaaaa").is_dir()
 
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_relative_store_is_where_the_script_was_started(tmp_path: Path) -> None:
+    """``STORE=store bash benchmarks/long_queue.sh again HASH`` from a folder holding ``store/``: the
+    script changes to the repository first, so a relative $STORE was read there (no run found, or another
+    store's run moved); it is the caller's, as a relative path on a command line is."""
+    _run(tmp_path / "store", "aaaaaaaaaaaa")
+    env = {**os.environ, "STORE": "store", "PYTHON": "false"}
+    done = subprocess.run(["bash", str(QUEUE_SH), "again", "aaaaaaaaaaaa"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == (f"again: set aaaaaaaaaaaa aside in {tmp_path}/store/no-weights/ (the table reads "
+                           "weights it lacks): trained again\n")  # fmt: skip
+    assert (tmp_path / "store" / "no-weights" / "aaaaaaaaaaaa" / "metrics.json").exists()
+    assert not (QUEUE_SH.parents[1] / "store").exists()
