@@ -56,7 +56,9 @@ QUEUE=(
     # ncl-finetune reads the weights of ncl-ood's runs (CL/NCL/BayesNCL at p = 0); first, as it trains no
     # new pretraining run where they have weights (session 22: ~9 fine-tunings before appj's 9 runs again)
     "ncl-finetune $L"
-    "2 $L"  # Table 2's retrieval columns (issue 26): ncl-ood's runs again, evaluation only
+    # Table 2's retrieval columns (issue 26) on ncl-ood's runs: evaluation only where their weights are
+    # (a store restored from results/long-store alone has none: its 9 runs are trained again, ~2 h)
+    "2 $L"
     # ncl-mig at 32 px, as the CIFAR recipes resize dSprites (the long recipe's native size is dSprites'
     # 64 px: 4x the pixels, ~40 min a run here instead of ~11; session 22)
     "ncl-mig $L data.image_size=32"
@@ -110,7 +112,7 @@ set_aside() {
         fi
         mkdir -p "$STORE/no-weights"
         rm -rf "${STORE:?}/no-weights/$h" && mv "$STORE/variants/$h" "$STORE/no-weights/$h"
-        echo "again: set $h aside in $STORE/no-weights/ (the table reads weights it lacks): trained again"
+        echo "again: set $h aside in $STORE/no-weights/: the next table that reads it trains it again"
     done
 }
 

@@ -78,8 +78,8 @@ def test_run_sets_aside_what_each_table_lists_before_running_it(tmp_path: Path) 
     done, calls = _queue(tmp_path, "run", LIST_JOB="ncl-ood", LIST_OUT="aaaaaaaaaaaa\nbbbbbbbbbbbb\n")
     assert done.returncode == 0, done.stderr
     out = done.stdout.splitlines()
-    assert f"again: set aaaaaaaaaaaa aside in {store}/no-weights/ (the table reads weights it lacks): " \
-        "trained again" in out
+    assert f"again: set aaaaaaaaaaaa aside in {store}/no-weights/: the next table that reads it trains it " \
+        "again" in out
     assert f"again: no run bbbbbbbbbbbb in {store}/variants/: nothing set aside" in out
     assert sum(line.startswith("again: ") for line in out) == 2
     assert (store / "no-weights" / "aaaaaaaaaaaa" / "metrics.json").exists() and not listed.exists()
@@ -120,8 +120,7 @@ def test_again_sets_aside_the_runs_given_and_names_those_not_in_the_store(tmp_pa
     done, calls = _queue(tmp_path, "again", "aaaaaaaaaaaa", "bbbbbbbbbbbb", "../variants")
     assert (done.returncode, done.stderr, calls) == (0, "", [])
     assert done.stdout.splitlines() == [
-        f"again: set aaaaaaaaaaaa aside in {store}/no-weights/ (the table reads weights it lacks): trained "
-        "again",
+        f"again: set aaaaaaaaaaaa aside in {store}/no-weights/: the next table that reads it trains it again",
         f"again: no run bbbbbbbbbbbb in {store}/variants/: nothing set aside",
         "again: ../variants is not the name of a run in the store: nothing set aside",
     ]
@@ -157,7 +156,7 @@ def test_a_relative_store_is_where_the_script_was_started(tmp_path: Path) -> Non
     done = subprocess.run(["bash", str(QUEUE_SH), "again", "aaaaaaaaaaaa"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout == (f"again: set aaaaaaaaaaaa aside in {tmp_path}/store/no-weights/ (the table reads "
-                           "weights it lacks): trained again\n")  # fmt: skip
+    assert done.stdout == (f"again: set aaaaaaaaaaaa aside in {tmp_path}/store/no-weights/: the next table "
+                           "that reads it trains it again\n")  # fmt: skip
     assert (tmp_path / "store" / "no-weights" / "aaaaaaaaaaaa" / "metrics.json").exists()
     assert not (QUEUE_SH.parents[1] / "store").exists()
