@@ -473,8 +473,9 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
                       "the table reads, last.pt or epoch-NNNN.pt, which it would refuse) and stop: nothing "
                       "is trained or written"),
             _arg("--list-weightless", action="store_true",
-                 help="print the store hash of each run the table (or mechanism) would refuse for weights "
-                      "it lacks (those --plan marks), one a line, and stop: nothing else is printed or "
+                 help="print the name of each run the table (or mechanism) would refuse for weights it "
+                      "lacks (those --plan marks; a store hash, or mechanism's folder without --store),"
+                      " one a line, and stop: nothing else is printed or "
                       "written (benchmarks/long_queue.sh sets them aside before each table, which then "
                       "trains them again)"),
             _OVERRIDES,
