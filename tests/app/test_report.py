@@ -423,6 +423,7 @@ def test_top_activation_rows_say_the_share_is_of_the_images_shown() -> None:
     assert _majority(np.array([1, 1, 0, 1]), ["cat", "dog"]) == "dog: 3 of the\n4 shown"
     assert _majority(np.array([2, 0, 2, 0]), ["a", "b", "c"]) == "tie (2 classes): 2 each of the\n4 shown"
     assert run_label("bayesncl", Path("runs/demo-1/bayesncl")) == "bayesncl, run demo-1/bayesncl"
+    assert run_label("ncl", Path("store/variants/0123456789ab"), 1) == "ncl seed 1, run variants/0123456789ab"
 
 
 # ----------------------------------------------------------------------------- while it trains

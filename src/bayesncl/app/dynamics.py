@@ -112,7 +112,7 @@ def dynamics_command(
     )
     from bayesncl.app.report.figures import run_label
 
-    _plot(rows, run / "dynamics.png", run_label(cfg.method.name, run.resolve()))
+    _plot(rows, run / "dynamics.png", run_label(cfg.method.name, run.resolve(), cfg.seed))
     print(md)
     return result
 

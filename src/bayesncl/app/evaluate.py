@@ -164,7 +164,7 @@ def evaluate_model(
     test, metrics = score(model, cfg, device=device, probe=probe, retrieval_dims=dims, info=info)
     _add_run_facts(metrics, test, cfg)
     names = info.class_names if info is not None else None
-    write_figures(test, cfg.data, run_dir, label=run_label(cfg.method.name, run_dir), names=names)
+    write_figures(test, cfg.data, run_dir, label=run_label(cfg.method.name, run_dir, cfg.seed), names=names)
     write_results(run_dir, "metrics", metrics, format_table({cfg.method.name: metrics}))
     return metrics
 
@@ -615,11 +615,11 @@ def evaluate_command(
     # everything is computed: only now write the files
     save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
     write_results(out_dir, "evaluation", result, md)
-    write_figures(test, cfg.data, out_dir, label=run_label(cfg.method.name, out_dir))
+    write_figures(test, cfg.data, out_dir, label=run_label(cfg.method.name, out_dir, cfg.seed))
     from bayesncl.app.report.embedding import write_embedding_map
 
     write_embedding_map(test["features"], test["labels"], info.class_names,
-                        out_dir / "embedding.png", label=run_label(cfg.method.name, out_dir))
+                        out_dir / "embedding.png", label=run_label(cfg.method.name, out_dir, cfg.seed))
     print(md)
     print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
     if report is not None:

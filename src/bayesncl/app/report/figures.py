@@ -137,10 +137,12 @@ def write_figures(
     return written
 
 
-def run_label(method: str, run_dir: Path) -> str:
-    """The method and run a figure shows: ``"bayesncl, run demo/bayesncl"``."""
+def run_label(method: str, run_dir: Path, seed: int | None = None) -> str:
+    """The method (and seed) and run a figure shows: ``"bayesncl, run demo/bayesncl"``,
+    ``"ncl seed 1, run variants/0123456789ab"`` (a store's run is named by its hash alone)."""
     run_dir = Path(run_dir)
-    return f"{method}, run {run_dir.parent.name + '/' if run_dir.parent.name else ''}{run_dir.name}"
+    what = method if seed is None else f"{method} seed {seed}"
+    return f"{what}, run {run_dir.parent.name + '/' if run_dir.parent.name else ''}{run_dir.name}"
 
 
 def filtered_dims(mask: np.ndarray, n: int) -> np.ndarray:
