@@ -183,6 +183,35 @@ def check_dirs(
     With ``plan`` (``reproduce --plan``, ``--list-weightless``) the runs refused for weights or
     checkpoints they lack (the last two items) are returned instead, ``{folder: what it lacks}``
     (:func:`lacks_note`), and every other check raises as without it; without ``plan``: ``{}``."""
+    from bayesncl.runs.layout import check_writable
+
+    _check_places(run_dir, store, what, links, unlinked)
+    # without a store, --store DIR is advice only while no run's folder is a real one: --store links its
+    # stored runs where these folders are, and refuses a run dir that holds folders of its own there
+    real = store is None and any(s.exists() and not s.is_symlink() for s in runs)
+    def reads(sub: Path) -> bool:  # a measure reads the run's weights (None given: where checkpoints are)
+        return needs_weights(sub) if needs_weights is not None else bool(checkpoints)
+
+    lacking: dict[Path, str] = {}
+    for sub, (label, cfg) in runs.items():
+        stored = store is not None
+        missing = _check_run(sub, label, cfg, stored, real, what, monitor, checkpoints, plan, reads)
+        if missing:
+            lacking[sub] = lacks_note(missing)
+        check_writable(sub)  # a finished run too: what a table measures is cached beside it
+    if plan:
+        lacking.update((sub, lacks_note(None)) for sub in weightless(runs, reads))
+        return {sub: lacking[sub] for sub in runs if sub in lacking}  # (in the runs' order)
+    _check_weights(runs, store is not None, what, reads)
+    return {}
+
+
+def _check_places(
+    run_dir: Path, store: Path | None, what: str, links: tuple[str, ...], unlinked: str
+) -> None:
+    """:func:`check_dirs`' checks of ``run_dir`` and ``store`` themselves (writable, no pretrain run in
+    them) and of the ``links`` names under ``run_dir`` (none taken by a folder or file of its own);
+    raises RunDirError (one line)."""
     from bayesncl.runs.layout import check_writable, refuse_a_run_in
     from bayesncl.runs.messages import RunDirError, some_names
 
@@ -203,48 +232,42 @@ def check_dirs(
             f"({some_names(own)}{unlinked}): they would stay there unlinked, beside a table of other runs; "
             "move them away, or choose another --run-dir"
         )
-    # without a store, --store DIR is advice only while no run's folder is a real one: --store links its
-    # stored runs where these folders are, and refuses a run dir that holds folders of its own there
-    real = store is None and any(s.exists() and not s.is_symlink() for s in runs)
-    def reads(sub: Path) -> bool:  # a measure reads the run's weights (None given: where checkpoints are)
-        return needs_weights(sub) if needs_weights is not None else bool(checkpoints)
 
-    lacking: dict[Path, str] = {}
-    for sub, (label, cfg) in runs.items():
-        # where a run cannot be reused or continued as it is: what to do
-        if store is None:
-            keeper, moved = "the run dir", f"move {sub} away"
-            other = "or choose another --run-dir" if real else "choose another --run-dir, or pass --store DIR"
-        else:
-            keeper, moved, other = "the store", f"move {sub} out of the store", "or use another --store"
-        place = f"{sub}, where {keeper} keeps this run,"
-        _check_place(sub, label, place, f"{moved} (the run is then trained there), {other}")
-        missing: list[int] = []
-        if finished(sub):
-            again = f"{moved} (its run is then trained again), {other}"
-            _check_finished(sub, label, cfg, store is not None, again, (monitor, what))
-            # (a run without last.pt, packed: named below with the others, for that cause)
-            if store is not None and checkpoints and (sub / "last.pt").exists() and reads(sub):
-                missing = missing_checkpoints(sub, checkpoints, None)
-                if missing and not plan:
-                    run = f"the stored run {sub}"
-                    raise _need_checkpoints(missing, what, run, "trained", "use another --store")
-        elif (sub / "last.pt").exists():  # the command continues it: what pretrain --resume checks
-            restart = f"{moved} (its run is then trained from the start), {other}"
-            done = _check_unfinished(sub, cfg, label, store is not None, restart, (monitor, what))
-            # continuing it writes those of the epochs left only: said after its training
-            missing = missing_checkpoints(sub, checkpoints, done)
+
+def _check_run(
+    sub: Path, label: str, cfg: Config, stored: bool, real: bool, what: str, monitor: str,
+    checkpoints: tuple[int, ...], plan: bool, reads: Callable[[Path], bool],
+) -> list[int]:
+    """:func:`check_dirs`' checks of one run's folder ``sub`` (``stored``: in the store; ``real``: the
+    run dir holds real run folders, so ``--store`` is no advice); returns the epochs of
+    ``checkpoints`` it lacks (``[]``: none), which raise RunDirError (one line) unless ``plan``."""
+    # where a run cannot be reused or continued as it is: what to do
+    if not stored:
+        keeper, moved = "the run dir", f"move {sub} away"
+        other = "or choose another --run-dir" if real else "choose another --run-dir, or pass --store DIR"
+    else:
+        keeper, moved, other = "the store", f"move {sub} out of the store", "or use another --store"
+    place = f"{sub}, where {keeper} keeps this run,"
+    _check_place(sub, label, place, f"{moved} (the run is then trained there), {other}")
+    missing: list[int] = []
+    if finished(sub):
+        again = f"{moved} (its run is then trained again), {other}"
+        _check_finished(sub, label, cfg, stored, again, (monitor, what))
+        # (a run without last.pt, packed: named below with the others, for that cause)
+        if stored and checkpoints and (sub / "last.pt").exists() and reads(sub):
+            missing = missing_checkpoints(sub, checkpoints, None)
             if missing and not plan:
-                run = f"{sub}, an unfinished run this command would continue,"
-                raise _need_checkpoints(missing, what, run, "began", restart)
-        if missing:
-            lacking[sub] = lacks_note(missing)
-        check_writable(sub)  # a finished run too: what a table measures is cached beside it
-    if plan:
-        lacking.update((sub, lacks_note(None)) for sub in weightless(runs, reads))
-        return {sub: lacking[sub] for sub in runs if sub in lacking}  # (in the runs' order)
-    _check_weights(runs, store is not None, what, reads)
-    return {}
+                run = f"the stored run {sub}"
+                raise _need_checkpoints(missing, what, run, "trained", "use another --store")
+    elif (sub / "last.pt").exists():  # the command continues it: what pretrain --resume checks
+        restart = f"{moved} (its run is then trained from the start), {other}"
+        done = _check_unfinished(sub, cfg, label, stored, restart, (monitor, what))
+        # continuing it writes those of the epochs left only: said after its training
+        missing = missing_checkpoints(sub, checkpoints, done)
+        if missing and not plan:
+            run = f"{sub}, an unfinished run this command would continue,"
+            raise _need_checkpoints(missing, what, run, "began", restart)
+    return missing
 
 
 def weightless(runs: Iterable[Path], needs_weights: Callable[[Path], bool]) -> list[Path]:
