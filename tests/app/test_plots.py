@@ -59,3 +59,15 @@ def test_a_reference_row_is_a_dashed_line_with_its_band(monkeypatch, tmp_path: P
     assert list(ax.get_xticks()) == [1e-3, 1.0]  # the reference adds no tick
     (band,) = ax.patches  # ± 1 std across the panel
     assert band.get_y() == pytest.approx(56.5) and band.get_y() + band.get_height() == pytest.approx(59.5)
+
+
+def test_whole_number_x_values_get_whole_number_ticks(monkeypatch, tmp_path: Path) -> None:
+    """appj's entropy quartiles 1-4 (and epochs) ticked 1.0, 1.5, 2.0, ...; fractional x keep theirs."""
+    points = [(float(i), 0.1 * i, 0.01) for i in (1, 2, 3, 4)]
+    quartiles = ("b", "quartile", "share", "linear", [("NCL", points, [])])
+    (ax,) = _draw(monkeypatch, tmp_path, [quartiles], "T").axes
+    shown = [t for t in ax.get_xticks() if 1 <= t <= 4]
+    assert shown == [1.0, 2.0, 3.0, 4.0]
+    rho = ("b", "ρ", "SC", "linear", [("B", [(0.1, 1.0, 0.1), (0.2, 2.0, 0.1), (0.3, 3.0, 0.1)], [])])
+    (ax,) = _draw(monkeypatch, tmp_path, [rho], "T").axes
+    assert any(not float(t).is_integer() for t in ax.get_xticks())

@@ -65,8 +65,9 @@ def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, 
             ticks = sorted({p[0] for _, points, _ in series for p in points if p[0] is not None})
             ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
             ax.minorticks_off()
-        if xlabel == "epoch":  # whole epochs only
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        xs_all = {p[0] for _, points, _ in series for p in points if p[0] is not None}
+        if xscale == "linear" and xs_all and all(float(x).is_integer() for x in xs_all):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs, quartiles: no 1.5
         ax.set_title(ptitle, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
