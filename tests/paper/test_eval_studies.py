@@ -82,6 +82,8 @@ def test_appj_tiny(tmp_path: Path, quiet: None):
         shares = [rows[f"{v} H quartile {i}"]["bg_share"]["mean"] for i in range(1, 5)]
         assert all(s is None or 0 <= s <= 1 for s in shares)
     assert (tmp_path / "appj" / "appj.png").read_bytes().startswith(b"\x89PNG")
+    index = (tmp_path / "appj" / "report" / "index.html").read_text()  # the report shows the figure
+    assert '<img class="fig" src="../appj.png" alt="figure of the table">' in index
 
 
 def test_entropy_background_by_hand():

@@ -139,6 +139,7 @@ def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> No
     # the page says what it is: the table's ID, its header, that it shows seed 0, and links the table
     assert "<h1>bayesncl report: Table 1</h1>" in index and "<title>bayesncl report: Table 1</title>" in index
     assert 'The table: <a href="../table1.md">table1.md</a>' in index
+    assert 'alt="figure of the table"' not in index  # Table 1 draws none
     assert "This page: seed 0 of each variant (the table holds the seeds&#39; mean ± std)." in index
     # the paper has no Fashion-MNIST numbers: the title says so instead of promising them
     assert all(c["paper"] is None for r in table1["rows"].values() for c in r.values())

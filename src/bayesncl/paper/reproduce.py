@@ -543,5 +543,6 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
              if seeds > 1 else header)  # fmt: skip
     variants.write_report(seed0, run_dir / "report", next(iter(runs.values()))[0],
                           heading=_what(study, start=True),
-                          intro=intro, table=f"../{study.stem}.md")
+                          intro=intro, table=f"../{study.stem}.md",
+                          figure=f"../{study.stem}.png" if study.panels else "")
     return result

@@ -499,7 +499,8 @@ def write_table(
 
 
 def write_report(
-    runs: list[Path], out: Path, cfg: Config | None, *, heading: str = "", intro: str = "", table: str = ""
+    runs: list[Path], out: Path, cfg: Config | None, *, heading: str = "", intro: str = "", table: str = "",
+    figure: str = "",
 ) -> None:
     """The HTML report of a table's ``runs`` into ``out`` (its path printed; one that cannot be written:
     a one-line warning), each run's data read under the command's ``data.root`` (``cfg``: a config it
@@ -508,7 +509,7 @@ def write_report(
     kept without checkpoints: :func:`~bayesncl.app.report.html.is_packed`), which a table reuses but a
     report cannot show, are left out with one line that says so and how to get their report (all of
     them: no report; it was a warning that the first "holds no run to report on"), and the page says
-    so under ``intro`` (``heading``, ``intro``, ``table``: the page's,
+    so under ``intro`` (``heading``, ``intro``, ``table``, ``figure``: the page's,
     :func:`bayesncl.app.report.html.write_report`)."""
     from bayesncl.app.report.html import PACKED_ADVICE, is_packed, write_report_or_warn
     from bayesncl.runs.messages import some_names
@@ -523,7 +524,7 @@ def write_report(
         intro = f"{intro} Left out of this page: {len(packed)} packed run(s) of the table ({names})."
     if shown:
         write_report_or_warn(shown, out, overrides=measure_overrides(cfg) if cfg is not None else (),
-                             heading=heading, intro=intro.strip(), table=table)
+                             heading=heading, intro=intro.strip(), table=table, figure=figure)
 
 
 # ----------------------------------------------------------------------------- the store of runs

@@ -261,12 +261,14 @@ def _curves(runs: Sequence[RunInput], out: Path) -> bool:
 
 
 def write_report(
-    runs: Sequence[RunInput], out: Path, *, heading: str = "", intro: str = "", table: str = ""
+    runs: Sequence[RunInput], out: Path, *, heading: str = "", intro: str = "", table: str = "",
+    figure: str = "",
 ) -> Path:
     """Write the site of ``runs`` into ``out`` (README, "The HTML report"); returns ``out/index.html``.
     ``heading``: what the page shows (a table's ID: by default the runs' labels); ``intro``: a paragraph
     under it (which runs these are of a table, which were left out); ``table``: a link to the table the
-    runs make (relative to ``out``)."""
+    runs make (relative to ``out``); ``figure``: the table's figure (a PNG, relative to ``out``), shown
+    under the intro."""
     from bayesncl.app.report import MAIN_COLUMNS
     from bayesncl.config import dump_yaml
     from bayesncl.data import dataset_info, load_split_images
@@ -286,7 +288,7 @@ def write_report(
     curves = "curves.png" if len(runs) > 1 and logged and _curves(logged, out / "curves.png") else None
     html = env.get_template("index.html").render(
         sections=sections, columns=MAIN_COLUMNS, curves=curves, root="", thumb_px=THUMB_PX, heading=heading,
-        intro=intro, table=table,
+        intro=intro, table=table, figure=figure,
     )
     (out / "index.html").write_text(html)
     return out / "index.html"
@@ -318,8 +320,9 @@ def report_command(
 ) -> Path:
     """``bayesncl report``: find the runs of ``sources`` (:func:`find_runs`), load each (``overrides``:
     :func:`load_run`'s, ``data.root=DIR``) and write the site into ``out`` (default: ``SOURCE/report``
-    for one source, ``./report`` for several; ``page``: :func:`write_report`'s heading, intro and
-    table). Returns the index page. Raises RunDirError / EvalError (one line) for unusable input."""
+    for one source, ``./report`` for several; ``page``: :func:`write_report`'s heading, intro,
+    table and figure). Returns the index page. Raises RunDirError / EvalError (one line) for unusable
+    input."""
     paths = find_runs(sources)
     dest = Path(out) if out is not None else (Path(sources[0]) if len(sources) == 1 else Path()) / "report"
     runs = [load_run(p, label, overrides) for p, label in zip(paths, _labels(paths), strict=True)]
@@ -342,7 +345,7 @@ def write_report_or_warn(
     """:func:`report_command` for ``demo``, ``evaluate`` and ``reproduce`` (``run``: one run
     already in memory, written as it is; ``overrides``: :func:`load_run`'s, the command's ``data.root``
     for runs it reuses, :func:`bayesncl.paper.variants.measure_overrides`; ``page``: a table's heading,
-    intro and link, :func:`write_report`): prints the index's path; a
+    intro, link and figure, :func:`write_report`): prints the index's path; a
     report that cannot be written is a one-line warning, never the command's failure."""
     from bayesncl.app.errors import user_errors
 
