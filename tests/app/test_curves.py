@@ -219,7 +219,19 @@ def test_a_flat_series_is_labelled_with_its_values_not_an_offset(tmp_path: Path)
     ax = fig.axes[1]
     assert ax.yaxis.get_offset_text().get_text() == ""
     labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
-    assert labels and all(t.startswith("10.0") for t in labels), labels
+    assert "10.0" in labels and ax.get_ylim() == pytest.approx((9.0, 11.0)), labels  # flat at 10, ± 1
+
+
+def test_a_series_flat_within_one_percent_is_drawn_flat(tmp_path: Path) -> None:
+    """CL's held-out SC (11.000 ± 0.0005 over 100 epochs) was drawn as jagged noise filling the panel."""
+    rows = read_log(_run(tmp_path / "cl", "", [5.5, 5.25, 5.0]))
+    for r, wobble in zip(rows, (0.0, 5e-4, -5e-4), strict=True):
+        r["online_acc"] = 11.0 + wobble
+    fig = training_curves_figure({"cl": rows})
+    lo, hi = fig.axes[1].get_ylim()
+    assert lo == pytest.approx(11.0 - 1.1, abs=1e-3) and hi == pytest.approx(11.0 + 1.1, abs=1e-3)
+    lo, hi = fig.axes[0].get_ylim()  # InfoNCE falls by 10 %: matplotlib's own limits, around the data
+    assert 4.9 < lo <= 5.0 and 5.5 <= hi < 5.6
 
 
 def test_each_seed_of_a_variant_keeps_its_step_line(tmp_path: Path) -> None:
