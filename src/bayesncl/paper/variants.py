@@ -193,8 +193,8 @@ def check_dirs(
         return needs_weights(sub) if needs_weights is not None else bool(checkpoints)
 
     lacking: dict[Path, str] = {}
+    stored = store is not None
     for sub, (label, cfg) in runs.items():
-        stored = store is not None
         missing = _check_run(sub, label, cfg, stored, real, what, monitor, checkpoints, plan, reads)
         if missing:
             lacking[sub] = lacks_note(missing)

@@ -171,9 +171,9 @@ def training_curves_figure(
 ) -> Any:
     """A matplotlib figure of ``runs = {label: rows of read_log}``: one panel per statistic of
     :func:`panels` that some run logged (a gate's only if some run is gated), one line with markers
-    per run, the same colour
-    across panels; ``steps = {label: rows of read_steps}`` adds each run's per-step means as a thin
-    line of its colour.
+    per run, the same colour across panels; ``steps = {label: rows of read_steps}`` adds each run's
+    per-step means as a thin line of its colour. A panel whose values vary by less than 1 % of their
+    size is drawn flat (y-limits ± 10 % around them, :func:`_flat_reads_flat`).
 
     Raises ValueError if ``runs`` is empty or a run has no rows."""
     import matplotlib
