@@ -50,6 +50,16 @@ TINY = [*TINY_BASE, "train.epochs=1"]
 ERROR = "bayesncl: error: "
 
 
+@pytest.fixture(autouse=True)
+def _close_figures() -> Iterator[None]:
+    """Every matplotlib figure a test left open (figure functions return theirs), closed after it:
+    past 20 open figures matplotlib warns in whatever test draws the next one, and tests that record
+    their warnings (--resume's) failed on it."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
+
+
 @pytest.fixture
 def registry() -> Iterator[None]:
     """The method registry as the built-in methods left it, before and after the test (a plugin
