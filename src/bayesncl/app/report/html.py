@@ -268,7 +268,7 @@ def write_report(
     ``heading``: what the page shows (a table's ID: by default the runs' labels); ``intro``: a paragraph
     under it (which runs these are of a table, which were left out); ``table``: a link to the table the
     runs make (relative to ``out``); ``figure``: the table's figure (a PNG, relative to ``out``), shown
-    under the intro."""
+    under the run links."""
     from bayesncl.app.report import MAIN_COLUMNS
     from bayesncl.config import dump_yaml
     from bayesncl.data import dataset_info, load_split_images
