@@ -560,3 +560,24 @@ def test_the_finished_line_names_what_the_run_dir_holds(
         f"pretrain finished in 0:01:01: {tmp_path} holds config.yaml, log.csv, results-epoch-0001/, "
         "tensorboard/, wandb-id.txt, 2 x epoch-NNNN.pt\n"
     )
+
+
+def test_version_installed_and_from_a_source_tree(monkeypatch, capsys) -> None:
+    """`--version` reads the installed distribution; uninstalled (PYTHONPATH=src, as on the GPU
+    machine) it falls back to the package's own __version__ instead of a traceback."""
+    import importlib.metadata
+
+    import bayesncl
+    from bayesncl.app import cli
+
+    assert cli._version() == importlib.metadata.version("bayesncl")
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(cli, "version", missing)
+    assert cli._version() == f"{bayesncl.__version__} (source tree, not installed)"
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"bayesncl {bayesncl.__version__} (source tree, not installed)"

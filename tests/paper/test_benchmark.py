@@ -29,14 +29,30 @@ def _run(argv: list[str]) -> int:
 
 
 @pytest.fixture(scope="module")
-def result() -> dict[str, Any]:
+def printed() -> tuple[str, str]:
+    """stdout and stderr of one ``benchmark --json`` run."""
     import contextlib
     import io
 
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         assert _run(["--json", *TINY]) == 0
-    return json.loads(buf.getvalue())
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def result(printed: tuple[str, str]) -> dict[str, Any]:
+    return json.loads(printed[0])
+
+
+def test_json_progress_goes_to_stderr(printed: tuple[str, str]) -> None:
+    """With --json, stdout is the JSON alone and the progress lines go to stderr (a GPU check that
+    timed out used to leave no trace of how far it got)."""
+    out, err = printed
+    assert out.lstrip().startswith("{") and "..." not in out
+    lines = err.splitlines()
+    assert lines[0].startswith("... building 3 models")
+    assert any(line.startswith("... round 1/") for line in lines)
 
 
 def test_json_has_the_documented_keys(result: dict[str, Any]) -> None:

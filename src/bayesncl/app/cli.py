@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -533,6 +533,17 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
 }
 
 
+def _version() -> str:
+    """The installed distribution's version; the package's own ``__version__`` when it runs from a
+    source tree that pip never installed (``PYTHONPATH=src python -m bayesncl``)."""
+    try:
+        return version("bayesncl")
+    except PackageNotFoundError:
+        import bayesncl
+
+        return f"{bayesncl.__version__} (source tree, not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``bayesncl`` parser: one subparser per :data:`COMMANDS` entry, and ``benchmark``."""
     from bayesncl.paper.benchmark import add_benchmark_parser
@@ -540,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="bayesncl", description="Interpretable self-supervised learning: CL, NCL, NCL+TopK and BayesNCL."
     )
-    parser.add_argument("--version", action="version", version=f"bayesncl {version('bayesncl')}")
+    parser.add_argument("--version", action="version", version=f"bayesncl {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (help, description, options, arguments) in COMMANDS.items():
         epilog = options.get("epilog")

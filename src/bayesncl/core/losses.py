@@ -60,8 +60,8 @@ def info_nce(
         k = q if keys is None else safe_normalize(keys)
         logits = (q @ k.T) / temperature
         rows = torch.arange(two_n, device=z.device)
-        self_mask = torch.zeros_like(logits, dtype=torch.bool)
-        self_mask[rows, offset + rows] = True
+        cols = torch.arange(logits.shape[1], device=z.device)
+        self_mask = cols[None, :] == (offset + rows)[:, None]  # no index_put_: it synchronised on CUDA
         logits = logits.masked_fill(self_mask, float("-inf"))
         if index is None:
             return F.cross_entropy(logits, offset + (rows + n) % two_n)

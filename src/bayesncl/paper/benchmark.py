@@ -52,6 +52,7 @@ import os
 import platform
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
@@ -608,7 +609,8 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
         extra=list(args.overrides),
     )
     settings = BenchmarkSettings(**given)
-    log = None if args.json else (lambda msg: print(f"... {msg}", flush=True))
+    out = sys.stderr if args.json else sys.stdout  # progress beside --json's output, not inside it
+    log = lambda msg: print(f"... {msg}", file=out, flush=True)  # noqa: E731
     result = run_benchmark(settings, log=log)
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return 0
