@@ -61,12 +61,11 @@ def write_error_bar_figure(panels: Sequence[PanelData], path: Path, title: str, 
                 ax.scatter([p[0] for p in paper], [p[1] for p in paper], marker="D", s=36, facecolors="none",
                            edgecolors=color, linewidths=1.5, label=f"{label} (paper)", zorder=3)  # fmt: skip
         ax.set_xscale(xscale)
+        xs_all = sorted({p[0] for _, points, _ in series for p in points if p[0] is not None})
         if xscale == "log":  # tick the swept values themselves (0.1, 0.25, ...), not only decades
-            ticks = sorted({p[0] for _, points, _ in series for p in points if p[0] is not None})
-            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+            ax.set_xticks(xs_all, [f"{t:g}" for t in xs_all])
             ax.minorticks_off()
-        xs_all = {p[0] for _, points, _ in series for p in points if p[0] is not None}
-        if xscale == "linear" and xs_all and all(float(x).is_integer() for x in xs_all):
+        elif xs_all and all(float(x).is_integer() for x in xs_all):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs, quartiles: no 1.5
         ax.set_title(ptitle, fontsize=10)
         ax.set_xlabel(xlabel)
