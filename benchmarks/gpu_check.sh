@@ -37,7 +37,7 @@ show() {  # print a benchmark JSON file as the human-readable table
 }
 
 echo; echo "== 1. ${BENCH[*]} --json (GPU defaults)   [t=$(elapsed)s]"
-timeout 210 "${BENCH[@]}" --json --rounds 3 > "$OUT_DIR/benchmark.json" 2> "$OUT_DIR/benchmark.err"
+timeout 240 "${BENCH[@]}" --json --rounds 3 > "$OUT_DIR/benchmark.json" 2> "$OUT_DIR/benchmark.err"
 rc=$?; echo "exit $rc"
 if [ $rc -eq 0 ]; then show "$OUT_DIR/benchmark.json"; else tail -20 "$OUT_DIR/benchmark.err"; fi
 grep '^\.\.\.' "$OUT_DIR/benchmark.err" | tail -3  # how far it got

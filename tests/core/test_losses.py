@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from bayesncl.core import parts as P
 from bayesncl.core.losses import bernoulli_kl, info_nce
@@ -140,6 +141,24 @@ def test_info_nce_accepts_numpy_and_tensor_scalars() -> None:
     keys = torch.cat([torch.randn(6, 5, generator=gen(31)), z])
     at6 = info_nce(z, 0.2, keys=keys, offset=6).item()
     assert info_nce(z, 0.2, keys=keys, offset=np.int64(6)).item() == at6
+
+
+def test_info_nce_self_mask_is_the_diagonal_at_offset() -> None:
+    """The self-mask (a comparison of two aranges, no index_put_) masks exactly column offset + i of
+    row i: the loss equals a naive per-row sum over every other key; an offset that puts z outside
+    the keys is refused (before, a negative one wrapped around silently)."""
+    z = torch.randn(4, 3, generator=gen(40))
+    keys = torch.cat([torch.randn(2, 3, generator=gen(41)), z, torch.randn(4, 3, generator=gen(42))])
+    q, k = F.normalize(z, dim=1), F.normalize(keys, dim=1)
+    naive = 0.0
+    for i in range(4):
+        logits = [float(q[i] @ k[j]) / 0.5 for j in range(len(keys)) if j != 2 + i]
+        pos = float(q[i] @ k[2 + (i + 2) % 4]) / 0.5
+        naive += -pos + math.log(sum(math.exp(v) for v in logits))
+    assert info_nce(z, 0.5, keys=keys, offset=2).item() == pytest.approx(naive / 4, rel=1e-5)
+    for bad in (-1, 7):
+        with pytest.raises(ValueError, match=f"offset={bad} puts the 4 local rows outside the 10 keys"):
+            info_nce(z, 0.5, keys=keys, offset=bad)
 
 
 def test_info_nce_nan_row_gives_nan_loss() -> None:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bayesncl.core.parts import fp32_math, ipw_features, safe_normalize
+from bayesncl.core.parts import fp32_math, ipw_features, safe_normalize, self_mask
 
 __all__ = ["info_nce", "ipw_info_nce", "bernoulli_kl"]
 
@@ -52,21 +52,23 @@ def info_nce(
         A 0-d float32 tensor (nats). With n = 1 and no other keys each row has only its positive,
         so the loss is exactly 0; use n ≥ 2 (or gathered keys) for a meaningful loss. A NaN or
         infinite entry in ``z`` or ``keys`` makes the loss NaN.
+
+    Raises:
+        ValueError: ``offset`` outside ``0 .. len(keys) - 2n`` (z's rows would not lie inside ``keys``).
     """
     two_n = z.shape[0]
     n = two_n // 2
+    own = self_mask(two_n, two_n if keys is None else keys.shape[0], offset, z.device)
     with fp32_math(z.device):
         q = safe_normalize(z)
         k = q if keys is None else safe_normalize(keys)
         logits = (q @ k.T) / temperature
         rows = torch.arange(two_n, device=z.device)
-        cols = torch.arange(logits.shape[1], device=z.device)
-        self_mask = cols[None, :] == (offset + rows)[:, None]  # no index_put_: it synchronised on CUDA
-        logits = logits.masked_fill(self_mask, float("-inf"))
+        logits = logits.masked_fill(own, float("-inf"))
         if index is None:
             return F.cross_entropy(logits, offset + (rows + n) % two_n)
         kidx = index if keys is None else key_index
-        pos = (index[:, None] == kidx[None, :]) & ~self_mask
+        pos = (index[:, None] == kidx[None, :]) & ~own
         return (logits.logsumexp(1) - logits.masked_fill(~pos, float("-inf")).logsumexp(1)).mean()
 
 

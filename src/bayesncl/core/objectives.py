@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bayesncl.core.parts import fp32_math, safe_normalize
+from bayesncl.core.parts import fp32_math, safe_normalize, self_mask
 
 __all__ = [
     "spectral_loss", "supcon_loss", "linear_cross_entropy", "l1_penalty", "clip_norm", "global_spectral_loss",
@@ -80,10 +80,7 @@ def spectral_loss(z: Tensor, mu: float = 1.0, *, keys: Tensor | None = None, off
             k2, self_col = clip_norm(k[:, 1].reshape(-1, keys.shape[1]), mu), offset // 2
         positive = -2.0 * (q * pos).sum(dim=1).mean()
         sq = (q @ k2.T) ** 2  # (n, N)
-        rows = torch.arange(n, device=z.device)
-        own = torch.zeros_like(sq, dtype=torch.bool)
-        own[rows, self_col + rows] = True
-        sq = sq.masked_fill(own, 0.0)
+        sq = sq.masked_fill(self_mask(n, sq.shape[1], self_col, z.device), 0.0)
         negative = sq.sum(dim=1).mean() / max(k2.shape[0] - 1, 1)
         return (positive + negative) / mu
 
@@ -123,11 +120,9 @@ def supcon_loss(
         k = q if keys is None else safe_normalize(keys)
         klab = labels if keys is None else key_labels
         logits = (q @ k.T) / temperature
-        rows = torch.arange(m, device=z.device)
-        self_mask = torch.zeros_like(logits, dtype=torch.bool)
-        self_mask[rows, offset + rows] = True
-        log_prob = logits.masked_fill(self_mask, float("-inf")).log_softmax(dim=1)
-        pos = (labels[:, None] == klab[None, :]) & ~self_mask
+        own = self_mask(m, logits.shape[1], offset, z.device)
+        log_prob = logits.masked_fill(own, float("-inf")).log_softmax(dim=1)
+        pos = (labels[:, None] == klab[None, :]) & ~own
         per_anchor = log_prob.masked_fill(~pos, 0.0).sum(dim=1) / pos.sum(dim=1).clamp(min=1)
         return -per_anchor.mean()
 

@@ -61,6 +61,18 @@ def safe_normalize(x: Tensor, eps: float = _NORM_EPS) -> Tensor:
         return torch.where(ok, x / norm, torch.zeros_like(x))
 
 
+def self_mask(rows: int, width: int, offset: int, device: torch.device) -> Tensor:
+    """(rows, width) bool, True exactly at (i, offset + i): each local row's own column among the
+    (gathered) keys, which the contrastive losses exclude. Built by comparing two ``arange``s: the
+    ``mask[i, offset + i] = True`` of before was an ``index_put_`` that synchronised with the host
+    on CUDA (gpu_check, 2026-12-04). Raises ValueError if the rows do not fit: ``offset`` outside
+    ``0 .. width - rows``."""
+    if not 0 <= offset <= width - rows:  # shapes only: no synchronisation
+        raise ValueError(f"offset={offset} puts the {rows} local rows outside the {width} keys")
+    local = torch.arange(rows, device=device) + offset
+    return torch.arange(width, device=device)[None, :] == local[:, None]
+
+
 # ----------------------------------------------------------------------------- φ
 def rep_relu(x: Tensor) -> Tensor:
     """Reparameterised ReLU (NCL; PAPER-NOTES §1): forward ReLU, backward GELU′.
