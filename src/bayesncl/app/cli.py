@@ -538,10 +538,9 @@ def _version() -> str:
     source tree that pip never installed (``PYTHONPATH=src python -m bayesncl``)."""
     try:
         return version("bayesncl")
-    except PackageNotFoundError:
-        import bayesncl
-
-        return f"{bayesncl.__version__} (source tree, not installed)"
+    except PackageNotFoundError:  # the root package is loaded (this module is inside it); importing it
+        # here would close a cycle (tests/test_layers.py)
+        return f"{sys.modules['bayesncl'].__version__} (source tree, not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
