@@ -29,7 +29,11 @@ PY="${PYTHON:-python}"
 # another run): the committed runs are reused wherever the queue continues, at ~1.8x the time of bf16 on
 # an AVX512-BF16 CPU. The long tables up to Table 1 were bf16 (CONFIG.md); issue 23 found bf16 within
 # the seed spread of fp32.
-# Order: issue 24's contested tables (Table 4 before the mechanism: it was half trained when session 14
+# A job's own `--seeds N` wins over the default 3 (it comes later on the command line).
+# The tables of issues 24-26 are done (CONFIG.md); their jobs were, in order:
+#   15, 4, appj, mechanism (fashion-mnist-bg-long), ncl-dead, ncl-spectral, ncl-ood, ncl-dead bicubic,
+#   ncl-finetune, 2, ncl-mig (data.image_size=32), 9.
+# Order then: issue 24's contested tables (Table 4 before the mechanism: it was half trained when session 14
 # stopped, and the mechanism's runs go to the store only from session 15's `mechanism --store`), then 25's and
 # 26's at the long budget. Later IDs reuse earlier runs (ncl-ood trains only CL; ncl-sparsity reuses
 # ncl-ood's CL and ncl-dead's NCL; ncl-finetune and 9 train no new pretraining run). New pretraining
@@ -44,28 +48,14 @@ PY="${PYTHON:-python}"
 # budget first, as issue 25 says (CONFIG.md): at 100 epochs they are a check of those readings.
 L="--dataset fashion-mnist-long train.precision=fp32"
 QUEUE=(
-    "15 $L" "4 $L"
-    # appj reads the mechanism's CL/NCL/BayesNCL runs at p = 0 (restored without weights: trained again).
-    # Before the mechanism, so that appj trains them and caches its measure beside each run as it
-    # finishes (a pack keeps that, not the weights; the mechanism's measures are cached after it)
-    "appj $L"
-    "mechanism --dataset fashion-mnist-bg-long --run-dir runs/mechanism-fashion-mnist-bg-long train.precision=fp32"
-    "ncl-dead $L" "ncl-spectral $L"
-    "ncl-ood $L"  # (its BayesNCL runs, ncl-finetune's too, restored without weights: set aside, trained again)
-    "ncl-dead $L data.crop_interpolation=bicubic --run-dir runs/ncl-dead-fashion-mnist-long-bicubic"
-    # ncl-finetune reads the weights of ncl-ood's runs (CL/NCL/BayesNCL at p = 0); first, as it trains no
-    # new pretraining run where they have weights (session 22: ~9 fine-tunings before appj's 9 runs again)
-    "ncl-finetune $L"
-    # Table 2's retrieval columns (issue 26) on ncl-ood's runs: evaluation only where their weights are
-    # (a store restored from results/long-store alone has none: its 9 runs are trained again, ~2 h)
-    "2 $L"
-    # ncl-mig at 32 px, as the CIFAR recipes resize dSprites (the long recipe's native size is dSprites'
-    # 64 px: 4x the pixels, ~40 min a run here instead of ~11; session 22)
-    "ncl-mig $L data.image_size=32"
-    # Tables 9/10 measure every Table 4 run (its soft gate, no detach, 1- and 3-layer heads: trained again)
-    "9 $L"
-    "1 $L"  # Table 1 in fp32 (its 100-epoch table was bf16): 6 new runs
-    "fig4b $L" "ncl-supervised $L" "ncl-sparsity $L"
+    # issue 44 first: Fig. 4(b) at 100 epochs, one seed a cell (the λ lines at the paper's ρ = 0.8 and the
+    # recipe's 0.3, then the ρ sweep at the recipe's λ; ~16 runs, ~16 min each in fp32 here). Then, by
+    # hand once the λ lines are in: `fig4b $L method.lam=BEST --seeds 1` (the ρ sweep at the best λ; the λ
+    # lines are reused), 3 seeds at the best cell and at (0.8, 3e-5) (`1 $L method.rho=R method.lam=X`:
+    # Table 1 at that cell; CL and NCL do not read ρ/λ and are reused), Table 3 at the best cell
+    "fig4b $L --seeds 1"
+    "1 $L"  # Table 1 in fp32 (its 100-epoch table was bf16): 6 new runs, 1 packed
+    "ncl-supervised $L" "ncl-sparsity $L"
 )
 
 # copy_finished SRC DST [keep]: every SRC/<kind>/<run>/ holding metrics.json, its small files only,
@@ -122,7 +112,7 @@ set_aside() {
 # nothing); nothing where it fails (the table itself then says why)
 weightless() {
     # shellcheck disable=SC2086  # the job is words
-    $PY -m bayesncl reproduce $1 --seeds 3 --store "$STORE/variants" --list-weightless \
+    $PY -m bayesncl reproduce --seeds 3 $1 --store "$STORE/variants" --list-weightless \
         || echo "again: could not list what $1 would refuse (its run below says why)" >&2
 }
 
@@ -136,7 +126,7 @@ case "${1:-run}" in
             # shellcheck disable=SC2046  # one hash a line: words
             set_aside $(weightless "$job")
             # shellcheck disable=SC2086  # the job is words
-            $PY -m bayesncl reproduce $job --seeds 3 --store "$STORE/variants"
+            $PY -m bayesncl reproduce --seeds 3 $job --store "$STORE/variants"
             echo "=== done rc=$? $(date -u +%FT%H:%MZ)"
             copy_finished "$STORE" "$SEEDS"
         done ;;

@@ -66,7 +66,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
         mp.setattr(studies, "GATE_LR_RATIOS", (0.25, 1.0))
         mp.setattr(studies, "WIDTH_FACTORS", (0.5, 1.0))
         mp.setattr(studies, "RHOS", (0.3, 0.6))  # 0.3: the recipe's
-        mp.setattr(studies, "LAM_FACTORS", (1.0, 3.0))
+        mp.setattr(studies, "LAMS", (3e-4, 1e-3))
         mp.setattr(studies, "TABLE5_METHODS", ("ncl",))
         mp.setattr(studies, "FINETUNE_CPU_EPOCHS", 1)
         # ncl-fs's transfer set: the runs' own data and sizes (TINY), so it repeats the in-domain probes
@@ -216,14 +216,19 @@ def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, A
 
 def test_sweeps_reuse_the_recipes_run(bench: Bench, table1: dict[str, Any]) -> None:
     full = {table1["runs"][f"BayesNCL (STE) seed {s}"] for s in (0, 1)}
-    for study, new in (("4", 8), ("15", 2), ("fig4a", 4), ("fig4b", 4)):
+    for study, new in (("4", 8), ("15", 2), ("fig4a", 4), ("fig4b", 8)):
         out, calls, _ = bench.run(study)
         assert calls == [False] * new, study
         assert full <= set(out["reused"]), study
         built = studies.build(study, "fashion-mnist", TINY)
         check_cells(out, rows=len(built.rows), columns=len(built.columns))
-    # fig4b's two sweeps meet at the recipe's rho and lambda: one run for both rows
-    assert out["runs"]["rho=0.3 seed 0"] == out["runs"]["lambda=0.001 seed 0"]  # the recipe's lambda
+    # fig4b: the λ lines at the paper's ρ = 0.8 and the recipe's 0.3, the ρ sweep at the recipe's λ: the
+    # two sweeps meet at the recipe's cell (one row), which is Table 1's run
+    assert list(out["rows"]) == ["rho=0.8 lambda=0.0003", "rho=0.8 lambda=0.001", "rho=0.3 lambda=0.0003",
+                                 "rho=0.3 lambda=0.001", "rho=0.6 lambda=0.001"]
+    assert out["runs"]["rho=0.3 lambda=0.001 seed 0"] == table1["runs"]["BayesNCL (STE) seed 0"]
+    assert 0 <= out["rows"]["rho=0.8 lambda=0.001"]["gate_open_rate"]["mean"] <= 1
+    assert "gate_mean_alpha" in out["rows"]["rho=0.8 lambda=0.001"]
     # Tables 9/10: every metric of Table 4's runs, trained nothing
     full, calls, _ = bench.run("9")
     assert calls == [] and len(full["reused"]) == 10

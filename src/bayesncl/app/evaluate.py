@@ -70,7 +70,8 @@ RESULT_KEYS: dict[str, tuple[str, str, str]] = {
     "knn_acc1": ("kNN top-1 (frozen h)", "%", "{:.2f}"),
     "background_probe_acc1": ("Background probe (place)", "%", "{:.2f}"),
     "background_probe_protocol": ("Background probe protocol", "", "{}"),
-    "gate_open_rate": ("Gate open rate", "fraction", "{:.4f}"),
+    "gate_open_rate": ("Gate open rate (share of α > threshold)", "fraction", "{:.4f}"),
+    "gate_mean_alpha": ("Mean gate probability α", "fraction", "{:.4f}"),
     "rows_all_closed": ("Test images with every gate closed", "fraction", "{:.4f}"),
     "gating": ("Gating of the features", "", "{}"),
     "method": ("Method", "", "{}"),
@@ -231,13 +232,16 @@ def score(
 
 
 def _add_run_facts(result: dict[str, Any], test: dict[str, np.ndarray], cfg: Config) -> None:
-    """The method, the test images and, for a gated run, the gate's open rate and the share of test
-    images with every gate closed, from ``test["mask"]`` (N, D), the hard mask 1[α > method.threshold]
+    """The method, the test images and, for a gated run, the gate's open rate (share of entries with
+    α > threshold), the mean gate probability α and the share of test images with every gate closed,
+    from ``test["mask"]`` (N, D), the hard mask 1[α > method.threshold]
     (also under ``eval.use_soft_gating``; ``gating`` then says the features were gated by α)."""
     if "mask" in test:
         hard = test["mask"]
         result["gate_open_rate"] = float(hard.mean())
         result["rows_all_closed"] = float((hard.sum(1) == 0).mean())
+        if test.get("alpha") is not None:  # the soft gate's training 'open rate' is this mean
+            result["gate_mean_alpha"] = float(test["alpha"].mean())
         if (gating := gating_text(cfg)) is not None:
             result["gating"] = gating
     result["method"] = cfg.method.name

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bayesncl.config import Config, ConfigError, build_config, refuse_fixed_keys
+from bayesncl.config import Config, ConfigError, build_config, inert_method_keys, refuse_fixed_keys
 from bayesncl.paper import ncl_studies, studies, variants  # importing ncl_studies adds its IDs
 from bayesncl.paper.studies import Study
 
@@ -54,9 +54,15 @@ def study_configs(
     out: dict[tuple[str, int], Config] = {}
     for v in study.variants:
         recipe = studies.recipe_for(dataset, v.method)
+        # the user's method keys that this variant's method does not read (ρ/λ for NCL in a table run
+        # at another ρ/λ) are left out, so that its run keeps its name and a stored one is reused
+        probe = build_config(recipe, [f"method.name={v.method}", *overrides, *v.overrides], warn_inert=False)
+        keys = [o.split("=", 1)[0].strip() for o in overrides if "=" in o]
+        inert = set(inert_method_keys(probe.method, keys))
+        mine = [o for o in overrides if o.split("=", 1)[0].strip() not in inert]
         for s in range(seeds):
             # the user's overrides set the base, the variant its own keys (a sweep's value wins)
-            given = [f"method.name={v.method}", *overrides, *v.overrides, f"seed={s}"]
+            given = [f"method.name={v.method}", *mine, *v.overrides, f"seed={s}"]
             out[v.name, s] = build_config(recipe, given)
     return out
 

@@ -113,12 +113,15 @@ def base_config(dataset: str, method: str, overrides: list[str]) -> Config:
 GATE_LR_RATIOS = (0.1, 0.25, 0.5, 1.0)  # Table 15: gating-head lr / backbone lr
 WIDTH_FACTORS = (0.25, 0.5, 1.0, 2.0)  # Fig. 4(a): latent widths D x these (the recipe's D among them)
 RHOS = (0.1, 0.3, 0.5, 0.7, 0.9)  # Fig. 4(b): the prior rho
-LAM_FACTORS = (0.1, 0.3, 1.0, 3.0, 10.0)  # Fig. 4(b): lambda x these (the recipe's lambda among them)
+LAMS = (3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3)  # Fig. 4(b): the KL weight λ (around the paper's 3e-5 and > 4e-5)
+PAPER_RHO = 0.8  # the BayesNCL paper's example prior (with λ = 3e-5; it reports λ > 4e-5 hurting SC)
 TABLE5_METHODS = ("cl", "ncl", "bayesncl")  # Table 5: ResNet-50
 SC = Column("SC %", "semantic_consistency")
 LP1 = Column("LP@1", "linear_probe_acc1")
-TABLE1_COLUMNS = [SC, Column("H_sum", "semantic_entropy_sum", "{:.3f}"),
-                  Column("Act.", "activation_ratio", "{:.3f}"), LP1]  # fmt: skip
+ACT = Column("Act.", "activation_ratio", "{:.3f}")
+GATE_OPEN_TEST = Column("open (test)", "gate_open_rate", "{:.4f}")  # fraction of α > threshold, test split
+MEAN_ALPHA = Column("mean α (test)", "gate_mean_alpha", "{:.4f}")
+TABLE1_COLUMNS = [SC, Column("H_sum", "semantic_entropy_sum", "{:.3f}"), ACT, LP1]
 TABLE1_METHODS = [("CL", "cl"), ("NCL", "ncl"), ("NCL+TopK", "ncl-topk"),
                   ("BayesNCL (GS)", "bayesncl-gs"), ("BayesNCL (STE)", "bayesncl")]  # fmt: skip
 TABLE1_PAPER = {  # SC % (PAPER-NOTES §4); IN-100 also H_sum and Act.
@@ -295,19 +298,33 @@ def _fig4a(dataset: str, overrides: list[str]) -> Study:
 
 def _fig4b(dataset: str, overrides: list[str]) -> Study:
     cfg = base_config(dataset, "bayesncl", overrides)
-    lams = tuple(sorted({float(f"{cfg.method.lam * f:.3g}") for f in LAM_FACTORS}))
-    rho_v = {r: Variant(f"rho={r:g}", "bayesncl", (f"method.rho={r}",)) for r in RHOS}
-    lam_v = {lam: Variant(f"lambda={lam:g}", "bayesncl", (f"method.lam={lam}",)) for lam in lams}
-    variants = [*rho_v.values(), *lam_v.values()]
+    rho0, lam0 = cfg.method.rho, cfg.method.lam
+    lines = tuple(dict.fromkeys((PAPER_RHO, rho0)))  # the paper's example ρ first, then the recipe's
+
+    def cell(rho: float, lam: float) -> Variant:
+        return Variant(f"rho={rho:g} lambda={lam:g}", "bayesncl", (f"method.rho={rho}", f"method.lam={lam}"))
+
+    lam_sweep = {r: {lam: cell(r, lam) for lam in LAMS} for r in lines}
+    rho_sweep = {r: cell(r, lam0) for r in RHOS}
+    variants = list({v.name: v for v in [*(v for d in lam_sweep.values() for v in d.values()),
+                                          *rho_sweep.values()]}.values())  # fmt: skip
+    open_col = GATE_OPEN_TEST
     panels = [
-        Panel(f"{c.header} against {axis}", axis, c.header + ("" if "%" in c.header else " (%)"),
-              (Series("BayesNCL", tuple((x, v.name, c.key) for x, v in sweep.items())),), xscale=scale)
-        for axis, sweep, scale in (("ρ (prior)", rho_v, "linear"), ("λ (KL weight)", lam_v, "log"))
-        for c in (SC, LP1)
+        *(Panel(f"{c.header} against λ", "λ (KL weight)", c.header + ("" if "%" in c.header else ""),
+                tuple(Series(f"ρ={r:g}", tuple((lam, v.name, c.key) for lam, v in lam_sweep[r].items()))
+                      for r in lines), xscale="log") for c in (SC, open_col)),
+        *(Panel(f"{c.header} against ρ (λ={lam0:g})", "ρ (prior)", c.header,
+                (Series(f"λ={lam0:g}", tuple((r, v.name, c.key) for r, v in rho_sweep.items())),))
+          for c in (SC, open_col)),
     ]  # fmt: skip
-    notes = [f"ρ swept at λ={cfg.method.lam:g}, λ swept at ρ={cfg.method.rho:g} (the base config's)"]
-    return Study("fig4b", "Fig. 4(b): SC and LP@1 against ρ and λ", "fig4b", variants, [("base", ())],
-                 [SC, LP1], rows_of(variants), panels=panels, notes=notes)  # fmt: skip
+    notes = [f"λ swept over {', '.join(f'{x:g}' for x in LAMS)} at ρ = {', '.join(f'{r:g}' for r in lines)} "
+             f"(the paper's example ρ = {PAPER_RHO:g}, and the base config's); ρ swept at the base config's "
+             f"λ = {lam0:g} (give `method.lam=X` to sweep ρ at another λ: the λ lines are reused)",
+             "open (test): the share of the test split's gates with α > threshold (the hard mask the "
+             "features are gated by); mean α: the mean gate probability on the test split"]  # fmt: skip
+    columns = [SC, LP1, ACT, open_col, MEAN_ALPHA]
+    return Study("fig4b", "Fig. 4(b): SC, LP@1 and the gate's open rate against ρ and λ", "fig4b", variants,
+                 [("base", ())], columns, rows_of(variants), panels=panels, notes=notes)  # fmt: skip
 
 
 # ncl-fs's transfer columns: the run's data.name -> (transfer data.name, train_subset, test_subset; 0:
