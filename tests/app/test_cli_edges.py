@@ -40,8 +40,8 @@ def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["reproduce", "8"]) == 2
     assert error_line(capsys) == (
         "bayesncl: error: reproduce '8': no such table or figure; expected one of 1, 2, 3, 4, 5, 7, 9, "
-        "15, appj, convergence, fig3, fig4a, fig4b, ncl-dead, ncl-finetune, ncl-fs, ncl-mig, ncl-ood, "
-        "ncl-sepin, ncl-sparsity, ncl-spectral, ncl-supervised, 6, mechanism"
+        "15, appj, convergence, fig3, fig4a, fig4b, headline, ncl-dead, ncl-finetune, ncl-fs, ncl-mig, "
+        "ncl-ood, ncl-sepin, ncl-sparsity, ncl-spectral, ncl-supervised, 6, mechanism"
     )
     with pytest.raises(SystemExit) as e:
         main(["reproduce", "1", "--seeds", "two"])

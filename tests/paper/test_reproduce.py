@@ -1011,3 +1011,18 @@ def test_a_stored_runs_damaged_checkpoint_is_named_with_what_to_do(
         "config.yaml", "last.pt", "metrics.json", "reproduce.json"
     ]  # fmt: skip
     assert list(variants.read_cache(sub)) == ["base[]"]  # (the first call's base cached; no features)
+
+
+def test_a_table_at_another_rho_lambda_keeps_the_runs_of_methods_that_do_not_read_them() -> None:
+    """``headline`` (or Table 1) at the paper's ρ = 0.8, λ = 3e-5: NCL reads neither key, so its runs keep
+    their store names (and are reused); BayesNCL's are new runs at that ρ/λ."""
+    import bayesncl.paper.reproduce as rp
+
+    at = [*TINY, "method.rho=0.8", "method.lam=3e-5"]
+    here = rp.study_configs(studies.build("headline", "fashion-mnist", at), "fashion-mnist", at, 2)
+    base = rp.study_configs(studies.build("headline", "fashion-mnist", TINY), "fashion-mnist", TINY, 2)
+    for s in (0, 1):
+        assert variants.variant_hash(here["NCL", s]) == variants.variant_hash(base["NCL", s])
+        assert (here["BayesNCL", s].method.rho, here["BayesNCL", s].method.lam) == (0.8, 3e-5)
+        assert variants.variant_hash(here["BayesNCL", s]) != variants.variant_hash(base["BayesNCL", s])
+    assert here["NCL", 0].method.rho == base["NCL", 0].method.rho == 0.3  # the recipe's

@@ -441,7 +441,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "train, to continue, reused, estimated time) is printed first. IDs: 1, 2, 4, 7 (BayesNCL "
         "Tables 1, 2, 4, 7), 3 (gradient dynamics), 5 (ResNet-50), 9 (Tables 9/10: every metric of every "
         "ablation), 15 (gating-head lr), fig3 "
-        "(retrieval vs K), fig4a (SC vs D), fig4b (SC, LP@1 vs rho and lambda), ncl-fs (NCL feature "
+        "(retrieval vs K), fig4a (SC vs D), fig4b (SC, LP@1, open rate vs rho and lambda), ncl-fs (NCL "
+        "feature "
         "selection: top-K vs random K probes, our mAP@10, NCL's own map, transfer top-K/random K), "
         "ncl-sepin (NCL SEPIN@k), ncl-finetune (NCL "
         "fine-tuning accuracy: bayesncl finetune of CL, NCL, BayesNCL), ncl-sparsity (L1 vs "
@@ -450,7 +451,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "sets), appj (BayesNCL Appendix J on fashion-mnist-bg), 6 (background probe of "
         "CHECKPOINT_OR_RUN... on waterbirds "
         "or fashion-mnist-bg), mechanism (CL, NCL, BayesNCL, NCL-IPW on fashion-mnist-bg), convergence "
-        "(SC, active dims, gate-open rate, AF-GV, LP@1 per checkpoint). "
+        "(SC, active dims, gate-open rate, AF-GV, LP@1 per checkpoint), headline (NCL against BayesNCL "
+        "at the given method.rho/method.lam and backbone; NCL's runs are reused across ρ/λ). "
         "CIFAR/ImageNet-100 recipes are GPU-scale; --dataset "
         "fashion-mnist uses the CPU demo budget, fashion-mnist-long the long CPU recipe (~30x its steps). "
         "key=value overrides apply to every variant.",
@@ -458,7 +460,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         [
             _arg("table", metavar="ID",
                  help="1 2 3 4 5 7 9 15 fig3 fig4a fig4b ncl-fs ncl-sepin ncl-finetune convergence "
-                      "ncl-sparsity ncl-spectral ncl-supervised ncl-dead ncl-mig ncl-ood appj 6 mechanism"),
+                      "headline ncl-sparsity ncl-spectral ncl-supervised ncl-dead ncl-mig ncl-ood appj 6 "
+                      "mechanism"),
             _arg("--dataset", default="cifar100",
                  help="cifar10 | cifar100 | imagenet100 | fashion-mnist | fashion-mnist-long (default "
                       "cifar100); for 6: waterbirds | fashion-mnist-bg; for mechanism: fashion-mnist-bg | "

@@ -121,7 +121,8 @@ LP1 = Column("LP@1", "linear_probe_acc1")
 ACT = Column("Act.", "activation_ratio", "{:.3f}")
 GATE_OPEN_TEST = Column("open (test)", "gate_open_rate", "{:.4f}")  # fraction of α > threshold, test split
 MEAN_ALPHA = Column("mean α (test)", "gate_mean_alpha", "{:.4f}")
-TABLE1_COLUMNS = [SC, Column("H_sum", "semantic_entropy_sum", "{:.3f}"), ACT, LP1]
+HSUM = Column("H_sum", "semantic_entropy_sum", "{:.3f}")
+TABLE1_COLUMNS = [SC, HSUM, ACT, LP1]
 TABLE1_METHODS = [("CL", "cl"), ("NCL", "ncl"), ("NCL+TopK", "ncl-topk"),
                   ("BayesNCL (GS)", "bayesncl-gs"), ("BayesNCL (STE)", "bayesncl")]  # fmt: skip
 TABLE1_PAPER = {  # SC % (PAPER-NOTES §4); IN-100 also H_sum and Act.
@@ -506,10 +507,25 @@ def _table7(dataset: str, overrides: list[str]) -> Study:
                  [("flops", ())], columns, rows_of(variants), paper)  # fmt: skip
 
 
+def _headline(dataset: str, overrides: list[str]) -> Study:
+    """The BayesNCL paper's headline (its abstract, Table 1): BayesNCL's SC above NCL's at the same LP@1,
+    measured at the ρ/λ and backbone the user gives (``method.rho``/``method.lam`` reach BayesNCL only:
+    NCL reads neither, so its stored runs are reused), with the gate's open rate and mean α beside ρ."""
+    cfg = base_config(dataset, "bayesncl", overrides)
+    variants = [Variant("NCL", "ncl"), Variant("BayesNCL", "bayesncl")]
+    notes = [f"BayesNCL at ρ = {cfg.method.rho:g}, λ = {cfg.method.lam:g}, backbone {cfg.model.backbone}, "
+             f"{cfg.train.epochs} epochs; NCL at the same backbone and budget (it reads no ρ/λ)"]
+    return Study("headline", "The BayesNCL headline: NCL against BayesNCL at a given ρ/λ and backbone",
+                 "headline", variants, [("base", ())],
+                 [SC, HSUM, ACT, LP1, GATE_OPEN_TEST, MEAN_ALPHA],
+                 rows_of(variants), notes=notes)  # fmt: skip
+
+
 STUDIES: dict[str, Callable[[str, list[str]], Study]] = {
     "1": _table1, "2": _table2, "3": _table3, "4": _table4, "5": _table5, "7": _table7, "9": _tables9_10,
     "15": _table15, "fig3": _fig3, "fig4a": _fig4a, "fig4b": _fig4b, "ncl-fs": _ncl_fs,
     "ncl-sepin": _ncl_sepin, "ncl-finetune": _ncl_finetune, "convergence": _convergence,
+    "headline": _headline,
 }  # fmt: skip
 """``bayesncl reproduce ID``: the IDs and their builders."""
 
