@@ -223,3 +223,70 @@ def test_a_method_that_presets_a_gate_registers_and_trains(registry: None, tmp_p
     row = list(csv.DictReader((run / "log.csv").open()))[0]
     loss, nce, kl, open_rate = (float(row[k]) for k in ("loss", "info_nce", "kl", "gate_open"))
     assert kl > 0 and 0 < open_rate <= 1 and loss == pytest.approx(nce + 0.5 * kl, abs=2e-6)
+
+
+CLS_EXAMPLE = ROOT / "examples" / "ncl_classifier.py"
+
+
+def test_a_term_weighted_by_no_declared_key_is_refused_at_registration(
+    registry: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A term whose ``weight`` names no key fails at registration, in one line, before any run dir (it
+    used to pass and die mid-epoch with an AttributeError)."""
+    bad = methods.LossTerm("l1", _l1, weight="l1_wieght", label="L1")
+    method = methods.Method("test-typo", terms=(methods.INFO_NCE, bad), stats=methods.CONTRASTIVE_STATS,
+                            keys={"l1_weight": methods.Key(0.5)})
+    match = (r"^method 'test-typo': its loss term 'l1' is weighted by 'l1_wieght', which is not a key "
+             r"\(expected one of its keys \['l1_weight'\]")
+    with pytest.raises(ConfigError, match=match):
+        bayesncl.register_method(method)
+    assert "test-typo" not in methods.METHODS
+    body = ("bayesncl.register_method(m.Method('test-typo2', terms=(m.INFO_NCE, m.LossTerm('x', "
+            "lambda o, b, c: o.z.sum(), weight='nope')), stats=m.CONTRASTIVE_STATS))\n")
+    plugin = _plugin(tmp_path, "typo.py", body)
+    run = tmp_path / "run"
+    assert main(["pretrain", "--plugin", str(plugin), "--run-dir", str(run), *SMALL]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is weighted by 'nope', which is not a key" in err[0]
+    assert not run.exists()  # no run dir left behind
+
+
+def test_a_plugin_with_its_own_head_registers_trains_and_evaluates(
+    registry: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """examples/ncl_classifier.py: a classifier ``Head`` beside InfoNCE. It registers (the check builds its
+    head), trains from the CLI (its parameters are ``heads.cls.*``; loss = InfoNCE + γ·CE), resumes nothing
+    missing, and evaluates."""
+    from bayesncl.core.methods.plugins import load_plugin
+
+    assert load_plugin(CLS_EXAMPLE) == ["ncl-cls-example"]
+    run = tmp_path / "run"
+    args = ["--plugin", str(CLS_EXAMPLE), "method.name=ncl-cls-example", "method.cls_weight=0.5", *SMALL]
+    assert main(["pretrain", "--run-dir", str(run), "--no-eval", *args]) == 0
+    row = next(csv.DictReader((run / "log.csv").open()))
+    loss, nce, ce = (float(row[k]) for k in ("loss", "info_nce", "cls"))
+    assert ce > 0 and loss == pytest.approx(nce + 0.5 * ce, abs=2e-6)
+    assert 0 <= float(row["cls_acc"]) <= 100
+    state = torch.load(run / "last.pt", map_location="cpu", weights_only=False)
+    model_state = state["state_dict"]
+    assert {"heads.cls.linear.weight", "heads.cls.linear.bias"} <= set(model_state)
+    assert model_state["heads.cls.linear.weight"].shape == (10, 16)  # classes x D (synthetic: 10 classes)
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--plugin", str(CLS_EXAMPLE), "--probe", "none", "--no-knn"]) == 0
+
+
+def test_contrastive_head_builds_a_methods_own_heads(registry: None) -> None:
+    """``bayesncl.ContrastiveHead`` with CE (its classifier head): refused in one line without the number
+    of classes, and with it the head is built and the loss is the classifier's cross-entropy."""
+    cfg = build_config(overrides=[*SMALL, "method.name=ce"])
+    with pytest.raises(ConfigError, match=r"^method 'ce' has its own head\(s\) \(classifier\), built for the "
+                                          r"number of classes"):
+        bayesncl.ContrastiveHead(32, cfg)
+    torch.manual_seed(0)
+    head = bayesncl.ContrastiveHead(32, cfg, num_classes=3)
+    assert head.heads["classifier"].weight.shape == (3, 16)
+    h1, h2, y = torch.randn(4, 32), torch.randn(4, 32), torch.tensor([0, 1, 2, 0])
+    loss, stats = head(h1, h2, labels=y)
+    out = head.project(torch.cat([h1, h2]))
+    by_hand = torch.nn.functional.cross_entropy(out.heads["classifier"], torch.cat([y, y]))
+    assert loss.item() == pytest.approx(by_hand.item(), rel=1e-5)

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from bayesncl.core import methods
+from bayesncl.core.configs import ConfigError
 from bayesncl.core.model import ContrastiveModel, ModelOutput, contrastive_loss
 
 if TYPE_CHECKING:
@@ -30,11 +31,21 @@ class ContrastiveHead(nn.Module):
 
     project = ContrastiveModel.project  # the same code the full model runs after its backbone
     _build_parts = ContrastiveModel._build_parts  # and the same parts
+    _build_heads = ContrastiveModel._build_heads  # and the method's own heads (CE's classifier)
 
-    def __init__(self, h_dim: int, config: Config) -> None:
+    def __init__(self, h_dim: int, config: Config, num_classes: int = 0) -> None:
+        """``num_classes``: the classes of the labels, for a method with its own heads (``ce``'s
+        classifier, a plugin's ``Head``); ConfigError (one line) if such a method gets none."""
         super().__init__()
         self.method = config.method
         self._build_parts(h_dim, config.model, config.method)
+        own = methods.get(config.method.name).heads
+        if own and num_classes < 1:
+            raise ConfigError(
+                f"method {config.method.name!r} has its own head(s) ({', '.join(own)}), built for the "
+                "number of classes: ContrastiveHead(h_dim, config, num_classes=C)"
+            )
+        self._build_heads(config.model, config.method, num_classes)
 
     def forward(
         self, h1: Tensor, h2: Tensor, *, index: Tensor | None = None, gather: bool | None = None,

@@ -156,10 +156,16 @@ class ContrastiveModel(nn.Module):
         self._build_parts(h_dim, model_cfg, method)
         self.classifier = nn.Linear(h_dim, num_classes)
         self.bn_views = model_cfg.bn_views
+        self._build_heads(model_cfg, method, num_classes)  # last: the others' RNG draws stay
+
+    def _build_heads(self, mo: ModelConfig, m: MethodConfig, num_classes: int) -> None:
+        """The method's own modules (:class:`~bayesncl.core.methods.spec.Head`: CE's classifier, a
+        plugin's), each built for D = ``model.proj_dim`` and ``num_classes``, into ``self.heads``;
+        :class:`~bayesncl.core.head.ContrastiveHead` builds them too."""
         from bayesncl.core import methods  # the registry reads this module's types
 
-        for name, head in methods.get(method.name).heads.items():  # last: the others' RNG draws stay
-            self.heads[name] = head.build(model_cfg.proj_dim, num_classes)
+        for name, head in methods.get(m.name).heads.items():
+            self.heads[name] = head.build(mo.proj_dim, num_classes)
 
     def _build_parts(self, h_dim: int, mo: ModelConfig, m: MethodConfig) -> None:
         """Everything after the backbone (PAPER-NOTES §1), which :class:`~bayesncl.core.head.ContrastiveHead`

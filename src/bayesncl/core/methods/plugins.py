@@ -91,9 +91,11 @@ def register_checked(method: Method) -> Method:
 
 
 def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
-    """Run each loss term (its own and its parts': a preset gate's λ·KL) and statistic of ``method``
-    (with its parts and its keys' defaults) on random model outputs of 2n rows × ``dim``
-    dimensions; raise ConfigError (one line) if one raises or returns anything but a 0-d tensor."""
+    """Run each loss term (its own and its parts': a preset gate's λ·KL), the weighted loss with one
+    backward pass, and each statistic of ``method`` (with its parts, its own heads and its keys'
+    defaults) on random model outputs of 2n rows × ``dim`` dimensions; raise ConfigError (one line) if
+    a term's weight is not a declared key, or one raises or returns anything but a 0-d tensor."""
+    import dataclasses
     import types
 
     import torch
@@ -109,15 +111,34 @@ def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
             method.check(cfg, model)
         except ConfigError as e:
             raise ConfigError(f"method {method.name!r}: its defaults fail its own check: {e}") from None
+    declared = {f.name for f in dataclasses.fields(MethodConfig)} | set(method.keys)
+    for term in registry.terms(cfg, method):
+        if term.weight is not None and term.weight not in declared:
+            raise ConfigError(
+                f"method {method.name!r}: its loss term {term.name!r} is weighted by {term.weight!r}, which "
+                f"is not a key (expected one of its keys {sorted(method.keys)} or a method.* key)"
+            )
     gen = torch.Generator().manual_seed(0)
     h = torch.randn(2 * n, dim, generator=gen)
-    head = ContrastiveHead(dim, types.SimpleNamespace(method=cfg, model=model))
+    registered = registry.METHODS.get(method.name)
+    registry.METHODS[method.name] = method  # its heads are built by name, as in a run
+    try:
+        head = ContrastiveHead(dim, types.SimpleNamespace(method=cfg, model=model), num_classes=2)
+    finally:
+        if registered is None:
+            del registry.METHODS[method.name]
+        else:
+            registry.METHODS[method.name] = registered
     out = head.project(h)
     batch = Batch(labels=torch.arange(n) % 2, index=torch.arange(n), gather=False)
-    terms = {}
+    terms, total = {}, None
     for term in registry.terms(cfg, method):
         value = _run(method, f"loss term {term.name!r}", lambda t=term: t.fn(out, batch, cfg))
         terms[term.name] = value.detach()
+        weighted = value if term.weight is None else getattr(cfg, term.weight) * value
+        total = weighted if total is None else total + weighted
+    if total is not None and total.requires_grad:  # the weighted loss, as a run sums it, and its backward
+        _run(method, "weighted loss's backward pass", lambda: (total.backward(), total.detach())[1])
     step = Step(terms[method.terms[0].name], terms, out, torch.randn(2 * n, 2, generator=gen),
                 torch.cat([batch.labels, batch.labels]))
     for stat in method.stats:
