@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from bayesncl.config import ConfigError
 from bayesncl.config.schema import PROTOCOL_CHOICES
+
 #: The ``data.name`` values whose ``auto`` protocol is ``imagenet``.
 IMAGENET_DATASETS: tuple[str, ...] = ("imagefolder",)
 
