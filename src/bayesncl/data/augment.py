@@ -166,7 +166,8 @@ SOLARIZE_THRESHOLD = 128
 
 class _Solarize(nn.Module):
     """Batched solarization of float images in [0, 1]: per sample with p ``p`` (drawn from the global
-    CPU RNG), x >= 128/255 becomes 1 - x (PIL's threshold on the uint8 image)."""
+    CPU RNG), x becomes 1 - x where it rounds to a uint8 value >= 128 (x >= 127.5/255: PIL's threshold
+    on the uint8 image, robust to the crop's float round-off at 128/255)."""
 
     def __init__(self, p: float) -> None:
         super().__init__()
@@ -174,7 +175,7 @@ class _Solarize(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         chosen = (torch.rand(x.shape[0]) < self.p).to(x.device)[:, None, None, None]
-        flipped = torch.where(x >= SOLARIZE_THRESHOLD / 255.0, 1.0 - x, x)
+        flipped = torch.where(x >= (SOLARIZE_THRESHOLD - 0.5) / 255.0, 1.0 - x, x)
         return torch.where(chosen, flipped, x)
 
 
