@@ -240,6 +240,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     store = path_arg(args.store, "--store", "a directory")
     if args.plan and args.list_weightless:
         raise ConfigError("--plan and --list-weightless: give one (--list-weightless prints only the hashes)")
+    if args.time and not args.plan:
+        raise ConfigError("--time times the runs of a --plan that no stored run's log.csv can estimate; "
+                          "give it with --plan (a run without --plan times them itself)")
     if args.table == "6" and (args.plan or args.list_weightless):
         flag, none = ("--plan", "no plan") if args.plan else ("--list-weightless", "no runs to list")
         raise ConfigError(f"{flag}: table 6 has {none}: it trains none, it probes the encoders given")
@@ -270,7 +273,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print("".join(f"{h}\n" for h in hashes), end="")
         return 0
     reproduce(args.table, args.dataset, run_dir, args.overrides, seeds=args.seeds, store=store,
-              plan_only=args.plan)
+              plan_only=args.plan, time_here=args.time or not args.plan)
     return 0
 
 
@@ -471,7 +474,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("--plan", action="store_true",
                  help="print the plan (runs to train, continue, reuse; marked: the runs that lack weights "
                       "the table reads, last.pt or epoch-NNNN.pt, which it would refuse) and stop: nothing "
-                      "is trained or written"),
+                      "is trained or written; estimates from stored runs' log.csv, others not timed "
+                      "unless --time"),
+            _arg("--time", action="store_true",
+                 help="with --plan: time 3 training steps here for the runs no stored run's log.csv "
+                      "estimates (minutes on a CPU for a GPU recipe)"),
             _arg("--list-weightless", action="store_true",
                  help="print the name of each run the table (or mechanism) would refuse for weights it "
                       "lacks (those --plan marks; a store hash, or mechanism's folder without --store),"
