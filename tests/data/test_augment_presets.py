@@ -10,11 +10,14 @@ and ``scripts/pretrain/{cifar,imagenet-100}/augmentations/symmetric.yaml`` (our 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from bayesncl.app.cli import main
 from bayesncl.config import ConfigError, build_config
 from bayesncl.data import build_train_loader
 from bayesncl.data.augment import (
@@ -28,7 +31,7 @@ from bayesncl.data.augment import (
 )
 from bayesncl.data.loaders import _epoch_order, augment_spec, augment_views
 
-from ..conftest import TINY_BASE
+from ..conftest import TINY_BASE, expect
 
 RGB = AugmentSpec.simclr(32, 3, (0.5,) * 3, (0.25,) * 3)
 FIELDS = ("crop_min_scale", "jitter_p", "brightness", "contrast", "saturation", "hue", "gray_p", "blur_p",
@@ -123,8 +126,12 @@ def test_solarization_with_p_1_is_the_analytic_result() -> None:
     assert np.allclose(untouched[0, 0].numpy(), img / 255.0, atol=1e-5)
 
 
-def test_a_preset_refuses_the_default_only_keys() -> None:
+def test_a_preset_refuses_the_default_only_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ConfigError, match="data.crop_min_scale=0.2 / data.blur_prob=0.5 apply to data"):
         build_config(overrides=["data.augment=symmetric-weak", "data.crop_min_scale=0.2"])
+    run = tmp_path / "r"
+    assert main(["pretrain", "--run-dir", str(run), "data.augment=asymmetric", "data.blur_prob=0.3"]) == 2
+    expect("C21", capsys.readouterr().err, tmp_path)
+    assert not run.exists()
     with pytest.raises(ConfigError, match="data.augment='weak': expected one of default, asymmetric"):
         build_config(overrides=["data.augment=weak"])

@@ -10,7 +10,7 @@ import pytest
 import bayesncl.paper.benchmark as benchmark
 from bayesncl.app.cli import main
 
-from ..conftest import ERROR, TINY, error_line
+from ..conftest import TINY, expect
 
 
 @pytest.fixture
@@ -54,4 +54,5 @@ def test_plan_with_time_measures_each_cost_once(
 
 def test_time_without_plan_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*_args(tmp_path), "--time"]) == 2
-    assert error_line(capsys).startswith(f"{ERROR}--time times the runs of a --plan")
+    expect("C22", capsys.readouterr().err, tmp_path)
+    assert not (tmp_path / "t").exists()
