@@ -56,3 +56,25 @@ def test_time_without_plan_is_refused(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main([*_args(tmp_path), "--time"]) == 2
     expect("C22", capsys.readouterr().err, tmp_path)
     assert not (tmp_path / "t").exists()
+
+
+def test_plan_estimates_from_a_stored_runs_log_without_timing(
+    tmp_path: Path, timings: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stored run of the same cost (backbone, size, batch, device, ...): its log.csv rate serves every
+    run of the plan, nothing is timed; 3 steps of 32 images in 0.96 s = 100 images/s, and each of the 5
+    runs trains 1 epoch of 3 steps x 32 = 96 images: 5 x 0.96 s = 4.8 s, printed as 5 s."""
+    from bayesncl.config import dump_yaml
+    from bayesncl.paper import studies
+    from bayesncl.paper.reproduce import study_configs
+    from bayesncl.runs.logs import LOG_FIELDS, write_log
+
+    fake = tmp_path / "store" / "stored-run"  # another method's run of the recipe: the same cost
+    fake.mkdir(parents=True)
+    cfg = study_configs(studies.build("1", "fashion-mnist", TINY), "fashion-mnist", TINY, 1)["NCL", 0]
+    (fake / "config.yaml").write_text(dump_yaml(cfg))
+    write_log(fake, [{f: 0.0 for f in LOG_FIELDS} | {"epoch": 1, "step": 3, "epoch_time_s": 0.96}])
+    assert main([*_args(tmp_path), "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert timings == [] and "not timed" not in out
+    assert "): 5 s (from 1 stored run(s)' log.csv; evaluation not included)" in out
