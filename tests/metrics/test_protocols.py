@@ -12,6 +12,7 @@ same): ``scripts/linear/cifar/simclr.yaml``, ``scripts/linear/imagenet-100/simcl
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -123,3 +124,21 @@ def test_finetune_protocol_by_key_sets_sgd_and_the_step_schedule() -> None:
     # auto on synthetic data: CIFAR's, unchanged (LARS, warmup-cosine)
     cifar = finetune_config(build_config(overrides=TINY), {})
     assert cifar.train.optimizer == "lars" and isinstance(_schedule(cifar, steps=3), LrSchedule)
+
+
+def test_finetune_command_takes_the_protocol_key(tmp_path: Path) -> None:
+    """``bayesncl finetune RUN eval.finetune_protocol=imagenet``: the key reaches the run (its config and
+    finetune.json say so), the rate is the step schedule's (SGD lr 1.0 x 32/256, no warmup)."""
+    from bayesncl.app.finetune import finetune
+
+    from ..conftest import tiny_checkpoint
+
+    (tmp_path / "pre").mkdir()
+    src = tiny_checkpoint(tmp_path / "pre" / "run.pt", ["method.name=ncl"])
+    out = finetune(src, tmp_path / "ft", ["eval.finetune_protocol=imagenet", "train.epochs=1",
+                                          "train.batch_size=32", "train.progress=false"])  # fmt: skip
+    assert out["protocol"].startswith("finetune (imagenet): backbone + linear head on h, sgd lr 1 (head 1)")
+    assert "momentum 0.9, batch 32, weight decay 0, 1 epochs, x0.1 at epochs 60, 80" in out["protocol"]
+    log = (tmp_path / "ft" / "log.csv").read_text().splitlines()
+    header, row = log[0].split(","), log[1].split(",")
+    assert float(row[header.index("lr")]) == pytest.approx(1.0 * 32 / 256)
