@@ -177,9 +177,11 @@ def test_metrics_json_has_exactly_the_issue_keys(tmp_path: Path, capsys: pytest.
         "semantic_entropy_sum",
         "semantic_entropy_mean",
         "semantic_entropy_freq",
+        "cluster_entropy",  # issue 47: the NCL code's main_eval number
         "active_dims",
         "activation_ratio",
         "sparsity",
+        "nonneg_ratio",  # issue 47: the NCL code's logged non_neg_ratio
         "effective_rank",
         "orthogonality",
         "retrieval",

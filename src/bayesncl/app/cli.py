@@ -240,6 +240,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     store = path_arg(args.store, "--store", "a directory")
     if args.plan and args.list_weightless:
         raise ConfigError("--plan and --list-weightless: give one (--list-weightless prints only the hashes)")
+    if args.time and not args.plan:
+        raise ConfigError("--time times the runs of a --plan that no stored run's log.csv can estimate; "
+                          "give it with --plan (a run without --plan times them itself)")
     if args.table == "6" and (args.plan or args.list_weightless):
         flag, none = ("--plan", "no plan") if args.plan else ("--list-weightless", "no runs to list")
         raise ConfigError(f"{flag}: table 6 has {none}: it trains none, it probes the encoders given")
@@ -270,7 +273,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print("".join(f"{h}\n" for h in hashes), end="")
         return 0
     reproduce(args.table, args.dataset, run_dir, args.overrides, seeds=args.seeds, store=store,
-              plan_only=args.plan)
+              plan_only=args.plan, time_here=args.time or not args.plan)
     return 0
 
 
@@ -325,8 +328,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "fine-tune a pretrained encoder end to end with a linear head; test accuracy",
         "Train the backbone of a pretrained run (or checkpoint) and a new linear head on h end to end "
         "on the labelled train split, then report test Acc@1/Acc@5 (finetune.json/.md). Default: the "
-        "authors' protocol (30 epochs, batch 256, LARS lr 0.4 x batch/256 for backbone and head, weight "
-        "decay 1e-4, 10-epoch warmup then cosine, crops and flips); size it for a CPU with train.* "
+        "authors' protocol for the data (eval.finetune_protocol=auto|cifar|imagenet; auto: imagenet for "
+        "data.name=imagefolder, else cifar). cifar: 30 epochs, batch 256, LARS lr 0.4 x batch/256 for "
+        "backbone and head, weight decay 1e-4, 10-epoch warmup then cosine; imagenet: 30 epochs, batch "
+        "256, SGD lr 1.0 x batch/256, momentum 0.9, weight decay 0, x0.1 at epochs 60 and 80; crops and "
+        "flips. Size it for a CPU with train.* "
         "overrides (train.epochs=3 train.warmup_epochs=1). It writes its own run dir (checkpoint every "
         "epoch, --resume, --overwrite) and never alters the pretrained run. data.* and eval.* as for "
         "evaluate (a run pretrained without labels: eval.data.name=... eval.data.root=DIR).",
@@ -422,9 +428,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("--probe-seeds", type=int, help="linear probe seeds; mean ± std (default 1)"),
             _arg(
                 "--probe", choices=("fast", "paper", "none"),
-                help="fast: L-BFGS on precomputed h (CPU-friendly); paper: LARS, crops+flips, --probe-epochs "
-                "(GPU); none: no linear or feature-selection probe (default: the run's eval.probe, fast "
-                "unless set)",
+                help="fast: L-BFGS on precomputed h (CPU-friendly); paper: the authors' protocol of "
+                "eval.probe_protocol (auto: imagenet for data.name=imagefolder, else cifar; cifar: LARS lr "
+                "0.4, warmup-cosine; imagenet: SGD lr 1.0, x0.1 at epochs 60, 80), crops+flips, "
+                "--probe-epochs (GPU); none: no linear or feature-selection probe (default: the run's "
+                "eval.probe, fast unless set)",
             ),
             _arg("--probe-epochs", type=int, help="epochs of the paper probe (default 50)"),
             _LOAD_OVERRIDES,
@@ -474,7 +482,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("--plan", action="store_true",
                  help="print the plan (runs to train, continue, reuse; marked: the runs that lack weights "
                       "the table reads, last.pt or epoch-NNNN.pt, which it would refuse) and stop: nothing "
-                      "is trained or written"),
+                      "is trained or written; estimates from stored runs' log.csv, others not timed "
+                      "unless --time"),
+            _arg("--time", action="store_true",
+                 help="with --plan: time 3 training steps here for the runs no stored run's log.csv "
+                      "estimates (minutes on a CPU for a GPU recipe)"),
             _arg("--list-weightless", action="store_true",
                  help="print the name of each run the table (or mechanism) would refuse for weights it "
                       "lacks (those --plan marks; a store hash, or mechanism's folder without --store),"

@@ -152,9 +152,10 @@ def evaluate_model(
 ) -> dict[str, Any]:
     """End-of-pretraining evaluation on the test split: :func:`score` with the metrics, retrieval at
     ``eval.retrieval_dims`` and (``eval.probe=fast``) the fast linear probe at ``seed``, plus the
-    gate's open rate for gated methods. Writes the figures, ``metrics.json`` and ``metrics.md`` into
-    ``run_dir``; returns the metrics dict. LP@1 is the *offline* fast probe on frozen h (not the
-    online probe; solo-learn #221); the paper probe is not run here (``bayesncl evaluate`` runs it).
+    gate's open rate for gated methods. Writes the figures, ``metrics.json`` and ``metrics.md`` (its
+    table, retrieval and NCL's map as in the JSON) into ``run_dir``; returns the metrics dict. LP@1 is
+    the *offline* fast probe on frozen h (not the online probe; solo-learn #221); the paper probe is
+    not run here (``bayesncl evaluate`` runs it).
     ``info``: the DatasetInfo of the data it reads, where the caller has it (the run's facts).
     """
     from bayesncl.app.evaldata import with_eval_data
@@ -166,7 +167,8 @@ def evaluate_model(
     _add_run_facts(metrics, test, cfg)
     names = info.class_names if info is not None else None
     write_figures(test, cfg.data, run_dir, label=run_label(cfg.method.name, run_dir, cfg.seed), names=names)
-    write_results(run_dir, "metrics", metrics, format_table({cfg.method.name: metrics}))
+    md = format_table({cfg.method.name: metrics}) + _retrieval_markdown(metrics)  # what metrics.json holds
+    write_results(run_dir, "metrics", metrics, md)
     return metrics
 
 
@@ -638,13 +640,26 @@ def _evaluation_markdown(result: dict[str, Any]) -> str:
         md += f"\n\nLP@1 protocol: {result['linear_probe_protocol']}"
     else:
         md += "\n\nNo linear probe (eval.probe=none)."
+    md += _retrieval_markdown(result)
+    if "gating" in result:
+        md += f"\n\nGated features: {result['gating']}."
+    return md
+
+
+def _retrieval_markdown(result: dict[str, Any]) -> str:
+    """The retrieval part of ``metrics.md`` / ``evaluation.md``: the table of ``retrieval`` (percent),
+    NCL's own map (``ncl_map``, docs/metrics.md) and the ``retrieval_note``; "" for a result without
+    them."""
+    md = ""
     if result.get("retrieval"):
         md += "\n\nRetrieval with feature selection (top-K dims by expected activation), %:\n\n"
         md += format_retrieval(result["retrieval"], active=result.get("active_dims"))
+    if result.get("ncl_map"):
+        md += "\n\nNCL's own retrieval map (PKU-ML/non_neg main_eval.py; docs/metrics.md), %:\n\n"
+        md += "| K | NCL map |\n|---:|---:|\n"
+        md += "\n".join(f"| {k} | {float(v):.2f} |" for k, v in result["ncl_map"].items())
     if "retrieval_note" in result:
         md += f"\n\nNote: {result['retrieval_note']}."
-    if "gating" in result:
-        md += f"\n\nGated features: {result['gating']}."
     return md
 
 

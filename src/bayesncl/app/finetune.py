@@ -1,7 +1,10 @@
 """``bayesncl finetune RUN``: the pretrained backbone and a new linear head trained end to end on the
 labelled train split, then test Acc@1/Acc@5: the NCL paper's fine-tuning evaluation (README,
-"Fine-tuning"). The default is the authors' protocol, :data:`PROTOCOL` (PKU-ML/non_neg
-``scripts/finetuning/cifar/simclr.yaml`` run by ``solo/methods/linear.py`` with ``finetune: True``,
+"Fine-tuning"). The default is the authors' protocol for the data, :data:`PROTOCOLS` by
+``eval.finetune_protocol`` (``auto``: ``imagenet`` for ``data.name=imagefolder``, else ``cifar``):
+:data:`PROTOCOL`, PKU-ML/non_neg ``scripts/finetuning/cifar/simclr.yaml`` run by
+``solo/methods/linear.py`` with ``finetune: True``, or ``scripts/finetuning/imagenet-100/simclr.yaml``
+(SGD lr 1.0, weight decay 0, ×0.1 at epochs 60 and 80, :mod:`bayesncl.metrics.protocols`);
 PAPER-NOTES §2: one lr for backbone and head, as that code never reads the YAML's
 ``classifier_lr``), with random resized crops (bilinear), flips and BatchNorm in train mode.
 
@@ -32,15 +35,29 @@ from bayesncl.config import (
 )
 from bayesncl.core.engine import Hooks
 from bayesncl.core.model import ContrastiveModel, build_model
+from bayesncl.core.optim import LrSchedule, StepSchedule
+from bayesncl.metrics.protocols import FINETUNE, Protocol, finetune_protocol
 
-#: What ``finetune`` sets on the pretrained run's config before the user's ``train.*`` overrides: the
-#: authors' CIFAR fine-tuning protocol (module docstring). ``train.probe_lr`` is the classifier's lr.
-PROTOCOL: dict[str, Any] = {
-    "train.epochs": 30, "train.batch_size": 256, "train.optimizer": "lars", "train.base_lr": 0.4,
-    "train.probe_lr": 0.4, "train.weight_decay": 1e-4, "train.momentum": 0.9, "train.lars_eta": 0.02,
-    "train.clip_lr": True, "train.warmup_epochs": 10.0, "train.warmup_start_lr": 3e-5, "train.min_lr": 0.0,
-    "train.monitor_samples": 0,
-}  # fmt: skip
+
+def protocol_settings(protocol: Protocol) -> dict[str, Any]:
+    """The ``train.*`` values that carry ``protocol`` (one lr for backbone and head: ``train.probe_lr`` is
+    the classifier's); its step decay, which no ``train.*`` key holds, is read in :func:`_schedule`."""
+    return {
+        "train.epochs": protocol.epochs, "train.batch_size": protocol.batch_size,
+        "train.optimizer": protocol.optimizer, "train.base_lr": protocol.lr, "train.probe_lr": protocol.lr,
+        "train.weight_decay": protocol.weight_decay, "train.momentum": protocol.momentum,
+        "train.lars_eta": protocol.lars_eta, "train.clip_lr": protocol.clip_lr,
+        "train.warmup_epochs": protocol.warmup_epochs, "train.warmup_start_lr": protocol.warmup_start_lr,
+        "train.min_lr": 0.0, "train.monitor_samples": 0,
+    }  # fmt: skip
+
+
+#: What ``finetune`` sets on the pretrained run's config before the user's ``train.*`` overrides, by
+#: ``eval.finetune_protocol`` (:mod:`bayesncl.metrics.protocols`): the authors' CIFAR fine-tuning
+#: protocol (module docstring) and their ImageNet-100 one (SGD lr 1.0, weight decay 0, step decay).
+PROTOCOLS: dict[str, dict[str, Any]] = {name: protocol_settings(p) for name, p in FINETUNE.items()}
+#: The CIFAR protocol's settings (the one every dataset but ``imagefolder`` gets by default).
+PROTOCOL: dict[str, Any] = PROTOCOLS["cifar"]
 #: The keys ``finetune`` takes besides ``data.*`` and ``eval.*`` (which go to the loading, as for evaluate).
 TRAIN_KEYS = ("train.", "seed")
 
@@ -83,15 +100,29 @@ def finetune_loss(
 
 
 def finetune_config(
-    pretrained: Config, train_overrides: dict[str, Any], protocol: dict[str, Any] = PROTOCOL
+    pretrained: Config, train_overrides: dict[str, Any], protocol: dict[str, Any] | None = None
 ) -> Config:
     """The fine-tuning run's config: ``pretrained``'s, reading its labelled data (``data.*`` with labels,
-    or ``eval.data.*`` where set: :func:`bayesncl.config.eval_data`), with ``protocol`` (``{}`` for a
+    or ``eval.data.*`` where set: :func:`bayesncl.config.eval_data`), with ``protocol`` (``None``: the
+    :data:`PROTOCOLS` entry of ``pretrained``'s ``eval.finetune_protocol`` on that data; ``{}`` for a
     resumed run's own config) and then ``train_overrides`` (dotted ``train.*``/``seed``) set. Raises
     ConfigError for a bad value."""
     no_eval_data = replace(pretrained.eval, data=EvalDataConfig())
     labelled = replace(pretrained, data=eval_data(pretrained), eval=no_eval_data)
+    if protocol is None:
+        protocol = protocol_settings(finetune_protocol(pretrained.eval.finetune_protocol, labelled.data.name))
     return build_config(labelled, {**protocol, **train_overrides})
+
+
+def _schedule(cfg: Config, steps: int) -> LrSchedule | StepSchedule:
+    """The run's lr schedule over ``cfg.train.epochs`` epochs of ``steps`` steps: its protocol's step
+    decay (``imagenet``: × gamma at the milestone epochs), else warmup-cosine from ``train.*``."""
+    protocol = finetune_protocol(cfg.eval.finetune_protocol, cfg.data.name)
+    total = cfg.train.epochs * steps
+    if protocol.schedule == "step":
+        return StepSchedule(total, steps, protocol.milestones, protocol.gamma)
+    return LrSchedule(total, round(cfg.train.warmup_epochs * steps), start=cfg.train.warmup_start_lr,
+                      final=cfg.train.min_lr)  # fmt: skip
 
 
 def default_run_dir(source: Path) -> Path:
@@ -251,7 +282,7 @@ def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> Contras
     from bayesncl.app.train import _clock, epochs, run_precision
     from bayesncl.core import distributed
     from bayesncl.core.engine import Training, wrap_for_training
-    from bayesncl.core.optim import LrSchedule, build_optimizer
+    from bayesncl.core.optim import build_optimizer
     from bayesncl.data import build_train_loader
     from bayesncl.runs.state import seed_everything
 
@@ -269,8 +300,7 @@ def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> Contras
     optimizer = build_optimizer(finetune_groups(model, cfg, cfg.train.batch_size * world.world_size), cfg)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     steps = len(loader)
-    schedule = LrSchedule(cfg.train.epochs * steps, round(cfg.train.warmup_epochs * steps),
-                          start=cfg.train.warmup_start_lr, final=cfg.train.min_lr)  # fmt: skip
+    schedule = _schedule(cfg, steps)
     state = run.restore(model, optimizer, scaler, steps)
     run.claim(state)
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
@@ -305,13 +335,17 @@ def _test(model: ContrastiveModel, cfg: Config, run_dir: Path, info: Any, source
     loader = build_eval_loader(cfg.data, "test", cfg.eval.batch_size, device=device)
     acc1, acc5 = accuracy(model.backbone, model.classifier, loader, info.num_classes)
     t = cfg.train
+    protocol = finetune_protocol(cfg.eval.finetune_protocol, cfg.data.name)
+    if protocol.schedule == "step":
+        sched = f"x{protocol.gamma:g} at epochs {', '.join(map(str, protocol.milestones))}"
+    else:
+        sched = f"warmup {t.warmup_epochs:g} then cosine"
     result = {
         "acc1": acc1, "acc5": acc5, "method": cfg.method.name, "source": str(source), "data": cfg.data.name,
         "n_test": info.num_test, "epochs": t.epochs,
-        "protocol": f"finetune: backbone + linear head on h, {t.optimizer} lr {t.base_lr:g} "
-        f"(head {t.probe_lr:g}) x batch/256, batch {t.batch_size}, weight decay {t.weight_decay:g}, "
-        f"{t.epochs} epochs, warmup "
-        f"{t.warmup_epochs:g} then cosine, crops+flips",
+        "protocol": f"finetune ({protocol.name}): backbone + linear head on h, {t.optimizer} lr "
+        f"{t.base_lr:g} (head {t.probe_lr:g}) x batch/256, momentum {t.momentum:g}, batch {t.batch_size}, "
+        f"weight decay {t.weight_decay:g}, {t.epochs} epochs, {sched}, crops+flips",
     }  # fmt: skip
     md = (f"| method | Acc@1 | Acc@5 |\n|---|---:|---:|\n| {cfg.method.name} | {acc1:.2f} | {acc5:.2f} |\n\n"
           f"{result['protocol']}; pretrained run: {source}")  # fmt: skip

@@ -178,6 +178,12 @@ def validate(cfg: Config) -> None:
     _check_source("data", d)
     _check(0.0 < d.crop_min_scale <= 1.0, f"data.crop_min_scale={d.crop_min_scale}: expected (0, 1]")
     _check(d.num_workers >= 0, f"data.num_workers={d.num_workers}: expected >= 0")
+    _check(
+        d.augment == "default" or (d.crop_min_scale == 0.08 and d.blur_prob == 0.5),
+        f"data.augment={d.augment} sets the crop scale and blur probability of its YAML files itself: "
+        f"data.crop_min_scale={d.crop_min_scale} / data.blur_prob={d.blur_prob} apply to "
+        "data.augment=default only; leave them at 0.08 / 0.5",
+    )
     _check(0.0 <= d.bg_correlation <= 1.0, f"data.bg_correlation={d.bg_correlation}: expected 0 <= p <= 1")
     _check(
         d.bg_correlation == 0.0 or d.name == "fashion-mnist-bg",

@@ -17,6 +17,25 @@ from bayesncl.config.schema import Config, dict_entry, unknown_key
 from bayesncl.core import methods
 from bayesncl.core.configs import ConfigError
 
+#: The authors' spellings of our values, by key: ``key=value`` (command line, config files, a run's
+#: saved config) takes them and stores ours. From their code and YAML files (PKU-ML/non_neg,
+#: Cui-Peng-624/BayesNCL ``solo/methods/simclr.py``: ``supported_non_neg_list`` = None, relu, rep_relu,
+#: gelu, sigmoid, softplus, exp, leakyrelu; ``gate_type`` in STE, gumbel_sigmoid; YAML
+#: ``non_neg: None`` for plain SimCLR). Our other names are theirs already.
+VALUE_ALIASES: dict[str, dict[str, str]] = {
+    "method.nonneg": {"leakyrelu": "leaky_relu", "None": "identity", "none": "identity"},
+    "method.gate": {"STE": "ste", "gumbel_sigmoid": "gumbel"},
+}
+
+
+def canonical(key: str, value: Any) -> Any:
+    """``value`` of ``key`` in our spelling: an authors' name of :data:`VALUE_ALIASES` replaced (YAML's
+    ``null`` reads as ``None``), anything else as given."""
+    aliases = VALUE_ALIASES.get(key)
+    if aliases is None or isinstance(value, bool) or not isinstance(value, (str, type(None))):
+        return value
+    return aliases.get(str(value), value)
+
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Coerce a YAML/CLI value to the annotated type ``tp``; raise ConfigError naming ``key``."""
@@ -149,7 +168,7 @@ def set_key(cfg: Config, key: str, value: Any) -> None:
     elif parts[-1] not in hints or dataclasses.is_dataclass(hints[parts[-1]]) or key == "method.own":
         raise unknown_key(key, cfg.method.name)
     else:
-        setattr(obj, parts[-1], _coerce(key, value, hints[parts[-1]]))
+        setattr(obj, parts[-1], _coerce(key, canonical(key, value), hints[parts[-1]]))
 
 
 def dump_yaml(cfg: Config) -> str:

@@ -39,7 +39,15 @@ class DataConfig:
     classes: str | None = None  # imagefolder: a file listing the class folders to use (e.g. ImageNet-100)
     labels: str = "auto"  # auto | none; none: pretrain without labels (no online probe; stl10: + unlabeled)
     bg_correlation: float = 0.0  # fashion-mnist-bg: P(train place follows the class); test stays independent
+    # the two views' pipelines, a preset of bayesncl.data.augment.PRESETS: default (the authors'
+    # symmetric.yaml) | asymmetric (view 1 always blurred, view 2 solarized with p 0.2; weaker jitter) |
+    # symmetric-weak (jitter 0.4/0.4/0.4/0.1; CIFAR's file for cifar*, ImageNet-100's otherwise) |
+    # symmetric-weak-cifar | symmetric-weak-imagenet
+    augment: str = "default"
 
+
+#: The allowed ``eval.probe_protocol`` / ``eval.finetune_protocol`` values (bayesncl.metrics.protocols).
+PROTOCOL_CHOICES: tuple[str, ...] = ("auto", "cifar", "imagenet")
 
 #: The allowed ``train.loggers`` names (``bayesncl.runs.loggers`` runs them).
 LOGGERS: tuple[str, ...] = ("csv", "tensorboard", "wandb")
@@ -70,6 +78,11 @@ class EvalConfig:
     # gated methods: evaluation features gate z with alpha, not the hard mask 1[alpha > threshold]
     # (the authors' eval.use_soft_gating, main_eval.py; off there too)
     use_soft_gating: bool = False
+    # auto | cifar | imagenet: `evaluate --probe paper`'s optimiser and schedule (bayesncl.metrics.protocols):
+    # cifar = LARS 0.4, warmup-cosine; imagenet = SGD 1.0, x0.1 at epochs 60, 80; auto: imagenet for
+    # data.name=imagefolder, cifar otherwise (the authors' scripts/linear/{cifar,imagenet-100})
+    probe_protocol: str = "auto"
+    finetune_protocol: str = "auto"  # the same for `bayesncl finetune` (scripts/finetuning/...)
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
@@ -112,6 +125,7 @@ def fixed_choices() -> dict[str, tuple[str, ...]]:
     from bayesncl.core.model import BACKBONES
     from bayesncl.core.parts import GATE_KINDS, NOISES, NONNEG
     from bayesncl.data import DATASETS
+    from bayesncl.data.augment import AUGMENT_PRESETS
 
     return {
         "data.name": tuple(DATASETS),
@@ -127,6 +141,9 @@ def fixed_choices() -> dict[str, tuple[str, ...]]:
         "train.optimizer": ("lars", "sgd", "adamw"),
         "train.precision": ("auto", "fast", "fp32", "fp16", "bf16"),
         "eval.probe": ("fast", "none"),
+        "eval.probe_protocol": PROTOCOL_CHOICES,
+        "eval.finetune_protocol": PROTOCOL_CHOICES,
+        "data.augment": tuple(AUGMENT_PRESETS),
     }
 
 

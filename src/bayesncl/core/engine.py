@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from bayesncl.core import distributed, methods
 from bayesncl.core.model import ContrastiveModel, ModelOutput, contrastive_loss
-from bayesncl.core.optim import LrSchedule
+from bayesncl.core.optim import LrSchedule, StepSchedule
 
 if TYPE_CHECKING:
     from bayesncl.core.configs import CoreConfig as Config
@@ -151,7 +151,7 @@ class Training:
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     method: MethodConfig
-    schedule: LrSchedule  # every group's rate at each step, from its peak_lr (core.optim.param_groups)
+    schedule: LrSchedule | StepSchedule  # every group's rate at each step, from its peak_lr
     device: torch.device
     distributed: bool  # several processes: a stop is decided at a host sync, by all together
     autocast: Any = None

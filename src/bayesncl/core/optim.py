@@ -187,6 +187,35 @@ class LrSchedule:
         return optimizer.param_groups[0]["lr"]
 
 
+@dataclass(frozen=True)
+class StepSchedule:
+    """Per-epoch step decay, as torch's ``MultiStepLR(milestones, gamma)`` that the authors'
+    ImageNet-100 linear and fine-tuning protocol steps once per epoch (PKU-ML/non_neg
+    ``scripts/linear/imagenet-100/simclr.yaml``: ``scheduler.name: step``, ``lr_decay_steps: [60, 80]``;
+    ``solo/methods/linear.py``: ``MultiStepLR(..., gamma=0.1)``, a bare scheduler, so Lightning steps it
+    per epoch). The same interface as :class:`LrSchedule` (``total_steps``, :meth:`at`, :meth:`apply`).
+
+    At step t (0-based) of an epoch of ``steps_per_epoch`` steps, epoch e = t // steps_per_epoch:
+    ``peak · gamma^#{m in milestones : m <= e}``. ``milestones`` are epochs.
+    """
+
+    total_steps: int
+    steps_per_epoch: int
+    milestones: tuple[int, ...] = ()
+    gamma: float = 0.1
+
+    def at(self, step: int, peak: float) -> float:
+        """The rate at ``step`` of a group whose peak (initial) rate is ``peak``."""
+        epoch = step // max(self.steps_per_epoch, 1)
+        return peak * self.gamma ** sum(1 for m in self.milestones if m <= epoch)
+
+    def apply(self, optimizer: torch.optim.Optimizer, step: int) -> float:
+        """Set every group's ``lr`` at ``step`` from its ``peak_lr``; returns the first group's rate."""
+        for g in optimizer.param_groups:
+            g["lr"] = self.at(step, g["peak_lr"])
+        return optimizer.param_groups[0]["lr"]
+
+
 def warmup_cosine(
     base: float, total_steps: int, warmup_steps: int, start: float = 3e-5, final: float = 0.0
 ) -> np.ndarray:

@@ -17,8 +17,15 @@ The pipeline, in order:
 4. Gaussian blur with p ``blur_prob``, sigma U(0.1, 2.0): PIL's ``GaussianBlur(radius=sigma)``, as
    the authors' loader (solo/data/pretrain_dataloader.py:77-100; CIFAR too), i.e. three extended
    box blurs of variance sigma²/3 each (:func:`pil_box_kernels`), so the blur grows with sigma;
-5. horizontal flip with p 0.5;
-6. normalisation with the dataset mean/std.
+5. solarization with p ``solarize_p`` (0 by default; PIL's ``ImageOps.solarize``, threshold 128);
+6. horizontal flip with p 0.5;
+7. normalisation with the dataset mean/std.
+
+``data.augment`` picks one of :data:`AUGMENT_PRESETS`, the authors' YAML files: ``default`` (their
+``symmetric.yaml``: the values above), ``asymmetric`` (two different pipelines for view 1 and view 2,
+solo-learn style), ``symmetric-weak`` (weaker colour jitter); :func:`preset_views` gives the two views'
+specs. The loaders run one spec for both views when they are equal (so the default's batches are
+unchanged) and each view's own otherwise.
 
 Gray (1-channel) data such as Fashion-MNIST keeps its single channel: the colour jitter reduces
 to brightness + contrast, and saturation, hue and the grayscale step are skipped (they are
@@ -152,6 +159,26 @@ class _PilBlurImage:
         return img.filter(ImageFilter.GaussianBlur(radius=s))
 
 
+#: PIL's ``ImageOps.solarize`` default threshold (uint8 pixel units), the authors' ``Solarization``
+#: (solo/data/pretrain_dataloader.py): a value v >= 128 becomes 255 - v.
+SOLARIZE_THRESHOLD = 128
+
+
+class _Solarize(nn.Module):
+    """Batched solarization of float images in [0, 1]: per sample with p ``p`` (drawn from the global
+    CPU RNG), x becomes 1 - x where it rounds to a uint8 value >= 128 (x >= 127.5/255: PIL's threshold
+    on the uint8 image, robust to the crop's float round-off at 128/255)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chosen = (torch.rand(x.shape[0]) < self.p).to(x.device)[:, None, None, None]
+        flipped = torch.where(x >= (SOLARIZE_THRESHOLD - 0.5) / 255.0, 1.0 - x, x)
+        return torch.where(chosen, flipped, x)
+
+
 @dataclass(frozen=True)
 class AugmentSpec:
     """One SimCLR augmentation distribution (defaults = PAPER-NOTES §2).
@@ -177,6 +204,7 @@ class AugmentSpec:
     blur_sigma: tuple[float, float] = (0.1, 2.0)
     flip_p: float = 0.5
     interpolation: str = "bilinear"  # the crop's resampling: bilinear | bicubic (the authors' pretraining)
+    solarize_p: float = 0.0  # PIL's ImageOps.solarize (threshold 128: v >= 128 -> 255 - v), after the blur
 
     @classmethod
     def simclr(
@@ -217,6 +245,8 @@ class BatchAugment(nn.Module):
             ops.append(K.RandomGrayscale(p=spec.gray_p))
         if spec.blur_p > 0:
             ops.append(_PilBlur(spec.blur_sigma, spec.blur_p))
+        if spec.solarize_p > 0:
+            ops.append(_Solarize(spec.solarize_p))
         if spec.flip_p > 0:
             ops.append(K.RandomHorizontalFlip(p=spec.flip_p))
         self.ops = nn.Sequential(*ops)
@@ -239,6 +269,58 @@ class BatchAugment(nn.Module):
         return (out - mean) / std
 
 
+# ----------------------------------------------------------------------------- the authors' presets
+# Each preset is the two views' parameters as the authors' YAML files give them (PKU-ML/non_neg and
+# Cui-Peng-624/BayesNCL hold the same files), on top of :meth:`AugmentSpec.simclr` (size, channels and
+# normalisation stay the dataset's; the blur's sigma range U(0.1, 2) and flip p 0.5 are theirs in every
+# file). Keys not listed keep the default (= their symmetric.yaml).
+_WEAK_CIFAR = {  # scripts/pretrain/cifar/symmetric_weak.yaml
+    "crop_min_scale": 0.2, "jitter_p": 0.4, "brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1,
+    "gray_p": 0.2, "blur_p": 0.5, "solarize_p": 0.0,
+}
+_WEAK_IMAGENET = {  # scripts/pretrain/imagenet-100/symmetric_weak.yaml
+    "crop_min_scale": 0.08, "jitter_p": 0.8, "brightness": 0.4, "contrast": 0.4, "saturation": 0.4,
+    "hue": 0.1, "gray_p": 0.2, "blur_p": 0.5, "solarize_p": 0.0,
+}
+_ASYMMETRIC = (  # scripts/pretrain/imagenet-100/asymmetric.yaml: its two pipelines, one crop each
+    {"crop_min_scale": 0.08, "jitter_p": 0.8, "brightness": 0.4, "contrast": 0.4, "saturation": 0.2,
+     "hue": 0.1, "gray_p": 0.2, "blur_p": 1.0, "solarize_p": 0.0},
+    {"crop_min_scale": 0.08, "jitter_p": 0.8, "brightness": 0.4, "contrast": 0.4, "saturation": 0.2,
+     "hue": 0.1, "gray_p": 0.2, "blur_p": 0.1, "solarize_p": 0.2},
+)  # fmt: skip
+#: ``data.augment`` → (view 1's, view 2's) parameters, or None for the ``symmetric-weak`` that picks
+#: its file by dataset (:func:`preset_views`). ``default`` sets nothing: ``data.crop_min_scale`` and
+#: ``data.blur_prob`` apply (the authors' symmetric.yaml at their defaults).
+AUGMENT_PRESETS: dict[str, tuple[dict[str, float], dict[str, float]] | None] = {
+    "default": ({}, {}),
+    "asymmetric": _ASYMMETRIC,
+    "symmetric-weak": None,
+    "symmetric-weak-cifar": (_WEAK_CIFAR, _WEAK_CIFAR),
+    "symmetric-weak-imagenet": (_WEAK_IMAGENET, _WEAK_IMAGENET),
+}
+#: The datasets whose ``symmetric-weak`` is CIFAR's file (every other one takes ImageNet-100's).
+CIFAR_FAMILY: tuple[str, ...] = ("cifar10", "cifar100")
+
+
+def preset_views(base: AugmentSpec, preset: str, dataset: str) -> tuple[AugmentSpec, AugmentSpec]:
+    """The two views' specs of ``data.augment=preset`` on ``dataset`` (a ``data.name``), from ``base``
+    (:meth:`AugmentSpec.simclr` of the data): its parameters replaced by the preset's, then gray data's
+    rule (saturation, hue, grayscale off on one channel). ``default``: ``(base, base)``. Raises
+    ValueError for an unknown preset (the config layer refuses it first)."""
+    if preset not in AUGMENT_PRESETS:
+        raise ValueError(f"data.augment={preset!r}: expected one of {', '.join(AUGMENT_PRESETS)}")
+    views = AUGMENT_PRESETS[preset]
+    if views is None:
+        family = "cifar" if dataset in CIFAR_FAMILY else "imagenet"
+        views = AUGMENT_PRESETS[f"symmetric-weak-{family}"]
+    assert views is not None
+    out = []
+    for params in views:
+        spec = replace(base, **params)
+        out.append(replace(spec, saturation=0.0, hue=0.0, gray_p=0.0) if spec.channels == 1 else spec)
+    return out[0], out[1]
+
+
 def sample_transform(spec: AugmentSpec):  # -> torchvision.transforms.v2.Compose
     """The spec executed per image with torchvision.transforms.v2: PIL image (or uint8 CHW tensor)
     → normalised float ``(C, S, S)``. Randomness comes from the global torch RNG."""
@@ -259,6 +341,8 @@ def sample_transform(spec: AugmentSpec):  # -> torchvision.transforms.v2.Compose
         ts.append(T.RandomGrayscale(p=spec.gray_p))
     if spec.blur_p > 0:
         ts.append(T.RandomApply([_PilBlurImage(spec.blur_sigma)], p=spec.blur_p))
+    if spec.solarize_p > 0:  # on the PIL / uint8 image: threshold in pixel units, as ImageOps.solarize
+        ts.append(T.RandomSolarize(SOLARIZE_THRESHOLD, p=spec.solarize_p))
     if spec.flip_p > 0:
         ts.append(T.RandomHorizontalFlip(p=spec.flip_p))
     ts += [T.ToImage(), T.ToDtype(torch.float32, scale=True), T.Normalize(list(spec.mean), list(spec.std))]

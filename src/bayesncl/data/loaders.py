@@ -34,6 +34,7 @@ from bayesncl.data.augment import (
     BatchAugment,
     eval_folder_transform,
     mix_seed,
+    preset_views,
     sample_transform,
     seeded,
 )
@@ -65,6 +66,13 @@ def augment_spec(cfg: Any, info: DatasetInfo | None = None) -> AugmentSpec:
     )
 
 
+def augment_views(cfg: Any, info: DatasetInfo | None = None) -> tuple[AugmentSpec, AugmentSpec]:
+    """The two views' distributions for ``cfg``: ``data.augment``'s preset on :func:`augment_spec`
+    (:func:`bayesncl.data.augment.preset_views`; ``default``: the same spec twice)."""
+    info = info or dataset_info(cfg)
+    return preset_views(augment_spec(cfg, info), str(getattr(cfg, "augment", "default")), str(cfg.name))
+
+
 # ============================================================================ train loaders
 def _epoch_order(n: int, seed: int, epoch: int, rank: int, world_size: int) -> torch.Tensor:
     """This rank's sample order for ``epoch``: one permutation shared by all ranks, truncated to a
@@ -81,7 +89,8 @@ class TwoViewLoader:
     ``len(loader)`` = steps per epoch (drop_last); ``set_epoch(e)`` selects the epoch whose order
     and augmentation are a function of ``(seed, epoch, rank)`` only. Attributes: ``batch_size``,
     ``num_samples`` (this rank's samples per epoch before drop_last), ``epoch``, ``resident``,
-    ``spec`` (the AugmentSpec), ``num_skipped`` (corrupt images skipped so far), ``note`` (a line
+    ``spec`` (view 1's AugmentSpec), ``spec2`` (view 2's: ``spec`` unless ``data.augment`` gives the
+    views different pipelines), ``num_skipped`` (corrupt images skipped so far), ``note`` (a line
     for the log on where the images come from; empty for tensor datasets).
     """
 
@@ -90,9 +99,10 @@ class TwoViewLoader:
 
     def __init__(
         self, n: int, batch_size: int, spec: AugmentSpec, *, seed: int, device: torch.device,
-        rank: int, world_size: int,
+        rank: int, world_size: int, spec2: AugmentSpec | None = None,
     ) -> None:
         self.n, self.batch_size, self.spec, self.seed, self.device = n, batch_size, spec, int(seed), device
+        self.spec2 = spec if spec2 is None else spec2
         self.rank, self.world_size, self.num_samples = rank, world_size, n // world_size
         self.epoch = self.start_step = 0
 
@@ -118,20 +128,23 @@ class TwoViewLoader:
 class ResidentTwoViewLoader(TwoViewLoader):
     """The split as one uint8 ``(N, C, H, W)`` tensor on ``device``; both views of a batch are
     augmented in ONE :class:`BatchAugment` call on the ``2B`` stacked copies (independent
-    parameters per copy) under a seed of ``(seed, epoch, rank, step)``."""
+    parameters per copy) under a seed of ``(seed, epoch, rank, step)``; views of different specs
+    (``spec2``): view 1's call then view 2's, under that seed."""
 
     resident = True
 
     def __init__(
         self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, spec: AugmentSpec, *,
-        seed: int, device: torch.device, rank: int = 0, world_size: int = 1,
+        seed: int, device: torch.device, rank: int = 0, world_size: int = 1, spec2: AugmentSpec | None = None,
     ) -> None:
         super().__init__(
-            len(images), batch_size, spec, seed=seed, device=device, rank=rank, world_size=world_size
+            len(images), batch_size, spec, seed=seed, device=device, rank=rank, world_size=world_size,
+            spec2=spec2,
         )
         self.images = images.to(device)
         self.labels = labels.to(device)
         self.augment = BatchAugment(spec)
+        self.augment2 = None if self.spec2 == spec else BatchAugment(self.spec2)
 
     def __iter__(self) -> Batches:
         order = self._order()
@@ -142,7 +155,10 @@ class ResidentTwoViewLoader(TwoViewLoader):
             # One kornia call for both views (2B samples, each with its own parameters): half the
             # per-call overhead, which dominates on a GPU.
             with seeded(mix_seed(self.seed, self.epoch, self.rank, step), self.device):
-                views = self.augment(torch.cat([x, x]))
+                if self.augment2 is None:
+                    views = self.augment(torch.cat([x, x]))
+                else:
+                    views = torch.cat([self.augment(x), self.augment2(x)])
             yield views[:b], views[b:], self.labels[idx]
 
 
@@ -150,12 +166,16 @@ _Getter = Callable[[int], tuple[Any, int]]  # index -> (PIL image, index actuall
 
 
 class _TwoViewDataset(torch.utils.data.Dataset):
-    """Items are ``(index, seed)`` keys: the two views of image ``index`` under ``seed``."""
+    """Items are ``(index, seed)`` keys: the two views of image ``index`` under ``seed`` (view 2 by
+    ``transform2`` where given)."""
 
-    def __init__(self, get: _Getter, labels: np.ndarray, transform: Callable) -> None:
+    def __init__(
+        self, get: _Getter, labels: np.ndarray, transform: Callable, transform2: Callable | None = None
+    ) -> None:
         self.get = get
         self.labels = labels
         self.transform = transform
+        self.transform2 = transform if transform2 is None else transform2
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -168,7 +188,7 @@ class _TwoViewDataset(torch.utils.data.Dataset):
             raise ShardDataError(str(e)) from None
         with seeded(s):
             v1 = self.transform(img).as_subclass(torch.Tensor)
-            v2 = self.transform(img).as_subclass(torch.Tensor)
+            v2 = self.transform2(img).as_subclass(torch.Tensor)
         return v1, v2, int(self.labels[j])
 
 
@@ -211,13 +231,16 @@ class PerSampleTwoViewLoader(TwoViewLoader):
         self, get: _Getter, labels: np.ndarray, batch_size: int, spec: AugmentSpec, *,
         seed: int, device: torch.device, rank: int = 0, world_size: int = 1, num_workers: int = 0,
         folder: FolderImages | MemoryFolder | None = None, skipped_upfront: int = 0,
+        spec2: AugmentSpec | None = None,
     ) -> None:
         super().__init__(
-            len(labels), batch_size, spec, seed=seed, device=device, rank=rank, world_size=world_size
+            len(labels), batch_size, spec, seed=seed, device=device, rank=rank, world_size=world_size,
+            spec2=spec2,
         )
         self._folder = folder
         self._skipped_upfront = skipped_upfront
-        self.dataset = _TwoViewDataset(get, labels, sample_transform(spec))
+        second = None if self.spec2 == spec else sample_transform(self.spec2)
+        self.dataset = _TwoViewDataset(get, labels, sample_transform(spec), second)
         self._sampler = _KeySampler(self.n, batch_size, len(self), self.seed, rank, world_size)
         self.loader = torch.utils.data.DataLoader(
             self.dataset, batch_size=batch_size, sampler=self._sampler, drop_last=True,
@@ -261,7 +284,9 @@ def build_train_loader(
 
     Yields ``(x1, x2, y)``: two float ``(B, C, S, S)`` normalised views and int64 ``(B,)`` labels.
     ``crop_flip_only``: random resized crop and horizontal flip only (no colour jitter, grayscale
-    or blur): the augmentation of the paper's linear-probe protocol (PAPER-NOTES §2).
+    or blur), the same for both views whatever ``data.augment``: the augmentation of the paper's
+    linear-probe protocol (PAPER-NOTES §2). Otherwise the views of ``data.augment``
+    (:func:`augment_views`).
 
     Raises DataError for missing data, ``batch_size < 2`` or ``batch_size`` larger than this
     rank's share of the training split. ``info``: ``dataset_info(cfg)`` where the caller has it.
@@ -273,12 +298,15 @@ def build_train_loader(
     data = load_split(cfg, "train")
     n = len(data)
     check_batch_size(batch_size, n, info.name, world_size)
-    spec = augment_spec(cfg, info)
     if crop_flip_only:
         # the authors' classification loader crops with torchvision's default, bilinear
         # (solo/data/classification_dataloader.py), whatever the pretraining crop was
-        spec = dataclasses.replace(spec, jitter_p=0.0, gray_p=0.0, blur_p=0.0, interpolation="bilinear")
-    kw = dict(seed=seed, device=device, rank=rank, world_size=world_size)
+        spec = dataclasses.replace(augment_spec(cfg, info), jitter_p=0.0, gray_p=0.0, blur_p=0.0,
+                                   solarize_p=0.0, interpolation="bilinear")  # fmt: skip
+        spec2 = spec
+    else:
+        spec, spec2 = augment_views(cfg, info)
+    kw = dict(seed=seed, device=device, rank=rank, world_size=world_size, spec2=spec2)
     if uses_resident(cfg):
         images = data.images
         if images is None:

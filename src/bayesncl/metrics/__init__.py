@@ -13,6 +13,7 @@ from bayesncl.metrics.probe import feature_selection_probe, linear_probe, probe_
 from bayesncl.metrics.registry import METRIC_KEYS, METRICS, Metric, column, compute_all, format_metrics_table
 from bayesncl.metrics.retrieval import retrieval_metrics
 from bayesncl.metrics.semantic import (
+    cluster_entropy,
     semantic_consistency,
     semantic_consistency_per_dim,
     semantic_entropy_freq,
@@ -25,6 +26,7 @@ from bayesncl.metrics.spectral import (
     activation_ratio,
     active_dims,
     effective_rank,
+    nonneg_ratio,
     orthogonality,
     sparsity,
     spectral_entropy,
@@ -32,8 +34,9 @@ from bayesncl.metrics.spectral import (
 
 __all__ = [
     "METRICS", "METRIC_KEYS", "EvalError", "EvalWarning", "Metric", "activation_ratio", "active_dims",
-    "column", "compute_all", "effective_rank", "feature_selection_probe", "format_metrics_table",
-    "knn_accuracy", "linear_probe", "orthogonality", "probe_columns", "retrieval_metrics",
+    "cluster_entropy", "column", "compute_all", "effective_rank", "feature_selection_probe",
+    "format_metrics_table", "knn_accuracy", "linear_probe", "nonneg_ratio", "orthogonality", "probe_columns",
+    "retrieval_metrics",
     "selection_probes", "semantic_consistency", "semantic_consistency_per_dim", "semantic_entropy_freq",
     "semantic_entropy_mean", "semantic_entropy_sum", "semantic_metrics", "sepin_at_k", "sepin_scores",
     "sparsity", "spectral_entropy",

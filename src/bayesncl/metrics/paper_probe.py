@@ -1,7 +1,8 @@
-"""The authors' linear-probe protocol (PAPER-NOTES §2; PKU-ML/non_neg scripts/linear/cifar/simclr.yaml
-run by solo/methods/linear.py): LARS on the frozen backbone features h, 50 epochs of augmented
-crops, Acc@1/Acc@5 on the test split (settings and history: docs/metrics.md, "Fast linear probe",
-the paragraph "This is not the paper's probe").
+"""The authors' linear-probe protocols (PAPER-NOTES §2; PKU-ML/non_neg scripts/linear/{cifar,imagenet-100}/
+simclr.yaml run by solo/methods/linear.py; :mod:`bayesncl.metrics.protocols`, chosen by
+``eval.probe_protocol``): CIFAR's LARS with warmup-cosine or ImageNet-100's SGD with step decay, on
+the frozen backbone features h, 50 epochs of augmented crops, Acc@1/Acc@5 on the test split
+(settings and history: docs/metrics.md, "Fast linear probe", the paragraph "This is not the paper's probe").
 
 It runs the backbone on every augmented batch, so it is meant for GPUs; ``fast`` mode
 (``bayesncl.metrics.probe.linear_probe``) is the CPU alternative. The backbone stays in eval
@@ -12,13 +13,16 @@ check).
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from bayesncl.config import Config
 from bayesncl.core.model import ContrastiveModel
+from bayesncl.metrics.protocols import Protocol, linear_protocol
 
 
 def _snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -50,23 +54,56 @@ def accuracy(backbone: nn.Module, clf: nn.Linear, loader: Any, num_classes: int)
     return 100.0 * top1 / max(n, 1), 100.0 * top5 / max(n, 1)
 
 
-def paper_linear_probe(
-    model: ContrastiveModel, cfg: Config, *, epochs: int = 50, seeds: list[int] | None = None,
-    batch_size: int = 256, base_lr: float = 0.4, weight_decay: float = 1e-4, warmup_epochs: int = 10,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Train and test a linear probe on frozen h with the paper protocol.
+def probe_optimizer(
+    clf: nn.Linear, protocol: Protocol, lr: float, weight_decay: float
+) -> torch.optim.Optimizer:
+    """The classifier's optimiser under ``protocol``: LARS (:func:`probe_param_groups`, trust
+    coefficient ``lars_eta``, clipped) or SGD over both tensors (weight decay on both, as
+    ``solo/methods/linear.py`` without ``exclude_bias_n_norm_wd``), momentum ``protocol.momentum``;
+    ``lr`` is the scaled peak rate."""
+    if protocol.optimizer == "lars":
+        from timm.optim import Lars
 
+        return Lars(probe_param_groups(clf, weight_decay), lr=lr, momentum=protocol.momentum,
+                    trust_coeff=protocol.lars_eta, trust_clip=protocol.clip_lr)  # fmt: skip
+    return torch.optim.SGD(clf.parameters(), lr=lr, momentum=protocol.momentum, weight_decay=weight_decay)
+
+
+def probe_schedule(protocol: Protocol, lr: float, epochs: int, steps_per_epoch: int) -> np.ndarray:
+    """The rate at each of the ``epochs · steps_per_epoch`` steps, (total,) float64: warmup-cosine
+    per iteration, or the step decay (× gamma at each milestone epoch)."""
+    from bayesncl.core.optim import StepSchedule, warmup_cosine
+
+    total = epochs * steps_per_epoch
+    if protocol.schedule == "step":
+        sched = StepSchedule(total, steps_per_epoch, protocol.milestones, protocol.gamma)
+        return np.array([sched.at(t, lr) for t in range(total)], dtype=np.float64)
+    warmup = round(min(protocol.warmup_epochs, epochs) * steps_per_epoch)
+    return warmup_cosine(lr, total, warmup, start=protocol.warmup_start_lr)
+
+
+def paper_linear_probe(
+    model: ContrastiveModel, cfg: Config, *, epochs: int | None = None, seeds: list[int] | None = None,
+    batch_size: int | None = None, base_lr: float | None = None, weight_decay: float | None = None,
+    warmup_epochs: float | None = None, protocol: Protocol | None = None, progress: bool = True,
+) -> dict[str, Any]:
+    """Train and test a linear probe on frozen h with the authors' protocol.
+
+    protocol: a :class:`bayesncl.metrics.protocols.Protocol`; None: ``eval.probe_protocol`` of
+    ``cfg`` (``auto``: by ``data.name``). ``epochs``, ``batch_size``, ``base_lr`` (per 256 images),
+    ``weight_decay`` and ``warmup_epochs`` override the protocol's where given.
     returns: ``{"acc1", "acc5", "acc1_std", "acc5_std", "per_seed", "protocol"}`` (percent).
     Raises EvalError if the train split holds fewer than ``batch_size`` images, RuntimeError if the
     backbone changed during probing (it must not).
     """
-    from timm.optim import Lars
-
-    from bayesncl.core.optim import warmup_cosine
     from bayesncl.data import build_eval_loader, build_train_loader, dataset_info
     from bayesncl.metrics.inputs import EvalError
 
+    protocol = protocol or linear_protocol(cfg.eval.probe_protocol, cfg.data.name)
+    changes: dict[str, Any] = {"epochs": epochs, "batch_size": batch_size, "lr": base_lr,
+                               "weight_decay": weight_decay, "warmup_epochs": warmup_epochs}  # fmt: skip
+    protocol = replace(protocol, **{k: v for k, v in changes.items() if v is not None})
+    epochs, batch_size = protocol.epochs, protocol.batch_size
     seeds = seeds or [cfg.seed]
     device = next(model.parameters()).device
     info = dataset_info(cfg.data)
@@ -82,12 +119,10 @@ def paper_linear_probe(
     for seed in seeds:
         torch.manual_seed(seed)
         clf = nn.Linear(model.h_dim, info.num_classes).to(device)
-        lr = base_lr * batch_size / 256
-        groups = probe_param_groups(clf, weight_decay)
-        opt = Lars(groups, lr=lr, momentum=0.9, trust_coeff=0.02, trust_clip=True)
+        lr = protocol.lr * batch_size / 256
+        opt = probe_optimizer(clf, protocol, lr, protocol.weight_decay)
         loader = build_train_loader(cfg.data, batch_size, seed=seed, device=device, crop_flip_only=True)
-        warmup = min(warmup_epochs, epochs) * len(loader)
-        schedule = warmup_cosine(lr, epochs * len(loader), warmup, start=3e-5)
+        schedule = probe_schedule(protocol, lr, epochs, len(loader))
         step = 0
         for epoch in range(epochs):
             loader.set_epoch(epoch)
@@ -119,6 +154,5 @@ def paper_linear_probe(
         "acc1_std": statistics.pstdev(a1),
         "acc5_std": statistics.pstdev(a5),
         "per_seed": per_seed,
-        "protocol": f"paper: LARS lr {base_lr}x batch/256, weight decay {weight_decay:g}, batch {batch_size},"
-        f" {epochs} epochs, warmup {min(warmup_epochs, epochs)} epochs then cosine, crops+flips, frozen h",
+        "protocol": f"paper {protocol.describe()}, crops+flips, frozen h",
     }

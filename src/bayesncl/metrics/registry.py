@@ -49,6 +49,14 @@ class Shared:
         return self.semantic.summary()
 
     @cached_property
+    def cluster_entropy(self) -> float | None:
+        """NCL's cluster entropy (:meth:`SemanticStats.cluster_entropy_per_dim`'s mean); None where no
+        dim qualifies."""
+        vals = self.semantic.cluster_entropy_per_dim()
+        kept = vals[~np.isnan(vals)]
+        return float(kept.mean()) if kept.size else None
+
+    @cached_property
     def spectrum(self) -> tuple[float, float]:
         """``(spectral entropy, orthogonality error)``, see :func:`bayesncl.metrics.spectral.spectrum`."""
         return spectrum(self.f, self.active)
@@ -85,11 +93,15 @@ METRICS = (
            lambda s: s.summary[0]["semantic_entropy_mean"]),
     Metric("semantic_entropy_freq", "Semantic entropy H_freq", "nats", "{:.4f}", "H_freq", "{:.3f}",
            lambda s: s.summary[0]["semantic_entropy_freq"]),
+    Metric("cluster_entropy", "Cluster entropy (NCL's main_eval)", "nats", "{:.4f}", "clu. ent", "{:.3f}",
+           lambda s: s.cluster_entropy or 0.0),
     Metric("active_dims", "Active dims", "count", "{:d}", "active", "{:d}", lambda s: s.n_active),
     Metric("activation_ratio", "Activation ratio (Act.)", "fraction", "{:.4f}", "Act.", "{:.3f}",
            lambda s: s.n_active / s.f.shape[1]),
     Metric("sparsity", "Sparsity", "fraction", "{:.4f}", "sparsity", "{:.3f}",
            lambda s: 1.0 - s.semantic.firing_entries() / s.f.numel()),
+    Metric("nonneg_ratio", "Non-negative entries (NCL's non_neg_ratio)", "fraction", "{:.4f}", "non-neg",
+           "{:.3f}", lambda s: int((s.f >= 0).sum()) / s.f.numel()),
     Metric("effective_rank", "Effective rank exp(H_spectral)", "dims", "{:.2f}", "eff. rank", "{:.2f}",
            lambda s: math.exp(s.spectrum[0]) if s.n_active else 0.0),
     Metric("orthogonality", "Orthogonality error", "mean abs cos", "{:.4f}", "ortho.", "{:.3f}",
@@ -130,6 +142,10 @@ def _nanmean(values: Any) -> float:
     return float(kept.mean()) if kept.size else 0.0
 
 
+#: The metrics of the NCL code that the BayesNCL paper's tables do not report (docs/metrics.md):
+#: Tables 9/10 ("every metric of Table 1") leave them out.
+NCL_CODE_METRICS: tuple[str, ...] = ("cluster_entropy", "nonneg_ratio")
+
 #: The keys of :func:`compute_all`, in order (``retrieval`` and ``note`` are added when present).
 METRIC_KEYS = tuple(m.key for m in METRICS)
 _BY_KEY = {m.key: m for m in (*METRICS, *BACKGROUND_METRICS, *FACTOR_METRICS)}
@@ -165,7 +181,7 @@ def compute_all(
         out["retrieval"] = retrieval_metrics(f, y, dims=retrieval_dims)
         if f.shape[0] > DEPTH:
             out["ncl_map"] = {str(k): ncl_map(f, y, k) for k in retrieval_dims}
-    undefined = shared.summary[1]
+    undefined = [*shared.summary[1], *(["cluster_entropy"] if shared.cluster_entropy is None else [])]
     note = NO_ACTIVE_NOTE if shared.n_active == 0 else (undefined_note(undefined) if undefined else None)
     if note is not None:
         out["note"] = note

@@ -19,8 +19,9 @@ from ._numerics import CHUNK_BYTES, EPS, NORM_EPS, downscale_exponent, magnitude
 from .inputs import needs_labels, validate_features, warn_degenerate
 
 __all__ = [
-    "SemanticStats", "semantic_consistency", "semantic_consistency_per_dim", "semantic_entropy_freq",
-    "semantic_entropy_mean", "semantic_entropy_sum", "semantic_metrics", "undefined_note",
+    "SemanticStats", "cluster_entropy", "semantic_consistency", "semantic_consistency_per_dim",
+    "semantic_entropy_freq", "semantic_entropy_mean", "semantic_entropy_sum", "semantic_metrics",
+    "undefined_note",
 ]
 
 # A one-hot matrix larger than this (elements) is replaced by a scatter-add in float64.
@@ -69,6 +70,7 @@ class SemanticStats:
     sc_count: torch.Tensor  # K_sc[c, k] = #{n in c : |F_nk| / ||F_n|| > 1e-5}
     num_samples: int
     dim: int
+    positive: torch.Tensor | None = None  # (D,) bool: the dims with an entry F_nk > 0 (cluster entropy)
 
     @classmethod
     def from_features(cls, f: torch.Tensor, y: torch.Tensor) -> SemanticStats:
@@ -97,6 +99,7 @@ class SemanticStats:
         return cls(
             classes=classes, class_sizes=sizes.to(torch.float64), act_sum=act_sum, fire_count=fire_count,
             sc_count=sc_count, num_samples=int(f.shape[0]), dim=int(f.shape[1]),
+            positive=(f > 0).any(dim=0).cpu(),
         )
 
     # -- per-dimension values (NaN where a dimension does not enter the mean) -----------------
@@ -126,6 +129,17 @@ class SemanticStats:
             "sum": _entropy_columns(act), "mean": _entropy_columns(mean_act), "freq": _entropy_columns(fire),
         }
         return {k: np.where(eligible[k], values[k], np.nan) for k in values}
+
+    def cluster_entropy_per_dim(self) -> np.ndarray:
+        """NCL's per-dimension cluster entropy (nats): over S_k = {n : |F̂_nk| > 1e-5} (SC's set),
+        p_c = #{n in S_k of class c} / |S_k| and H_k = −Σ_c p_c ln(p_c + 1e-5); NaN for a dim with no
+        entry > 0 (their ``features[:, F.relu(features).sum(0) > 0]``) or an empty S_k."""
+        counts = self.sc_count.numpy()
+        total = counts.sum(axis=0)
+        p = counts / np.maximum(total, 1.0)
+        ent = -(p * np.log(p + EPS)).sum(axis=0)
+        positive = np.ones(self.dim, bool) if self.positive is None else self.positive.numpy()
+        return np.where(positive & (total > 0), ent, np.nan)
 
     # -- summaries -----------------------------------------------------------------------------
 
@@ -199,6 +213,18 @@ def semantic_consistency(features: Any, labels: Any) -> float:
     that have such samples. Returns 0.0 (with an :class:`EvalWarning`) when no dim has one.
     """
     return _semantic_one(features, labels, "semantic_consistency")
+
+
+def cluster_entropy(features: Any, labels: Any) -> float:
+    """NCL's cluster entropy (nats): the mean over dims of :meth:`SemanticStats.cluster_entropy_per_dim`,
+    the number PKU-ML/non_neg ``main_eval.py`` prints as ``[cluster ent] mean`` beside its cluster
+    accuracy (our SC). Returns 0.0 (with an :class:`EvalWarning`) when no dim qualifies."""
+    vals = _stats(features, labels, "cluster_entropy").cluster_entropy_per_dim()
+    kept = vals[~np.isnan(vals)]
+    if not kept.size:
+        warn_degenerate(f"cluster_entropy: {undefined_note(['cluster_entropy'])}")
+        return 0.0
+    return float(kept.mean())
 
 
 def semantic_consistency_per_dim(features: Any, labels: Any) -> np.ndarray:

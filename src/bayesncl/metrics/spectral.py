@@ -17,7 +17,8 @@ from ._numerics import EPS, downscale_exponent, magnitudes, scaled
 from .inputs import validate_features
 
 __all__ = [
-    "activation_ratio", "active_dims", "effective_rank", "orthogonality", "sparsity", "active_mask",
+    "activation_ratio", "active_dims", "effective_rank", "nonneg_ratio", "orthogonality", "sparsity",
+    "active_mask",
     "spectral_entropy", "spectrum",
 ]
 
@@ -46,6 +47,14 @@ def sparsity(features: Any, labels: Any = None) -> float:
     f, _ = validate_features(features, None)
     fired = int((magnitudes(f) > EPS).sum())
     return 1.0 - fired / f.numel()
+
+
+def nonneg_ratio(features: Any, labels: Any = None) -> float:
+    """The share of entries F_nk >= 0 (zeros count), a fraction in [0, 1]: the NCL code's logged
+    ``non_neg_ratio`` (PKU-ML/non_neg ``solo/methods/simclr.py``: ``(z >= 0).float().mean()``, there
+    on a training batch's z, here on the features given). 1.0 for any non-negative F."""
+    f, _ = validate_features(features, None)
+    return int((f >= 0).sum()) / f.numel()
 
 
 # --------------------------------------------------------------------------------------------

@@ -104,9 +104,12 @@ def _rates(store: Path) -> dict[tuple[Any, ...], list[float]]:
     return out
 
 
-def estimate_seconds(to_train: dict[str, Config], store: Path) -> tuple[dict[str, float], str]:
+def estimate_seconds(
+    to_train: dict[str, Config], store: Path, *, time_here: bool = True
+) -> tuple[dict[str, float], str]:
     """Estimated training seconds of each run (by hash) and where the rate came from: the median
-    images/s of stored runs of the same cost (:data:`COST_KEYS`), else a 3-step measurement here."""
+    images/s of stored runs of the same cost (:data:`COST_KEYS`), else a 3-step measurement here
+    (``time_here``; without it such a run has no estimate, and the source says so)."""
     from bayesncl.data import dataset_info
     from bayesncl.paper.benchmark import images_per_second
 
@@ -119,6 +122,8 @@ def estimate_seconds(to_train: dict[str, Config], store: Path) -> tuple[dict[str
         if key in logged:
             rate = sorted(logged[key])[len(logged[key]) // 2]
             sources.add(f"{len(logged[key])} stored run(s)' log.csv")
+        elif not time_here:
+            continue
         else:
             if key not in measured:  # no stored run of this cost: say why the plan is not printed yet
                 print(f"timing {cfg.model.backbone} here (3 training steps) for the plan ...", flush=True)
@@ -128,7 +133,7 @@ def estimate_seconds(to_train: dict[str, Config], store: Path) -> tuple[dict[str
         steps = max(1, dataset_info(cfg.data).num_train // cfg.train.batch_size)
         done = _logged_epochs(store / h)
         out[h] = (cfg.train.epochs - done) * steps * cfg.train.batch_size / rate
-    return out, " and ".join(sorted(sources)) or "nothing to train"
+    return out, " and ".join(sorted(sources)) or ("nothing timed" if to_train else "nothing to train")
 
 
 def _logged_epochs(sub: Path) -> int:
@@ -158,8 +163,17 @@ def _print_plan(study: Study, dataset: str, seeds: int, store: Path, cells: Cell
         extra += f" ({lacking[h]})" if h in lacking else ""
         print(f"  {name} seed {seed}: {status} {h}{extra}")
     device = next(iter(runs.values()))[0].train.device
-    print(f"estimated training time on this device ({device}): {_duration(sum(est.values()))} "
-          f"(from {source}; evaluation not included)")  # fmt: skip
+    untimed = [h for h, (_, st) in runs.items() if st != "reuse" and h not in est]
+    why = (f"{len(untimed)} run(s) of a cost no stored run's log.csv gives a rate for (--plan --time times "
+           "3 training steps here)")  # fmt: skip
+    if untimed and not est:
+        print(f"estimated training time on this device ({device}): none, not timed: {why}")
+    else:
+        of = f" for {len(est)} of the {len(est) + len(untimed)} run(s) to train" if untimed else ""
+        print(f"estimated training time on this device ({device}){of}: {_duration(sum(est.values()))} "
+              f"(from {source}; evaluation not included)")  # fmt: skip
+        if untimed:
+            print(f"not timed: {why}")
     for note in study.notes:
         print(f"note: {note}")
     if lacking:
@@ -460,7 +474,7 @@ def weightless_runs(
 
 def reproduce(
     study_id: str, dataset: str, run_dir: Path | None, overrides: list[str], *, seeds: int = 1,
-    store: Path | None = None, plan_only: bool = False,
+    store: Path | None = None, plan_only: bool = False, time_here: bool | None = None,
 ) -> dict[str, Any]:
     """Train (or reuse) every variant of ``study_id`` on ``dataset`` for seeds 0..``seeds``-1, measure
     them, and write ``RUN_DIR/<stem>.md`` / ``.json`` (and ``<stem>.png`` for a figure, ``curves.png``)
@@ -473,7 +487,10 @@ def reproduce(
     printed plan, where the runs that lack weights the table reads (:func:`weightless_runs`: no
     ``last.pt``, or no ``epoch-NNNN.pt`` of the table's) are marked, not refused, then nothing is
     trained, measured or written; returns ``{"train", "resume", "reuse", "needs_weights"}``, each a
-    sorted list of store hashes (``needs_weights``: those marked)."""
+    sorted list of store hashes (``needs_weights``: those marked). ``time_here`` (``--time``; None:
+    ``not plan_only``, so a run without ``--plan`` always): time 3 training steps here for a run of a
+    cost that no stored run's log.csv gives a rate for; without it (``--plan`` alone) the plan prints
+    at once, such runs without an estimate."""
     p = _prepare(study_id, dataset, run_dir, overrides, seeds, store, plan=plan_only)
     study, configs, run_dir, store, cells, runs = p.study, p.configs, p.run_dir, p.store, p.cells, p.runs
     from bayesncl.data import DataError, dataset_info
@@ -486,7 +503,8 @@ def reproduce(
         except DataError as e:
             raise DataError(f"{what}: {e}") from e
     to_train = {h: cfg for h, (cfg, st) in runs.items() if st != "reuse"}
-    est, source = estimate_seconds(to_train, store)
+    timed = not plan_only if time_here is None else time_here
+    est, source = estimate_seconds(to_train, store, time_here=timed)
     _print_plan(study, dataset, seeds, store, cells, runs, est, source, p.lacking)
     if plan_only:
         plan = {k: sorted(h for h, (_, st) in runs.items() if st == k) for k in ("train", "resume", "reuse")}

@@ -485,10 +485,11 @@ def _table4(dataset: str, overrides: list[str]) -> Study:
 def _tables9_10(dataset: str, overrides: list[str]) -> Study:
     """Appendix H's Tables 9/10: every metric of every Table 4 ablation (the paper's text gives none of
     their values)."""
-    from bayesncl.metrics.registry import METRICS
+    from bayesncl.metrics.registry import METRICS, NCL_CODE_METRICS
 
     k = table2_k(dataset, overrides)
-    columns = [Column(m.short, m.key, m.short_fmt.replace(":d", ":.1f")) for m in METRICS]
+    columns = [Column(m.short, m.key, m.short_fmt.replace(":d", ":.1f")) for m in METRICS
+               if m.key not in NCL_CODE_METRICS]  # fmt: skip
     columns += [LP3, LP5, Column("kNN@1", "knn_acc1"), *_retrieval_columns(k)]
     notes = [f"the interpretability metrics of Table 1, the fast probe (3 seeds), kNN on h and retrieval on "
              f"the top-{k} dims, for each ablation of Table 4"]  # fmt: skip

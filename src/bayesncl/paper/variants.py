@@ -540,6 +540,7 @@ IDENTITY_IGNORES = (
 # key that can change the weights is added here with its old behaviour's value.
 ADDED_KEYS: dict[str, Any] = {
     "data.crop_interpolation": "bilinear",  # issue 26: the authors' bicubic crop as an option
+    "data.augment": "default",  # issue 47: the authors' augmentation presets as an option
 }
 
 
