@@ -184,7 +184,7 @@ def _trainer(
     import torch
 
     from bayesncl.core.distributed import World
-    from bayesncl.core.engine import prefetch_to_device, train_step, wrap_for_training
+    from bayesncl.core.engine import compiled_loss, prefetch_to_device, train_step, wrap_for_training
     from bayesncl.core.model import build_model
     from bayesncl.core.optim import build_optimizer, param_groups, peak_lrs, precision_plan
     from bayesncl.data import build_train_loader, dataset_info
@@ -201,6 +201,7 @@ def _trainer(
     autocast = torch.autocast(device.type, dtype=amp) if amp is not None else None
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
     step_model = wrap_for_training(model, cfg, World(device=device))
+    loss_fn = compiled_loss(cfg, World(device=device))
     loader = build_train_loader(cfg.data, cfg.train.batch_size, seed=0, device=device)
     batches = prefetch_to_device(_endless(loader), device)  # as in pretrain
     model.train()
@@ -209,7 +210,7 @@ def _trainer(
         x1, x2, y = batch if batch is not None else next(batches)
         train_step(
             step_model, optimizer, scaler, x1, x2, y, cfg.method,
-            autocast=autocast, channels_last=plan.channels_last,
+            autocast=autocast, channels_last=plan.channels_last, loss_fn=loss_fn,
         )
 
     return step, batches, model
@@ -649,7 +650,7 @@ def add_benchmark_parser(subparsers: Any) -> None:
         ("--channels-last", {"action": argparse.BooleanOptionalAction},
          "channels_last memory format (default on for CUDA; off for CPU, where --precision auto or "
          "fast adds it with bf16)"),
-        ("--compile", flag, "torch.compile the model (slow first steps)"),
+        ("--compile", flag, "torch.compile the step: forward + loss (train.compile=true; slow first steps)"),
         ("--no-augment-compare", flag, "skip the per-sample DataLoader path"),
         ("--no-plain-compare", flag, "skip the plain SimCLR loop and our step at the other precisions"),
         ("--workers", {**number, "default": 0}, "workers of the per-sample DataLoader (default 0)"),
