@@ -9,8 +9,9 @@ resized to ``--image-size``; nothing is downloaded.
 Measured, in ONE process and ONE run so the ratios are fair on a noisy machine:
 
 * ``images_per_s`` {cl, ncl, bayesncl}: the arms run in rounds, ``--steps`` steps each, in an
-  order rotated every round; each figure is the median over rounds. On CPU a round is one step
-  per arm, so that the arms compared in a round saw the same load from other processes.
+  order shuffled every round (seeded; no arm keeps one predecessor); each figure is the median over
+  rounds. On CPU a round is one step per arm, so that the arms compared in a round saw the same load
+  from other processes.
 * ``gate_overhead_pct``: the median over rounds of BayesNCL's step time over NCL's, minus 1, in %
   (the paper reports +5.9 % wall time on CIFAR-100).
 * ``flops_per_image`` {ncl, bayesncl}: forward FLOPs of one image (one view) through the model,
@@ -389,7 +390,8 @@ def _plain_figures(
 def _time_rounds(
     arms: list[_Arm], s: BenchmarkSettings, device: torch.device, say: Callable[[str], None]
 ) -> None:
-    """Warm every arm up, then time ``s.rounds`` rounds, the arms' order rotated every round."""
+    """Warm every arm up, then time ``s.rounds`` rounds, the arms in another order each round
+    (:func:`round_order`)."""
     say(f"warm-up: {s.warmup} step(s) per arm" + (" (includes torch.compile)" if s.compile else ""))
     for arm in arms:
         for _ in range(s.warmup):
@@ -398,13 +400,25 @@ def _time_rounds(
     rounds = int(s.rounds or 0)
     for r in range(rounds):
         say(f"round {r + 1}/{rounds}")
-        for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
+        for arm in round_order(arms, r):
             _sync(device)
             t0 = time.perf_counter()
             for _ in range(arm.steps):
                 arm.run()
             _sync(device)
             arm.times.append((time.perf_counter() - t0) / arm.steps)
+
+
+def round_order(arms: list[_Arm], r: int) -> list[_Arm]:
+    """Round ``r``'s order of the arms: a permutation seeded by ``r``. A rotation by one per round (the
+    order before issue 46) keeps the cyclic order, so every arm had the same predecessor in every round:
+    CL's arm always followed the plain loop's 2-worker DataLoader, whose workers go on preparing the
+    batches it prefetched while CL is timed (docs/scaling.md, CL's bf16 anomaly)."""
+    import random
+
+    order = list(arms)
+    random.Random(r).shuffle(order)
+    return order
 
 
 def _demo_arms(s: BenchmarkSettings, device: torch.device) -> list[_Arm]:
