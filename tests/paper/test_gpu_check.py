@@ -46,7 +46,7 @@ def test_dry_run_end_to_end(tmp_path: Path) -> None:
     for name, r in (("eager", eager), ("compiled (compile=False, default)", compiled)):
         rate = r["images_per_s"]
         row = next(line for line in out.splitlines() if line.startswith(name))
-        numbers = [float(x.replace(",", "")) for x in re.findall(r"[\d,]+\.?\d*", row[len(name):])]
+        numbers = [float(x.replace(",", "")) for x in re.findall(r"-?[\d,]+\.?\d*", row[len(name):])]
         assert numbers[0] == pytest.approx(round(rate), abs=0.5)  # pairs/s
         assert numbers[1] == pytest.approx(rate / 11_200, abs=0.006)  # x target
         assert numbers[2] == pytest.approx(200 * 50_000 / rate / 60, rel=1e-3, abs=0.06)  # minutes
