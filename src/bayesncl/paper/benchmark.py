@@ -221,11 +221,13 @@ def images_per_second(cfg: Config, steps: int = 3) -> float:
     """Pretraining throughput of ``cfg`` on this machine (``train.device``), in images per second
     (one image = its two views, forward and backward): the mean over ``steps`` training steps
     after one warm-up step, with the model, optimiser and loader pretrain builds. Used by
-    ``reproduce`` to estimate a plan's time when no run of the kind has been timed yet."""
+    ``reproduce`` to estimate a plan's time when no run of the kind has been timed yet. The step is
+    eager whatever ``train.compile`` says (compiling would take longer than the estimate itself)."""
     from bayesncl.core.distributed import resolve_device
 
     device = resolve_device(cfg.train.device)
-    step, *_ = _trainer(cfg, device)
+    # eager: a compile (train.compile=auto on CUDA) would take minutes of a quick estimate
+    step, *_ = _trainer(replace(cfg, train=replace(cfg.train, compile="false")), device)
     step(None)
     _sync(device)
     t0 = time.perf_counter()
