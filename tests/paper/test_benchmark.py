@@ -251,3 +251,19 @@ def test_the_cli_registers_the_command(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit):
         parser.parse_args(["benchmark", "--help"])
     assert "--json" in capsys.readouterr().out
+
+
+def test_no_arm_keeps_one_predecessor_over_the_rounds() -> None:
+    """Issue 46: a rotation by one per round gave every arm the same predecessor in every round (CL always
+    after the plain loop's DataLoader workers). The seeded shuffle gives CL several predecessors over 3
+    rounds, the same orders on every run, and every arm once per round."""
+    from bayesncl.paper.benchmark import _Arm, round_order
+
+    arms = [_Arm(name, lambda: None, 1, 1) for name in ("cl", "ncl", "bayesncl", "a", "b", "plain/w2")]
+    orders = [[a.name for a in round_order(arms, r)] for r in range(3)]
+    assert all(sorted(o) == sorted(a.name for a in arms) for o in orders)
+    before = {o[o.index("cl") - 1] if o.index("cl") else "(first)" for o in orders}
+    assert len(before) >= 2, orders
+    assert orders == [[a.name for a in round_order(arms, r)] for r in range(3)]
+    rotated = [[a.name for a in arms[r:] + arms[:r]] for r in range(3)]  # the old order: one predecessor
+    assert len({o[o.index("cl") - 1] for o in rotated}) == 1

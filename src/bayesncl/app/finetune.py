@@ -281,7 +281,7 @@ def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> Contras
     """The epochs of ``cfg`` in ``run`` (a RunDir, entered), from its checkpoint if any."""
     from bayesncl.app.train import _clock, epochs, run_precision
     from bayesncl.core import distributed
-    from bayesncl.core.engine import Training, wrap_for_training
+    from bayesncl.core.engine import Training, compiled_loss, wrap_for_training
     from bayesncl.core.optim import build_optimizer
     from bayesncl.data import build_train_loader
     from bayesncl.runs.state import seed_everything
@@ -306,7 +306,8 @@ def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> Contras
     autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
     training = Training(
         wrap_for_training(model, cfg, world, FinetuneForward), optimizer, scaler, cfg.method, schedule,
-        device, world.distributed, autocast, precision.channels_last, loss_fn=finetune_loss,
+        device, world.distributed, autocast, precision.channels_last,
+        loss_fn=compiled_loss(cfg, world, finetune_loss),
     )
     start = time.time()
     for epoch, result in epochs(training, loader, cfg, run, state, _StopHooks(run)):

@@ -28,6 +28,7 @@ from bayesncl.core.engine import (
     Hooks,
     Training,
     TrainingError,
+    compiled_loss,
     first_non_finite,
     train_one_epoch,
     wrap_for_training,
@@ -219,7 +220,7 @@ def train(cfg: Config, run: RunDir, facts: RunFacts) -> ContrastiveModel:
     training = Training(
         wrap_for_training(model, cfg, world), optimizer, scaler, cfg.method, schedule, device,
         world.distributed, torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None,
-        precision.channels_last, info.labeled,
+        precision.channels_last, info.labeled, compiled_loss(cfg, world),
     )
     warn = _cpu_time_warning(cfg, device, state.step, schedule.total_steps) if world.is_main else None
     hooks = _TrainHooks(cfg, run, state, info, warn)

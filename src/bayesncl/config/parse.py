@@ -176,11 +176,13 @@ def dump_yaml(cfg: Config) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 
-# Keys that may change on --resume. All but train.epochs leave the trained weights as they would be;
-# a larger train.epochs is the way to train longer (the lr schedule is recomputed for the new length).
+# Keys that may change on --resume. All but train.epochs leave the trained weights as they would be
+# (train.compile and train.compile_mode: the same computation, rounded otherwise; a run compiled on a GPU
+# continues eagerly on a CPU); a larger train.epochs is the way to train longer (the lr schedule is
+# recomputed for the new length).
 RESUME_FREE_KEYS: tuple[str, ...] = (
     "train.epochs", "train.progress", "train.checkpoint_every", "data.num_workers", "data.root", "eval.",
-    "train.loggers", "train.monitor_samples", "train.monitor_every",
+    "train.loggers", "train.monitor_samples", "train.monitor_every", "train.compile", "train.compile_mode",
 )
 
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bayesncl.core import methods
-from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig, TrainConfig
+from bayesncl.core.configs import COMPILE_MODES, ConfigError, MethodConfig, ModelConfig, TrainConfig
 
 
 @dataclass
@@ -140,6 +140,8 @@ def fixed_choices() -> dict[str, tuple[str, ...]]:
         "method.gumbel_noise": tuple(NOISES),
         "train.optimizer": ("lars", "sgd", "adamw"),
         "train.precision": ("auto", "fast", "fp32", "fp16", "bf16"),
+        "train.compile": ("auto", "true", "false"),
+        "train.compile_mode": COMPILE_MODES,
         "eval.probe": ("fast", "none"),
         "eval.probe_protocol": PROTOCOL_CHOICES,
         "eval.finetune_protocol": PROTOCOL_CHOICES,

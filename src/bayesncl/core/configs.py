@@ -11,6 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# train.compile_mode's values: torch.compile's modes ("default": its mode=None); the ones that capture CUDA
+# graphs need core.engine's cudagraph_mark_step_begin() before each step
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
 
 class ConfigError(ValueError):
     """A configuration problem, reported to the user as one line."""
@@ -84,7 +89,13 @@ class TrainConfig:
     precision: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     channels_last: bool = False
-    compile: bool = False
+    # torch.compile of the training step, forward + loss (core.engine.compile_plan): auto: on for CUDA,
+    # off on a CPU (where it paid 1.07x after ~78 s of compiling, issue 23); true | false. Out of a run's
+    # identity (paper.variants): same computation, rounded otherwise (fp32 within ~1e-6 per step)
+    compile: str = "auto"
+    # torch.compile's mode: default | reduce-overhead (CUDA graphs: static shapes, which the loaders'
+    # drop_last batches give) | max-autotune (autotuned kernels and CUDA graphs) | max-autotune-no-cudagraphs
+    compile_mode: str = "default"
     sync_bn: bool = False
     checkpoint_every: int = 10  # also write epoch-NNNN.pt every this many epochs (0: only last)
     progress: bool = True

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from bayesncl.core import distributed, methods
+from bayesncl.core.configs import CUDA_GRAPH_MODES
 from bayesncl.core.model import ContrastiveModel, ModelOutput, contrastive_loss
 from bayesncl.core.optim import LrSchedule, StepSchedule
 
@@ -52,21 +53,67 @@ class TrainForward(nn.Module):
         return out, self.model.classifier(out.h.detach())
 
 
+def compile_plan(setting: str | bool, device: torch.device) -> bool:
+    """Whether ``train.compile`` (``auto`` | ``true`` | ``false``) compiles the step on ``device``:
+    ``auto`` is on for CUDA and off on a CPU (there torch.compile paid 1.07x after ~78 s of compiling,
+    docs/scaling.md; CPU runs stay as they were)."""
+    value = str(setting).lower()
+    return device.type == "cuda" if value == "auto" else value == "true"
+
+
 def wrap_for_training(
     model: ContrastiveModel, cfg: Config, world: distributed.World, forward: type[nn.Module] = TrainForward
 ) -> nn.Module:
     """``forward`` (:class:`TrainForward`; fine-tuning passes its own) around ``model``, inside DDP
-    when there are several processes (DDP averages the gradients over ranks), compiled when
-    ``train.compile``. ``model`` keeps owning the parameters: checkpoints and evaluation use it directly."""
+    when there are several processes (DDP averages the gradients over ranks). ``model`` keeps owning
+    the parameters: checkpoints and evaluation use it directly (no ``_orig_mod.`` in their keys).
+
+    With ``train.compile`` on (:func:`compile_plan`) and several processes the DDP module is compiled
+    here (model + probe; torch.compile's supported form of DDP); in one process the whole step's
+    forward and loss are compiled instead, by :func:`compiled_loss`."""
     step_model: nn.Module = forward(model)
     if world.distributed:
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [world.device.index] if world.device.type == "cuda" else None
         step_model = DistributedDataParallel(step_model, device_ids=ids)
-    if cfg.train.compile:
-        step_model = torch.compile(step_model)
+        if compile_plan(cfg.train.compile, world.device):
+            step_model = torch.compile(step_model, mode=_mode(cfg.train.compile_mode))
     return step_model
+
+
+LossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+
+
+def compiled_loss(cfg: Config, world: distributed.World, loss_fn: LossFn | None = None) -> LossFn | None:
+    """The step's loss function for :class:`Training`'s ``loss_fn``: ``loss_fn`` (default
+    :func:`forward_loss`: model, gate, InfoNCE, KL, probe and the step statistics) compiled by
+    ``torch.compile`` in mode ``train.compile_mode`` when ``train.compile`` is on for this device
+    (:func:`compile_plan`) and the run is one process; else ``loss_fn`` itself (None: the eager
+    :func:`forward_loss`, looked up at each step). The optimiser step stays eager (LARS's trust ratio).
+
+    In a CUDA-graph mode (``reduce-overhead``, ``max-autotune``; static shapes: the loaders drop the
+    last partial batch) each call first marks a new step (``torch.compiler.cudagraph_mark_step_begin``),
+    as the graph's outputs are overwritten by its next replay."""
+    if world.distributed or not compile_plan(cfg.train.compile, world.device):
+        return loss_fn
+    import functools
+
+    fn = torch.compile(loss_fn or forward_loss, mode=_mode(cfg.train.compile_mode))
+    if cfg.train.compile_mode not in CUDA_GRAPH_MODES:
+        return fn
+
+    @functools.wraps(loss_fn or forward_loss)
+    def step(*args: Any, **kwargs: Any) -> tuple[Tensor, dict[str, Tensor]]:
+        torch.compiler.cudagraph_mark_step_begin()
+        return fn(*args, **kwargs)
+
+    return step
+
+
+def _mode(mode: str) -> str | None:
+    """torch.compile's ``mode`` for ``train.compile_mode`` (``default``: None)."""
+    return None if mode == "default" else mode
 
 
 def forward_loss(
@@ -158,8 +205,8 @@ class Training:
     channels_last: bool = False
     labeled: bool = True  # the labels of the batches are real (a supervised method's terms read them)
     # the step's loss and statistics by name: None is forward_loss (pretraining); app.finetune passes
-    # its cross-entropy
-    loss_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]] | None = None
+    # its cross-entropy; either compiled by compiled_loss when train.compile is on
+    loss_fn: LossFn | None = None
 
 
 class Hooks:
@@ -239,7 +286,8 @@ def train_one_epoch(
         stats = train_step(t.step_model, t.optimizer, t.scaler, x1, x2, y, t.method, autocast=t.autocast,
                            channels_last=t.channels_last, labeled=t.labeled,
                            loss_fn=t.loss_fn)
-        sums = {k: sums[k] + v for k, v in stats.items()} if sums else stats
+        # a copy of the first step's: a CUDA graph's outputs are overwritten by its next replay
+        sums = {k: sums[k] + v if sums else v.clone() for k, v in stats.items()}
         c.n_seen += 1
         step += 1
         if t.device.type == "cpu" or step % STEP_LOG_EVERY == 0 or c.n_seen == steps_per_epoch:

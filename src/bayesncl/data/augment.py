@@ -112,38 +112,64 @@ def _box_radius(sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def pil_box_kernels(sigma: torch.Tensor, sigma_max: float) -> torch.Tensor:
     """The box of PIL's ``GaussianBlur(radius=sigma)``, which blurs each axis three times with it:
     an extended box of variance sigma²/3 (total variance sigma²). sigma: (B,) in (0, sigma_max].
-    Returns (B, 2R + 1) float64 kernels summing to 1, R = the box support at sigma_max (5 taps at 2)."""
+    Returns (B, 2R + 1) float64 kernels summing to 1 on sigma's device, R = the box support at sigma_max (5
+    taps at 2)."""
     r = int(_box_radius(torch.tensor([float(sigma_max)]))[0]) + 1
     l, a = _box_radius(sigma)
-    k = torch.arange(-r, r + 1, dtype=torch.float64).abs()
+    k = torch.arange(-r, r + 1, dtype=torch.float64, device=sigma.device).abs()
     box = (k <= l[:, None]).double() + a[:, None] * (k == l[:, None] + 1)
     return box / (2 * l + 1 + 2 * a)[:, None]
 
 
 class _PilBlur(nn.Module):
     """Batched PIL-equivalent Gaussian blur: per sample, with p ``p``, sigma ~ U(lo, hi) drawn
-    from the global CPU RNG (as kornia draws its parameters); edges replicated as PIL does."""
+    from the global CPU RNG (as kornia draws its parameters); edges replicated as PIL does.
+
+    On a CPU the chosen rows alone are blurred (:meth:`_host`, the digits of every CPU run). On another
+    device (CUDA) the draws go over in one pinned, non-blocking copy and the kernels are built there
+    (:meth:`_on_device`): every row is blurred and the unchosen ones keep their pixels, so the step
+    waits for nothing on the host (the host path's kernel and row-index copies were 2 synchronisations
+    per step on an H200, docs/scaling.md). Same draws, same result to fp32 rounding."""
 
     def __init__(self, sigma: tuple[float, float], p: float) -> None:
         super().__init__()
         self.sigma, self.p = sigma, p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, c, h, w = x.shape
+        b = x.shape[0]
         chosen = torch.rand(b) < self.p
         sigma = torch.empty(b, dtype=torch.float64).uniform_(*self.sigma)
-        if not chosen.any():
+        if not chosen.any():  # a CPU tensor: no device synchronisation
             return x
+        return self._host(x, chosen, sigma) if x.device.type == "cpu" else self._on_device(x, chosen, sigma)
+
+    def _host(self, x: torch.Tensor, chosen: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """Blur the ``chosen`` rows of ``x`` with kernels built on the host."""
+        c = x.shape[1]
         box = pil_box_kernels(sigma[chosen], self.sigma[1]).to(x).repeat_interleave(c, 0)
-        r, g = box.shape[1] // 2, len(box)
         idx = chosen.nonzero()[:, 0].to(x.device)
+        return x.index_copy(0, idx, self._blur(x[idx], box))
+
+    def _on_device(self, x: torch.Tensor, chosen: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """Blur every row of ``x`` with kernels built on its device, keep the ``chosen`` ones: no host
+        synchronisation (``chosen``, ``sigma``: (B,) CPU draws, copied once, pinned on CUDA)."""
+        draws = torch.stack([chosen.double(), sigma])
+        draws = (draws.pin_memory() if x.is_cuda else draws).to(x.device, non_blocking=True)
+        box = pil_box_kernels(draws[1], self.sigma[1]).to(x.dtype).repeat_interleave(x.shape[1], 0)
+        return torch.where(draws[0].bool()[:, None, None, None], self._blur(x, box), x)
+
+    @staticmethod
+    def _blur(x: torch.Tensor, box: torch.Tensor) -> torch.Tensor:
+        """x: (n, C, H, W); box: (n * C, 2R + 1) kernels, one per (sample, channel), on x's device."""
+        n, c, h, w = x.shape
+        r, g = box.shape[1] // 2, len(box)
         pad, conv = nn.functional.pad, nn.functional.conv2d
-        y = x[idx].reshape(1, -1, h, w)  # one group per (sample, channel)
+        y = x.reshape(1, -1, h, w)  # one group per (sample, channel)
         for _ in range(_BLUR_PASSES):  # as PIL: three passes along rows, then three along columns,
             y = conv(pad(y, (r, r, 0, 0), mode="replicate"), box[:, None, None], groups=g)  # each
         for _ in range(_BLUR_PASSES):  # pass replicating the edge pixels
             y = conv(pad(y, (0, 0, r, r), mode="replicate"), box[:, None, :, None], groups=g)
-        return x.index_copy(0, idx, y.reshape(-1, c, h, w))
+        return y.reshape(n, c, h, w)
 
 
 class _PilBlurImage:

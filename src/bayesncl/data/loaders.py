@@ -148,6 +148,8 @@ class ResidentTwoViewLoader(TwoViewLoader):
 
     def __iter__(self) -> Batches:
         order = self._order()
+        if self.device.type == "cuda":  # pinned: each step's indices go over without a host wait
+            order = order.pin_memory()
         b = self.batch_size
         for step in range(self.start_step, len(self)):
             idx = order[step * b : (step + 1) * b].to(self.device, non_blocking=True)

@@ -9,8 +9,9 @@ resized to ``--image-size``; nothing is downloaded.
 Measured, in ONE process and ONE run so the ratios are fair on a noisy machine:
 
 * ``images_per_s`` {cl, ncl, bayesncl}: the arms run in rounds, ``--steps`` steps each, in an
-  order rotated every round; each figure is the median over rounds. On CPU a round is one step
-  per arm, so that the arms compared in a round saw the same load from other processes.
+  order shuffled every round (seeded; no arm keeps one predecessor); each figure is the median over
+  rounds. On CPU a round is one step per arm, so that the arms compared in a round saw the same load
+  from other processes.
 * ``gate_overhead_pct``: the median over rounds of BayesNCL's step time over NCL's, minus 1, in %
   (the paper reports +5.9 % wall time on CIFAR-100).
 * ``flops_per_image`` {ncl, bayesncl}: forward FLOPs of one image (one view) through the model,
@@ -184,7 +185,7 @@ def _trainer(
     import torch
 
     from bayesncl.core.distributed import World
-    from bayesncl.core.engine import prefetch_to_device, train_step, wrap_for_training
+    from bayesncl.core.engine import compiled_loss, prefetch_to_device, train_step, wrap_for_training
     from bayesncl.core.model import build_model
     from bayesncl.core.optim import build_optimizer, param_groups, peak_lrs, precision_plan
     from bayesncl.data import build_train_loader, dataset_info
@@ -201,6 +202,7 @@ def _trainer(
     autocast = torch.autocast(device.type, dtype=amp) if amp is not None else None
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
     step_model = wrap_for_training(model, cfg, World(device=device))
+    loss_fn = compiled_loss(cfg, World(device=device))
     loader = build_train_loader(cfg.data, cfg.train.batch_size, seed=0, device=device)
     batches = prefetch_to_device(_endless(loader), device)  # as in pretrain
     model.train()
@@ -209,7 +211,7 @@ def _trainer(
         x1, x2, y = batch if batch is not None else next(batches)
         train_step(
             step_model, optimizer, scaler, x1, x2, y, cfg.method,
-            autocast=autocast, channels_last=plan.channels_last,
+            autocast=autocast, channels_last=plan.channels_last, loss_fn=loss_fn,
         )
 
     return step, batches, model
@@ -219,11 +221,13 @@ def images_per_second(cfg: Config, steps: int = 3) -> float:
     """Pretraining throughput of ``cfg`` on this machine (``train.device``), in images per second
     (one image = its two views, forward and backward): the mean over ``steps`` training steps
     after one warm-up step, with the model, optimiser and loader pretrain builds. Used by
-    ``reproduce`` to estimate a plan's time when no run of the kind has been timed yet."""
+    ``reproduce`` to estimate a plan's time when no run of the kind has been timed yet. The step is
+    eager whatever ``train.compile`` says (compiling would take longer than the estimate itself)."""
     from bayesncl.core.distributed import resolve_device
 
     device = resolve_device(cfg.train.device)
-    step, *_ = _trainer(cfg, device)
+    # eager: a compile (train.compile=auto on CUDA) would take minutes of a quick estimate
+    step, *_ = _trainer(replace(cfg, train=replace(cfg.train, compile="false")), device)
     step(None)
     _sync(device)
     t0 = time.perf_counter()
@@ -388,7 +392,8 @@ def _plain_figures(
 def _time_rounds(
     arms: list[_Arm], s: BenchmarkSettings, device: torch.device, say: Callable[[str], None]
 ) -> None:
-    """Warm every arm up, then time ``s.rounds`` rounds, the arms' order rotated every round."""
+    """Warm every arm up, then time ``s.rounds`` rounds, the arms in another order each round
+    (:func:`round_order`)."""
     say(f"warm-up: {s.warmup} step(s) per arm" + (" (includes torch.compile)" if s.compile else ""))
     for arm in arms:
         for _ in range(s.warmup):
@@ -397,13 +402,25 @@ def _time_rounds(
     rounds = int(s.rounds or 0)
     for r in range(rounds):
         say(f"round {r + 1}/{rounds}")
-        for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
+        for arm in round_order(arms, r):
             _sync(device)
             t0 = time.perf_counter()
             for _ in range(arm.steps):
                 arm.run()
             _sync(device)
             arm.times.append((time.perf_counter() - t0) / arm.steps)
+
+
+def round_order(arms: list[_Arm], r: int) -> list[_Arm]:
+    """Round ``r``'s order of the arms: a permutation seeded by ``r``. A rotation by one per round (the
+    order before issue 46) keeps the cyclic order, so every arm had the same predecessor in every round:
+    CL's arm always followed the plain loop's 2-worker DataLoader, whose workers go on preparing the
+    batches it prefetched while CL is timed (docs/scaling.md, CL's bf16 anomaly)."""
+    import random
+
+    order = list(arms)
+    random.Random(r).shuffle(order)
+    return order
 
 
 def _demo_arms(s: BenchmarkSettings, device: torch.device) -> list[_Arm]:
@@ -649,7 +666,7 @@ def add_benchmark_parser(subparsers: Any) -> None:
         ("--channels-last", {"action": argparse.BooleanOptionalAction},
          "channels_last memory format (default on for CUDA; off for CPU, where --precision auto or "
          "fast adds it with bf16)"),
-        ("--compile", flag, "torch.compile the model (slow first steps)"),
+        ("--compile", flag, "torch.compile the step: forward + loss (train.compile=true; slow first steps)"),
         ("--no-augment-compare", flag, "skip the per-sample DataLoader path"),
         ("--no-plain-compare", flag, "skip the plain SimCLR loop and our step at the other precisions"),
         ("--workers", {**number, "default": 0}, "workers of the per-sample DataLoader (default 0)"),

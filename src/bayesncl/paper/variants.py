@@ -533,8 +533,14 @@ def write_report(
 # settings (a table evaluates a stored run as it needs, caching what it computed beside the run).
 IDENTITY_IGNORES = (
     "train.progress", "train.checkpoint_every", "data.num_workers", "data.root", "eval.",
-    "train.monitor_every",
+    "train.monitor_every", "train.compile_mode",
 )
+# Keys held at one value in every identity, whatever the config says: ``train.compile`` (issue 46) computes
+# the same step, only rounded otherwise (within fp32 tolerance per step: tests/core/test_compile.py), as
+# ``train.device=auto`` on a GPU and on a CPU is the same run; so a compiled run is reused for an eager one
+# and back. It was in the identity of the first stored runs as ``false``, so it is held there (leaving it
+# out would rename every stored run). ``train.compile_mode`` is new, hence simply ignored above.
+IDENTITY_HELD: dict[str, Any] = {"train.compile": False}
 # Keys added after the store's first runs (7c83712), with the value that reproduces those runs: at
 # that value a key is left out of the identity, so every run stored before it keeps its name. A new
 # key that can change the weights is added here with its old behaviour's value.
@@ -546,22 +552,25 @@ ADDED_KEYS: dict[str, Any] = {
 
 def named_overrides(overrides: list[str]) -> list[str]:
     """The ``key=value`` items of ``overrides`` that enter a run's name: not :data:`IDENTITY_IGNORES`
-    (``data.root``, ``eval.*``, ...) and not ``data.name`` (a table's header names its data itself);
-    what a table's header, JSON and figure say it was run with, in the order given (a key given twice:
-    its last item, which is the one applied, at its first place)."""
+    (``data.root``, ``eval.*``, ...), not :data:`IDENTITY_HELD` (``train.compile``) and not
+    ``data.name`` (a table's header names its data itself); what a table's header, JSON and figure say
+    it was run with, in the order given (a key given twice: its last item, which is the one applied, at
+    its first place)."""
     last = {o.split("=", 1)[0].strip(): o for o in overrides if "=" in o}
-    return [o for k, o in last.items() if k != "data.name" and not ignored(k, IDENTITY_IGNORES)]
+    return [o for k, o in last.items()
+            if k != "data.name" and k not in IDENTITY_HELD and not ignored(k, IDENTITY_IGNORES)]
 
 
 def identity(cfg: Config) -> dict[str, Any]:
-    """The resolved config as flat dotted keys, without :data:`IDENTITY_IGNORES` and without the
-    :data:`ADDED_KEYS` at their old value: what makes two runs the same run (the seed is one of its
-    keys). ``train.precision`` ``auto`` and ``fast`` are held with what they resolve to on this
-    machine (``core.optim.identity_precision``): ``auto:bf16`` / ``fast:bf16`` on a CPU with native
-    bf16 or a bf16 GPU, ``fast:fp32`` on a CPU without, and plain ``auto`` where ``auto`` is fp32 (so
+    """The resolved config as flat dotted keys, without :data:`IDENTITY_IGNORES`, without the
+    :data:`ADDED_KEYS` at their old value and with :data:`IDENTITY_HELD` at its value: what makes two
+    runs the same run (the seed is one of its keys). ``train.precision`` ``auto`` and ``fast`` are held
+    with what they resolve to on this machine (``core.optim.identity_precision``): ``auto:bf16`` /
+    ``fast:bf16`` on a CPU with native bf16 or a bf16 GPU, ``fast:fp32`` on a CPU without, and plain
+    ``auto`` where ``auto`` is fp32 (so
     every stored fp32 run keeps its name)."""
     ident = {
-        k: v for k, v in flatten(cfg.to_dict()).items()
+        k: IDENTITY_HELD.get(k, v) for k, v in flatten(cfg.to_dict()).items()
         if not ignored(k, IDENTITY_IGNORES) and not (k in ADDED_KEYS and ADDED_KEYS[k] == v)
     }
     if ident.get("train.precision") in ("auto", "fast"):  # what it resolves to here: bf16 is not fp32
