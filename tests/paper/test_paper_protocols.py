@@ -84,7 +84,11 @@ def test_soft_gating_evaluates_with_alpha() -> None:
 
 def test_ncl_studies_paper_columns() -> None:
     sepin = studies.build("ncl-sepin", "imagenet100", [])
-    assert sepin.paper == {} and "not shown beside it" in sepin.notes[0]  # another estimator: no column
+    # the paper's values sit beside SEPIN about x (its quantity), not beside the label-based SEPIN_y
+    assert sepin.paper == {"CL": {"sepin_x@100": 0.69, "sepin_x@all": 0.47},
+                           "NCL": {"sepin_x@100": 3.87, "sepin_x@all": 0.48}}  # fmt: skip
+    assert [m for m, _ in sepin.measures] == ["sepin_x", "sepin"]
+    assert studies.build("ncl-sepin", "fashion-mnist", []).paper == {}
     ft = studies.build("ncl-finetune", "imagenet100", [])
     assert ft.paper == {"CL": {"ft_acc1": 77.3}, "NCL": {"ft_acc1": 79.2}}
     assert ft.measures == [("finetune", ())]  # the authors' protocol as it is, on a GPU dataset

@@ -27,6 +27,7 @@ from bayesncl.metrics.sepin import (
     sepin_label_at_k,
     sepin_label_scores,
     sepin_scores,
+    sepin_top_k,
 )
 from bayesncl.metrics.spectral import (
     activation_ratio,
@@ -43,6 +44,6 @@ __all__ = [
     "knn_accuracy", "linear_probe", "orthogonality", "probe_columns", "retrieval_metrics",
     "selection_probes", "semantic_consistency", "semantic_consistency_per_dim", "semantic_entropy_freq",
     "semantic_entropy_mean", "semantic_entropy_sum", "semantic_metrics", "sepin_at_k", "sepin_input_at_k",
-    "sepin_input_scores", "sepin_label_at_k", "sepin_label_scores", "sepin_scores", "sparsity",
+    "sepin_input_scores", "sepin_label_at_k", "sepin_label_scores", "sepin_scores", "sepin_top_k", "sparsity",
     "spectral_entropy",
 ]

@@ -23,7 +23,7 @@ from .inputs import EvalError, needs_labels, validate_features
 
 __all__ = [
     "sepin_at_k", "sepin_input_at_k", "sepin_input_scores", "sepin_label_at_k", "sepin_label_scores",
-    "sepin_scores",
+    "sepin_scores", "sepin_top_k",
 ]
 
 _SEPIN_RIDGE = 1e-6
@@ -95,8 +95,9 @@ def _gaussian_info_sep(
     return info, sep
 
 
-def _top_k_mean(info: np.ndarray, sep: np.ndarray, k: int | str | None) -> float:
-    """Mean of SEP over the k dims of largest INFO (ties: lower index); None / "all": all D."""
+def sepin_top_k(info: np.ndarray, sep: np.ndarray, k: int | str | None) -> float:
+    """SEPIN@k from per-dim scores (D,) of either estimator: the mean of ``sep`` over the k dims of
+    largest ``info`` (ties: lower index); ``None`` / ``"all"``: all D. k outside 1..D: EvalError."""
     d = info.shape[0]
     if k is None or k == "all":
         k = d
@@ -130,9 +131,9 @@ def sepin_label_at_k(features: Any, labels: Any, k: int | str | None = None) -> 
     index), from :func:`sepin_label_scores`. ``k=None`` or ``"all"`` averages over all D dims
     (SEPIN@all); k outside 1..D raises :class:`EvalError`. docs/metrics.md, "SEPIN@k"."""
     f, _ = validate_features(features, None)
-    _top_k_mean(np.zeros(f.shape[1]), np.zeros(f.shape[1]), k)  # k checked before the work
+    sepin_top_k(np.zeros(f.shape[1]), np.zeros(f.shape[1]), k)  # k checked before the work
     info, sep = sepin_label_scores(f, labels)
-    return _top_k_mean(info, sep, k)
+    return sepin_top_k(info, sep, k)
 
 
 #: The names the label-based estimate had before the input-based one existed (results keep them).
@@ -181,6 +182,6 @@ def sepin_input_at_k(views: Any, k: int | str | None = None) -> float:
     reports this quantity ×10⁻² (ImageNet-100, SEPIN@100: CL 0.69, NCL 3.87); its estimator is not in
     the material we have, so values agree in meaning and unit, not necessarily in estimator."""
     t = _views_tensor(views)
-    _top_k_mean(np.zeros(t.shape[2]), np.zeros(t.shape[2]), k)
+    sepin_top_k(np.zeros(t.shape[2]), np.zeros(t.shape[2]), k)
     info, sep = sepin_input_scores(t)
-    return _top_k_mean(info, sep, k)
+    return sepin_top_k(info, sep, k)
