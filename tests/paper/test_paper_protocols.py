@@ -94,3 +94,13 @@ def test_ncl_studies_paper_columns() -> None:
     assert ft.measures == [("finetune", ())]  # the authors' protocol as it is, on a GPU dataset
     cpu = studies.build("ncl-finetune", "fashion-mnist", [])
     assert cpu.measures == [("finetune", ("train.epochs=3", "train.warmup_epochs=1", "train.batch_size=256"))]
+
+
+def test_ncl_fs_selection_probe_form() -> None:
+    fast = studies.build("ncl-fs", "fashion-mnist", [])
+    authors = studies.build("ncl-fs", "fashion-mnist", ["eval.selection_probe=authors"])
+    assert fast.measures[0][0] == "selection" and authors.measures[0][0] == "selection_authors"
+    assert fast.measures[0][1] == authors.measures[0][1]  # the same K grid, the same columns
+    assert "the NCL authors' probe" in authors.notes[0] and "fast linear probe" in fast.notes[0]
+    # an eval.* key: the same stored runs (variant names) under either form
+    assert [v.name for v in fast.variants] == [v.name for v in authors.variants]

@@ -70,6 +70,10 @@ class EvalConfig:
     # gated methods: evaluation features gate z with alpha, not the hard mask 1[alpha > threshold]
     # (the authors' eval.use_soft_gating, main_eval.py; off there too)
     use_soft_gating: bool = False
+    # the feature-selection probe (reproduce ncl-fs, evaluate's selection probe): fast (our L-BFGS probe
+    # on slices of z̃) | authors (the NCL code's SGD probe on slices of the projector output p, top-K by
+    # expected activation: metrics.authors_selection; docs/metrics.md)
+    selection_probe: str = "fast"
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
@@ -127,6 +131,7 @@ def fixed_choices() -> dict[str, tuple[str, ...]]:
         "train.optimizer": ("lars", "sgd", "adamw"),
         "train.precision": ("auto", "fast", "fp32", "fp16", "bf16"),
         "eval.probe": ("fast", "none"),
+        "eval.selection_probe": ("fast", "authors"),
     }
 
 

@@ -381,20 +381,30 @@ def _ncl_fs(dataset: str, overrides: list[str]) -> Study:
                tuple((512.0, p[c.key]) for r, p in paper.items() if r == f"{v.name} K=512" and c.key in p))
         for v in variants for probe, c in zip(probes, cols, strict=True)), xscale="log")
         for title, cols in drawn]  # fmt: skip
-    notes = ["fast linear probe on the top-K train-ranked dims of z̃ vs K random dims (seed = run seed)",
+    authors = cfg.eval.selection_probe == "authors"
+    probe_note = ("the NCL authors' probe (eval.selection_probe=authors): SGD lr 1.0, batch 128, 50 epochs "
+                  "on the top-K dims of the projector output p by expected activation (dims 0..K-1 in the "
+                  "first epoch, as their code) vs K random dims of p (seed = run seed); p of un-augmented "
+                  "images"
+                  if authors else
+                  "fast linear probe on the top-K train-ranked dims of z̃ vs K random dims (seed = run seed)")
+    notes = [probe_note,
              "mAP@10: ours (cosine, re-normalised top-K); NCL map: the NCL repository's main_eval.py number "
              "(Euclidean, un-renormalised top-K slices), the one its paper reports (10.9 -> 14.2)",
              ]  # fmt: skip
     # "selection", not the older "fs": a stored run's cached "fs" cells were probed on the top-K columns in
     # rank order (K = D then differed from random K by ~0.01 points); the new name recomputes them
-    measures: list[tuple[str, tuple[object, ...]]] = [("selection", ks), ("retrieval", ks), ("nclmap", ks)]
+    probe = ("selection_authors", ks) if authors else ("selection", ks)
+    measures: list[tuple[str, tuple[object, ...]]] = [probe, ("retrieval", ks), ("nclmap", ks)]
     extra: tuple[tuple[str, DataConfig], ...] = ()
     if transfer:
         name, n_train, n_test = transfer
         sizes = ", ".join(f"{s} {n or 'all'}" for s, n in (("train", n_train), ("test", n_test)))
-        notes.append(f"transfer: the same two probes on {name} ({sizes}; through the frozen encoder at the "
-                     f"run's image size), the top-K dims ranked on {name}'s own train z̃, as the NCL code's "
-                     "selected-dims probe ranks on the split it is fitted on (docs/paper-notes.md N13)")
+        form = " (the fast form)" if authors else ""
+        notes.append(f"transfer: the same two probes{form} on {name} ({sizes}; through the frozen encoder "
+                     f"at the run's image size), the top-K dims ranked on {name}'s own train z̃, as the NCL "
+                     "code's selected-dims probe ranks on the split it is fitted on "
+                     "(docs/paper-notes.md N13)")
         measures.append(("fs_transfer", (transfer, ks)))
         what = f"ncl-fs's transfer set {name} (studies.TRANSFER_DATA for {cfg.data.name})"
         extra = ((what, transfer_config(cfg, *transfer).data),)
