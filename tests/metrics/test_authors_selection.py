@@ -47,5 +47,23 @@ def test_authors_selection_probe_refuses_bad_k() -> None:
     ptr, ytr = separable(256, 0)
     with pytest.raises(EvalError, match="1 <= k <= D=8"):
         authors_selection_probe(ptr, ytr, ptr, ytr, 9)
-    with pytest.raises(EvalError, match="fewer than one batch"):
-        authors_selection_probe(ptr[:100], ytr[:100], ptr, ytr, 2)
+    with pytest.raises(EvalError, match="2 dims given for k=3"):
+        authors_selection_probe(ptr, ytr, ptr, ytr, 3, dims=[0, 1])
+    # fewer train samples than a batch: one step an epoch on all of them (the top dims still found)
+    small = authors_selection_probe(ptr[:100], ytr[:100], ptr, ytr, 2, epochs=30)
+    assert sorted(small["dims"]) == [5, 6] and small["acc1"] == 100.0
+
+
+def test_evaluate_runs_the_authors_form_when_asked(tmp_path) -> None:
+    import json
+
+    from bayesncl.app.cli import main
+
+    from ..conftest import tiny_checkpoint
+
+    ckpt = tiny_checkpoint(tmp_path / "m.pt", ["method.name=ncl"])
+    assert main(["evaluate", str(ckpt), "--probe", "fast", "--no-knn", "eval.selection_probe=authors"]) == 0
+    fs = json.loads((tmp_path / "evaluation.json").read_text())["feature_selection_probe"]
+    assert fs["form"] == "authors" and fs["k"] == 16 and 0 <= fs["acc1"] <= fs["acc5"] <= 100
+    assert main(["evaluate", str(ckpt), "--probe", "fast", "--no-knn"]) == 0
+    assert json.loads((tmp_path / "evaluation.json").read_text())["feature_selection_probe"]["form"] == "fast"

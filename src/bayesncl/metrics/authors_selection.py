@@ -47,8 +47,9 @@ def authors_selection_probe(
     """The authors' probe on K dims of p: ``{"acc1", "acc5", "dims"}`` (test accuracy in %, the dims
     read in the last epoch). ``dims=None``: their top-K rule (dims 0..K−1 in epoch 1, then the top K by
     :func:`expected_activation_rank` of the train p); else these K dims in every epoch (the random-K
-    comparison). ``seed`` fixes the classifier's init and the batch order. Raises EvalError for K
-    outside 1..D, ``dims`` of another length, fewer train samples than one batch, or bad inputs."""
+    comparison). ``seed`` fixes the classifier's init and the batch order; fewer train samples than
+    ``batch_size``: one batch of all of them. Raises EvalError for K outside 1..D, ``dims`` of another
+    length, or bad inputs."""
     who = "authors_selection_probe"
     xtr, ytr, xte, yte = validate_train_test(train_p, train_labels, test_p, test_labels, who)
     assert ytr is not None and yte is not None
@@ -57,8 +58,7 @@ def authors_selection_probe(
         raise EvalError(f"authors_selection_probe: k={k!r}: expected an integer with 1 <= k <= D={d}")
     if dims is not None and len(dims) != k:
         raise EvalError(f"authors_selection_probe: {len(dims)} dims given for k={k}")
-    if n < batch_size:
-        raise EvalError(f"authors_selection_probe: {n} train samples, fewer than one batch of {batch_size}")
+    batch_size = min(batch_size, n)  # a train split smaller than a batch: one step an epoch on all of it
     xtr, xte = xtr.float(), xte.float()
     classes = int(max(int(ytr.max()), int(yte.max()))) + 1
     gen = torch.Generator().manual_seed(int(seed))
