@@ -40,7 +40,7 @@ def sparsity_figure(runs: Mapping[str, np.ndarray], path: Path, title: str = "")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bayesncl.app.report.figures import legend_below, save_figure
+    from bayesncl.runs.fileio import atomic_path
 
     if not runs:
         raise ValueError("the sparsity figure needs at least one run's features")
@@ -57,5 +57,12 @@ def sparsity_figure(runs: Mapping[str, np.ndarray], path: Path, title: str = "")
     ax.set_xlim(-0.5, d_max + 0.5)
     ax.set_xlabel("active dims per test image (|z̃_k| > 1e-5)")
     ax.set_ylabel("test images (%)")
-    legend_below(fig, [ax], title or "Per-sample activation sparsity")
-    return save_figure(fig, path)
+    ax.legend(fontsize=7, frameon=False)
+    fig.suptitle(title or "Per-sample activation sparsity", fontsize=10)
+    fig.tight_layout()
+    try:  # (figures.save_figure's way; figures imports this module)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+    return path
