@@ -104,3 +104,16 @@ def test_ncl_fs_selection_probe_form() -> None:
     assert "the NCL authors' probe" in authors.notes[0] and "fast linear probe" in fast.notes[0]
     # an eval.* key: the same stored runs (variant names) under either form
     assert [v.name for v in fast.variants] == [v.name for v in authors.variants]
+
+
+def test_selection_authors_and_sepin_x_measures_of_a_stored_run(tmp_path) -> None:
+    from bayesncl.app.train import pretrain
+    from bayesncl.paper import reproduce
+
+    cfg = build_config(overrides=[*TINY, "method.name=ncl"])
+    pretrain(cfg, tmp_path / "run", evaluate=False)
+    out = reproduce.MEASURES["selection_authors"](tmp_path / "run", cfg, (4, 16))
+    assert set(out) == {"K4.top_acc1", "K4.random_acc1", "K16.top_acc1", "K16.random_acc1"}
+    assert all(0 <= v <= 100 for v in out.values())
+    sep = reproduce.MEASURES["sepin_x"](tmp_path / "run", cfg, (50, 1, "all"))
+    assert set(sep) == {"sepin_x@1", "sepin_x@all"} and sep["sepin_x@1"] >= 0 and sep["sepin_x@all"] >= 0
