@@ -60,6 +60,15 @@ def _close_figures() -> Iterator[None]:
         sys.modules["matplotlib.pyplot"].close("all")
 
 
+@pytest.fixture(autouse=True)
+def _no_umap_panel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The embedding map without its UMAP panel (umap-learn's first fit in a process compiles numba
+    code for about a minute); tests/app/test_embedding.py turns it on where it tests it."""
+    from bayesncl.app.report import embedding
+
+    monkeypatch.setattr(embedding, "UMAP_PANEL", False)
+
+
 @pytest.fixture
 def registry() -> Iterator[None]:
     """The method registry as the built-in methods left it, before and after the test (a plugin

@@ -55,3 +55,56 @@ def test_features_with_at_most_one_active_dim_get_a_frame_saying_why(monkeypatch
         (ax,) = kept[-1].axes
         assert [t.get_text() for t in ax.texts] == [why] and not ax.collections  # no points
         assert ax.get_title().endswith("\nncl") and capsys.readouterr().out == f"embedding map: {why}\n"
+
+
+def test_umap_panel_beside_tsne_or_a_note_without_umap(monkeypatch, tmp_path: Path, capsys):
+    import sys
+
+    from bayesncl.app.report import embedding, figures
+
+    kept: list = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path: kept.append(fig) or path)
+    monkeypatch.setattr(embedding, "UMAP_PANEL", True)
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), 20)
+    f = np.abs(rng.normal(size=(60, 16)) * 0.1 + 3 * np.eye(16)[y * 5])
+    # umap-learn missing: the t-SNE alone and one line saying why
+    monkeypatch.setitem(sys.modules, "umap", None)
+    assert embedding.write_embedding_map(f, y, ["a", "b", "c"], tmp_path / "e.png") == tmp_path / "e.png"
+    assert len(kept[-1].axes) == 1 and capsys.readouterr().out == embedding.UMAP_MISSING + "\n"
+    # installed (a stand-in with umap-learn's interface, so the test does not compile numba): two panels
+    calls: list = []
+
+    class FakeUMAP:
+        def __init__(self, **kw):
+            calls.append(kw)
+
+        def fit_transform(self, x):
+            return np.asarray(x)[:, :2] * 2
+
+    monkeypatch.setitem(sys.modules, "umap", type(sys)("umap"))
+    sys.modules["umap"].UMAP = FakeUMAP
+    embedding.write_embedding_map(f, y, ["a", "b", "c"], tmp_path / "e.png")
+    tsne_ax, umap_ax = kept[-1].axes
+    assert [tsne_ax.get_title(), umap_ax.get_title()] == ["t-SNE", "UMAP"]
+    assert calls == [{"n_components": 2, "n_neighbors": 15, "random_state": 0, "n_jobs": 1}]
+    rows, _ = embedding.embed(f, y)
+    drawn = np.concatenate([c.get_offsets() for c in umap_ax.collections])
+    np.testing.assert_allclose(np.sort(drawn[:, 0]), np.sort(f[rows, 0] * 2), rtol=1e-6)  # the same samples
+    assert "t-SNE and UMAP of the test features" in kept[-1]._suptitle.get_text()
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.slow
+def test_real_umap_keeps_separated_classes_apart(tmp_path: Path):
+    pytest.importorskip("umap")
+    from bayesncl.app.report.embedding import embed_umap
+
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), 40)
+    f = np.abs(rng.normal(size=(120, 16)) * 0.1 + 3 * np.eye(16)[y * 5])
+    rows, xy = embed_umap(f, y, cap=90)
+    assert len(rows) == 90 and xy.shape == (90, 2)
+    d = ((xy[:, None] - xy[None]) ** 2).sum(-1) + np.diag(np.full(90, np.inf))
+    assert (y[rows][d.argmin(1)] == y[rows]).mean() == 1.0
+    assert np.array_equal(embed_umap(f, y, cap=90)[1], xy)  # seeded: the same map

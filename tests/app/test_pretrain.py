@@ -33,6 +33,7 @@ def test_two_epoch_smoke_pretrain_every_preset(tmp_path: Path, method: str) -> N
         "metrics.json",
         "metrics.md",
         "top_activations.png",
+        "sparsity.png",
         "training_curves.png",
     ):
         assert (run / name).exists(), name

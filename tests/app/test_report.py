@@ -210,6 +210,9 @@ def test_every_link_and_image_of_every_page_resolves(demo_dir: Path) -> None:
     pages = sorted(site.rglob("*.html"))
     dims = sorted((site / "bayesncl").glob("dim-*.html"))
     assert len(dims) > 0 and (site / "ncl" / "dims.html").is_file() and (site / "curves.png").is_file()
+    # several runs: their per-sample sparsity overlaid, and each run's own figure on its section
+    assert (site / "sparsity.png").read_bytes().startswith(b"\x89PNG")
+    assert 'src="sparsity.png"' in index.read_text() and (site / "ncl" / "figures" / "sparsity.png").is_file()
     for page in pages:
         text = page.read_text()
         assert _missing(page, text) == [], page

@@ -84,9 +84,36 @@ def test_soft_gating_evaluates_with_alpha() -> None:
 
 def test_ncl_studies_paper_columns() -> None:
     sepin = studies.build("ncl-sepin", "imagenet100", [])
-    assert sepin.paper == {} and "not shown beside it" in sepin.notes[0]  # another estimator: no column
+    # the paper's values sit beside SEPIN about x (its quantity), not beside the label-based SEPIN_y
+    assert sepin.paper == {"CL": {"sepin_x@100": 0.69, "sepin_x@all": 0.47},
+                           "NCL": {"sepin_x@100": 3.87, "sepin_x@all": 0.48}}  # fmt: skip
+    assert [m for m, _ in sepin.measures] == ["sepin_x", "sepin"]
+    assert studies.build("ncl-sepin", "fashion-mnist", []).paper == {}
     ft = studies.build("ncl-finetune", "imagenet100", [])
     assert ft.paper == {"CL": {"ft_acc1": 77.3}, "NCL": {"ft_acc1": 79.2}}
     assert ft.measures == [("finetune", ())]  # the authors' protocol as it is, on a GPU dataset
     cpu = studies.build("ncl-finetune", "fashion-mnist", [])
     assert cpu.measures == [("finetune", ("train.epochs=3", "train.warmup_epochs=1", "train.batch_size=256"))]
+
+
+def test_ncl_fs_selection_probe_form() -> None:
+    fast = studies.build("ncl-fs", "fashion-mnist", [])
+    authors = studies.build("ncl-fs", "fashion-mnist", ["eval.selection_probe=authors"])
+    assert fast.measures[0][0] == "selection" and authors.measures[0][0] == "selection_authors"
+    assert fast.measures[0][1] == authors.measures[0][1]  # the same K grid, the same columns
+    assert "the NCL authors' probe" in authors.notes[0] and "fast linear probe" in fast.notes[0]
+    # an eval.* key: the same stored runs (variant names) under either form
+    assert [v.name for v in fast.variants] == [v.name for v in authors.variants]
+
+
+def test_selection_authors_and_sepin_x_measures_of_a_stored_run(tmp_path) -> None:
+    from bayesncl.app.train import pretrain
+    from bayesncl.paper import reproduce
+
+    cfg = build_config(overrides=[*TINY, "method.name=ncl"])
+    pretrain(cfg, tmp_path / "run", evaluate=False)
+    out = reproduce.MEASURES["selection_authors"](tmp_path / "run", cfg, (4, 16))
+    assert set(out) == {"K4.top_acc1", "K4.random_acc1", "K16.top_acc1", "K16.random_acc1"}
+    assert all(0 <= v <= 100 for v in out.values())
+    sep = reproduce.MEASURES["sepin_x"](tmp_path / "run", cfg, (50, 1, "all"))
+    assert set(sep) == {"sepin_x@1", "sepin_x@all"} and sep["sepin_x@1"] >= 0 and sep["sepin_x@all"] >= 0

@@ -196,7 +196,9 @@ def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, A
         note = "transfer: the same two probes on synthetic (train 64, test 60;"
         assert any(note in n for n in out["notes"])
     elif study == "ncl-sepin":
-        assert set(rows["CL"]) == {"sepin@1", "sepin@10", "sepin@all"}
+        keys = {"sepin@1", "sepin@10", "sepin@all"}
+        assert set(rows["CL"]) == keys | {k.replace("sepin", "sepin_x") for k in keys}
+        assert all(v >= 0 for r in rows.values() for c in r.values() for v in c["values"])
     elif study == "convergence":  # one checkpoint (epoch 1) per tiny run
         assert set(rows) == {"CL epoch 1", "NCL epoch 1", "BayesNCL epoch 1"}
         assert rows["NCL epoch 1"]["gate_open"]["mean"] is None  # no gate

@@ -41,6 +41,7 @@ from bayesncl.metrics import (
     knn_accuracy,
     linear_probe,
 )
+from bayesncl.metrics.authors_selection import authors_selection_probe
 from bayesncl.metrics.background import background_metrics, background_probe, background_probe_one_split
 from bayesncl.metrics.disentanglement import factor_metrics
 from bayesncl.metrics.paper_probe import paper_linear_probe
@@ -191,7 +192,7 @@ def score(
     test = extract_split(model, cfg, "test", device, info=info)
     train: dict[str, np.ndarray] = {}
     if knn or "places" in test or (probe != "none" and (probe == "fast" or selection_probe)):
-        keys = ("h", "features") if selection_probe else ("h",)
+        keys = ("h", "features", "p") if selection_probe else ("h",)
         train = extract_split(model, cfg, "train", device, keys=keys, info=info)
     n_test, d = test["features"].shape
     note = None
@@ -217,10 +218,15 @@ def score(
         result["linear_probe_protocol"] = lp["protocol"]
     if probe != "none" and selection_probe:
         k_sel = min(cfg.eval.retrieval_dims or [min(64, d)])
-        fs = feature_selection_probe(
-            train["features"], train["labels"], test["features"], test["labels"], k_sel
-        )
-        result["feature_selection_probe"] = {"k": k_sel, "acc1": fs["acc1"], "acc5": fs["acc5"]}
+        if cfg.eval.selection_probe == "authors":  # the NCL code's SGD probe on p (docs/metrics.md)
+            fs = authors_selection_probe(train["p"], train["labels"], test["p"], test["labels"], k_sel,
+                                         seed=cfg.seed)  # fmt: skip
+        else:
+            fs = feature_selection_probe(
+                train["features"], train["labels"], test["features"], test["labels"], k_sel
+            )
+        result["feature_selection_probe"] = {"k": k_sel, "acc1": fs["acc1"], "acc5": fs["acc5"],
+                                             "form": cfg.eval.selection_probe}  # fmt: skip
     if knn:
         result["knn_acc1"] = knn_accuracy(train["h"], train["labels"], test["h"], test["labels"])["acc1"]
     if "places" in test:  # docs/metrics.md, "Background metrics"

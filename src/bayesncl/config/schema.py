@@ -83,6 +83,10 @@ class EvalConfig:
     # data.name=imagefolder, cifar otherwise (the authors' scripts/linear/{cifar,imagenet-100})
     probe_protocol: str = "auto"
     finetune_protocol: str = "auto"  # the same for `bayesncl finetune` (scripts/finetuning/...)
+    # the feature-selection probe (reproduce ncl-fs, evaluate's selection probe): fast (our L-BFGS probe
+    # on slices of z̃) | authors (the NCL code's SGD probe on slices of the projector output p, top-K by
+    # expected activation: metrics.authors_selection; docs/metrics.md)
+    selection_probe: str = "fast"
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
@@ -146,6 +150,7 @@ def fixed_choices() -> dict[str, tuple[str, ...]]:
         "eval.probe_protocol": PROTOCOL_CHOICES,
         "eval.finetune_protocol": PROTOCOL_CHOICES,
         "data.augment": tuple(AUGMENT_PRESETS),
+        "eval.selection_probe": ("fast", "authors"),
     }
 
 

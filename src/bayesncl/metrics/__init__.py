@@ -21,7 +21,15 @@ from bayesncl.metrics.semantic import (
     semantic_entropy_sum,
     semantic_metrics,
 )
-from bayesncl.metrics.sepin import sepin_at_k, sepin_scores
+from bayesncl.metrics.sepin import (
+    sepin_at_k,
+    sepin_input_at_k,
+    sepin_input_scores,
+    sepin_label_at_k,
+    sepin_label_scores,
+    sepin_scores,
+    sepin_top_k,
+)
 from bayesncl.metrics.spectral import (
     activation_ratio,
     active_dims,
@@ -38,6 +46,7 @@ __all__ = [
     "format_metrics_table", "knn_accuracy", "linear_probe", "nonneg_ratio", "orthogonality", "probe_columns",
     "retrieval_metrics",
     "selection_probes", "semantic_consistency", "semantic_consistency_per_dim", "semantic_entropy_freq",
-    "semantic_entropy_mean", "semantic_entropy_sum", "semantic_metrics", "sepin_at_k", "sepin_scores",
-    "sparsity", "spectral_entropy",
+    "semantic_entropy_mean", "semantic_entropy_sum", "semantic_metrics", "sepin_at_k", "sepin_input_at_k",
+    "sepin_input_scores", "sepin_label_at_k", "sepin_label_scores", "sepin_scores", "sepin_top_k", "sparsity",
+    "spectral_entropy",
 ]

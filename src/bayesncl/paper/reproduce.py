@@ -254,11 +254,40 @@ def _m_fs(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
     return {f"K{k}.{m}": v for k, row in r.items() for m, v in row.items()}
 
 
+def _m_selection_authors(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
+    """ncl-fs under ``eval.selection_probe=authors``: :func:`~bayesncl.metrics.authors_selection_probes`
+    on the projector output p of both splits (un-augmented, through the stored run), the random dims
+    drawn as the fast form draws them; keys ``K<k>.top_acc1`` / ``K<k>.random_acc1``."""
+    from bayesncl.app.evaluate import extract_split
+    from bayesncl.metrics.authors_selection import authors_selection_probes
+
+    model, loaded, _ = variants.load_stored(sub, cfg)
+    device = next(model.parameters()).device
+    train, test = (extract_split(model, loaded, s, device, keys=("p",)) for s in ("train", "test"))
+    r = authors_selection_probes(train["p"], train["labels"], test["p"], test["labels"], [int(k) for k in ks],
+                                 seed=cfg.seed)  # fmt: skip
+    return {f"K{k}.{m}": v for k, row in r.items() for m, v in row.items()}
+
+
 def _m_sepin(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
     from bayesncl.metrics import sepin_at_k
 
     _, test = _features(sub, cfg)
     return {f"sepin@{k}": 100 * sepin_at_k(test.features, test.labels, k) for k in ks}  # in 10⁻² nats
+
+
+def _m_sepin_x(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    """SEPIN about the input x (``params``: (images, *ks)): :func:`~bayesncl.metrics.sepin_input_scores`
+    of the z̃ of two training augmentations of that many train images (:func:`extract_views`, the
+    run's seed), keys ``sepin_x@k`` in 10⁻² nats."""
+    from bayesncl.app.views import extract_views
+    from bayesncl.metrics import sepin_input_scores, sepin_top_k
+
+    n_images, *ks = params
+    model, run_cfg, _ = variants.load_stored(sub, cfg)
+    views = extract_views(model, run_cfg, next(model.parameters()).device, int(n_images))
+    info, sep = sepin_input_scores(views)
+    return {f"sepin_x@{k}": 100 * sepin_top_k(info, sep, k) for k in ks}
 
 
 def _m_dynamics(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
@@ -316,7 +345,8 @@ def _m_finetune(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, fl
 
 
 MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval": _m_retrieval,
-            "selection": _m_fs, "sepin": _m_sepin, "dynamics": _m_dynamics, "finetune": _m_finetune,
+            "selection": _m_fs, "selection_authors": _m_selection_authors, "sepin": _m_sepin,
+            "sepin_x": _m_sepin_x, "dynamics": _m_dynamics, "finetune": _m_finetune,
             "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory,
             **ncl_studies.MEASURES}  # fmt: skip
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""

@@ -382,20 +382,30 @@ def _ncl_fs(dataset: str, overrides: list[str]) -> Study:
                tuple((512.0, p[c.key]) for r, p in paper.items() if r == f"{v.name} K=512" and c.key in p))
         for v in variants for probe, c in zip(probes, cols, strict=True)), xscale="log")
         for title, cols in drawn]  # fmt: skip
-    notes = ["fast linear probe on the top-K train-ranked dims of z̃ vs K random dims (seed = run seed)",
+    authors = cfg.eval.selection_probe == "authors"
+    probe_note = ("the NCL authors' probe (eval.selection_probe=authors): SGD lr 1.0, batch 128, 50 epochs "
+                  "on the top-K dims of the projector output p by expected activation (dims 0..K-1 in the "
+                  "first epoch, as their code) vs K random dims of p (seed = run seed); p of un-augmented "
+                  "images"
+                  if authors else
+                  "fast linear probe on the top-K train-ranked dims of z̃ vs K random dims (seed = run seed)")
+    notes = [probe_note,
              "mAP@10: ours (cosine, re-normalised top-K); NCL map: the NCL repository's main_eval.py number "
              "(Euclidean, un-renormalised top-K slices), the one its paper reports (10.9 -> 14.2)",
              ]  # fmt: skip
     # "selection", not the older "fs": a stored run's cached "fs" cells were probed on the top-K columns in
     # rank order (K = D then differed from random K by ~0.01 points); the new name recomputes them
-    measures: list[tuple[str, tuple[object, ...]]] = [("selection", ks), ("retrieval", ks), ("nclmap", ks)]
+    probe = ("selection_authors", ks) if authors else ("selection", ks)
+    measures: list[tuple[str, tuple[object, ...]]] = [probe, ("retrieval", ks), ("nclmap", ks)]
     extra: tuple[tuple[str, DataConfig], ...] = ()
     if transfer:
         name, n_train, n_test = transfer
         sizes = ", ".join(f"{s} {n or 'all'}" for s, n in (("train", n_train), ("test", n_test)))
-        notes.append(f"transfer: the same two probes on {name} ({sizes}; through the frozen encoder at the "
-                     f"run's image size), the top-K dims ranked on {name}'s own train z̃, as the NCL code's "
-                     "selected-dims probe ranks on the split it is fitted on (docs/paper-notes.md N13)")
+        form = " (the fast form)" if authors else ""
+        notes.append(f"transfer: the same two probes{form} on {name} ({sizes}; through the frozen encoder "
+                     f"at the run's image size), the top-K dims ranked on {name}'s own train z̃, as the NCL "
+                     "code's selected-dims probe ranks on the split it is fitted on "
+                     "(docs/paper-notes.md N13)")
         measures.append(("fs_transfer", (transfer, ks)))
         what = f"ncl-fs's transfer set {name} (studies.TRANSFER_DATA for {cfg.data.name})"
         extra = ((what, transfer_config(cfg, *transfer).data),)
@@ -410,25 +420,37 @@ def _ncl_fs(dataset: str, overrides: list[str]) -> Study:
                  extra_data=extra)
 
 
+# images (two augmented views each) of SEPIN about x (a module constant: a test shortens it)
+SEPIN_X_IMAGES = 10000
+# the NCL paper's SEPIN on ImageNet-100, ×10⁻² (PAPER-NOTES)
+NCL_SEPIN_PAPER = {"CL": {"sepin_x@100": 0.69, "sepin_x@all": 0.47},
+                   "NCL": {"sepin_x@100": 3.87, "sepin_x@all": 0.48}}  # fmt: skip
+
+
 def _ncl_sepin(dataset: str, overrides: list[str]) -> Study:
     d = base_config(dataset, "ncl", overrides).model.proj_dim
     ks: list[int | str] = [k for k in (1, 10, 100) if k <= d]
     dropped = [str(k) for k in (1, 10, 100) if k > d]
     ks.append("all")
     variants = _method_pair(("CL", "NCL"))
-    columns = [Column(f"SEPIN@{k}", f"sepin@{k}", "{:.3f}") for k in ks]
-    # no "paper" column: the NCL paper's SEPIN (ImageNet-100: @100 0.69 -> 3.87, @all 0.47 -> 0.48) is
-    # Do & Tran's I(x; z_i | z_≠i), whose estimator neither NCL repository ships; ours is a label-based
-    # Gaussian estimate of I(y; ·), another quantity (docs/metrics.md, "SEPIN@k")
+    # SEPIN_x: about the input x (the paper's quantity, Do & Tran's I(x; z_i | z_≠i)), estimated from
+    # two augmented views per image; SEPIN_y: about the label y, the estimate this study had before
+    # (its keys sepin@k stay as they were, so stored results keep their meaning)
+    columns = [Column(f"SEPIN_x@{k}", f"sepin_x@{k}", "{:.3f}") for k in ks]
+    columns += [Column(f"SEPIN_y@{k}", f"sepin@{k}", "{:.3f}") for k in ks]
+    paper = NCL_SEPIN_PAPER if dataset == "imagenet100" and "100" not in dropped else {}
     notes = [
-        "SEPIN in 10⁻² nats: our label-based Gaussian estimate of I(y; z_i | z_≠i) (docs/metrics.md); the "
-        "NCL paper's values (ImageNet-100, an estimate of I(x; ·) not in its code) measure another "
-        "quantity and are not shown beside it: compare CL with NCL here, the direction with the paper's",
+        "SEPIN in 10⁻² nats. SEPIN_x: about the input x, I(x; z_i | z_≠i) as in the NCL paper, our Gaussian "
+        f"estimate from two training augmentations of {SEPIN_X_IMAGES} train images (fewer if the split "
+        "is smaller); the paper does not give its estimator, so its values (ImageNet-100) agree with "
+        "ours in meaning and unit, not necessarily in estimator. SEPIN_y: about the class label y, "
+        "another quantity (docs/metrics.md, \"SEPIN@k\")",
     ]
     if dropped:
         notes.append(f"SEPIN@{', @'.join(dropped)} left out: more than D={d} dims")
-    return Study("ncl-sepin", "NCL paper: disentanglement SEPIN@k", "ncl-sepin", variants,
-                 [("sepin", tuple(ks))], columns, rows_of(variants), notes=notes)  # fmt: skip
+    measures = [("sepin_x", (SEPIN_X_IMAGES, *ks)), ("sepin", tuple(ks))]
+    return Study("ncl-sepin", "NCL paper: disentanglement SEPIN@k", "ncl-sepin", variants, measures,
+                 columns, rows_of(variants), paper, notes=notes)  # fmt: skip
 
 
 FINETUNE_CPU_EPOCHS = 3  # fashion-mnist's fine-tuning budget (a module constant: a test shortens it)

@@ -32,6 +32,7 @@ RESULT_ARTIFACTS = (
     # the figures by name: a user's own *.png in the folder is not the run's (--overwrite deleted it)
     "training_curves.png",
     "top_activations.png",
+    "sparsity.png",
     "suppressed_features.png",
     "dynamics.png",
     "dynamics.json",

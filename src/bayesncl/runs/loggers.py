@@ -20,7 +20,7 @@ from typing import Any
 
 from bayesncl.config import ConfigError
 
-FIGURES = ("training_curves.png", "top_activations.png", "suppressed_features.png")
+FIGURES = ("training_curves.png", "top_activations.png", "sparsity.png", "suppressed_features.png")
 
 
 class LoggerError(ConfigError):

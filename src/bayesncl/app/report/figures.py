@@ -114,16 +114,19 @@ def figure_title(what: str, label: str) -> str:
 def write_figures(
     feats: dict[str, np.ndarray], data_cfg: Any, out_dir: Path, label: str = "", names: Any = None
 ) -> list[Path]:
-    """Write ``top_activations.png`` (and ``suppressed_features.png`` for gated methods) for the
-    test split into ``out_dir``; returns the paths written. ``label``: the method and run, in each
-    title; ``names``: the class names (default: the data's). Figures are skipped (with a message),
-    never fatal, when there is nothing to draw."""
+    """Write ``top_activations.png``, ``sparsity.png`` (:mod:`bayesncl.app.report.sparsity`) and, for
+    gated methods, ``suppressed_features.png`` for the test split into ``out_dir``; returns the paths
+    written. ``label``: the method and run, in each title; ``names``: the class names (default: the
+    data's). Figures are skipped (with a message), never fatal, when there is nothing to draw."""
+    from bayesncl.app.report.sparsity import sparsity_figure
     from bayesncl.data import dataset_info, load_split_images
 
     images, _ = load_split_images(data_cfg, "test")
     names = names or dataset_info(data_cfg).class_names
     top = figure_title("Top-activating test images for the most active dimensions", label)
-    draws = {"top_activations.png": lambda p: top_activations_figure(feats, images, names, p, title=top)}
+    sparse = figure_title("Per-sample activation sparsity (the NCL paper's Fig. 1 c, d)", label)
+    draws = {"top_activations.png": lambda p: top_activations_figure(feats, images, names, p, title=top),
+             "sparsity.png": lambda p: sparsity_figure({"test split": feats["features"]}, p, title=sparse)}
     if feats.get("mask") is not None:
         draws["suppressed_features.png"] = lambda p: suppressed_features_figure(
             feats, images, names, p, label=label

@@ -23,7 +23,8 @@ from bayesncl.app.report.figures import class_name
 THUMB_PX = 64  # thumbnails: the split's images at their size, shrunk to this longest side if larger
 MARKER = ".bayesncl-report"
 FIGURES = (
-    "training_curves.png", "top_activations.png", "suppressed_features.png", "dynamics.png", "embedding.png",
+    "training_curves.png", "top_activations.png", "sparsity.png", "suppressed_features.png", "dynamics.png",
+    "embedding.png",
 )
 REPORT_FEATURE_KEYS = ("z", "features", "alpha", "mask")
 
@@ -260,6 +261,18 @@ def _curves(runs: Sequence[RunInput], out: Path) -> bool:
     return True
 
 
+def _sparsity(runs: Sequence[RunInput], out: Path) -> bool:
+    """The runs' per-sample activation sparsity overlaid (:mod:`bayesncl.app.report.sparsity`) into
+    ``out``; False where no run has test features."""
+    from bayesncl.app.report.sparsity import sparsity_figure
+
+    feats = {r.label: r.feats["features"] for r in runs if r.feats.get("features") is not None}
+    if not feats:
+        return False
+    sparsity_figure(feats, out, title="Per-sample activation sparsity, the runs overlaid (NCL Fig. 1 c, d)")
+    return True
+
+
 def write_report(
     runs: Sequence[RunInput], out: Path, *, heading: str = "", intro: str = "", table: str = "",
     figure: str = "",
@@ -286,9 +299,10 @@ def write_report(
         )
     logged = [r for r in runs if (r.path / "log.csv").is_file()]  # several runs: their curves overlaid
     curves = "curves.png" if len(runs) > 1 and logged and _curves(logged, out / "curves.png") else None
+    sparsity = "sparsity.png" if len(runs) > 1 and _sparsity(runs, out / "sparsity.png") else None
     html = env.get_template("index.html").render(
-        sections=sections, columns=MAIN_COLUMNS, curves=curves, root="", thumb_px=THUMB_PX, heading=heading,
-        intro=intro, table=table, figure=figure,
+        sections=sections, columns=MAIN_COLUMNS, curves=curves, sparsity=sparsity, root="", thumb_px=THUMB_PX,
+        heading=heading, intro=intro, table=table, figure=figure,
     )
     (out / "index.html").write_text(html)
     return out / "index.html"
