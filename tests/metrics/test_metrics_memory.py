@@ -78,8 +78,8 @@ def test_metrics_with_retrieval_extra_peak_memory_is_bounded() -> None:
     retrieval, NCL's map) adds at most 2x the input to the child's peak RSS (measured here: 1.0x;
     the former NCL map, two float64 copies of F: 3.5x)."""
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-c", CHILD, "4000", "1024"], capture_output=True, text=True, env=env,
-                         check=True)  # fmt: skip
+    cmd = [sys.executable, "-c", CHILD, "4000", "1024"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["extra_kib"] <= 2.0 * got["input_kib"], got
     assert np.isfinite(got["map"])

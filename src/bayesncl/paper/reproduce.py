@@ -107,8 +107,8 @@ def _rates(store: Path) -> dict[tuple[Any, ...], list[float]]:
 def estimate_seconds(to_train: dict[str, Config], store: Path) -> tuple[dict[str, float], str]:
     """Estimated training seconds of each run (by hash) and where the rate came from: the median
     images/s of stored runs of the same cost (:data:`COST_KEYS`), else a 3-step measurement here."""
+    from bayesncl.app.timing import images_per_second
     from bayesncl.data import dataset_info
-    from bayesncl.paper.benchmark import images_per_second
 
     logged = _rates(store)
     measured: dict[tuple[Any, ...], float] = {}
