@@ -10,7 +10,11 @@ One run prints:
    speed-up, and the largest per-dimension difference between the two;
 3. retrieval with feature selection on a large set (default 50,000 x 2,048), in row chunks, run
    in a child process so that its peak RSS (``ru_maxrss``) is its own: time and peak RSS
-   (target <= 2 GiB).
+   (target <= 2 GiB);
+4. what ``bayesncl metrics FEATURES.npz --retrieval-dims K`` computes on the same set (every metric
+   of ``compute_all``, our retrieval and NCL's own map), from an uncompressed ``.npz`` loaded as
+   the command loads it, in a child process: time and peak RSS (target <= 2 GiB; issue 46).
+   ``--skip-metrics-path`` leaves it out (NCL's map ranks N x N float64 distances: minutes).
 
 Usage: ``python benchmarks/bench_metrics.py [--quick] [--loop-dims 256] [--repeats 5]``.
 """
@@ -133,6 +137,37 @@ def retrieval_child(n: int, d: int, classes: int, dims: list[int], chunk: int | 
     )
 
 
+def metrics_path_child(path: str, dims: list[int]) -> None:
+    """``bayesncl metrics PATH --retrieval-dims DIMS`` as the command runs it (load_features, then
+    compute_all), printing its time and this process's peak RSS as one JSON line."""
+    from bayesncl.metrics.registry import compute_all
+    from bayesncl.runs.features import load_features
+
+    rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    fs = load_features(path)
+    out = compute_all(fs.features, fs.labels, dims)
+    elapsed = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"seconds": elapsed, "peak_rss_kib": rss, "rss_after_imports_kib": rss_start,
+                      "ncl_map": out.get("ncl_map")}))
+
+
+def run_metrics_path(n: int, d: int, classes: int, dims: list[int]) -> dict:
+    """Write the features as an uncompressed .npz in a temporary folder, run
+    :func:`metrics_path_child` on it in a child process, return its JSON."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "features.npz")
+        feats, labels = make_features(n, d, classes, seed=1)
+        np.savez(path, features=feats.numpy(), labels=labels.numpy())
+        del feats, labels
+        cmd = [sys.executable, __file__, "--_metrics-child", path, ",".join(map(str, dims))]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def run_retrieval(n: int, d: int, classes: int, dims: list[int], chunk: int | None) -> dict:
     cmd = [sys.executable, __file__, "--_retrieval-child", f"{n},{d},{classes}", ",".join(map(str, dims))]
     if chunk:
@@ -151,10 +186,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--chunk", type=int, default=None, help="retrieval query chunk (default: auto)")
     ap.add_argument("--retrieval-dims", default="64,256")
+    ap.add_argument("--skip-metrics-path", action="store_true", help="leave out part 4 (bayesncl metrics)")
     ap.add_argument("--_retrieval-child", dest="child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--_metrics-child", dest="metrics_child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("child_dims", nargs="?", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
+    if args.metrics_child:
+        metrics_path_child(args.metrics_child, [int(k) for k in args.child_dims.split(",")])
+        return
     if args.child:
         n, d, c = (int(v) for v in args.child.split(","))
         retrieval_child(n, d, c, [int(k) for k in args.child_dims.split(",")], args.chunk)
@@ -223,6 +263,20 @@ def main() -> None:
     print(f"(a dense N x N float32 similarity matrix would take {dense_gib:.1f} GiB)")
     for k, row in res["result"].items():
         print(f"K={k:>4}: " + "  ".join(f"{m} {v:.2f}" for m, v in row.items()))
+
+    if args.skip_metrics_path:
+        return
+    ks = ",".join(map(str, rdims))
+    print(f"\n## bayesncl metrics FEATURES.npz --retrieval-dims {ks}: N={rn:,} D={rd:,} "
+          "(child process: load + every metric + retrieval + NCL's map)")
+    res = run_metrics_path(rn, rd, c, rdims)
+    print(f"time                          : {res['seconds']:9.1f} s")
+    print(
+        f"peak RSS (whole child)        : {res['peak_rss_kib'] / 2**20:9.2f} GiB   (target <= 2 GiB; "
+        f"after the imports: {res['rss_after_imports_kib'] / 2**20:.2f} GiB; "
+        f"input {rn * rd * 4 / 2**30:.2f} GiB)"
+    )
+    print("NCL map: " + "  ".join(f"K={k} {v:.2f}" for k, v in (res["ncl_map"] or {}).items()))
 
 
 if __name__ == "__main__":

@@ -310,7 +310,9 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "Pretrain an encoder with CL / NCL / NCL+TopK / BayesNCL, checkpoint every epoch, "
         "and evaluate on the test split. The defaults are the authors' CIFAR hyperparameters (200 "
         "epochs, ResNet-18, CIFAR stem at <= 64 px) on Fashion-MNIST: a GPU-sized run. For a CPU-sized "
-        "one start from --config fashion-mnist-demo; override anything with key=value.",
+        "one start from --config fashion-mnist-demo; override anything with key=value. On a CPU it "
+        "prints the projected training time before the first step (2 steps timed) and, past an hour, "
+        "names the CPU recipes; the evaluation says its stages on stderr (train.progress=false: neither).",
         {"formatter_class": _RAW, "epilog": _keys_epilog},
         [
             _arg("--config", help="YAML file or shipped recipe name (see below)"),
@@ -350,8 +352,10 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
     ),
     "demo": (
         "the main job: NCL vs BayesNCL on Fashion-MNIST, side-by-side table",
-        "Pretrain NCL and BayesNCL with the same budget on Fashion-MNIST (about 8 min on "
-        "2 idle CPU cores: 474 s measured 2026-12-01), evaluate both on the test split and print one "
+        "Pretrain NCL and BayesNCL with the same budget on Fashion-MNIST at train.precision=auto "
+        "(bf16 autocast where the CPU computes bf16 natively, fp32 elsewhere; train.precision=fp32 is the "
+        "fp32 demo: 474 s, about 8 min, measured on 2 idle CPU cores 2026-12-01; in bf16 ~6-7 min projected "
+        "from a ratio, not measured idle), evaluate both on the test split and print one "
         "table (also saved as "
         "table.md and table.json in the run dir). key=value overrides apply to both runs (not "
         "method.name: the demo runs ncl and bayesncl), except method keys that have no effect on ncl "

@@ -20,6 +20,7 @@ import torch
 
 from bayesncl.app.report import format_retrieval, format_table, write_results
 from bayesncl.app.report.figures import run_label, write_figures
+from bayesncl.app.stages import Stages
 from bayesncl.config import (
     Config,
     ConfigError,
@@ -164,12 +165,17 @@ def evaluate_model(
     cfg = with_eval_data(cfg)  # eval.data.* when set (an unlabeled pretraining set), else data.*
     probe = "fast" if cfg.eval.probe == "fast" else "none"
     dims = cfg.eval.retrieval_dims or None
-    test, metrics = score(model, cfg, device=device, probe=probe, retrieval_dims=dims, info=info)
+    stages = Stages(f"{cfg.method.name} evaluation:", enabled=cfg.train.progress)
+    test, metrics = score(
+        model, cfg, device=device, probe=probe, retrieval_dims=dims, info=info, stages=stages
+    )
     _add_run_facts(metrics, test, cfg)
     names = info.class_names if info is not None else None
+    stages.next("figures (top_activations.png" + (", suppressed_features.png)" if "mask" in test else ")"))
     write_figures(test, cfg.data, run_dir, label=run_label(cfg.method.name, run_dir, cfg.seed), names=names)
     md = format_table({cfg.method.name: metrics}) + _retrieval_markdown(metrics)  # what metrics.json holds
     write_results(run_dir, "metrics", metrics, md)
+    stages.done()
     return metrics
 
 
@@ -177,6 +183,7 @@ def score(
     model: ContrastiveModel, cfg: Config, *, device: torch.device, probe: str = "none",
     seeds: list[int] | None = None, probe_epochs: int = 50, retrieval_dims: list[int] | str | None = None,
     selection_probe: bool = False, knn: bool = False, info: DatasetInfo | None = None,
+    stages: Stages | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The one evaluation path: extract the test split (and the train split where a probe or kNN
     needs it), then :func:`compute_all`, the linear probe, the feature-selection probe and kNN.
@@ -187,12 +194,16 @@ def score(
     list; ``"auto"``: 32, 64, ..., D, skipped (``retrieval_note``) for ``RETRIEVAL_DEPTH`` test
     samples or fewer; ``None``: none.
     selection_probe: at K = min(``eval.retrieval_dims`` or [64, D]), with a probe. knn: Acc@1 on h.
+    ``stages``: told each stage as it begins (:class:`bayesncl.app.stages.Stages`; None: nothing said).
     Returns ``(test arrays of extract_features, results)``; writes nothing. Raises EvalError.
     """
+    stages = stages or Stages("", enabled=False)
+    stages.next("extracting the test split's features")
     test = extract_split(model, cfg, "test", device, info=info)
     train: dict[str, np.ndarray] = {}
     if knn or "places" in test or (probe != "none" and (probe == "fast" or selection_probe)):
         keys = ("h", "features", "p") if selection_probe else ("h",)
+        stages.next("extracting the train split's features (for the probe)")
         train = extract_split(model, cfg, "train", device, keys=keys, info=info)
     n_test, d = test["features"].shape
     note = None
@@ -203,10 +214,12 @@ def score(
                 f"retrieval skipped: it needs at least {RETRIEVAL_DEPTH + 1} test samples (P@10, mAP@10); "
                 f"got {n_test}"
             )
+    stages.next("metrics" + (f" and retrieval at K = {retrieval_dims}" if retrieval_dims else ""))
     result: dict[str, Any] = compute_all(test["features"], test["labels"], retrieval_dims=retrieval_dims)
     if note:
         result["retrieval_note"] = note
     if probe != "none":
+        stages.next(f"{'paper' if probe == 'paper' else 'fast'} linear probe on h")
         if probe == "paper":
             lp = paper_linear_probe(model, cfg, epochs=probe_epochs, seeds=seeds)
         else:
@@ -228,6 +241,7 @@ def score(
         result["feature_selection_probe"] = {"k": k_sel, "acc1": fs["acc1"], "acc5": fs["acc5"],
                                              "form": cfg.eval.selection_probe}  # fmt: skip
     if knn:
+        stages.next("kNN on h")
         result["knn_acc1"] = knn_accuracy(train["h"], train["labels"], test["h"], test["labels"])["acc1"]
     if "places" in test:  # docs/metrics.md, "Background metrics"
         result.update(background_metrics(
@@ -618,20 +632,23 @@ def evaluate_command(
             "or eval.probe=none"
         )
     seeds, device = [cfg.seed + i for i in range(probe_seeds)], next(model.parameters()).device
+    stages = Stages("evaluate:", enabled=cfg.train.progress)
     test, result = score(
         model, cfg, device=device, probe=probe, seeds=seeds, probe_epochs=probe_epochs,
-        retrieval_dims=retrieval_dims or "auto", selection_probe=True, knn=knn,
+        retrieval_dims=retrieval_dims or "auto", selection_probe=True, knn=knn, stages=stages,
     )  # fmt: skip
     _add_run_facts(result, test, cfg)
     md = _evaluation_markdown(result)
     # everything is computed: only now write the files
     save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
     write_results(out_dir, "evaluation", result, md)
+    stages.next("figures (top_activations.png, suppressed_features.png for a gate, embedding.png)")
     write_figures(test, cfg.data, out_dir, label=run_label(cfg.method.name, out_dir, cfg.seed))
     from bayesncl.app.report.embedding import write_embedding_map
 
     write_embedding_map(test["features"], test["labels"], info.class_names,
                         out_dir / "embedding.png", label=run_label(cfg.method.name, out_dir, cfg.seed))
+    stages.done()
     print(md)
     print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
     if report is not None:

@@ -222,7 +222,10 @@ def train(cfg: Config, run: RunDir, facts: RunFacts) -> ContrastiveModel:
         world.distributed, torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None,
         precision.channels_last, info.labeled, compiled_loss(cfg, world),
     )
-    warn = _cpu_time_warning(cfg, device, state.step, schedule.total_steps) if world.is_main else None
+    projected = world.is_main and _project_time(cfg, device, state.step, schedule.total_steps)
+    warn = None if projected or not world.is_main else _cpu_time_warning(
+        cfg, device, state.step, schedule.total_steps
+    )
     hooks = _TrainHooks(cfg, run, state, info, warn)
     stats = methods.get(cfg.method.name).stats
 
@@ -354,6 +357,34 @@ def _alarms(cfg: Config, means: dict[str, float]) -> None:
     for s in methods.get(cfg.method.name).stats:
         if s.alarm is not None and means.get(s.name, 0.0) > s.alarm[0]:
             print("warning: " + s.alarm[1].format(pct=100 * means[s.name]))
+
+
+def _project_time(cfg: Config, device: torch.device, first_step: int, total_steps: int) -> bool:
+    """On the CPU with ``train.progress``, before the first step: time 2 training steps of ``cfg``
+    (after a warm-up step, :func:`bayesncl.app.timing.images_per_second`, the estimator of
+    ``reproduce``'s plan, on a model and loader of its own, every RNG state put back) and print the
+    projected time of the steps left; where that exceeds :data:`CPU_WARN_AFTER_S`, a second line
+    names the CPU recipes. Returns whether it printed (False elsewhere, under ``train.compile``, or with
+    nothing left to train; these keep :func:`_cpu_time_warning`'s check after its 3rd step)."""
+    left = total_steps - first_step
+    if device.type != "cpu" or not cfg.train.progress or cfg.train.compile or left <= 0:
+        return False
+    from bayesncl.app.timing import images_per_second
+    from bayesncl.runs.state import rng_state, set_rng_state
+
+    saved = rng_state()
+    try:
+        per_step = cfg.train.batch_size / images_per_second(cfg, steps=2)
+    finally:
+        set_rng_state(saved)
+    seconds = per_step * left
+    print(f"projected training time: {_clock(seconds)} (h:mm:ss) for {left:,} steps of {cfg.train.epochs} "
+          f"epochs at {per_step:.2f} s a step (timed here on 2 steps; the end-of-training evaluation "
+          "comes after it)", flush=True)
+    if seconds > CPU_WARN_AFTER_S:
+        print("hint: this recipe is sized for a GPU (train.device=cuda); on a CPU use --config "
+              "fashion-mnist-demo (minutes) or --config fashion-mnist-long (the long CPU recipe)", flush=True)
+    return True
 
 
 def _cpu_time_warning(

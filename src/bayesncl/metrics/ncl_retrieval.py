@@ -11,28 +11,31 @@ from typing import Any
 
 import torch
 
-from ._numerics import normalize_rows
+from ._numerics import CHUNK_BYTES, normalize_rows
 from .inputs import EvalError, validate_features
 
-__all__ = ["ncl_map"]
+__all__ = ["ncl_map", "normalized_top_columns"]
 
 DEPTH = 10
 CANDIDATES = 64  # nearest samples ranked exactly per query (more only where ties reach past them)
 ROUND = 10  # distances (in [0, 4], float64) rounded to 1e-10: closer ones are ties, ranked by index
+_NORM_BLOCK_BYTES = CHUNK_BYTES  # float64 normalised rows made at a time (64 MiB)
 
 
 def ncl_map(features: Any, labels: Any, k: int, chunk_size: int = 256) -> float:
     """NCL's ``map`` (module doc) of ``features`` (N, D) with ``labels`` (N,) on the top ``k`` dims,
-    in percent. Raises EvalError for bad input, K outside 1..D, or N <= 10."""
+    in percent. Raises EvalError for bad input, K outside 1..D, or N <= 10.
+
+    Memory: the input, the (N, K) float64 selected columns and one (chunk_size, N) distance block;
+    the float64 normalised rows are made in blocks of at most 64 MiB (:func:`normalized_top_columns`).
+    """
     f, y = validate_features(features, labels)
     n, d = f.shape
     if isinstance(k, bool) or not 0 < int(k) <= d:
         raise EvalError(f"NCL map: K={k} is out of range: need 0 < K <= D={d}")
     if n <= DEPTH:
         raise EvalError(f"NCL map needs more than {DEPTH} samples (ranks 1..{DEPTH}); got {n}")
-    f = normalize_rows(f.to(torch.float64))  # F.normalize(val_features), eps 1e-12 (overflow-safe)
-    index = torch.sort(f.sum(0), descending=True, stable=True)[1]
-    g = f[:, index[: int(k)]]
+    g = normalized_top_columns(f, int(k))
     sq = g.square().sum(1)
     y = y.to(torch.int64)
     correct = 0.0
@@ -45,6 +48,41 @@ def ncl_map(features: Any, labels: Any, k: int, chunk_size: int = 256) -> float:
         hit = (y[order] == y[rows, None]) & (order != rows[:, None])
         correct += float(hit.sum(1).to(torch.float64).div(DEPTH).sum())
     return 100.0 * correct / n
+
+
+def _row_blocks(n: int, d: int, block_bytes: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` of row blocks of an (n, d) float64 matrix of at most ``block_bytes`` each;
+    a short remainder joins the block before it, so that no block is a handful of rows."""
+    step = max(64, block_bytes // (8 * max(1, d)))
+    bounds = list(range(0, n, step)) + [n]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] < 64:
+        del bounds[-2]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def normalized_top_columns(f: torch.Tensor, k: int, block_bytes: int | None = None) -> torch.Tensor:
+    """(N, k) float64: the ``k`` columns of largest sum of the row-normalised ``f`` (F.normalize in
+    float64, eps 1e-12, overflow-safe), in decreasing order of that sum (stable: ties by index).
+
+    NCL's ``main_eval.py`` normalises the whole matrix and sorts its column sums; here the float64
+    normalised rows are made in blocks of ``block_bytes`` (two passes: the column sums, then the
+    selected columns), so memory is O(N·k) instead of two float64 copies of F. A single block (N·D·8
+    <= ``block_bytes``, default 64 MiB) performs exactly the whole-matrix operations.
+    """
+    n, d = f.shape
+    blocks = _row_blocks(n, d, block_bytes or _NORM_BLOCK_BYTES)
+    if len(blocks) == 1:
+        full = normalize_rows(f.to(torch.float64))
+        index = torch.sort(full.sum(0), descending=True, stable=True)[1]
+        return full[:, index[:k]]
+    colsum = torch.zeros(d, dtype=torch.float64)
+    for lo, hi in blocks:
+        colsum += normalize_rows(f[lo:hi].to(torch.float64)).sum(0)
+    index = torch.sort(colsum, descending=True, stable=True)[1][:k]
+    out = torch.empty(n, k, dtype=torch.float64)
+    for lo, hi in blocks:
+        out[lo:hi] = normalize_rows(f[lo:hi].to(torch.float64))[:, index]
+    return out
 
 
 def _ranked(dist: torch.Tensor, idx: torch.Tensor, n: int) -> torch.Tensor:

@@ -55,10 +55,13 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from bayesncl.app.timing import endless as _endless
+from bayesncl.app.timing import sync as _sync
+from bayesncl.app.timing import trainer as _trainer
 from bayesncl.config import Config, ConfigError, build_config
 
 if TYPE_CHECKING:  # torch and the training code load only when a benchmark runs (fast CLI start-up)
@@ -159,82 +162,10 @@ class _Arm:
     times: list[float] = field(default_factory=list)  # seconds per step, one entry per round
 
 
-def _endless(loader: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    epoch = 0
-    while True:
-        loader.set_epoch(epoch)
-        yield from loader
-        epoch += 1
-
-
 def _config(s: BenchmarkSettings, method: str, resident: bool) -> Config:
     options = [f"{key}={getattr(s, name)}" for key, name in OPTION_KEYS.items()]
     arms = ["data.name=synthetic", f"data.resident={str(resident).lower()}", f"method.name={method}"]
     return build_config(overrides=[*arms, *options, *s.extra])
-
-
-Batch = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]
-
-
-def _trainer(
-    cfg: Config, device: torch.device
-) -> tuple[Callable[[Batch | None], None], Iterator[Batch], torch.nn.Module]:
-    """``(step, batches, model)``: one training step of ``model`` (the one ``cfg`` describes), on
-    the next of ``batches`` (or on the batch given), with the model, optimiser, precision and loader
-    pretrain builds (:mod:`bayesncl.core.engine`, :mod:`bayesncl.core.optim`) at the peak learning rate."""
-    import torch
-
-    from bayesncl.core.distributed import World
-    from bayesncl.core.engine import compiled_loss, prefetch_to_device, train_step, wrap_for_training
-    from bayesncl.core.model import build_model
-    from bayesncl.core.optim import build_optimizer, param_groups, peak_lrs, precision_plan
-    from bayesncl.data import build_train_loader, dataset_info
-
-    info = dataset_info(cfg.data)
-    torch.manual_seed(0)
-    model = build_model(cfg, info.channels, info.image_size, info.num_classes).to(device)
-    plan = precision_plan(cfg.train.precision, cfg.train.channels_last, device)
-    if plan.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    groups = param_groups(model, cfg, peak_lrs(cfg, cfg.train.batch_size))
-    optimizer = build_optimizer(groups, cfg)  # at the peak lrs
-    amp = plan.dtype
-    autocast = torch.autocast(device.type, dtype=amp) if amp is not None else None
-    scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
-    step_model = wrap_for_training(model, cfg, World(device=device))
-    loss_fn = compiled_loss(cfg, World(device=device))
-    loader = build_train_loader(cfg.data, cfg.train.batch_size, seed=0, device=device)
-    batches = prefetch_to_device(_endless(loader), device)  # as in pretrain
-    model.train()
-
-    def step(batch: Batch | None = None) -> None:
-        x1, x2, y = batch if batch is not None else next(batches)
-        train_step(
-            step_model, optimizer, scaler, x1, x2, y, cfg.method,
-            autocast=autocast, channels_last=plan.channels_last, loss_fn=loss_fn,
-        )
-
-    return step, batches, model
-
-
-def images_per_second(cfg: Config, steps: int = 3) -> float:
-    """Pretraining throughput of ``cfg`` on this machine (``train.device``), in images per second
-    (one image = its two views, forward and backward): the mean over ``steps`` training steps
-    after one warm-up step, with the model, optimiser and loader pretrain builds. Used by
-    ``reproduce`` to estimate a plan's time when no run of the kind has been timed yet. The step is
-    eager whatever ``train.compile`` says (compiling would take longer than the estimate itself)."""
-    from bayesncl.core.distributed import resolve_device
-
-    device = resolve_device(cfg.train.device)
-    # eager: a compile (train.compile=auto on CUDA) would take minutes of a quick estimate
-    step, *_ = _trainer(replace(cfg, train=replace(cfg.train, compile="false")), device)
-    step(None)
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step(None)
-    _sync(device)
-    return steps * cfg.train.batch_size / max(time.perf_counter() - t0, 1e-9)
 
 
 def flops_per_image(cfg: Config, *, train: bool = False, batch_size: int | None = None) -> float:
@@ -272,13 +203,6 @@ def flops_per_image(cfg: Config, *, train: bool = False, batch_size: int | None 
 
 
 # ----------------------------------------------------------------------------- the run
-def _sync(device: torch.device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _device_name(device: torch.device) -> str:
     import torch
 

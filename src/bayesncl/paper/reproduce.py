@@ -110,8 +110,8 @@ def estimate_seconds(
     """Estimated training seconds of each run (by hash) and where the rate came from: the median
     images/s of stored runs of the same cost (:data:`COST_KEYS`), else a 3-step measurement here
     (``time_here``; without it such a run has no estimate, and the source says so)."""
+    from bayesncl.app.timing import images_per_second
     from bayesncl.data import dataset_info
-    from bayesncl.paper.benchmark import images_per_second
 
     logged = _rates(store)
     measured: dict[tuple[Any, ...], float] = {}

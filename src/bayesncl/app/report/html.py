@@ -283,13 +283,16 @@ def write_report(
     runs make (relative to ``out``); ``figure``: the table's figure (a PNG, relative to ``out``), shown
     under the run links."""
     from bayesncl.app.report import MAIN_COLUMNS
+    from bayesncl.app.stages import Stages
     from bayesncl.config import dump_yaml
     from bayesncl.data import dataset_info, load_split_images
 
     prepare_out(out)
     env = _env()
     sections = []
+    stages = Stages("report:", len(runs) + 1, enabled=all(r.cfg.train.progress for r in runs))
     for run in runs:
+        stages.next(f"pages of {run.label} (a page per dimension, thumbnails)")
         names = list(dataset_info(run.cfg.data).class_names)
         images, _ = load_split_images(run.cfg.data, "test")
         facts = _run_pages(env, run, out, names, images)
@@ -297,6 +300,7 @@ def write_report(
             {"run": run, "facts": facts, "figures": _copy_figures(run, out), "config": dump_yaml(run.cfg),
              "scalars": _scalars(run.metrics)}
         )
+    stages.next("index page" + (" and overlaid curves" if len(runs) > 1 else ""))
     logged = [r for r in runs if (r.path / "log.csv").is_file()]  # several runs: their curves overlaid
     curves = "curves.png" if len(runs) > 1 and logged and _curves(logged, out / "curves.png") else None
     sparsity = "sparsity.png" if len(runs) > 1 and _sparsity(runs, out / "sparsity.png") else None
@@ -305,6 +309,7 @@ def write_report(
         heading=heading, intro=intro, table=table, figure=figure,
     )
     (out / "index.html").write_text(html)
+    stages.done()
     return out / "index.html"
 
 
