@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import bayesncl.paper.benchmark as benchmark
+import bayesncl.app.timing as timing
 from bayesncl.app.cli import main
 
 from ..conftest import TINY, expect
@@ -21,7 +21,7 @@ def timings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(cfg.method.name)
         return 1000.0  # images/s
 
-    monkeypatch.setattr(benchmark, "images_per_second", fake)
+    monkeypatch.setattr(timing, "images_per_second", fake)
     return calls
 
 
