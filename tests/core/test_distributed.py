@@ -29,7 +29,7 @@ from bayesncl.core.engine import TrainForward, forward_loss, wrap_for_training
 from bayesncl.core.model import ContrastiveModel, build_model, contrastive_loss
 from bayesncl.runs.fileio import DiskFullError
 
-from ..conftest import free_port, spawn
+from ..conftest import GLOO_TIMEOUT, gloo_group, spawn
 
 METHODS = ("cl", "ncl", "bayesncl", "cl-l1", "scl", "ncl-supcon", "nce")  # the last four: issue 25
 WORLD = 2
@@ -68,13 +68,11 @@ def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _ddp_worker(rank: int, port: int, out: str) -> None:
+def _ddp_worker(rank: int, out: str) -> None:
     """One of WORLD gloo processes: the real train.py step (TrainForward in DDP, forward_loss)
     on this rank's quarter of the global batch, backward, then report loss and gradients."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
+    with gloo_group(rank, WORLD, Path(out) / "store"):
         world = distributed.setup("cpu")
         assert (world.rank, world.world_size, world.owns_group) == (rank, WORLD, False)
         n = distributed.split_batch(GLOBAL_BATCH, WORLD)
@@ -100,8 +98,6 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
             g /= WORLD
         report["ncl-local-negatives"] = {"loss": distributed.all_reduce_mean(loss.detach()), "grads": grads}
         torch.save(report, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def _single_process(method: str, *, gather: bool = True) -> dict[str, Any]:
@@ -115,7 +111,7 @@ def _single_process(method: str, *, gather: bool = True) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def ddp_reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("ddp")
-    spawn(_ddp_worker, (free_port(), str(out)), nprocs=WORLD, timeout=120)
+    spawn(_ddp_worker, (str(out),), nprocs=WORLD, timeout=GLOO_TIMEOUT + 60, what="write rank<r>.pt")
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 

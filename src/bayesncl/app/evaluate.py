@@ -152,9 +152,10 @@ def evaluate_model(
 ) -> dict[str, Any]:
     """End-of-pretraining evaluation on the test split: :func:`score` with the metrics, retrieval at
     ``eval.retrieval_dims`` and (``eval.probe=fast``) the fast linear probe at ``seed``, plus the
-    gate's open rate for gated methods. Writes the figures, ``metrics.json`` and ``metrics.md`` into
-    ``run_dir``; returns the metrics dict. LP@1 is the *offline* fast probe on frozen h (not the
-    online probe; solo-learn #221); the paper probe is not run here (``bayesncl evaluate`` runs it).
+    gate's open rate for gated methods. Writes the figures (unless ``eval.figures`` is false),
+    ``metrics.json`` and ``metrics.md`` into ``run_dir``; returns the metrics dict. LP@1 is the
+    *offline* fast probe on frozen h (not the online probe; solo-learn #221); the paper probe is not
+    run here (``bayesncl evaluate`` runs it).
     ``info``: the DatasetInfo of the data it reads, where the caller has it (the run's facts).
     """
     from bayesncl.app.evaldata import with_eval_data
@@ -165,7 +166,9 @@ def evaluate_model(
     test, metrics = score(model, cfg, device=device, probe=probe, retrieval_dims=dims, info=info)
     _add_run_facts(metrics, test, cfg)
     names = info.class_names if info is not None else None
-    write_figures(test, cfg.data, run_dir, label=run_label(cfg.method.name, run_dir, cfg.seed), names=names)
+    if cfg.eval.figures:
+        label = run_label(cfg.method.name, run_dir, cfg.seed)
+        write_figures(test, cfg.data, run_dir, label=label, names=names)
     write_results(run_dir, "metrics", metrics, format_table({cfg.method.name: metrics}))
     return metrics
 
@@ -578,7 +581,8 @@ def evaluate_command(
     """``bayesncl evaluate``: load the model, :func:`score` it (metrics, linear probe with mean ± std
     over ``probe_seeds``, kNN, retrieval, feature-selection probe), then write ``features_test.npz``,
     ``evaluation.json`` / ``.md``, the figures and ``embedding.png`` (t-SNE of z̃ by class,
-    :mod:`bayesncl.app.report.embedding`) beside the checkpoint (only once all is computed).
+    :mod:`bayesncl.app.report.embedding`; no figure with ``eval.figures=false``) beside the checkpoint
+    (only once all is computed).
 
     ``probe``: fast, paper or none; ``None``: the run's ``eval.probe`` (after ``overrides``).
     ``retrieval_dims``: ``None`` is :func:`score`'s ``"auto"``. ``given``: the options the user gave
@@ -619,11 +623,12 @@ def evaluate_command(
     # everything is computed: only now write the files
     save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
     write_results(out_dir, "evaluation", result, md)
-    write_figures(test, cfg.data, out_dir, label=run_label(cfg.method.name, out_dir, cfg.seed))
-    from bayesncl.app.report.embedding import write_embedding_map
+    if cfg.eval.figures:
+        write_figures(test, cfg.data, out_dir, label=run_label(cfg.method.name, out_dir, cfg.seed))
+        from bayesncl.app.report.embedding import write_embedding_map
 
-    write_embedding_map(test["features"], test["labels"], info.class_names,
-                        out_dir / "embedding.png", label=run_label(cfg.method.name, out_dir, cfg.seed))
+        write_embedding_map(test["features"], test["labels"], info.class_names,
+                            out_dir / "embedding.png", label=run_label(cfg.method.name, out_dir, cfg.seed))
     print(md)
     print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))
     if report is not None:

@@ -70,6 +70,9 @@ class EvalConfig:
     # gated methods: evaluation features gate z with alpha, not the hard mask 1[alpha > threshold]
     # (the authors' eval.use_soft_gating, main_eval.py; off there too)
     use_soft_gating: bool = False
+    # draw the evaluation's figures (top_activations.png, suppressed_features.png; evaluate's
+    # embedding.png): false skips them (seconds per evaluation on a CPU); the numbers are the same
+    figures: bool = True
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 
