@@ -50,6 +50,31 @@ TINY = [*TINY_BASE, "train.epochs=1"]
 ERROR = "bayesncl: error: "
 
 
+# ----------------------------------------------------------------------------- the default selection
+LONG_MARKS = ("slow", "integration")  # deselected unless --run-slow (or -m) asks for them
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-slow", action="store_true",
+        help="also run the tests marked slow (training runs) or integration (other processes, a browser); "
+        "by default they are deselected. .ci/run passes it",
+    )  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests marked ``slow`` or ``integration`` unless ``--run-slow`` is given or ``-m``
+    chooses by marks itself (``-m integration`` runs those); pytest's last line counts them as
+    deselected."""
+    if config.getoption("--run-slow") or config.option.markexpr:
+        return
+    long = [item for item in items if any(item.get_closest_marker(m) for m in LONG_MARKS)]
+    if long:
+        config.hook.pytest_deselected(items=long)
+        chosen = set(map(id, long))
+        items[:] = [item for item in items if id(item) not in chosen]
+
+
 @pytest.fixture(autouse=True)
 def _close_figures() -> Iterator[None]:
     """Every matplotlib figure a test left open (figure functions return theirs), closed after it:

@@ -127,6 +127,7 @@ def test_timm_build_errors_are_one_line(
     assert str(e.value).endswith(" (RuntimeError: in_chans must be 3 for this stem)")  # its first line
 
 
+@pytest.mark.slow
 def test_pretrain_a_tiny_vit_and_reload_it(tmp_path: Path) -> None:
     from bayesncl.app.api import load_encoder
 
@@ -209,6 +210,7 @@ def _png(path: Path, value: int, size: int = 16) -> None:
     Image.fromarray(np.full((size, size, 3), value, dtype=np.uint8)).save(path)
 
 
+@pytest.mark.slow
 def test_an_unlabeled_folder_pretrains_and_evaluates_on_eval_data(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

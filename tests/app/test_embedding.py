@@ -31,6 +31,7 @@ def test_embed_keeps_separated_classes_apart_and_is_deterministic():
         embed(f[:5], y[:5])
 
 
+@pytest.mark.slow
 def test_evaluate_writes_the_map_and_the_report_shows_it(tmp_path: Path):
     ckpt = tiny_checkpoint(tmp_path / "m.pt", [])
     assert main(["evaluate", str(ckpt), "--probe", "none", "--no-knn"]) == 0

@@ -159,6 +159,7 @@ def test_config_that_is_not_a_regular_file(tmp_path: Path, capsys: pytest.Captur
     expect("C16", capsys.readouterr().err, tmp_path)
 
 
+@pytest.mark.integration
 def test_the_example_runs_as_a_script() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     out = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, env=env,
@@ -170,6 +171,7 @@ def test_the_example_runs_as_a_script() -> None:
     assert l1 > 0 and loss == pytest.approx(nce + 0.01 * l1, abs=2e-6)  # method.l1_weight=0.01
 
 
+@pytest.mark.slow
 def test_the_example_plugin_trains_from_the_cli_and_reloads(
     registry: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -208,6 +210,7 @@ def test_the_examples_of_docs_extending_md_run(registry: None, capsys: pytest.Ca
     assert methods.get("ncl-active").source is not None  # a user's method, checked on a test batch
 
 
+@pytest.mark.slow
 def test_a_method_that_presets_a_gate_registers_and_trains(registry: None, tmp_path: Path) -> None:
     """A user's method with gate=ste is checked with the gate's λ·KL term (its `kl` statistic reads
     it), from Python and from --plugin, and trains with it."""

@@ -93,6 +93,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(CASES))
 def test_two_gloo_processes_match_one_process(reports: list[dict[str, Any]], name: str) -> None:
     ref = _single(name)
@@ -104,6 +105,7 @@ def test_two_gloo_processes_match_one_process(reports: list[dict[str, Any]], nam
             torch.testing.assert_close(got["grads"][key], g, atol=1e-6, rtol=0, msg=f"rank {rank}: {key}")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(CASES))
 def test_local_rows_alone_do_not_match(reports: list[dict[str, Any]], name: str) -> None:
     """The test above can fail: without the other rank's negatives (and, for SupCon, positives)

@@ -175,6 +175,7 @@ def _resnet_cfg(stem: str) -> list[str]:
             "train.precision=fp32"]
 
 
+@pytest.mark.slow
 def test_exported_resnet_loads_into_torchvision_resnet18(tmp_path: Path) -> None:
     run = tmp_path / "run"
     cfg = build_config(overrides=_resnet_cfg("false"))
@@ -210,6 +211,7 @@ def test_exported_cifar_stem_resnet_loads_after_the_same_stem_swap(tmp_path: Pat
         assert torch.equal(net.eval()(x), model.backbone(x))
 
 
+@pytest.mark.slow
 def test_encoder_safetensors_reloads_the_same_model(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=[*TINY, "method.name=bayesncl"]), run, evaluate=False)
@@ -352,6 +354,7 @@ def test_official_bare_state_dict_with_ddp_prefix_is_accepted(tmp_path: Path) ->
     assert official_state_dict(sd).keys() == {k[len("module."):] for k in sd}
 
 
+@pytest.mark.slow
 def test_official_checkpoint_extract_and_evaluate_from_the_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -435,6 +438,7 @@ def test_official_checkpoint_needs_the_data_and_matching_channels(tmp_path: Path
         load_trained(path, overrides=["data.name=synthetic"])
 
 
+@pytest.mark.slow
 def test_own_checkpoint_overrides_are_limited_to_data_and_eval(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=TINY), run, evaluate=False)
@@ -448,6 +452,7 @@ def test_own_checkpoint_overrides_are_limited_to_data_and_eval(tmp_path: Path) -
         load_trained(run, overrides=["bogus.key=1"])
 
 
+@pytest.mark.slow
 def test_own_checkpoint_with_weights_of_another_architecture(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=TINY), run, evaluate=False)
