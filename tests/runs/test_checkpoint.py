@@ -134,6 +134,7 @@ def test_crafted_pickle_is_refused_by_the_cli(
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_crafted_last_pt_is_refused_on_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 0
@@ -195,6 +196,7 @@ def test_exported_resnet_loads_into_torchvision_resnet18(tmp_path: Path) -> None
         assert torch.equal(net.eval()(x), model.backbone(x))
 
 
+@pytest.mark.slow
 def test_exported_cifar_stem_resnet_loads_after_the_same_stem_swap(tmp_path: Path) -> None:
     cfg = build_config(overrides=_resnet_cfg("true"))
     model = build_model(cfg, 3, 16, 10).eval()
@@ -311,7 +313,10 @@ def save_lightning(module: nn.Module, path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("depth", "hidden"), [(None, 0), (1, 0), (2, 48), (3, 48)])
+@pytest.mark.parametrize(
+    ("depth", "hidden"),
+    [(None, 0), (1, 0), *(pytest.param(d, 48, marks=pytest.mark.slow) for d in (2, 3))],
+)  # a ResNet-18 each: the gate's deeper layouts with --run-slow
 def test_official_layout_is_inferred_and_loads_bit_exactly(
     tmp_path: Path, depth: int | None, hidden: int
 ) -> None:
