@@ -406,6 +406,7 @@ def test_unwritable_run_dir_under_a_file(tmp_path: Path, capsys: pytest.CaptureF
     assert (tmp_path / "a-file").read_text() == "x"
 
 
+@pytest.mark.slow
 def test_reproduce_run_dir_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`reproduce --run-dir FILE` printed its first variant's "== CL: pretraining into FILE/cl" line
     before the error; every table now checks the run dir, and each variant's folder, before any output."""
@@ -626,6 +627,7 @@ def test_curves_of_a_bad_log(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert sorted(p.name for p in run.iterdir()) == ["log.csv"]
 
 
+@pytest.mark.slow
 def test_unwritable_curves_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     run.mkdir()
@@ -746,6 +748,7 @@ def test_evaluate_names_itself_in_the_channel_advice(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fm", "syn.pt"]
 
 
+@pytest.mark.slow
 def test_probe_options_the_probe_does_not_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = str(tiny_checkpoint(tmp_path / "run.pt", [], 3))
     expect("M4", cli_error(["evaluate", run, "--probe", "none", "--probe-seeds", "3"], capsys), tmp_path)
@@ -768,6 +771,7 @@ def test_probe_options_the_probe_does_not_use(tmp_path: Path, capsys: pytest.Cap
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_diverged_weights_with_a_finite_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """lr 1e12: the loss stays finite (training BatchNorm uses the batch's statistics) but the running
     variance becomes inf, which made every evaluation feature constant: a run of garbage, exit 0."""
@@ -807,6 +811,7 @@ def test_out_of_memory_is_one_line(
     ), err
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -939,6 +944,7 @@ def test_every_row_of_the_docs_table_is_tested() -> None:
         assert message and (f'"{row}"' in source or not checks_rows), f"{row}: untested"
 
 
+@pytest.mark.slow
 def test_out_of_memory_in_the_end_of_training_evaluation_keeps_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -252,6 +252,7 @@ def test_help_is_plain_text(command: str, capsys: pytest.CaptureFixture[str]) ->
         assert markup not in text, (command, markup)
 
 
+@pytest.mark.slow
 def test_evaluate_honours_probe_none_and_writes_nothing_on_failure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -527,6 +528,7 @@ def test_a_closed_stdout_never_stops_training(tmp_path: Path) -> None:
     assert (run / "last.pt").exists() and (run / "encoder.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_evaluate_reports_the_gate_and_the_test_size(tmp_path: Path) -> None:
     """``evaluation.json`` of a gated run holds the gate-open rate, the rows with every gate closed and
     the test size (as ``metrics.json`` does), computed from the hard mask 1[α > 0.5] also under

@@ -304,6 +304,7 @@ def test_metrics_command_on_a_file_with_places(tmp_path: Path, capsys):
 
 
 # ----------------------------------------------------------------------------- extract, evaluate
+@pytest.mark.slow
 def test_extract_and_evaluate_carry_places(tmp_path: Path, fm_root: Path):
     data = [
         "data.name=fashion-mnist-bg",
