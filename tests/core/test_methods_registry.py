@@ -142,6 +142,10 @@ def test_bad_plugins_are_one_line(registry: None, tmp_path: Path, capsys: pytest
         "X12": _plugin(tmp_path, "exits.py", "import sys\nsys.exit('no GPU here')\n"),
         "X6": _plugin(tmp_path, "vector.py", "bayesncl.register_method(m.Method('ncl-vector', "
                       f"terms=({vector},), stats=m.CONTRASTIVE_STATS))\n"),
+        "X13": _plugin(tmp_path, "weight.py", "bayesncl.register_method(m.Method('ncl-weight', "
+                       "terms=(m.INFO_NCE, m.LossTerm('l1', lambda out, batch, cfg: out.z.abs().mean(), "
+                       "weight='l1_weigth')), "
+                       "stats=m.CONTRASTIVE_STATS, keys={'l1_weight': m.Key(1e-3)}))\n"),
     }
     for row, path in cases.items():
         assert main(["pretrain", "--plugin", str(path), *SMALL]) == 2, row
