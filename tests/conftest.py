@@ -11,11 +11,11 @@ its own ``train.epochs`` where it needs another than :data:`TINY`'s one epoch.""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -48,6 +48,31 @@ TINY_BASE = [
 ]
 TINY = [*TINY_BASE, "train.epochs=1"]
 ERROR = "bayesncl: error: "
+
+
+# ----------------------------------------------------------------------------- the default selection
+LONG_MARKS = ("slow", "integration")  # deselected unless --run-slow (or -m) asks for them
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--run-slow", action="store_true",
+        help="also run the tests marked slow (training runs) or integration (other processes, a browser); "
+        "by default they are deselected. .ci/run passes it",
+    )  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests marked ``slow`` or ``integration`` unless ``--run-slow`` is given or ``-m``
+    chooses by marks itself (``-m integration`` runs those); pytest's last line counts them as
+    deselected."""
+    if config.getoption("--run-slow") or config.option.markexpr:
+        return
+    long = [item for item in items if any(item.get_closest_marker(m) for m in LONG_MARKS)]
+    if long:
+        config.hook.pytest_deselected(items=long)
+        chosen = set(map(id, long))
+        items[:] = [item for item in items if id(item) not in chosen]
 
 
 @pytest.fixture(autouse=True)
@@ -188,24 +213,53 @@ def gen(seed: int):
     return torch.Generator().manual_seed(seed)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+GLOO_TIMEOUT = 300.0  # s: a collective's deadline in the gloo tests (2 cores shared with a training queue)
 
 
-def spawn(fn: Any, args: tuple[Any, ...], nprocs: int, timeout: float) -> None:
-    """torch.multiprocessing as a test harness (not a launcher), with a deadline instead of a hang."""
+@contextlib.contextmanager
+def gloo_group(rank: int, world: int, store: Path, timeout: float = GLOO_TIMEOUT) -> Iterator[None]:
+    """The gloo process group of one of :func:`spawn`'s ``world`` workers, met through the file
+    ``store`` (a path no process has used yet): no TCP port to choose, so test processes running
+    side by side (pytest-xdist) cannot take each other's. A collective that waits past ``timeout``
+    seconds raises instead of hanging. Leaving, the ranks meet at a barrier before the group is
+    destroyed: a rank that exits while another still reads from it ended that rank's gloo thread
+    with std::terminate ("terminate called without an active exception", SIGABRT)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=timeout),
+    )  # fmt: skip
+    finished = False
+    try:
+        yield
+        finished = True
+    finally:
+        if finished:  # a rank that failed skips it: the others' next collective raises at the timeout
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def spawn(fn: Any, args: tuple[Any, ...], nprocs: int, timeout: float, what: str = "") -> None:
+    """torch.multiprocessing as a test harness (not a launcher), with a deadline instead of a hang:
+    past ``timeout`` seconds the workers still running are killed and the test fails naming them,
+    ``fn`` and ``what`` they were to do. A worker that raised fails the test with its traceback."""
     import torch.multiprocessing as mp
 
     ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=1.0):
         if time.monotonic() > deadline:
+            alive = [rank for rank, p in enumerate(ctx.processes) if p.is_alive()]
             for p in ctx.processes:
                 if p.is_alive():
                     p.kill()
-            pytest.fail(f"the {nprocs} processes did not finish within {timeout:.0f} s")
+            pytest.fail(
+                f"{fn.__name__}: rank(s) {alive} of {nprocs} processes still running after {timeout:.0f} s"
+                + (f", waiting for them to {what}" if what else "")
+            )
 
 
 # ----------------------------------------------------------------------------- a run driven from outside

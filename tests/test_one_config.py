@@ -55,6 +55,7 @@ def _run_dir(tmp_path: Path, overrides: list[str]) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_resume_builds_the_runs_saved_config_checked_once(
     tmp_path: Path, trained: list[Config], validations: list[Config]
 ) -> None:
@@ -89,6 +90,7 @@ def test_reloading_a_run_checks_its_config_once_and_names_the_file_at_fault(
     assert load_run_config(run, ["eval.batch_size=8"]).eval.batch_size == 8  # an override mends it
 
 
+@pytest.mark.slow
 def test_the_python_api_and_the_cli_build_the_same_config(
     tmp_path: Path, trained: list[Config], validations: list[Config], registry: None
 ) -> None:
@@ -103,6 +105,7 @@ def test_the_python_api_and_the_cli_build_the_same_config(
     assert build_config(api) == api and build_config(api.to_dict()) == api
 
 
+@pytest.mark.slow
 def test_the_run_facts_are_computed_once_per_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One tiny pretrain with its held-out batch and its evaluation reads the dataset's facts once,
     and the peak learning rates once; the facts are what the loop and the loader use."""

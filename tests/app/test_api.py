@@ -55,6 +55,7 @@ def test_build_config_takes_overrides_then_a_recipe() -> None:
         bayesncl.bogus  # noqa: B018
 
 
+@pytest.mark.slow
 def test_pretrain_evaluate_load_encoder_and_metrics(tmp_path: Path) -> None:
     import torch
 
@@ -103,6 +104,7 @@ def test_build_config_sets_dict_entries_and_refuses_a_string(tmp_path: Path) -> 
     expect("Y23", str(e.value), tmp_path)
 
 
+@pytest.mark.slow
 def test_pretrain_on_a_uint8_tensor_evaluate_and_load_encoder(tmp_path: Path) -> None:
     x, y = _images()
     cfg = bayesncl.build_config(PY)
@@ -134,6 +136,7 @@ def test_pretrain_on_a_uint8_tensor_evaluate_and_load_encoder(tmp_path: Path) ->
     assert other["linear_probe_acc1"] >= 0  # eval.data.* alone: the training data need not be here
 
 
+@pytest.mark.slow
 def test_pretrain_without_labels_trains_without_the_probe_and_says_how_to_evaluate(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -230,6 +233,7 @@ def test_head_param_groups_put_the_gate_at_its_ratio_and_cover_every_parameter_o
     assert {g["name"].split("/")[0] for g in ncl.param_groups(0.1)} == {"projector"}
 
 
+@pytest.mark.slow
 def test_the_plain_loop_example_of_docs_api_md_runs(capsys: pytest.CaptureFixture[str]) -> None:
     plain = next(b for b in _doc_blocks() if "for step in range" in b)
     exec(compile(plain, str(DOCS), "exec"), {})  # noqa: S102 - our own documentation
@@ -237,6 +241,7 @@ def test_the_plain_loop_example_of_docs_api_md_runs(capsys: pytest.CaptureFixtur
     assert "'info_nce'" in printed and "'gate_open'" in printed
 
 
+@pytest.mark.slow
 def test_the_lightning_example_of_docs_api_md_runs() -> None:
     pytest.importorskip("lightning")
     block = next(b for b in _doc_blocks() if "LightningModule" in b)

@@ -80,6 +80,7 @@ def test_corrupt_image_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_corrupt_image_found_when_read_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -124,6 +125,7 @@ def test_corrupt_image_found_when_read_is_one_line(
     assert slept == []
 
 
+@pytest.mark.slow
 def test_resume_of_a_run_dir_with_a_log_but_no_last_pt(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -145,6 +147,7 @@ def test_resume_of_a_run_dir_with_a_log_but_no_last_pt(
     assert main([*args, "--overwrite"]) == 0 and (run / "last.pt").exists()
 
 
+@pytest.mark.slow
 def test_skip_corrupt_skips_and_counts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -165,6 +168,7 @@ def test_batch_larger_than_dataset(tmp_path: Path, capsys: pytest.CaptureFixture
     assert out == "" and not (tmp_path / "r").exists()  # refused before "run dir: ..." is printed
 
 
+@pytest.mark.slow
 def test_a_subset_of_one_image_per_class(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """It trained, then the end-of-training probe failed with "too few train samples per class to hold
     out a validation split", naming no setting; now refused before anything is written."""
@@ -315,6 +319,7 @@ def test_unreadable_config_files(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_a_final_learning_rate_above_the_peak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """train.min_lr above base_lr x batch / 256 trained with a rate that rose over the run (the
     cosine from the peak to min_lr), logged as lr=7.5 after epoch 1 of a run peaking at 0.05."""
@@ -324,6 +329,7 @@ def test_a_final_learning_rate_above_the_peak(tmp_path: Path, capsys: pytest.Cap
     assert main(["pretrain", "--run-dir", str(run), *TINY, "train.min_lr=0.05", "--no-eval"]) == 0  # = peak
 
 
+@pytest.mark.slow
 def test_paper_probe_on_fewer_images_than_a_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """It said "batch_size=256 is larger than the 96 training samples of synthetic: lower
     train.batch_size", a setting that evaluate cannot change and the paper probe does not use."""
@@ -400,6 +406,7 @@ def test_unwritable_run_dir_under_a_file(tmp_path: Path, capsys: pytest.CaptureF
     assert (tmp_path / "a-file").read_text() == "x"
 
 
+@pytest.mark.slow
 def test_reproduce_run_dir_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`reproduce --run-dir FILE` printed its first variant's "== CL: pretraining into FILE/cl" line
     before the error; every table now checks the run dir, and each variant's folder, before any output."""
@@ -437,6 +444,7 @@ def test_read_only_run_dir(
     assert list(ro.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_run_dir_checks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = str(tmp_path / "run")
     expect("R5", cli_error(["pretrain", "--run-dir", run, "--resume", *TINY], capsys), tmp_path)
@@ -507,6 +515,7 @@ def test_malformed_bayesncl_files(tmp_path: Path, capsys: pytest.CaptureFixture[
     )
 
 
+@pytest.mark.slow
 def test_resume_of_a_damaged_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 0
@@ -563,6 +572,7 @@ def test_crafted_pickle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_architecture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pt")
     expect("K4", cli_error(["extract", str(tmp_path / "resnet18.pt")], capsys), tmp_path)
@@ -617,6 +627,7 @@ def test_curves_of_a_bad_log(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert sorted(p.name for p in run.iterdir()) == ["log.csv"]
 
 
+@pytest.mark.slow
 def test_unwritable_curves_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     run.mkdir()
@@ -647,6 +658,7 @@ def test_damaged_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.pt"]
 
 
+@pytest.mark.integration
 def test_two_commands_on_one_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A second command on a run dir another process is writing is refused, --overwrite included;
     the first run goes on and ends whole."""
@@ -664,6 +676,7 @@ def test_two_commands_on_one_run_dir(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main([*args, "--overwrite"]) == 0  # free again
 
 
+@pytest.mark.slow
 def test_a_run_written_while_this_one_set_up_is_not_overwritten(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -735,6 +748,7 @@ def test_evaluate_names_itself_in_the_channel_advice(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fm", "syn.pt"]
 
 
+@pytest.mark.slow
 def test_probe_options_the_probe_does_not_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = str(tiny_checkpoint(tmp_path / "run.pt", [], 3))
     expect("M4", cli_error(["evaluate", run, "--probe", "none", "--probe-seeds", "3"], capsys), tmp_path)
@@ -757,6 +771,7 @@ def test_probe_options_the_probe_does_not_use(tmp_path: Path, capsys: pytest.Cap
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_diverged_weights_with_a_finite_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """lr 1e12: the loss stays finite (training BatchNorm uses the batch's statistics) but the running
     variance becomes inf, which made every evaluation feature constant: a run of garbage, exit 0."""
@@ -796,6 +811,7 @@ def test_out_of_memory_is_one_line(
     ), err
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -827,6 +843,7 @@ def test_a_full_disk_is_one_line(
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_full_disk_in_a_later_epoch_leaves_log_csv_as_the_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -890,6 +907,7 @@ def test_extract_out_must_be_a_features_file(tmp_path: Path, capsys: pytest.Capt
     assert np.load(tmp_path / "f.NPZ")["features"].shape[0] == 60
 
 
+@pytest.mark.slow
 def test_a_users_files_in_the_run_dir_are_not_replaced(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -926,6 +944,7 @@ def test_every_row_of_the_docs_table_is_tested() -> None:
         assert message and (f'"{row}"' in source or not checks_rows), f"{row}: untested"
 
 
+@pytest.mark.slow
 def test_out_of_memory_in_the_end_of_training_evaluation_keeps_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -947,6 +966,7 @@ def test_out_of_memory_in_the_end_of_training_evaluation_keeps_the_run(
     assert (run / "last.pt").is_file() and (run / "encoder.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_pretrain_into_a_demo_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`pretrain --run-dir <a demo's run dir>` trained beside the demo's ncl/ and bayesncl/ runs and
     its table (nothing replaced, the two mixed), while `demo` into a pretrain run dir is refused."""

@@ -88,11 +88,12 @@ def test_eval_data_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     ("overrides", "channels", "size", "h_dim"),
     [
         (VIT, 1, 16, 192),  # img_size = the data's side, passed because ViT takes it
-        (["model.backbone=timm:convnext_atto"], 3, 32, 320),  # downsamples 32x: 16 px is too small
-        (["model.backbone=timm:resnet18"], 1, 16, 512),  # a CNN: no img_size
+        # the others build larger models: with --run-slow
+        pytest.param(["model.backbone=timm:convnext_atto"], 3, 32, 320, marks=pytest.mark.slow),  # 32x down
+        pytest.param(["model.backbone=timm:resnet18"], 1, 16, 512, marks=pytest.mark.slow),  # no img_size
         # a pre-logits head (conv_head + act after the pool): h is its head_hidden_size, 1024, not the
         # last feature map's num_features, 288 (issue 23: it was refused as "expected (288,)")
-        (["model.backbone=timm:mobilenetv3_small_050"], 1, 32, 1024),
+        pytest.param(["model.backbone=timm:mobilenetv3_small_050"], 1, 32, 1024, marks=pytest.mark.slow),
     ],
 )
 def test_timm_backbones_build_without_classifier(
@@ -106,6 +107,7 @@ def test_timm_backbones_build_without_classifier(
     assert out.h.shape == (2, h_dim) and out.z_tilde.shape == (2, 16)
 
 
+@pytest.mark.slow
 def test_timm_build_errors_are_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -127,6 +129,7 @@ def test_timm_build_errors_are_one_line(
     assert str(e.value).endswith(" (RuntimeError: in_chans must be 3 for this stem)")  # its first line
 
 
+@pytest.mark.slow
 def test_pretrain_a_tiny_vit_and_reload_it(tmp_path: Path) -> None:
     from bayesncl.app.api import load_encoder
 
@@ -209,6 +212,7 @@ def _png(path: Path, value: int, size: int = 16) -> None:
     Image.fromarray(np.full((size, size, 3), value, dtype=np.uint8)).save(path)
 
 
+@pytest.mark.slow
 def test_an_unlabeled_folder_pretrains_and_evaluates_on_eval_data(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -86,6 +86,7 @@ def test_bad_retrieval_dims_and_out_dir(tmp_path: Path, capsys: pytest.CaptureFi
     assert "is a directory" in error_line(capsys)
 
 
+@pytest.mark.slow
 def test_overwrite_removes_the_previous_runs_files(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=[*TINY_BASE, "train.epochs=2"]), run)
@@ -95,6 +96,7 @@ def test_overwrite_removes_the_previous_runs_files(tmp_path: Path) -> None:
     assert (run / "epoch-0001.pt").exists()
 
 
+@pytest.mark.slow
 def test_resume_extends_and_records_the_new_length(tmp_path: Path) -> None:
     run = tmp_path / "run"
     assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 0
@@ -117,12 +119,14 @@ def test_resume_extends_and_records_the_new_length(tmp_path: Path) -> None:
     assert (run / "epoch-0002.pt").exists()
 
 
+@pytest.mark.slow
 def test_sigint_handler_is_restored_after_training(tmp_path: Path) -> None:
     before = signal.getsignal(signal.SIGINT)
     pretrain(build_config(overrides=TINY), tmp_path / "run", evaluate=False)
     assert signal.getsignal(signal.SIGINT) is before
 
 
+@pytest.mark.slow
 def test_reproduce_times_from_the_log_and_other_settings_are_other_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -191,6 +195,7 @@ def test_metrics_json_has_exactly_the_issue_keys(tmp_path: Path, capsys: pytest.
     assert set(out["retrieval"]["4"]) == {"P@1", "P@3", "P@5", "P@10", "mAP@10"}
 
 
+@pytest.mark.slow
 def test_resume_with_overwrite_and_yaml_position(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["pretrain", "--run-dir", str(tmp_path / "r"), "--resume", "--overwrite"]) == 2
     assert "--resume and --overwrite contradict each other" in error_line(capsys)
@@ -200,6 +205,7 @@ def test_resume_with_overwrite_and_yaml_position(tmp_path: Path, capsys: pytest.
         build_config(bad)
 
 
+@pytest.mark.slow
 def test_resume_cannot_shrink_and_reproduce_keeps_variant_keys(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -248,6 +254,7 @@ def test_help_is_plain_text(command: str, capsys: pytest.CaptureFixture[str]) ->
         assert markup not in text, (command, markup)
 
 
+@pytest.mark.slow
 def test_evaluate_honours_probe_none_and_writes_nothing_on_failure(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -306,6 +313,7 @@ def test_run_dir_is_announced_only_once_it_is_accepted(
     assert "run dir:" not in out.out and out.err.startswith("bayesncl: error: ") and not run.exists()
 
 
+@pytest.mark.slow
 def test_reproduce_2_extracts_each_split_once_per_variant(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -335,6 +343,7 @@ def test_reproduce_2_extracts_each_split_once_per_variant(
     assert "CL seed 0: reuse" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_an_earlier_checkpoint_of_a_run_is_evaluated_into_its_own_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -369,6 +378,7 @@ def test_an_earlier_checkpoint_of_a_run_is_evaluated_into_its_own_folder(
     assert load_features(run / "features_test.npz").meta["source"] == str(run / "last.pt")
 
 
+@pytest.mark.slow
 def test_evaluate_on_a_dataset_with_other_classes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A run trained on 10 classes, extracted and evaluated on a 2-class image folder (same channels
     and size): only the online probe's head has another shape, and it is not used. It was refused as
@@ -403,6 +413,7 @@ def test_pretrain_minutes_sum_the_logged_epochs(tmp_path: Path) -> None:
     assert pretrain_minutes(tmp_path) == pytest.approx(2.0)
 
 
+@pytest.mark.slow
 def test_pretrain_into_a_folder_with_an_unreadable_subfolder_trains(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -495,6 +506,7 @@ def _closed_stdout(args: list[str], cwd: Path) -> tuple[int, str]:
     return p.wait(), err
 
 
+@pytest.mark.integration
 def test_a_closed_pipe_on_stdout_is_no_error(tmp_path: Path) -> None:
     """``bayesncl metrics x.npz | head -1``: what cannot be printed is dropped, silently, with the
     command's own exit status; ``| head -1`` through a real shell pipe prints its line."""
@@ -510,6 +522,7 @@ def test_a_closed_pipe_on_stdout_is_no_error(tmp_path: Path) -> None:
     assert (out.returncode, out.stderr, out.stdout) == (0, "", f"Features: {feats} (N=100, D=32)\n")
 
 
+@pytest.mark.integration
 def test_a_closed_stdout_never_stops_training(tmp_path: Path) -> None:
     run = tmp_path / "run"
     rc, err = _closed_stdout(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"], tmp_path)
@@ -517,6 +530,7 @@ def test_a_closed_stdout_never_stops_training(tmp_path: Path) -> None:
     assert (run / "last.pt").exists() and (run / "encoder.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_evaluate_reports_the_gate_and_the_test_size(tmp_path: Path) -> None:
     """``evaluation.json`` of a gated run holds the gate-open rate, the rows with every gate closed and
     the test size (as ``metrics.json`` does), computed from the hard mask 1[α > 0.5] also under

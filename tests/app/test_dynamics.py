@@ -67,6 +67,7 @@ def test_gradient_variance_of_a_supervised_method_uses_the_labels(method: str) -
     assert used == 6 and (gv > 0).any()
 
 
+@pytest.mark.slow
 def test_dynamics_command_over_checkpoints(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=[*TINY, "method.name=bayesncl", "train.epochs=2"]), run, evaluate=False)

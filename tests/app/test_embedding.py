@@ -31,6 +31,7 @@ def test_embed_keeps_separated_classes_apart_and_is_deterministic():
         embed(f[:5], y[:5])
 
 
+@pytest.mark.slow
 def test_evaluate_writes_the_map_and_the_report_shows_it(tmp_path: Path):
     ckpt = tiny_checkpoint(tmp_path / "m.pt", [])
     assert main(["evaluate", str(ckpt), "--probe", "none", "--no-knn"]) == 0
@@ -108,3 +109,40 @@ def test_real_umap_keeps_separated_classes_apart(tmp_path: Path):
     d = ((xy[:, None] - xy[None]) ** 2).sum(-1) + np.diag(np.full(90, np.inf))
     assert (y[rows][d.argmin(1)] == y[rows]).mean() == 1.0
     assert np.array_equal(embed_umap(f, y, cap=90)[1], xy)  # seeded: the same map
+
+
+def test_eval_figures_false_draws_no_figure_and_changes_no_number(tmp_path: Path):
+    """``eval.figures=false``: evaluate and the end-of-training evaluation write their numbers, the
+    same as with the figures, and no PNG."""
+    import json
+    import shutil
+
+    import torch
+
+    from bayesncl.app.evaluate import evaluate_model
+    from bayesncl.config import build_config
+    from bayesncl.core.model import build_model
+
+    from ..conftest import TINY
+
+    ckpt = tiny_checkpoint(tmp_path / "m.pt", [])
+    results = {}
+    for figures in ("true", "false"):
+        d = tmp_path / figures
+        d.mkdir()
+        shutil.copy(ckpt, d / "m.pt")  # the same weights in both
+        assert main(["evaluate", str(d / "m.pt"), "--probe", "none", f"eval.figures={figures}"]) == 0
+        results[figures] = json.loads((d / "evaluation.json").read_text())
+        pngs = {p.name for p in d.glob("*.png")}
+        if figures == "true":  # suppressed_features.png too, where the untrained gate closed a dim
+            assert {"embedding.png", "top_activations.png"} <= pngs, pngs
+        else:
+            assert not pngs, pngs
+    assert results["false"] == results["true"] and "knn_acc1" in results["false"]
+
+    cfg = build_config(overrides=[*TINY, "method.name=bayesncl", "eval.figures=false", "eval.probe=none"])
+    out = tmp_path / "pretrain-eval"
+    out.mkdir()
+    metrics = evaluate_model(build_model(cfg, 3, 16, 10), cfg, out, device=torch.device("cpu"))
+    assert json.loads((out / "metrics.json").read_text())["n_test"] == metrics["n_test"] == 60
+    assert not list(out.glob("*.png"))  # no top_activations.png, no suppressed_features.png

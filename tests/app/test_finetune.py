@@ -47,6 +47,7 @@ def test_the_default_is_the_authors_protocol() -> None:
     assert n_trained == sum(p.numel() for p in trained)
 
 
+@pytest.mark.slow
 def test_finetune_trains_backbone_and_head_and_leaves_the_pretrained_run_alone(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -83,6 +84,7 @@ def test_an_interrupted_finetune_resumes_bit_identical(
     assert_same_weights(tmp_path / "straight" / "last.pt", tmp_path / "run" / "last.pt")
 
 
+@pytest.mark.slow
 def test_resume_takes_the_runs_own_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src, run = tiny_checkpoint(tmp_path / "run.pt", ["method.name=ncl"]), tmp_path / "ft"
     assert main(["finetune", str(src), "--run-dir", str(run)]) == 2  # the protocol's batch 256 > 96 images
@@ -139,6 +141,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, capsys: pytest
         assert sorted(p.name for p in tmp_path.iterdir()) == listing, row  # nothing written
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_pretrained_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -165,6 +168,7 @@ def test_resume_refuses_another_pretrained_model(
     assert (result["source"], result["method"], result["epochs"]) == (str(a), "ncl", 2)
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_source_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--resume reads the pretrained source's config: a missing source, and one whose config is damaged
     (a 'config' entry edited or gone, an export's metadata, a config.yaml), are one line each and write

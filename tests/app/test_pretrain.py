@@ -18,7 +18,11 @@ from ..conftest import TINY_BASE
 TINY = [*TINY_BASE, "train.epochs=2"]
 
 
-@pytest.mark.parametrize("method", ["cl", "ncl", "ncl-topk", "bayesncl", "bayesncl-gs"])
+@pytest.mark.parametrize(
+    "method",
+    [pytest.param(m, marks=pytest.mark.slow) for m in ("cl", "ncl", "ncl-topk")]
+    + ["bayesncl", pytest.param("bayesncl-gs", marks=pytest.mark.slow)],
+)  # bayesncl: the fast selection's end-to-end run (gate, figures, evaluation); the others: --run-slow
 def test_two_epoch_smoke_pretrain_every_preset(tmp_path: Path, method: str) -> None:
     cfg = build_config(overrides=[*TINY, f"method.name={method}", "method.lam=0.01"])
     metrics = pretrain(cfg, tmp_path / "run")
@@ -64,6 +68,7 @@ def test_two_epoch_smoke_pretrain_every_preset(tmp_path: Path, method: str) -> N
         assert saved["activation_ratio"] == 1.0  # dense features: every dim active
 
 
+@pytest.mark.slow
 def test_run_dir_is_never_overwritten(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     assert main(["pretrain", "--run-dir", str(run), *TINY, "train.epochs=1", "--no-eval"]) == 0
@@ -75,6 +80,7 @@ def test_run_dir_is_never_overwritten(tmp_path: Path, capsys: pytest.CaptureFixt
     assert (run / "last.pt").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_different_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     assert main(["pretrain", "--run-dir", str(run), *TINY, "train.epochs=1", "--no-eval"]) == 0
@@ -84,6 +90,7 @@ def test_resume_refuses_a_different_config(tmp_path: Path, capsys: pytest.Captur
     assert "differs from the run's in: method.rho" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_resume_continues_to_the_same_weights(tmp_path: Path) -> None:
     straight = tmp_path / "straight"
     pretrain(build_config(overrides=[*TINY, "train.epochs=2"]), straight, evaluate=False)

@@ -201,6 +201,7 @@ def _missing(page: Path, html: str) -> list[str]:
     return bad
 
 
+@pytest.mark.slow
 def test_every_link_and_image_of_every_page_resolves(demo_dir: Path) -> None:
     from bayesncl.app.report.html import report_command
 
@@ -231,6 +232,7 @@ def test_every_link_and_image_of_every_page_resolves(demo_dir: Path) -> None:
     assert report_command([demo_dir]) == index
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_one_line(tmp_path: Path, demo_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from bayesncl.app.cli import main
 
@@ -257,6 +259,7 @@ def _chromium(url: str, user_dir: Path, *extra: str) -> subprocess.CompletedProc
     return subprocess.run([CHROMIUM, *flags, *extra, url], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (.ci/run installs Debian's chromium)")
 def test_chromium_opens_the_pages_from_file(demo_dir: Path, tmp_path: Path) -> None:
     from PIL import Image
@@ -470,6 +473,7 @@ def test_heldout_measure_leaves_rng_batchnorm_and_modes_as_they_were() -> None:
     assert row["heldout_gate_open"] == "" and 0 <= row["heldout_active_dims"] <= 3
 
 
+@pytest.mark.slow
 def test_heldout_columns_match_the_final_evaluation_and_change_no_weight(
     demo_dir: Path, tmp_path: Path
 ) -> None:
@@ -529,6 +533,7 @@ def _scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
+@pytest.mark.slow
 def test_tensorboard_gets_the_log_rows_and_resume_continues_it(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
     from bayesncl.app.report.curves import read_log
@@ -552,6 +557,7 @@ def test_tensorboard_gets_the_log_rows_and_resume_continues_it(tmp_path: Path) -
     assert "figures/training_curves" in acc.Tags()["images"]
 
 
+@pytest.mark.slow
 def test_wandb_gets_the_log_rows_and_resume_keeps_its_run_id(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

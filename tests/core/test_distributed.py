@@ -29,7 +29,7 @@ from bayesncl.core.engine import TrainForward, forward_loss, wrap_for_training
 from bayesncl.core.model import ContrastiveModel, build_model, contrastive_loss
 from bayesncl.runs.fileio import DiskFullError
 
-from ..conftest import free_port, spawn
+from ..conftest import GLOO_TIMEOUT, gloo_group, spawn
 
 METHODS = ("cl", "ncl", "bayesncl", "cl-l1", "scl", "ncl-supcon", "nce")  # the last four: issue 25
 WORLD = 2
@@ -68,13 +68,11 @@ def _grads(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _ddp_worker(rank: int, port: int, out: str) -> None:
+def _ddp_worker(rank: int, out: str) -> None:
     """One of WORLD gloo processes: the real train.py step (TrainForward in DDP, forward_loss)
     on this rank's quarter of the global batch, backward, then report loss and gradients."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
+    with gloo_group(rank, WORLD, Path(out) / "store"):
         world = distributed.setup("cpu")
         assert (world.rank, world.world_size, world.owns_group) == (rank, WORLD, False)
         n = distributed.split_batch(GLOBAL_BATCH, WORLD)
@@ -100,8 +98,6 @@ def _ddp_worker(rank: int, port: int, out: str) -> None:
             g /= WORLD
         report["ncl-local-negatives"] = {"loss": distributed.all_reduce_mean(loss.detach()), "grads": grads}
         torch.save(report, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def _single_process(method: str, *, gather: bool = True) -> dict[str, Any]:
@@ -115,11 +111,12 @@ def _single_process(method: str, *, gather: bool = True) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def ddp_reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("ddp")
-    spawn(_ddp_worker, (free_port(), str(out)), nprocs=WORLD, timeout=120)
+    spawn(_ddp_worker, (str(out),), nprocs=WORLD, timeout=GLOO_TIMEOUT + 60, what="write rank<r>.pt")
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 
 # ----------------------------------------------------------------------------- gradient equivalence
+@pytest.mark.integration
 @pytest.mark.parametrize("method", METHODS)
 def test_two_gloo_processes_match_one_process_over_the_concatenated_batch(
     ddp_reports: list[dict[str, Any]], method: str
@@ -145,6 +142,7 @@ def test_two_gloo_processes_match_one_process_over_the_concatenated_batch(
         assert ref["stats"]["kl"] > 0 and any(k.startswith("gating_head.") for k in ref["grads"])
 
 
+@pytest.mark.integration
 def test_local_negatives_alone_do_not_match(ddp_reports: list[dict[str, Any]]) -> None:
     """The test above can fail: without the gather the loss and gradients differ (solo-learn #229)."""
     ref = _single_process("ncl")
@@ -269,6 +267,7 @@ _AUDIT_HOOK = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_torchrun_two_processes_end_to_end(tmp_path: Path) -> None:
     """``python -m torch.distributed.run --nproc_per_node=2 -m bayesncl pretrain`` on tiny
@@ -317,6 +316,7 @@ def test_torchrun_two_processes_end_to_end(tmp_path: Path) -> None:
     assert not any(re.search(r"epoch \d/2", ln) for ln in lines(proc.stderr, 1))
 
 
+@pytest.mark.integration
 def test_torchrun_bad_input_is_one_line_from_rank0(tmp_path: Path) -> None:
     """Every process meets a bad value or an occupied run dir alike: the message is printed once,
     whole (it was printed by both ranks, the two lines sometimes run together on one line)."""
@@ -389,6 +389,7 @@ _RACE_HOOK = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 def test_torchrun_a_run_written_meanwhile_is_one_line_from_rank0(tmp_path: Path) -> None:
     """A run written into the run dir after the first check (while the data loaded): rank 0's re-check
     under the lock finds it, and every rank stops on that decision. Rank 1 went on alone and ended in a
@@ -422,6 +423,7 @@ _DISK_FULL_HOOK = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 def test_torchrun_a_full_disk_at_an_epoch_end_is_one_line_from_rank0(tmp_path: Path) -> None:
     """Rank 0 alone saves at an epoch's end; a full disk there stops every rank with its one line. Rank 1
     had gone on into the next epoch and ended in a gloo traceback (connection closed by rank 0)."""
@@ -485,6 +487,7 @@ _CORRUPT_ON_RANK1_HOOK = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_torchrun_a_corrupt_image_in_one_ranks_shard_is_named(tmp_path: Path) -> None:
     """The DataError of an image found corrupt when read is rank 1's alone: rank 1 prints it (it kept
@@ -534,6 +537,7 @@ _SIGNAL_HOOK = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_torchrun_mid_epoch_stop_and_resume_is_bit_identical_with_random_gates(tmp_path: Path) -> None:
     """2 gloo processes, Gumbel gates (random noise from every rank's global RNG): a SIGTERM to rank 1

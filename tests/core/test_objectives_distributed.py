@@ -11,7 +11,6 @@ wrong own-pair mask on rank 1, a gradient off by 1/world_size.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from torch import Tensor, nn
 from bayesncl.core import distributed
 from bayesncl.core.objectives import global_spectral_loss, global_supcon_loss, spectral_loss, supcon_loss
 
-from ..conftest import free_port, spawn
+from ..conftest import GLOO_TIMEOUT, gloo_group, spawn
 
 WORLD = 2
 IMAGES = 8  # 4 per process
@@ -55,11 +54,9 @@ def _grads(model: nn.Module) -> dict[str, Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
+    with gloo_group(rank, WORLD, Path(out) / "store"):
         n = IMAGES // WORLD
         x1, x2, y = (t[rank * n : (rank + 1) * n] for t in _data())
         labels = torch.cat([y, y])
@@ -78,8 +75,6 @@ def _worker(rank: int, port: int, out: str) -> None:
                     "loss": distributed.all_reduce_mean(loss.detach()), "grads": grads,
                 }
         torch.save(report, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def _single(name: str) -> dict[str, Any]:
@@ -94,10 +89,11 @@ def _single(name: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("ddp-objectives")
-    spawn(_worker, (free_port(), str(out)), nprocs=WORLD, timeout=120)
+    spawn(_worker, (str(out),), nprocs=WORLD, timeout=GLOO_TIMEOUT + 60, what="write rank<r>.pt")
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(CASES))
 def test_two_gloo_processes_match_one_process(reports: list[dict[str, Any]], name: str) -> None:
     ref = _single(name)
@@ -109,6 +105,7 @@ def test_two_gloo_processes_match_one_process(reports: list[dict[str, Any]], nam
             torch.testing.assert_close(got["grads"][key], g, atol=1e-6, rtol=0, msg=f"rank {rank}: {key}")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", list(CASES))
 def test_local_rows_alone_do_not_match(reports: list[dict[str, Any]], name: str) -> None:
     """The test above can fail: without the other rank's negatives (and, for SupCon, positives)

@@ -116,6 +116,7 @@ def test_identity_tells_a_bf16_run_from_an_fp32_one(monkeypatch: pytest.MonkeyPa
         assert variant_hash(anywhere) != on_cpu  # the same config, stored on a CPU without bf16
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["auto", "fast"])
 def test_auto_run_trains_bf16_channels_last_with_fp32_loss_and_state(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str
@@ -160,6 +161,7 @@ def test_auto_run_trains_bf16_channels_last_with_fp32_loss_and_state(
     assert momenta and all(m.dtype == torch.float32 for m in momenta)
 
 
+@pytest.mark.slow
 def test_auto_on_a_cpu_without_native_bf16_is_fp32(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bayesncl.config import build_config
@@ -29,6 +30,7 @@ def _model_and_cfg():
     return build_model(cfg, 3, 16, 10), cfg
 
 
+@pytest.mark.slow
 def test_probe_learns_keeps_backbone_frozen_and_is_seeded() -> None:
     model, cfg = _model_and_cfg()
     # an untrained backbone's h has std ~0.01: scaled x100 so that the paper's lr 0.4 learns in 4 epochs

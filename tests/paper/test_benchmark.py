@@ -45,6 +45,7 @@ def result(printed: tuple[str, str]) -> dict[str, Any]:
     return json.loads(printed[0])
 
 
+@pytest.mark.slow
 def test_json_progress_goes_to_stderr(printed: tuple[str, str]) -> None:
     """With --json, stdout is the JSON alone and the progress lines go to stderr (a GPU check that
     timed out used to leave no trace of how far it got)."""
@@ -55,6 +56,7 @@ def test_json_progress_goes_to_stderr(printed: tuple[str, str]) -> None:
     assert any(line.startswith("... round 1/") for line in lines)
 
 
+@pytest.mark.slow
 def test_json_has_the_documented_keys(result: dict[str, Any]) -> None:
     assert set(result["images_per_s"]) == {"cl", "ncl", "bayesncl"}
     assert set(result["flops_per_image"]) == {"ncl", "bayesncl"}
@@ -63,6 +65,7 @@ def test_json_has_the_documented_keys(result: dict[str, Any]) -> None:
     assert result["device"] == "cpu"
 
 
+@pytest.mark.slow
 def test_values_are_sane(result: dict[str, Any]) -> None:
     for v in result["images_per_s"].values():
         assert math.isfinite(v) and v > 0
@@ -83,6 +86,7 @@ def test_values_are_sane(result: dict[str, Any]) -> None:
     assert (st["precision"], st["channels_last"]) == (("bf16", True) if native else ("fp32", False))
 
 
+@pytest.mark.slow
 def test_flops_differ_by_exactly_the_gating_head(result: dict[str, Any]) -> None:
     """FlopCounterMode counts matmuls (a multiply-add = 2 FLOPs). Per view, the 2-layer gate costs
     2·H·hidden + 2·hidden·D forward; backward, the weight gradients of both layers plus the input
@@ -112,6 +116,7 @@ def test_forward_flops_follow_the_papers_table7_convention() -> None:
     assert bay - ncl == pytest.approx(3.815 - 3.731, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_text_report(capsys: pytest.CaptureFixture[str], result: dict[str, Any]) -> None:
     assert _run([*TINY, "--rounds", "1", "--no-augment-compare", "--no-plain-compare"]) == 0
     out = capsys.readouterr().out
@@ -126,6 +131,7 @@ def test_text_report(capsys: pytest.CaptureFixture[str], result: dict[str, Any])
 
 
 # ----------------------------------------------------------------------------- the plain SimCLR loop
+@pytest.mark.slow
 def test_plain_simclr_comparison_keys(result: dict[str, Any]) -> None:
     """Our step against the plain loop at the run's precision (auto: on a CPU with native bf16 the
     same arms as the bf16 row, on another CPU the fp32 row's), at fp32, and at bf16 + channels-last

@@ -33,6 +33,7 @@ def _interrupt_bayesncl_after_one_epoch(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(bayesncl.app.train, "pretrain", pretrain)
 
 
+@pytest.mark.slow
 def test_interrupted_demo_resumes_then_overwrites(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -125,6 +126,7 @@ def test_demo_refusals_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.slow
 def test_method_keys_for_the_bayesncl_run_leave_the_ncl_run_alone(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

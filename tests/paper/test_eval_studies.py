@@ -37,6 +37,7 @@ def quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(evaluate, "write_figures", lambda *a, **k: None)  # pretrain's own figures
 
 
+@pytest.mark.slow
 def test_ncl_mig_tiny(tmp_path: Path, quiet: None):
     out = _run(tmp_path, "ncl-mig", *BASE)
     rows = out["rows"]
@@ -47,6 +48,7 @@ def test_ncl_mig_tiny(tmp_path: Path, quiet: None):
     assert rows["NCL"]["mig"]["paper"] == 0.065
 
 
+@pytest.mark.slow
 def test_ncl_ood_tiny(tmp_path: Path, quiet: None, monkeypatch: pytest.MonkeyPatch):
     from bayesncl.data import corruptions
 
@@ -67,6 +69,7 @@ def test_ncl_ood_tiny(tmp_path: Path, quiet: None, monkeypatch: pytest.MonkeyPat
     assert len(list((tmp_path / "cache").glob("*.npy"))) == 4  # 2 corruptions x 2 severities, made once
 
 
+@pytest.mark.slow
 def test_appj_tiny(tmp_path: Path, quiet: None):
     clear_cache()
     fm = fmnist_folder(tmp_path / "fm")

@@ -65,6 +65,7 @@ def _run(store: Path, h: str, weights: bool = False) -> Path:
     return sub
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_run_sets_aside_what_each_table_lists_before_running_it(tmp_path: Path) -> None:
     """Before each job the queue asks the table for its weightless runs and moves exactly those; a run
@@ -108,6 +109,7 @@ def test_run_sets_aside_what_each_table_lists_before_running_it(tmp_path: Path) 
     assert any(c.startswith("-m bayesncl reproduce ncl-ood ") and "--list-weightless" not in c for c in calls)
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_again_sets_aside_the_runs_given_and_names_those_not_in_the_store(tmp_path: Path) -> None:
     """``long_queue.sh again HASH...`` (by hand): each stored run given into no-weights/ (replacing one
@@ -133,6 +135,7 @@ def test_again_sets_aside_the_runs_given_and_names_those_not_in_the_store(tmp_pa
     )
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_again_without_a_hash_is_a_usage_error(tmp_path: Path) -> None:
     """``long_queue.sh again`` with no hash set nothing aside and said nothing (exit 0), as if it had
@@ -146,6 +149,7 @@ def test_again_without_a_hash_is_a_usage_error(tmp_path: Path) -> None:
     assert (tmp_path / "store" / "variants" / "aaaaaaaaaaaa").is_dir()
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_a_relative_store_is_where_the_script_was_started(tmp_path: Path) -> None:
     """``STORE=store bash benchmarks/long_queue.sh again HASH`` from a folder holding ``store/``: the

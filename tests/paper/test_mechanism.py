@@ -221,6 +221,7 @@ def test_prevalence_updates_in_training_only_and_is_checkpointed(tmp_path: Path)
     assert "prevalence.pi" in model.state_dict()
 
 
+@pytest.mark.slow
 def test_ncl_ipw_resume_is_exact(tmp_path: Path):
     args = [*TINY_BASE, "method.name=ncl-ipw", "train.epochs=2", "--no-eval"]
     straight, resumed = tmp_path / "a", tmp_path / "b"
@@ -303,6 +304,7 @@ def test_metrics_command_on_a_file_with_places(tmp_path: Path, capsys):
 
 
 # ----------------------------------------------------------------------------- extract, evaluate
+@pytest.mark.slow
 def test_extract_and_evaluate_carry_places(tmp_path: Path, fm_root: Path):
     data = [
         "data.name=fashion-mnist-bg",
@@ -460,6 +462,7 @@ def test_mechanism_configs_and_aggregate():
     assert row["AF-GV"] == 0.2 and row["gate_closure_background"] is None
 
 
+@pytest.mark.slow
 def test_mechanism_study_end_to_end(tmp_path: Path, fm_root: Path, monkeypatch):
     from bayesncl.paper import mechanism as mech
 
@@ -611,6 +614,7 @@ def test_mechanism_store_refuses_a_run_dir_with_runs_of_its_own(
     assert sorted((table / variants.slug(n)).resolve() for n in cfgs) == sorted(store.iterdir())
 
 
+@pytest.mark.slow
 def test_reproduce_dispatches_table_6_and_the_mechanism_study(monkeypatch, capsys):
     import bayesncl.paper.mechanism as mech
     from bayesncl.app.cli import main
@@ -634,6 +638,7 @@ def test_reproduce_dispatches_table_6_and_the_mechanism_study(monkeypatch, capsy
     assert "6, mechanism" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_mechanism_checks_unfinished_runs_and_trains_over_a_run_without_a_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -748,6 +753,7 @@ def test_mechanism_reuses_its_own_finished_runs_wherever_the_store_would(
     assert set(variants.IDENTITY_IGNORES) <= set(variants.REUSE_IGNORES)
 
 
+@pytest.mark.slow
 def test_mechanism_refuses_an_unfinished_run_beyond_its_train_epochs_up_front(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -127,6 +127,7 @@ def test_named_overrides_are_those_in_a_runs_name_last_value_first_place() -> No
     assert variants.named_overrides([]) == []
 
 
+@pytest.mark.slow
 def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> None:
     check_cells(table1, rows=5, columns=4)
     assert table1["rows"]["CL"]["activation_ratio"]["mean"] == pytest.approx(1.0)  # CL: every dim active
@@ -155,6 +156,7 @@ def test_table1_cells_runs_and_rerun(bench: Bench, table1: dict[str, Any]) -> No
     assert out["rows"] == table1["rows"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "study", ["2", "3", "7", "fig3", "ncl-fs", "ncl-sepin", "ncl-finetune", "convergence"]
 )
@@ -216,6 +218,7 @@ def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, A
         assert again["rows"] == rows and sorted(bench.store.glob("*/finetune-*/finetune.json")) == tuned
 
 
+@pytest.mark.slow
 def test_sweeps_reuse_the_recipes_run(bench: Bench, table1: dict[str, Any]) -> None:
     full = {table1["runs"][f"BayesNCL (STE) seed {s}"] for s in (0, 1)}
     for study, new in (("4", 8), ("15", 2), ("fig4a", 4), ("fig4b", 8)):
@@ -240,6 +243,7 @@ def test_sweeps_reuse_the_recipes_run(bench: Bench, table1: dict[str, Any]) -> N
     assert all(v is not None for c in full["rows"]["no detach"].values() for v in c["values"])
 
 
+@pytest.mark.slow
 def test_a_run_is_measured_when_it_finishes_and_its_small_files_make_the_table(
     bench: Bench, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -316,6 +320,7 @@ def test_a_run_is_measured_when_it_finishes_and_its_small_files_make_the_table(
     assert again["rows"] == whole["rows"] and len(whole["rows"]) == 2
 
 
+@pytest.mark.slow
 def test_table5_warns_on_cpu_before_training(bench: Bench, table1: dict[str, Any]) -> None:
     with pytest.warns(UserWarning) as warned:
         out, calls, _ = bench.run("5")
@@ -325,6 +330,7 @@ def test_table5_warns_on_cpu_before_training(bench: Bench, table1: dict[str, Any
     check_cells(out, rows=1, columns=4)
 
 
+@pytest.mark.slow
 def test_an_interrupted_run_continues(
     bench: Bench, table1: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:

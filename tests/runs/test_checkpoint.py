@@ -134,6 +134,7 @@ def test_crafted_pickle_is_refused_by_the_cli(
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_crafted_last_pt_is_refused_on_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     assert main(["pretrain", "--run-dir", str(run), *TINY, "--no-eval"]) == 0
@@ -175,6 +176,7 @@ def _resnet_cfg(stem: str) -> list[str]:
             "train.precision=fp32"]
 
 
+@pytest.mark.slow
 def test_exported_resnet_loads_into_torchvision_resnet18(tmp_path: Path) -> None:
     run = tmp_path / "run"
     cfg = build_config(overrides=_resnet_cfg("false"))
@@ -194,6 +196,7 @@ def test_exported_resnet_loads_into_torchvision_resnet18(tmp_path: Path) -> None
         assert torch.equal(net.eval()(x), model.backbone(x))
 
 
+@pytest.mark.slow
 def test_exported_cifar_stem_resnet_loads_after_the_same_stem_swap(tmp_path: Path) -> None:
     cfg = build_config(overrides=_resnet_cfg("true"))
     model = build_model(cfg, 3, 16, 10).eval()
@@ -210,6 +213,7 @@ def test_exported_cifar_stem_resnet_loads_after_the_same_stem_swap(tmp_path: Pat
         assert torch.equal(net.eval()(x), model.backbone(x))
 
 
+@pytest.mark.slow
 def test_encoder_safetensors_reloads_the_same_model(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=[*TINY, "method.name=bayesncl"]), run, evaluate=False)
@@ -309,7 +313,10 @@ def save_lightning(module: nn.Module, path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("depth", "hidden"), [(None, 0), (1, 0), (2, 48), (3, 48)])
+@pytest.mark.parametrize(
+    ("depth", "hidden"),
+    [(None, 0), (1, 0), *(pytest.param(d, 48, marks=pytest.mark.slow) for d in (2, 3))],
+)  # a ResNet-18 each: the gate's deeper layouts with --run-slow
 def test_official_layout_is_inferred_and_loads_bit_exactly(
     tmp_path: Path, depth: int | None, hidden: int
 ) -> None:
@@ -352,6 +359,7 @@ def test_official_bare_state_dict_with_ddp_prefix_is_accepted(tmp_path: Path) ->
     assert official_state_dict(sd).keys() == {k[len("module."):] for k in sd}
 
 
+@pytest.mark.slow
 def test_official_checkpoint_extract_and_evaluate_from_the_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -435,6 +443,7 @@ def test_official_checkpoint_needs_the_data_and_matching_channels(tmp_path: Path
         load_trained(path, overrides=["data.name=synthetic"])
 
 
+@pytest.mark.slow
 def test_own_checkpoint_overrides_are_limited_to_data_and_eval(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=TINY), run, evaluate=False)
@@ -448,6 +457,7 @@ def test_own_checkpoint_overrides_are_limited_to_data_and_eval(tmp_path: Path) -
         load_trained(run, overrides=["bogus.key=1"])
 
 
+@pytest.mark.slow
 def test_own_checkpoint_with_weights_of_another_architecture(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=TINY), run, evaluate=False)

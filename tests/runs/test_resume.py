@@ -72,6 +72,7 @@ def straight_then_signalled(
 
 
 # ----------------------------------------------------------------------------- SIGKILL + --resume
+@pytest.mark.integration
 @pytest.mark.slow
 def test_sigkill_in_epoch_3_then_resume_is_bit_identical(tmp_path: Path) -> None:
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -100,6 +101,7 @@ def test_sigkill_in_epoch_3_then_resume_is_bit_identical(tmp_path: Path) -> None
 
 
 # ----------------------------------------------------------------------------- SIGINT
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_mid_epoch_saves_last_pt_and_resume_is_bit_identical(
@@ -140,6 +142,7 @@ def test_signal_mid_epoch_saves_last_pt_and_resume_is_bit_identical(
     assert load_checkpoint_file(run / "last.pt")["partial"] is None
 
 
+@pytest.mark.slow
 def test_step_log_rows_and_a_mid_epoch_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """steps.csv, a row every STEP_LOG_EVERY (here 2) steps: each row is the mean over the epoch's
     steps since the previous row, and a run interrupted between two rows resumes to the same rows."""
@@ -176,6 +179,7 @@ def test_step_log_rows_and_a_mid_epoch_resume(tmp_path: Path, monkeypatch: pytes
     assert_same_weights(straight / "last.pt", run / "last.pt")
 
 
+@pytest.mark.slow
 def test_a_mid_epoch_resume_under_bf16_autocast_is_bit_identical(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -209,6 +213,7 @@ def test_a_mid_epoch_resume_under_bf16_autocast_is_bit_identical(
     assert rows(run) == rows(straight)
 
 
+@pytest.mark.slow
 def test_resume_says_what_it_loaded_and_keeps_the_precision_the_run_trained_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -249,6 +254,7 @@ def test_resume_says_what_it_loaded_and_keeps_the_precision_the_run_trained_in(
     assert load_checkpoint_file(run / "last.pt")["precision"] == {"dtype": "fp32", "channels_last": False}
 
 
+@pytest.mark.slow
 def test_resume_that_changes_the_length_of_an_unfinished_run_warns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -277,6 +283,7 @@ def test_resume_that_changes_the_length_of_an_unfinished_run_warns(
         pretrain(build_config(overrides=[*TINY, "train.epochs=3"]), run, resume=True, evaluate=False)
 
 
+@pytest.mark.integration
 def test_resume_inside_an_epoch_needs_that_epoch(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=[*TINY, "train.epochs=2"]), run, evaluate=False)
@@ -292,6 +299,7 @@ def test_resume_inside_an_epoch_needs_that_epoch(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- resume details
+@pytest.mark.slow
 def test_resume_with_dataloader_workers_is_bit_identical(tmp_path: Path) -> None:
     """The per-sample path with 2 worker processes: augmentation is seeded per sample, so workers'
     RNGs need no saved state."""
@@ -319,6 +327,7 @@ def test_resume_removes_temporary_files_of_a_killed_save(tmp_path: Path) -> None
 
 
 
+@pytest.mark.slow
 def test_resume_that_trains_further_archives_the_shorter_runs_results(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -362,6 +371,7 @@ def _nan_at(step: int) -> Any:
     return loss_fn
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_naming_step_and_parts_and_keeps_last_good_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -379,6 +389,7 @@ def test_non_finite_loss_stops_naming_step_and_parts_and_keeps_last_good_checkpo
     assert [r["epoch"] for r in log_rows(run)] == ["1"]
 
 
+@pytest.mark.slow
 def test_non_finite_weights_with_a_finite_loss_stop_and_keep_the_last_good_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -410,6 +421,7 @@ def test_non_finite_weights_with_a_finite_loss_stop_and_keep_the_last_good_check
     assert [r["epoch"] for r in log_rows(run)] == ["1"]
 
 
+@pytest.mark.slow
 def test_non_finite_loss_from_the_cli_is_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -428,6 +440,7 @@ def test_non_finite_loss_from_the_cli_is_one_line(
 
 
 # ----------------------------------------------------------------------------- fp16 overflow
+@pytest.mark.slow
 def test_fp16_overflow_is_skipped_by_the_grad_scaler_not_fatal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -460,6 +473,7 @@ def test_fp16_overflow_is_skipped_by_the_grad_scaler_not_fatal(
 
 
 # ----------------------------------------------------------------------------- gate health
+@pytest.mark.slow
 def test_gate_health_is_logged_per_epoch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -480,6 +494,7 @@ def test_gate_health_is_logged_per_epoch(
     assert s["kl"] == s["gate_open"] == "" and float(s["info_nce"]) > 0
 
 
+@pytest.mark.slow
 def test_gate_collapse_warns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -501,6 +516,7 @@ def test_gate_collapse_warns(
     assert "warning: gate collapse: 100% of rows have every gate closed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_final_evaluation_says_training_is_complete(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -520,6 +536,7 @@ def test_ctrl_c_during_the_final_evaluation_says_training_is_complete(
 
 
 # ----------------------------------------------------------------------------- signals at the edges
+@pytest.mark.slow
 def test_a_stop_after_an_epochs_last_step_resumes_bit_identically(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -537,6 +554,7 @@ def test_a_stop_after_an_epochs_last_step_resumes_bit_identically(
     assert rows(tmp_path / "run") == rows(tmp_path / "straight")
 
 
+@pytest.mark.slow
 def test_a_signal_during_the_last_epochs_saves_stops_before_export(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -553,6 +571,7 @@ def test_a_signal_during_the_last_epochs_saves_stops_before_export(
     assert (run / "encoder.safetensors").exists() and (run / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_a_hard_stop_in_epoch_1_leaves_a_dir_the_same_command_can_reuse(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -579,6 +598,7 @@ def test_a_hard_stop_in_epoch_1_leaves_a_dir_the_same_command_can_reuse(
     assert main(args) == 0 and load_checkpoint_file(run / "last.pt")["epoch"] == 1
 
 
+@pytest.mark.slow
 def test_resume_restores_a_periodic_checkpoint_a_kill_prevented(tmp_path: Path) -> None:
     """last.pt is written before epoch-NNNN.pt: a SIGKILL between the two leaves the periodic copy
     missing (as here, removed by hand); --resume writes it from last.pt, so `dynamics` misses no epoch."""
@@ -591,6 +611,7 @@ def test_resume_restores_a_periodic_checkpoint_a_kill_prevented(tmp_path: Path) 
     assert sorted(p.name for p in run.glob("epoch-*.pt")) == [f"epoch-000{e}.pt" for e in (1, 2, 3)]
 
 
+@pytest.mark.slow
 def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -617,6 +638,7 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(
     assert not (run / "eval-epoch-0001").exists()  # the old run's evaluation went with it
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_a_killed_overwrite_is_finished_by_the_next_command(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -698,6 +720,7 @@ def test_a_killed_overwrite_that_had_a_checkpoint_keeps_the_new_run(tmp_path: Pa
     assert (run / "last.pt").read_bytes() == b"the new run"
 
 
+@pytest.mark.slow
 def test_resume_after_a_killed_overwrite_and_a_cut_short_set_aside(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -732,6 +755,7 @@ def test_resume_after_a_killed_overwrite_and_a_cut_short_set_aside(
     assert not list(run.glob(".replaced-*"))
 
 
+@pytest.mark.slow
 def test_resume_without_config_yaml_reads_the_checkpoints_config(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=[*TINY, "train.epochs=1"]), run, evaluate=False)

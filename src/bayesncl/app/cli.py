@@ -423,7 +423,7 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "extract + metrics + linear probe + kNN + retrieval + top-activation figure",
         "Full evaluation of a run dir or checkpoint; writes evaluation.json, "
         "evaluation.md and top_activations.png into the run dir (for an earlier checkpoint "
-        "RUN/epoch-NNNN.pt: into RUN/eval-epoch-NNNN/).",
+        "RUN/epoch-NNNN.pt: into RUN/eval-epoch-NNNN/); eval.figures=false draws no figure.",
         {},
         [
             _SOURCE,

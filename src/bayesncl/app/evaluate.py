@@ -154,10 +154,10 @@ def evaluate_model(
 ) -> dict[str, Any]:
     """End-of-pretraining evaluation on the test split: :func:`score` with the metrics, retrieval at
     ``eval.retrieval_dims`` and (``eval.probe=fast``) the fast linear probe at ``seed``, plus the
-    gate's open rate for gated methods. Writes the figures, ``metrics.json`` and ``metrics.md`` (its
-    table, retrieval and NCL's map as in the JSON) into ``run_dir``; returns the metrics dict. LP@1 is
-    the *offline* fast probe on frozen h (not the online probe; solo-learn #221); the paper probe is
-    not run here (``bayesncl evaluate`` runs it).
+    gate's open rate for gated methods. Writes the figures (unless ``eval.figures`` is false),
+    ``metrics.json`` and ``metrics.md`` (its table, retrieval and NCL's map as in the JSON) into
+    ``run_dir``; returns the metrics dict. LP@1 is the *offline* fast probe on frozen h (not the online
+    probe; solo-learn #221); the paper probe is not run here (``bayesncl evaluate`` runs it).
     ``info``: the DatasetInfo of the data it reads, where the caller has it (the run's facts).
     """
     from bayesncl.app.evaldata import with_eval_data
@@ -171,8 +171,11 @@ def evaluate_model(
     )
     _add_run_facts(metrics, test, cfg)
     names = info.class_names if info is not None else None
-    stages.next("figures (top_activations.png" + (", suppressed_features.png)" if "mask" in test else ")"))
-    write_figures(test, cfg.data, run_dir, label=run_label(cfg.method.name, run_dir, cfg.seed), names=names)
+    if cfg.eval.figures:
+        gated = ", suppressed_features.png)" if "mask" in test else ")"
+        stages.next("figures (top_activations.png" + gated)
+        label = run_label(cfg.method.name, run_dir, cfg.seed)
+        write_figures(test, cfg.data, run_dir, label=label, names=names)
     md = format_table({cfg.method.name: metrics}) + _retrieval_markdown(metrics)  # what metrics.json holds
     write_results(run_dir, "metrics", metrics, md)
     stages.done()
@@ -600,7 +603,8 @@ def evaluate_command(
     """``bayesncl evaluate``: load the model, :func:`score` it (metrics, linear probe with mean ± std
     over ``probe_seeds``, kNN, retrieval, feature-selection probe), then write ``features_test.npz``,
     ``evaluation.json`` / ``.md``, the figures and ``embedding.png`` (t-SNE of z̃ by class,
-    :mod:`bayesncl.app.report.embedding`) beside the checkpoint (only once all is computed).
+    :mod:`bayesncl.app.report.embedding`; no figure with ``eval.figures=false``) beside the checkpoint
+    (only once all is computed).
 
     ``probe``: fast, paper or none; ``None``: the run's ``eval.probe`` (after ``overrides``).
     ``retrieval_dims``: ``None`` is :func:`score`'s ``"auto"``. ``given``: the options the user gave
@@ -642,12 +646,13 @@ def evaluate_command(
     # everything is computed: only now write the files
     save_split_features(out_dir / "features_test.npz", test, cfg, "test", source)
     write_results(out_dir, "evaluation", result, md)
-    stages.next("figures (top_activations.png, suppressed_features.png for a gate, embedding.png)")
-    write_figures(test, cfg.data, out_dir, label=run_label(cfg.method.name, out_dir, cfg.seed))
-    from bayesncl.app.report.embedding import write_embedding_map
+    if cfg.eval.figures:
+        stages.next("figures (top_activations.png, suppressed_features.png for a gate, embedding.png)")
+        write_figures(test, cfg.data, out_dir, label=run_label(cfg.method.name, out_dir, cfg.seed))
+        from bayesncl.app.report.embedding import write_embedding_map
 
-    write_embedding_map(test["features"], test["labels"], info.class_names,
-                        out_dir / "embedding.png", label=run_label(cfg.method.name, out_dir, cfg.seed))
+        write_embedding_map(test["features"], test["labels"], info.class_names,
+                            out_dir / "embedding.png", label=run_label(cfg.method.name, out_dir, cfg.seed))
     stages.done()
     print(md)
     print(json.dumps({k: v for k, v in result.items() if k != "retrieval"}, indent=2, default=float))

@@ -87,6 +87,9 @@ class EvalConfig:
     # on slices of z̃) | authors (the NCL code's SGD probe on slices of the projector output p, top-K by
     # expected activation: metrics.authors_selection; docs/metrics.md)
     selection_probe: str = "fast"
+    # draw the evaluation's figures (top_activations.png, suppressed_features.png; evaluate's
+    # embedding.png): false skips them (seconds per evaluation on a CPU); the numbers are the same
+    figures: bool = True
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
 
 

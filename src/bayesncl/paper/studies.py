@@ -6,7 +6,7 @@ columns, the paper's values where the paper text gives them, and for a figure it
 study sweeps may depend on the resolved recipe (the latent width D, ρ, λ): :func:`build` makes
 the concrete study for a dataset and the user's overrides.
 
-Paper values: PAPER-NOTES §4 and the paper texts (/work/shared/seeds); where a paper reports a
+Paper values: PAPER-NOTES §4 and the two papers' texts; where a paper reports a
 figure or a table without numbers in the text we have (Tables 3, 5, 15; Figs. 3, 4b), no paper
 value is drawn.
 """

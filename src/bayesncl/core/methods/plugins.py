@@ -95,7 +95,6 @@ def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
     backward pass, and each statistic of ``method`` (with its parts, its own heads and its keys'
     defaults) on random model outputs of 2n rows × ``dim`` dimensions; raise ConfigError (one line) if
     a term's weight is not a declared key, or one raises or returns anything but a 0-d tensor."""
-    import dataclasses
     import types
 
     import torch
@@ -111,13 +110,7 @@ def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
             method.check(cfg, model)
         except ConfigError as e:
             raise ConfigError(f"method {method.name!r}: its defaults fail its own check: {e}") from None
-    declared = {f.name for f in dataclasses.fields(MethodConfig)} | set(method.keys)
-    for term in registry.terms(cfg, method):
-        if term.weight is not None and term.weight not in declared:
-            raise ConfigError(
-                f"method {method.name!r}: its loss term {term.name!r} is weighted by {term.weight!r}, which "
-                f"is not a key (expected one of its keys {sorted(method.keys)} or a method.* key)"
-            )
+    registry.check_weights(method)  # before the weighted loss below reads them
     gen = torch.Generator().manual_seed(0)
     h = torch.randn(2 * n, dim, generator=gen)
     registered = registry.METHODS.get(method.name)

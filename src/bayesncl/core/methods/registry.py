@@ -30,7 +30,8 @@ def register_method(method: Method) -> Method:
     """Add ``method`` to :data:`METHODS` (``method.name=NAME`` selects it) and return it.
 
     Raises ConfigError (one line) if its name is taken (a built-in, or another file's method), a
-    key of its own is a common ``method.*`` key, or its statistics do not start with ``loss``.
+    key of its own is a common ``method.*`` key, its statistics do not start with ``loss``, or a loss
+    term's ``weight`` is neither one of its own keys nor a common ``method.*`` key.
     A method from a user's file is checked on a test batch by :func:`bayesncl.core.methods.plugins.
     check_method` (``bayesncl.register_method`` and ``--plugin`` do that)."""
     old = METHODS.get(method.name)
@@ -44,8 +45,21 @@ def register_method(method: Method) -> Method:
         raise ConfigError(f"method {method.name!r}: its key method.{common[0]} is a common method key")
     if not method.terms or not method.stats or method.stats[0] != LOSS:
         raise ConfigError(f"method {method.name!r}: expected >= 1 loss term, statistics starting with LOSS")
+    check_weights(method)
     METHODS[method.name] = method
     return method
+
+
+def check_weights(method: Method) -> None:
+    """ConfigError (one line) if a loss term's ``weight`` names no key of ``method`` (its own keys or a
+    common ``method.*`` key): such a term used to register and fail at the first training step."""
+    for term in method.terms:
+        if term.weight is not None and term.weight not in {*MethodConfig.__dataclass_fields__, *method.keys}:
+            own = ", ".join(method.keys) or "none"
+            raise ConfigError(
+                f"method {method.name!r}: its loss term {term.name!r} is weighted by method.{term.weight}, "
+                f"which is not a key of the method (its own keys: {own}; or a common method.* key)"
+            )
 
 
 def get(name: str) -> Method:
