@@ -240,7 +240,7 @@ def _add_run_facts(result: dict[str, Any], test: dict[str, np.ndarray], cfg: Con
         hard = test["mask"]
         result["gate_open_rate"] = float(hard.mean())
         result["rows_all_closed"] = float((hard.sum(1) == 0).mean())
-        if test.get("alpha") is not None:  # the soft gate's training 'open rate' is this mean
+        if test.get("alpha") is not None:  # (a soft gate's training gate_open in older logs was this)
             result["gate_mean_alpha"] = float(test["alpha"].mean())
         if (gating := gating_text(cfg)) is not None:
             result["gating"] = gating

@@ -239,7 +239,9 @@ def train_one_epoch(
         stats = train_step(t.step_model, t.optimizer, t.scaler, x1, x2, y, t.method, autocast=t.autocast,
                            channels_last=t.channels_last, labeled=t.labeled,
                            loss_fn=t.loss_fn)
-        sums = {k: sums[k] + v for k, v in stats.items()} if sums else stats
+        # a statistic the stopped epoch's checkpoint has no sum of (one added since): NaN for this epoch
+        sums = {k: sums[k] + v if k in sums else torch.full_like(v, math.nan) for k, v in stats.items()} \
+            if sums else stats
         c.n_seen += 1
         step += 1
         if t.device.type == "cpu" or step % STEP_LOG_EVERY == 0 or c.n_seen == steps_per_epoch:

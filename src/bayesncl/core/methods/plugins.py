@@ -119,7 +119,7 @@ def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
         value = _run(method, f"loss term {term.name!r}", lambda t=term: t.fn(out, batch, cfg))
         terms[term.name] = value.detach()
     step = Step(terms[method.terms[0].name], terms, out, torch.randn(2 * n, 2, generator=gen),
-                torch.cat([batch.labels, batch.labels]))
+                torch.cat([batch.labels, batch.labels]), cfg)
     for stat in method.stats:
         if method.gated or not stat.gated:  # a gate's statistics are logged only with one
             _run(method, f"statistic {stat.name!r}", lambda s=stat: s.fn(step))
