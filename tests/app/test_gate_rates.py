@@ -131,3 +131,47 @@ def test_curves_read_logs_from_before_mean_alpha_and_say_what_a_soft_gates_open_
     drawn = [list(line.get_ydata()) for line in alpha_ax.get_lines() if line.get_linestyle() == "-"]
     assert drawn == [[0.375]]  # the new log's mean α; the old one has none
     assert write_training_curves([old, new], tmp_path / "c.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_mid_epoch_resume_from_a_checkpoint_without_mean_alpha(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run stopped inside epoch 2 by code from before gate_mean_alpha (its last.pt sums no such
+    statistic) resumes: epoch 2 logs gate_mean_alpha empty (its first steps were not summed), every
+    other statistic as an uninterrupted run's; the weights are the same."""
+    import bayesncl.core.engine as engine
+    from bayesncl.app.train import pretrain
+    from bayesncl.runs.messages import TrainingInterrupted
+    from bayesncl.runs.safe_load import load_checkpoint_file
+
+    from ..conftest import assert_same_weights, ctrl_c
+
+    args = [*TINY_BASE, "method.name=bayesncl", "train.precision=fp32", "train.epochs=2",
+            "train.monitor_samples=0"]  # 96 images, batch 32: 3 steps an epoch
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    pretrain(build_config(overrides=args), straight, evaluate=False)
+    real, calls = engine.contrastive_loss, {"n": 0}
+
+    def ctrl_c_in_step_5(*a: Any, **k: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 5:
+            ctrl_c()
+        return real(*a, **k)
+
+    monkeypatch.setattr(engine, "contrastive_loss", ctrl_c_in_step_5)
+    with pytest.raises(TrainingInterrupted, match="stopped in epoch 2 after 2 of its 3 steps"):
+        pretrain(build_config(overrides=args), run, evaluate=False)
+    monkeypatch.setattr(engine, "contrastive_loss", real)
+    ckpt = load_checkpoint_file(run / "last.pt")
+    for d in (ckpt["partial"]["sums"], ckpt["partial"]["window"][0], *ckpt["log"], *ckpt["step_log"]):
+        d.pop("gate_mean_alpha", None)  # as the older code saved it
+    torch.save(ckpt, run / "last.pt")
+    pretrain(build_config(overrides=args), run, resume=True, evaluate=False)
+    assert_same_weights(straight / "last.pt", run / "last.pt")
+    with (run / "log.csv").open() as f:
+        resumed = list(csv.DictReader(f))
+    with (straight / "log.csv").open() as f:
+        ref = list(csv.DictReader(f))
+    assert [r["gate_mean_alpha"] for r in resumed] == ["", ""] and 0 < float(ref[1]["gate_mean_alpha"]) < 1
+    for key in ("loss", "info_nce", "kl", "gate_open", "rows_all_closed", "online_acc"):
+        assert resumed[1][key] == ref[1][key], key

@@ -3,8 +3,9 @@
 A panel against the epoch for each statistic with a title (a
 :class:`bayesncl.core.methods.Statistic` of a registered method) that some run logged: InfoNCE
 (nats), online probe accuracy (%), a method's own statistics and, for gated runs, the KL term
-(:func:`bayesncl.core.losses.bernoulli_kl`, nats) and the gate-open rate with the prior ρ dashed
-(PAPER-NOTES §1). Markers are the epoch means; where the run has a ``steps.csv`` (a row every
+(:func:`bayesncl.core.losses.bernoulli_kl`, nats), the gate-open rate (share of α > threshold) and
+the mean gate probability α, each with the prior ρ dashed (PAPER-NOTES §1; docs/metrics.md, "The
+gate"). Markers are the epoch means; where the run has a ``steps.csv`` (a row every
 ``STEP_LOG_EVERY`` steps) a thin line of the same colour follows them. One legend under the panels
 names each run once; where the runs are seeds of a few variants (labels ending in ``seed N``, as
 ``reproduce`` names them), a variant's seeds share its colour, each seed its marker, and the legend
