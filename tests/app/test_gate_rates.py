@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from bayesncl.app.evaluate import _add_run_facts
+from bayesncl.app.evaluate import _add_run_facts, _evaluation_markdown
 from bayesncl.app.heldout import HeldOut
 from bayesncl.app.report.curves import older_soft_log, read_log, training_curves_figure, write_training_curves
 from bayesncl.config import build_config, dump_yaml
@@ -77,6 +77,8 @@ def test_evaluation_reports_both_rates() -> None:
     assert result["gate_mean_alpha"] == pytest.approx(0.375)
     assert (result["rows_all_closed"], result["n_test"], result["method"]) == (0.5, 2, "bayesncl")
     assert "gating" not in result  # features gated by the hard mask, the default
+    assert "Gate (test split): open rate 0.2500 (α > method.threshold), mean α 0.3750, images with every " \
+           "gate closed 0.5000." in _evaluation_markdown(result)  # evaluation.md
 
 
 def test_the_held_out_monitor_logs_both_rates() -> None:

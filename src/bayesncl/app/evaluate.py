@@ -643,6 +643,10 @@ def _evaluation_markdown(result: dict[str, Any]) -> str:
         md += format_retrieval(result["retrieval"], active=result.get("active_dims"))
     if "retrieval_note" in result:
         md += f"\n\nNote: {result['retrieval_note']}."
+    if "gate_open_rate" in result:  # docs/metrics.md, "The gate: open rate and mean α"
+        md += (f"\n\nGate (test split): open rate {result['gate_open_rate']:.4f} (α > method.threshold)"
+               + (f", mean α {result['gate_mean_alpha']:.4f}" if "gate_mean_alpha" in result else "")
+               + f", images with every gate closed {result['rows_all_closed']:.4f}.")
     if "gating" in result:
         md += f"\n\nGated features: {result['gating']}."
     return md
