@@ -69,7 +69,7 @@ def test_figure_draws_the_logged_values(tmp_path: Path) -> None:
         "InfoNCE (nats)",
         "online probe accuracy (%)",
         "KL(Bern(α) ‖ Bern(ρ)), sum over dims",
-        "gate open rate vs ρ (dashed)",
+        "gate open rate (α > threshold) vs ρ (dashed)",
     ]
     nce_lines = {ln.get_label(): list(ln.get_ydata()) for ln in axes[0].lines}
     assert nce_lines == {"ncl": [5.5, 5.25, 5.0], "bayesncl": [5.6, 5.3, 5.1]}
@@ -177,7 +177,7 @@ def test_one_shared_legend_names_each_run_once(tmp_path: Path) -> None:
     fig = training_curves_figure(runs, "Training curves of 12 runs")
     assert all(ax.get_legend() is None for ax in fig.axes)
     (legend,) = fig.legends
-    assert [t.get_text() for t in legend.get_texts()] == [*runs, "held-out gate open (dotted, ×)"]
+    assert [t.get_text() for t in legend.get_texts()] == [*runs, "held-out batch (dotted, ×)"]
     assert fig.get_suptitle() == "Training curves of 12 runs"
 
 

@@ -492,6 +492,7 @@ def test_heldout_columns_match_the_final_evaluation_and_change_no_weight(
     assert last["heldout_h_sum"] == pytest.approx(final["semantic_entropy_sum"], abs=1e-5)
     assert last["heldout_active_dims"] == final["active_dims"]
     assert last["heldout_gate_open"] == pytest.approx(final["gate_open_rate"], abs=1e-5)
+    assert last["heldout_gate_mean_alpha"] == pytest.approx(final["gate_mean_alpha"], abs=1e-5)
     assert last["heldout_effective_rank"] == pytest.approx(final["effective_rank"], abs=1e-3)
     off = tmp_path / "off"
     pretrain(build_config(overrides=[*TINY, "method.name=bayesncl", "train.monitor_samples=0"]), off,

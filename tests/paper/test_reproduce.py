@@ -221,12 +221,15 @@ def test_studies_of_table1s_runs_train_nothing(bench: Bench, table1: dict[str, A
 @pytest.mark.slow
 def test_sweeps_reuse_the_recipes_run(bench: Bench, table1: dict[str, Any]) -> None:
     full = {table1["runs"][f"BayesNCL (STE) seed {s}"] for s in (0, 1)}
+    tables = {}
     for study, new in (("4", 8), ("15", 2), ("fig4a", 4), ("fig4b", 8)):
         out, calls, _ = bench.run(study)
         assert calls == [False] * new, study
         assert full <= set(out["reused"]), study
         built = studies.build(study, "fashion-mnist", TINY)
         check_cells(out, rows=len(built.rows), columns=len(built.columns))
+        tables[study] = out
+    check_soft_rows(bench, tables["4"])
     # fig4b: the λ lines at the paper's ρ = 0.8 and the recipe's 0.3, the ρ sweep at the recipe's λ: the
     # two sweeps meet at the recipe's cell (one row), which is Table 1's run
     assert list(out["rows"]) == ["rho=0.8 lambda=0.0003", "rho=0.8 lambda=0.001", "rho=0.3 lambda=0.0003",
@@ -238,9 +241,49 @@ def test_sweeps_reuse_the_recipes_run(bench: Bench, table1: dict[str, Any]) -> N
     full, calls, _ = bench.run("9")
     assert calls == [] and len(full["reused"]) == 10
     built = studies.build("9", "fashion-mnist", TINY)
-    check_cells(full, rows=5, columns=len(built.columns))
+    check_cells(full, rows=6, columns=len(built.columns))
     assert {"semantic_entropy_freq", "lp3_acc5", "sel.mAP@10", "effective_rank"} <= set(full["rows"]["full"])
     assert all(v is not None for c in full["rows"]["no detach"].values() for v in c["values"])
+    check_soft_rows(bench, full)
+    hard, soft = full["rows"]["soft gate (eval: hard mask)"], full["rows"]["soft gate (eval: α)"]
+    for key in ("gate_open_rate", "gate_mean_alpha", "knn_acc1"):  # the same gate and h either way
+        assert soft[key]["values"] == hard[key]["values"] and None not in hard[key]["values"]
+    assert 0 <= hard["gate_open_rate"]["mean"] <= 1 and 0 < hard["gate_mean_alpha"]["mean"] < 1
+    assert 0 <= full["rows"]["soft gate (eval: α)"]["sel.P@1"]["mean"] <= 100
+
+
+def check_soft_rows(bench: Bench, out: dict[str, Any]) -> None:
+    """Tables 4 and 9/10: the soft-gated run twice, the metrics of its features gated by the hard mask
+    1[α > 0.5] (metrics.json) and by α, each what normalize(normalize(z) ⊙ gate) gives by hand, and
+    not the same; the probe on h (not gated) the same in both rows."""
+    import torch
+    import torch.nn.functional as F
+
+    from bayesncl.app.evaluate import extract_split
+    from bayesncl.metrics import compute_all
+    from bayesncl.metrics.registry import METRICS
+
+    rows = out["rows"]
+    assert [r for r in rows if r.startswith("soft")] == ["soft gate (eval: hard mask)", "soft gate (eval: α)"]
+    hard, soft = rows["soft gate (eval: hard mask)"], rows["soft gate (eval: α)"]
+    assert soft["lp3_acc1"]["values"] == hard["lp3_acc1"]["values"]
+    for seed in (0, 1):
+        sub = bench.store / out["runs"][f"soft gate seed {seed}"]
+        model, cfg, _ = variants.load_stored(sub, build_config(overrides=TINY))
+        assert cfg.method.gate == "soft" and not cfg.eval.use_soft_gating
+        test = extract_split(model, cfg, "test", next(model.parameters()).device, keys=("z", "alpha"))
+        unit = F.normalize(torch.from_numpy(test["z"]).double(), dim=1)
+        alpha = torch.from_numpy(test["alpha"]).double()
+        metrics = {m.key for m in METRICS} & set(hard)  # the table's metric columns
+        assert "semantic_consistency" in metrics and "semantic_entropy_freq" in metrics
+        by_hand = {}
+        for name, cells, gate in (("hard", hard, (alpha > 0.5).double()), ("α", soft, alpha)):
+            by_hand[name] = compute_all(F.normalize(unit * gate, dim=1).numpy(), test["labels"])
+            for key in metrics:
+                expected = pytest.approx(by_hand[name][key], rel=1e-3, abs=1e-3)
+                assert cells[key]["values"][seed] == expected, (name, key)
+        # the two gatings are different features (the tiny runs' SC is 10 % either way: not a vacuous match)
+        assert any(by_hand["hard"][m.key] != pytest.approx(by_hand["α"][m.key], rel=1e-3) for m in METRICS)
 
 
 @pytest.mark.slow
@@ -270,7 +313,7 @@ def test_a_run_is_measured_when_it_finishes_and_its_small_files_make_the_table(
     assert main([*args, "--store", str(bench.store), "--run-dir", str(tmp_path / "a")]) == 130  # Ctrl-C
     assert bench.calls[before:] == [False]  # the first run trained, the second did not
     first = bench.store / started[0]
-    assert {"base[]", "probe3[]"} <= set(json.loads((first / "reproduce.json").read_text()))
+    assert {"base[]", "probe3[]", "soft_eval[]"} <= set(json.loads((first / "reproduce.json").read_text()))
     assert not (bench.store / started[1] / "reproduce.json").exists()
     monkeypatch.setattr(rp, "_train", real)
     main([*args, "--store", str(bench.store), "--run-dir", str(tmp_path / "a")])
@@ -292,9 +335,13 @@ def test_a_run_is_measured_when_it_finishes_and_its_small_files_make_the_table(
         cache = json.loads((small / h / "reproduce.json").read_text())
         assert rp.needs_weights(small / h, [("base", ()), ("dead", ()), ("flops", ())]) is False
         assert rp.needs_weights(small / h, [("probe3", ())]) is False  # cached
-        del cache["probe3[]"]
+        assert rp.needs_weights(small / h, [("soft_eval", ())]) is False
+        del cache["probe3[]"], cache["soft_eval[]"]
         (small / h / "reproduce.json").write_text(json.dumps(cache))
         assert rp.needs_weights(small / h, [("probe3", ())]) is True
+        # the evaluation by α reads the weights of a soft-gated run only
+        soft = h == whole["runs"]["soft gate seed 0"]
+        assert rp.needs_weights(small / h, [("soft_eval", ())]) is soft
     capsys.readouterr()
     assert main([*args, "--store", str(small), "--run-dir", str(tmp_path / "c")]) == 2
     assert len(bench.calls) == before and not (tmp_path / "c").exists()
@@ -317,7 +364,7 @@ def test_a_run_is_measured_when_it_finishes_and_its_small_files_make_the_table(
     assert f"  full seed 0: reuse {first.name} (no last.pt: the table reads its weights)\n" in out
     assert f"without --plan table 4 refuses 2 run(s) that lack weights it reads: {' '.join(lacking)}; " in out
     assert len(bench.calls) == before and not (tmp_path / "d").exists()
-    assert again["rows"] == whole["rows"] and len(whole["rows"]) == 2
+    assert again["rows"] == whole["rows"] and len(whole["rows"]) == 3  # the soft gate's two rows
 
 
 @pytest.mark.slow

@@ -265,7 +265,7 @@ def _add_run_facts(result: dict[str, Any], test: dict[str, np.ndarray], cfg: Con
         hard = test["mask"]
         result["gate_open_rate"] = float(hard.mean())
         result["rows_all_closed"] = float((hard.sum(1) == 0).mean())
-        if test.get("alpha") is not None:  # the soft gate's training 'open rate' is this mean
+        if test.get("alpha") is not None:  # (a soft gate's training gate_open in older logs was this)
             result["gate_mean_alpha"] = float(test["alpha"].mean())
         if (gating := gating_text(cfg)) is not None:
             result["gating"] = gating
@@ -688,6 +688,12 @@ def _retrieval_markdown(result: dict[str, Any]) -> str:
         md += "\n".join(f"| {k} | {float(v):.2f} |" for k, v in result["ncl_map"].items())
     if "retrieval_note" in result:
         md += f"\n\nNote: {result['retrieval_note']}."
+    if "gate_open_rate" in result:  # docs/metrics.md, "The gate: open rate and mean α"
+        md += (f"\n\nGate (test split): open rate {result['gate_open_rate']:.4f} (α > method.threshold)"
+               + (f", mean α {result['gate_mean_alpha']:.4f}" if "gate_mean_alpha" in result else "")
+               + f", images with every gate closed {result['rows_all_closed']:.4f}.")
+    if "gating" in result:
+        md += f"\n\nGated features: {result['gating']}."
     return md
 
 

@@ -36,7 +36,7 @@ class HeldOut:
         autocast = torch.autocast(device.type, dtype=plan.dtype) if plan is not None else nullcontext()
         modes = [(m, m.training) for m in model.modules()]
         model.eval()
-        feats, masks = [], []
+        feats, masks, alphas = [], [], []
         try:
             # torch's CPU (and CUDA) random state is put back after: whatever draws inside (a layer)
             # leaves the training's random stream as it was
@@ -45,8 +45,9 @@ class HeldOut:
                     x = self.x[i : i + self.batch_size].to(device, non_blocking=True)
                     out = model(x.contiguous(memory_format=torch.channels_last) if plan is not None else x)
                     feats.append(out.z_tilde.float().cpu())
-                    if out.mask is not None:
+                    if out.mask is not None and out.alpha is not None:  # eval mode: the hard mask
                         masks.append(out.mask.float().cpu())
+                        alphas.append(out.alpha.float().cpu())
         finally:
             for m, training in modes:
                 m.training = training
@@ -58,7 +59,10 @@ class HeldOut:
                 "heldout_h_sum": round(semantic_entropy_sum(f, y), 6), "heldout_active_dims": active_dims(f),
                 "heldout_effective_rank": round(effective_rank(f), 4),
             }
+        # the gate: the share of α > method.threshold (eval mode's mask is that hard mask for every gate,
+        # the soft one included) and the mean gate probability α
         row["heldout_gate_open"] = round(float(torch.cat(masks).mean()), 6) if masks else ""
+        row["heldout_gate_mean_alpha"] = round(float(torch.cat(alphas).mean()), 6) if alphas else ""
         for k, v in row.items():
             if isinstance(v, float) and not math.isfinite(v):
                 row[k] = ""

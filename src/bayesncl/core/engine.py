@@ -286,8 +286,10 @@ def train_one_epoch(
         stats = train_step(t.step_model, t.optimizer, t.scaler, x1, x2, y, t.method, autocast=t.autocast,
                            channels_last=t.channels_last, labeled=t.labeled,
                            loss_fn=t.loss_fn)
-        # a copy of the first step's: a CUDA graph's outputs are overwritten by its next replay
-        sums = {k: sums[k] + v if sums else v.clone() for k, v in stats.items()}
+        # a copy of the first step's (a CUDA graph's outputs are overwritten by its next replay); a
+        # statistic the stopped epoch's checkpoint has no sum of (one added since): NaN for this epoch
+        sums = {k: sums[k] + v if k in sums else torch.full_like(v, math.nan) for k, v in stats.items()} \
+            if sums else {k: v.clone() for k, v in stats.items()}
         c.n_seen += 1
         step += 1
         if t.device.type == "cpu" or step % STEP_LOG_EVERY == 0 or c.n_seen == steps_per_epoch:

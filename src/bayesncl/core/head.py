@@ -55,9 +55,10 @@ class ContrastiveHead(nn.Module):
 
         Returns the fp32 scalar loss (the method's: InfoNCE over the 2n rows, + λ·KL with a gate)
         and the method's detached statistics by name but those that need the online probe, e.g.
-        ``{"loss", "info_nce", "kl", "gate_open", "rows_all_closed"}`` (the last three only with a
-        gate): means over the 2n rows, gate_open the fraction of open gates, rows_all_closed the
-        fraction of rows with every gate closed. ``gather``: contrastive negatives from every process under
+        ``{"loss", "info_nce", "kl", "gate_open", "gate_mean_alpha", "rows_all_closed"}`` (the last
+        four only with a gate): means over the 2n rows, gate_open the fraction of open gates
+        (α > ``method.threshold``), gate_mean_alpha the mean α, rows_all_closed the fraction of rows
+        with every gate closed. ``gather``: contrastive negatives from every process under
         torch.distributed (default: whenever it runs with > 1 process;
         :func:`bayesncl.core.model.contrastive_loss`). ``index``: (n,) dataset indices, for loaders
         that can put one image twice in a (global) batch, e.g. a padding ``DistributedSampler``:

@@ -243,6 +243,46 @@ def _m_retrieval_sel(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[st
     return {f"sel.{m}": v for m, v in row.items()}
 
 
+def _soft_gated(sub: Path) -> bool:
+    """Whether the stored run in ``sub`` has the soft gate (its config.yaml's ``method.gate``; True where
+    it cannot be read, as for any measure that loads the weights)."""
+    from bayesncl.config import load_run_yaml
+
+    try:
+        return load_run_yaml(sub / "config.yaml").get("method.gate") == "soft"
+    except (ValueError, OSError):  # ConfigError: no usable record
+        return True
+
+
+@variants.weights_if(_soft_gated)
+def _m_soft_eval(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
+    """A soft-gated run (``method.gate=soft``) evaluated the other way: its test split's features gated
+    by α (``eval.use_soft_gating=true``: z̃ = normalize(normalize(z) ⊙ α), the authors' main_eval.py)
+    instead of by the hard mask 1[α > threshold] of its evaluation (metrics.json, the authors' default).
+    Every metric of :data:`bayesncl.metrics.registry.METRICS` and, with ``params`` (K,), Table 2's
+    retrieval on the top-K dims (``sel.*``), keys prefixed
+    :data:`bayesncl.paper.studies.SOFT_EVAL`; no other metric changes (h,
+    the gate's open rate and mean α are the same either way). None for another gate: its row would be the
+    hard mask's again. The data read under this command's ``data.root`` (:func:`variants.load_stored`)."""
+    import dataclasses
+
+    from bayesncl.app.evaluate import extract_split
+    from bayesncl.metrics import compute_all, retrieval_metrics
+
+    if cfg.method.gate != "soft":
+        return {}
+    model, loaded, _ = variants.load_stored(sub, cfg)
+    soft = dataclasses.replace(loaded, eval=dataclasses.replace(loaded.eval, use_soft_gating=True))
+    test = extract_split(model, soft, "test", next(model.parameters()).device, keys=("features",))
+    m = compute_all(test["features"], test["labels"])
+    out = {f"{studies.SOFT_EVAL}{k}": float(v) for k, v in m.items() if isinstance(v, (int, float))}
+    if params:
+        (row,) = retrieval_metrics(test["features"], test["labels"], dims=[int(params[0])],
+                                   topk=(1, 5, 10)).values()  # fmt: skip
+        out.update({f"{studies.SOFT_EVAL}sel.{k}": v for k, v in row.items()})
+    return out
+
+
 def _m_fs(sub: Path, cfg: Config, ks: tuple[Any, ...]) -> dict[str, float]:
     """Top-K dims by expected activation (of the train z̃) vs K random dims (seed = the run's):
     :func:`~bayesncl.metrics.selection_probes`; keys ``K<k>.top_acc1`` / ``K<k>.random_acc1``."""
@@ -347,7 +387,7 @@ def _m_finetune(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, fl
 MEASURES = {"base": _m_base, "flops": _m_flops, "probe3": _m_probe3, "retrieval": _m_retrieval,
             "selection": _m_fs, "selection_authors": _m_selection_authors, "sepin": _m_sepin,
             "sepin_x": _m_sepin_x, "dynamics": _m_dynamics, "finetune": _m_finetune,
-            "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory,
+            "retrieval_sel": _m_retrieval_sel, "trajectory": _m_trajectory, "soft_eval": _m_soft_eval,
             **ncl_studies.MEASURES}  # fmt: skip
 """What a study can measure of a trained run: ``name -> f(run dir, config, params) -> {key: value}``."""
 
@@ -356,7 +396,7 @@ def needs_weights(sub: Path, wanted: list[tuple[str, tuple[Any, ...]]]) -> bool:
     """Whether measuring the finished run in ``sub`` loads its weights: a measure of ``wanted`` that
     reads them (:func:`variants.reads_weights`) and is not yet cached in its ``reproduce.json``."""
     cache = variants.read_cache(sub)
-    return any(variants.reads_weights(MEASURES[name]) and f"{name}{list(params)}" not in cache
+    return any(variants.reads_weights(MEASURES[name], sub) and f"{name}{list(params)}" not in cache
                for name, params in wanted)
 
 
@@ -396,7 +436,7 @@ def aggregate(study: Study, per_run: dict[tuple[str, int], dict[str, float]], se
     for row in study.rows:
         paper = study.paper.get(row.label, {})
         rows[row.label] = {
-            c.key: {**cell([per_run[row.variant, s].get(row.prefix + c.key) for s in range(seeds)]),
+            c.key: {**cell([per_run[row.variant, s].get(row.key(c.key)) for s in range(seeds)]),
                     "paper": paper.get(c.key)}
             for c in study.columns
         }  # fmt: skip

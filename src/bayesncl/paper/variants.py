@@ -597,8 +597,25 @@ def files_only(measure: Callable[..., dict[str, float]]) -> Callable[..., dict[s
     return measure
 
 
-def reads_weights(measure: Callable[..., dict[str, float]]) -> bool:
-    """Whether ``measure`` loads the run's weights (every measure not marked :func:`files_only`)."""
+def weights_if(
+    reads: Callable[[Path], bool]
+) -> Callable[[Callable[..., dict[str, float]]], Callable[..., dict[str, float]]]:
+    """Mark a study measure as loading a run's weights only where ``reads(run folder)`` is True (the
+    soft gate's evaluation by α: soft-gated runs only); elsewhere it reads no file of the run."""
+
+    def mark(measure: Callable[..., dict[str, float]]) -> Callable[..., dict[str, float]]:
+        measure.weights_if = reads  # type: ignore[attr-defined]
+        return measure
+
+    return mark
+
+
+def reads_weights(measure: Callable[..., dict[str, float]], sub: Path | None = None) -> bool:
+    """Whether ``measure`` loads the weights of the run in ``sub`` (every measure not marked
+    :func:`files_only`, or :func:`weights_if` where its test of ``sub`` says so; None: of some run)."""
+    reads = getattr(measure, "weights_if", None)
+    if reads is not None and sub is not None:
+        return bool(reads(sub))
     return not getattr(measure, "files_only", False)
 
 

@@ -5,6 +5,7 @@ method's statistics (:class:`bayesncl.core.methods.Statistic`), by name."""
 from __future__ import annotations
 
 import csv
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,19 +17,24 @@ from bayesncl.runs.fileio import atomic_path
 # the held-out batch scored at the epoch's end by bayesncl.app.heldout (train.monitor_samples; empty when 0)
 HELDOUT_FIELDS = [
     "heldout_sc", "heldout_h_sum", "heldout_active_dims", "heldout_effective_rank", "heldout_gate_open",
+    "heldout_gate_mean_alpha",
 ]
 
 
 def stat_columns(stats: Iterable[Statistic], per_step: bool = False) -> list[str]:
-    """The columns of ``stats``: each name, then its reference key (log.csv only, ``per_step`` False)."""
+    """The columns of ``stats``: each name, then its reference key (log.csv only, ``per_step`` False;
+    a key that several statistics refer to, once, after the first)."""
     cols: list[str] = []
     for s in stats:
         if per_step and not s.per_step:
             continue
-        cols += [s.name] + ([s.reference] if s.reference and not per_step else [])
+        cols += [s.name] + ([s.reference] if s.reference and not per_step and s.reference not in cols else [])
     return cols
 
 
+ADDED_COLUMNS = ("gate_mean_alpha",)
+"""Statistic columns added after runs were first logged: a log without them is still a log (a run
+logged before ``gate_mean_alpha``, whose soft gate's ``gate_open`` held mean α, docs/metrics.md)."""
 LOG_FIELDS = ["epoch", "step", *stat_columns(CONTRASTIVE_STATS), "lr", "epoch_time_s", *HELDOUT_FIELDS]
 """log.csv's columns for a built-in method; a method's further statistics go before ``lr``."""
 # steps.csv: one row every STEP_LOG_EVERY optimiser steps, the means over the steps since the
@@ -54,8 +60,11 @@ def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") 
 
 
 def _cells(stats: Sequence[Statistic], means: dict[str, float], per_step: bool) -> dict[str, Any]:
+    """The statistics' cells; a NaN mean (an epoch resumed from a checkpoint older than its statistic,
+    :func:`bayesncl.core.engine.train_one_epoch`) an empty one."""
     return {
-        s.name: round(100 * means[s.name], 3) if s.percent else round(means[s.name], 6)
+        s.name: "" if math.isnan(means[s.name]) else round(100 * means[s.name], 3) if s.percent
+        else round(means[s.name], 6)
         for s in stats if s.name in means and (s.per_step or not per_step)
     }
 

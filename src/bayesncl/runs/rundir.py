@@ -24,7 +24,7 @@ from bayesncl.data import mix_seed
 from bayesncl.runs import layout, lock, messages
 from bayesncl.runs.fileio import atomic_path, remove_stale_temporaries
 from bayesncl.runs.loggers import RunLoggers
-from bayesncl.runs.logs import write_log
+from bayesncl.runs.logs import ADDED_COLUMNS, write_log
 from bayesncl.runs.messages import RunDirError, TrainingInterrupted
 from bayesncl.runs.safe_load import (
     CHECKPOINT_FORMAT,
@@ -262,7 +262,8 @@ class RunDir:
         if ckpt is None:
             return TrainState(steps_per_epoch=steps_per_epoch, precision=self._precision)
         partial = ckpt.get("partial")  # (from before named statistics: the sums in their old order)
-        cursor = Cursor.from_dict(partial, tuple(s.name for s in CONTRASTIVE_STATS)) if partial else None
+        old_order = tuple(s.name for s in CONTRASTIVE_STATS if s.name not in ADDED_COLUMNS)
+        cursor = Cursor.from_dict(partial, old_order) if partial else None
         done = ckpt["steps_per_epoch"]
         in_epoch = ckpt["step"] - ckpt["epoch"] * done
         if done != steps_per_epoch or in_epoch != (cursor.n_seen if cursor else 0):

@@ -3,8 +3,9 @@
 A panel against the epoch for each statistic with a title (a
 :class:`bayesncl.core.methods.Statistic` of a registered method) that some run logged: InfoNCE
 (nats), online probe accuracy (%), a method's own statistics and, for gated runs, the KL term
-(:func:`bayesncl.core.losses.bernoulli_kl`, nats) and the gate-open rate with the prior ρ dashed
-(PAPER-NOTES §1). Markers are the epoch means; where the run has a ``steps.csv`` (a row every
+(:func:`bayesncl.core.losses.bernoulli_kl`, nats), the gate-open rate (share of α > threshold) and
+the mean gate probability α, each with the prior ρ dashed (PAPER-NOTES §1; docs/metrics.md, "The
+gate"). Markers are the epoch means; where the run has a ``steps.csv`` (a row every
 ``STEP_LOG_EVERY`` steps) a thin line of the same colour follows them. One legend under the panels
 names each run once; where the runs are seeds of a few variants (labels ending in ``seed N``, as
 ``reproduce`` names them), a variant's seeds share its colour, each seed its marker, and the legend
@@ -17,6 +18,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from bayesncl.core import methods
 from bayesncl.core.engine import STEP_LOG_EVERY
 from bayesncl.runs.fileio import write_failure_reason
 from bayesncl.runs.lock import set_aside_hint
-from bayesncl.runs.logs import LOG_FIELDS, STEP_LOG_FIELDS
+from bayesncl.runs.logs import ADDED_COLUMNS, LOG_FIELDS, STEP_LOG_FIELDS
 from bayesncl.runs.messages import RunDirError
 
 __all__ = [
@@ -137,9 +139,10 @@ def _read_csv(path: Path, fields: Sequence[str]) -> list[dict[str, float]]:
 
 def _missing_columns(header: Sequence[str]) -> list[str]:
     """What a log lacks to be a bayesncl log: ``epoch`` and the panel statistics of some registered
-    method (those of the method it is closest to, in panel order); [] for a log."""
-    order = [s.name for s in panels()]
-    wanted = [{s.name for s in m.stats if s.title} for m in methods.METHODS.values()]
+    method (those of the method it is closest to, in panel order; not :data:`ADDED_COLUMNS`, which
+    older logs lack); [] for a log."""
+    order = [s.name for s in panels() if s.name not in ADDED_COLUMNS]
+    wanted = [{s.name for s in m.stats if s.title} - set(ADDED_COLUMNS) for m in methods.METHODS.values()]
     closest = min(wanted, key=lambda names: len(names - set(header)))
     return [k for k in ("epoch", *(n for n in order if n in closest)) if k not in header]
 
@@ -168,12 +171,15 @@ def training_curves_figure(
     runs: Mapping[str, Sequence[Mapping[str, float]]],
     title: str = "",
     steps: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
+    open_is_mean_alpha: Sequence[str] = (),
 ) -> Any:
     """A matplotlib figure of ``runs = {label: rows of read_log}``: one panel per statistic of
     :func:`panels` that some run logged (a gate's only if some run is gated), one line with markers
     per run, the same colour across panels; ``steps = {label: rows of read_steps}`` adds each run's
     per-step means as a thin line of its colour. A panel whose values vary by less than 1 % of their
     size is drawn flat (y-limits ± 10 % around them, :func:`_flat_reads_flat`).
+    ``open_is_mean_alpha``: the runs whose ``gate_open`` is the soft gate's mean α (logs from before
+    ``gate_mean_alpha``, :func:`older_soft_log`); the gate-open panel's title says so.
 
     Raises ValueError if ``runs`` is empty or a run has no rows."""
     import matplotlib
@@ -221,7 +227,11 @@ def training_curves_figure(
                 ax.plot(epochs, [r[f"heldout_{key}"] for r in rows], color=colour, ls=":", marker="x",
                         ms=3, label="_held-out")
     last = max(r["epoch"] for rows in runs.values() for r in rows)
+    older = [r for r in open_is_mean_alpha if r in runs]
     for ax, (key, text) in zip(axes, every, strict=True):
+        if key == "gate_open" and older:  # a soft gate's older log held its mean α there
+            named = older[0] if len(older) == 1 else f"{len(older)} runs"
+            text += f"\n(mean α for {named}: a soft gate's log before gate_mean_alpha)"
         ax.set_title(text, fontsize=9)
         ax.set_xlabel("epoch")
         ax.set_xlim(0, last * 1.05)  # from the start of training (a 1-epoch run is a dot at x = 1)
@@ -263,8 +273,26 @@ def _shared_legend(fig: Any, axes: Sequence[Any], title: str, seed_markers: Mapp
     if "_steps" in drawn:
         styles[f"every {STEP_LOG_EVERY} steps (thin)"] = Line2D([], [], color="gray", lw=0.7, alpha=0.45)
     if "_held-out" in drawn:
-        styles["held-out gate open (dotted, ×)"] = Line2D([], [], color="gray", ls=":", marker="x", ms=3)
+        styles["held-out batch (dotted, ×)"] = Line2D([], [], color="gray", ls=":", marker="x", ms=3)
     legend_below(fig, axes, title, styles, title_size=10)
+
+
+def older_soft_log(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> bool:
+    """Whether ``rows`` (:func:`read_log` of ``run_dir``) are a soft gate's log from before
+    ``gate_mean_alpha``, whose ``gate_open`` column holds the mean gate probability α, not the share of
+    α > threshold: a ``gate_open`` and no ``gate_mean_alpha`` logged, and ``method.gate=soft`` in the
+    run's config (False where it cannot be read)."""
+    if not _has(rows, "gate_open") or _has(rows, "gate_mean_alpha"):
+        return False
+    from bayesncl.config import ConfigError
+    from bayesncl.runs.export import load_run_config
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the config's own warnings: not this figure's business
+            return load_run_config(run_dir).method.gate == "soft"
+    except (ConfigError, RunDirError, OSError, ValueError):
+        return False
 
 
 def write_training_curves(
@@ -282,11 +310,12 @@ def write_training_curves(
     names = list(labels) if labels is not None else run_label(dirs)
     runs = {name: read_log(s) for name, s in zip(names, sources, strict=True)}
     steps = {name: read_steps(d) for name, d in zip(names, dirs, strict=True)}
+    older = [name for name, d in zip(names, dirs, strict=True) if older_soft_log(d, runs[name])]
     if len(runs) > 1:
         title = f"Training curves of {len(names)} runs"
     else:  # the method (the label pretrain gives) and the run
         title = f"Training curves: {names[0]}" + (f", run {dirs[0].name}" if dirs[0].name != names[0] else "")
-    fig = training_curves_figure(runs, title, steps)
+    fig = training_curves_figure(runs, title, steps, open_is_mean_alpha=older)
     try:
         return save_figure(fig, out)
     except OSError as exc:

@@ -80,14 +80,29 @@ def term_statistic(term: LossTerm, title: str = "", short: str = "", gated: bool
     return Statistic(term.name, lambda s: s.terms[term.name], title=title, short=short, gated=gated)
 
 
-def _open_rate(s: Step) -> Tensor:
-    assert s.out.mask is not None  # a gate's statistic: logged only by a run with a gate
-    return s.out.mask.float().mean()
+def open_gates(s: Step) -> Tensor:
+    """The open gates of a step, (2n, D) bool: ``1[α > method.threshold]`` on the noise-free α, the
+    hard mask evaluation gates by (PAPER-NOTES §3) whatever the gate (``ste``: the training mask itself;
+    ``gumbel``: not the noisy training sample's; ``soft``: not α, the training mask)."""
+    assert s.out.alpha is not None and s.method is not None  # a gate's statistic: logged only with a gate
+    return s.out.alpha > s.method.threshold
+
+
+def open_rate(s: Step) -> Tensor:
+    """``gate_open``: the fraction of open gates, mean of 1[α > method.threshold] over the 2n rows
+    and D dims (0-d float32). Logs written before it held the soft gate's mean α here."""
+    return open_gates(s).float().mean()
+
+
+def mean_alpha(s: Step) -> Tensor:
+    """``gate_mean_alpha``: the mean gate probability α = σ(logits) over the 2n rows and D dims
+    (0-d float32), what KL(Bern(α) ‖ Bern(ρ)) pulls towards ρ."""
+    assert s.out.alpha is not None
+    return s.out.alpha.float().mean()
 
 
 def _closed_rows(s: Step) -> Tensor:
-    assert s.out.mask is not None
-    return (s.out.mask.sum(1) == 0).float().mean()
+    return (~open_gates(s).any(1)).float().mean()
 
 
 def _probe_accuracy(s: Step) -> Tensor:
@@ -100,12 +115,15 @@ CONTRASTIVE_STATS: tuple[Statistic, ...] = (
     LOSS,
     term_statistic(INFO_NCE, "InfoNCE (nats)", "InfoNCE"),
     term_statistic(KL, "KL(Bern(α) ‖ Bern(ρ)), sum over dims", "KL", gated=True),
-    Statistic("gate_open", _open_rate, "gate open rate vs ρ (dashed)", "open", gated=True, reference="rho",
-              ylim=(0, 1.02)),
+    Statistic("gate_open", open_rate, "gate open rate (α > threshold) vs ρ (dashed)", "open",
+              gated=True, reference="rho", ylim=(0, 1.02)),
+    Statistic("gate_mean_alpha", mean_alpha, "mean gate probability α vs ρ (dashed)", "α", gated=True,
+              reference="rho", ylim=(0, 1.02)),
     Statistic("rows_all_closed", _closed_rows, gated=True, per_step=False,
               alarm=(0.5, "gate collapse: {pct:.0f}% of rows have every gate closed")),
     Statistic("online_acc", _probe_accuracy, "online probe accuracy (%)", percent=True, needs_labels=True),
 )
 """The statistics of every built-in method, in log.csv's order: the loss, InfoNCE, KL, the
-gate-open rate (with ρ), the fraction of rows with every gate closed, the online probe's accuracy
-on sg(h) (a fraction, logged in %). A method's ``stats`` must start with :data:`LOSS`."""
+gate-open rate (the share of α > ``method.threshold``, with ρ), the mean gate probability α, the
+fraction of rows with every gate closed (every α <= threshold), the online probe's accuracy on sg(h)
+(a fraction, logged in %). A method's ``stats`` must start with :data:`LOSS`."""

@@ -133,7 +133,7 @@ def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
     if total is not None and total.requires_grad:  # the weighted loss, as a run sums it, and its backward
         _run(method, "weighted loss's backward pass", lambda: (total.backward(), total.detach())[1])
     step = Step(terms[method.terms[0].name], terms, out, torch.randn(2 * n, 2, generator=gen),
-                torch.cat([batch.labels, batch.labels]))
+                torch.cat([batch.labels, batch.labels]), cfg)
     for stat in method.stats:
         if method.gated or not stat.gated:  # a gate's statistics are logged only with one
             _run(method, f"statistic {stat.name!r}", lambda s=stat: s.fn(step))

@@ -5,6 +5,7 @@ logs read of it.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from typing import TYPE_CHECKING, Any
 
@@ -146,8 +147,10 @@ def loss(out: ModelOutput, m: MethodConfig, batch: Batch) -> tuple[Tensor, dict[
 def statistics(m: MethodConfig, step: Step, labeled: bool = True) -> dict[str, Tensor]:
     """The method's statistics of one step by name (0-d tensors on the device): a run without a gate
     has none of the gate's (``Statistic.gated``); ``labeled``: False leaves out those that need
-    labels (no online probe)."""
+    labels (no online probe). ``step.method`` None: ``m`` is handed to the statistics as it."""
     gated = m.gate != "none"
+    if step.method is None:
+        step = dataclasses.replace(step, method=m)
     return {s.name: s.fn(step) for s in get(m.name).stats
             if (gated or not s.gated) and (labeled or not s.needs_labels)}
 

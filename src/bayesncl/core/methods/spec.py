@@ -53,13 +53,16 @@ class Step:
 
     loss: the method's loss (0-d); terms: each loss term's detached value by name (terms of absent
     parts are missing); out: the model output; class_logits: (2n, classes) the online probe's logits
-    on sg(h) or None; labels: (2n,) the labels of the 2n views or None."""
+    on sg(h) or None; labels: (2n,) the labels of the 2n views or None; method: the checked
+    ``method.*`` config (the gate's threshold, say; :func:`bayesncl.core.methods.statistics` fills it
+    in where it is None)."""
 
     loss: Tensor
     terms: dict[str, Tensor]
     out: ModelOutput
     class_logits: Tensor | None = None
     labels: Tensor | None = None
+    method: MethodConfig | None = None
 
 
 @dataclass(frozen=True)
