@@ -48,11 +48,14 @@ PY="${PYTHON:-python}"
 # budget first, as issue 25 says (CONFIG.md): at 100 epochs they are a check of those readings.
 L="--dataset fashion-mnist-long train.precision=fp32"
 QUEUE=(
-    # issue 44 first: Fig. 4(b) at 100 epochs, one seed a cell (the λ lines at the paper's ρ = 0.8 and the
+    # issue 44 first: BayesNCL against NCL at the paper's ρ = 0.8, λ = 3e-5 (3 seeds), then Fig. 4(b) at
+    # 100 epochs, one seed a cell (the λ lines at the paper's ρ = 0.8 and the
     # recipe's 0.3, then the ρ sweep at the recipe's λ; ~16 runs, ~16 min each in fp32 here). Then, by
     # hand once the λ lines are in: `fig4b $L method.lam=BEST --seeds 1` (the ρ sweep at the best λ; the λ
     # lines are reused), 3 seeds at the best cell and at (0.8, 3e-5) (`1 $L method.rho=R method.lam=X`:
     # Table 1 at that cell; CL and NCL do not read ρ/λ and are reused), Table 3 at the best cell
+    # the paper's own point first, 3 seeds (NCL's stored runs are reused: it reads no ρ/λ)
+    "headline $L method.rho=0.8 method.lam=3e-05"
     "fig4b $L --seeds 1"
     "1 $L"  # Table 1 in fp32 (its 100-epoch table was bf16): 6 new runs, 1 packed
     "ncl-supervised $L" "ncl-sparsity $L"

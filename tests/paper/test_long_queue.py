@@ -21,7 +21,7 @@ STUB = """#!/usr/bin/env bash
 echo "$* | $(ls "$STORE/variants" 2>/dev/null | tr '\\n' ' ')" >> "$CALLS"
 case " $* " in
     *" --list-weightless "*)
-        [ "$4" = "$LIST_JOB" ] || exit 0
+        [ "$6" = "$LIST_JOB" ] || exit 0  # -m bayesncl reproduce --seeds 3 JOB ...
         [ "$LIST_RC" = 0 ] || { echo "bayesncl: error: a listing that fails" >&2; exit "$LIST_RC"; }
         printf '%s' "$LIST_OUT" ;;
 esac
@@ -73,10 +73,10 @@ def test_run_sets_aside_what_each_table_lists_before_running_it(tmp_path: Path) 
     reads: the hard-coded `again` lists retrained such runs), and a listed hash not in the store is
     said in one line. A listing that fails moves nothing and the table still runs (and says why)."""
     store = tmp_path / "store"
-    listed = _run(store, "aaaaaaaaaaaa")  # ncl-ood reads its weights: no last.pt
-    cached = _run(store, "cccccccccccc")  # no last.pt either, but ncl-ood did not list it
+    listed = _run(store, "aaaaaaaaaaaa")  # the second job reads its weights: no last.pt
+    cached = _run(store, "cccccccccccc")  # no last.pt either, but the job did not list it
     whole = _run(store, "dddddddddddd", weights=True)
-    done, calls = _queue(tmp_path, "run", LIST_JOB="ncl-ood", LIST_OUT="aaaaaaaaaaaa\nbbbbbbbbbbbb\n")
+    done, calls = _queue(tmp_path, "run", LIST_JOB="fig4b", LIST_OUT="aaaaaaaaaaaa\nbbbbbbbbbbbb\n")
     assert done.returncode == 0, done.stderr
     out = done.stdout.splitlines()
     assert f"again: set aaaaaaaaaaaa aside in {store}/no-weights/: the next table that reads it trains it " \
@@ -85,13 +85,16 @@ def test_run_sets_aside_what_each_table_lists_before_running_it(tmp_path: Path) 
     assert sum(line.startswith("again: ") for line in out) == 2
     assert (store / "no-weights" / "aaaaaaaaaaaa" / "metrics.json").exists() and not listed.exists()
     assert cached.is_dir() and (whole / "last.pt").exists()
-    # each job: its listing, then the table, in QUEUE's order; ncl-ood's table after the move
+    # each job: its listing, then the table, in QUEUE's order; the listed job's table after the move
     jobs = [c.split(" | ")[0] for c in calls]
     queue = _queue_jobs()
-    assert len(queue) > 10 and not [j for j in queue if j.startswith("again")]  # no hard-coded `again` left
-    assert jobs[1::2] == [f"-m bayesncl reproduce {j} --seeds 3 --store {store}/variants" for j in queue]
+    assert len(queue) >= 3 and not [j for j in queue if j.startswith("again")]  # no hard-coded `again` left
+    assert queue[0].startswith("headline ")  # issue 44's first
+    # the default --seeds 3 first: a job's own --seeds (fig4b's 1) comes later and wins
+    assert jobs[1::2] == [f"-m bayesncl reproduce --seeds 3 {j} --store {store}/variants" for j in queue]
+    assert any(j.startswith("fig4b ") and j.endswith(" --seeds 1") for j in queue)
     assert jobs[::2] == [f"{j} --list-weightless" for j in jobs[1::2]]
-    ood = [i for i, j in enumerate(jobs) if j.startswith("-m bayesncl reproduce ncl-ood ")]
+    ood = [i for i, j in enumerate(jobs) if j.startswith("-m bayesncl reproduce --seeds 3 fig4b ")]
     assert len(ood) == 2 and "aaaaaaaaaaaa" in calls[ood[0]] and "aaaaaaaaaaaa" not in calls[ood[1]]
     # packed after the first job, before it was set aside: restore leaves it out (its table trains it)
     assert sorted(p.name for p in (tmp_path / "packed" / "variants").iterdir()) == [
@@ -101,12 +104,13 @@ def test_run_sets_aside_what_each_table_lists_before_running_it(tmp_path: Path) 
     assert left in done.stdout.splitlines()
     assert not listed.exists()
     # a listing that fails: nothing moved, said on stderr, the table runs
-    done, calls = _queue(tmp_path, "run", LIST_JOB="ncl-ood", LIST_OUT="cccccccccccc\n", LIST_RC="2")
+    done, calls = _queue(tmp_path, "run", LIST_JOB="fig4b", LIST_OUT="cccccccccccc\n", LIST_RC="2")
     assert done.returncode == 0 and cached.is_dir()
-    assert "again: could not list what ncl-ood --dataset fashion-mnist-long train.precision=fp32 would " \
-        "refuse (its run below says why)" in done.stderr
+    assert "again: could not list what fig4b --dataset fashion-mnist-long train.precision=fp32 --seeds 1 " \
+        "would refuse (its run below says why)" in done.stderr
     assert "bayesncl: error: a listing that fails" in done.stderr
-    assert any(c.startswith("-m bayesncl reproduce ncl-ood ") and "--list-weightless" not in c for c in calls)
+    assert any(c.startswith("-m bayesncl reproduce --seeds 3 fig4b ") and "--list-weightless" not in c
+               for c in calls)
 
 
 @pytest.mark.integration
