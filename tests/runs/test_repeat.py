@@ -4,7 +4,7 @@ The long recipe's path at tiny size: timm's test_resnet, channels-last, BayesNCL
 the held-out monitor and the periodic checkpoints inside the run, 50 optimiser steps; trained twice,
 every weight tensor, the optimiser state and the log rows must be equal. Covered: fp32 on the
 resident path (kornia, the recipe's), fp32 on the per-sample path with 2 loader workers, bf16 autocast
-where the CPU computes bf16 natively, and a run stopped inside an epoch and resumed.
+where the CPU computes bf16 natively (on small_cnn), and a run stopped inside an epoch and resumed.
 
 The runs CONFIG.md's "Not bitwise reproducible" compares parted because they ran on two CPUs (AVX2
 and AVX-512 kernels), not within one machine; a resume on another machine warns
