@@ -33,7 +33,15 @@ from bayesncl.runs.safe_load import (
     is_bayesncl_checkpoint,
     load_checkpoint_file,
 )
-from bayesncl.runs.state import TrainState, rng_state, save_checkpoint, seed_everything, set_rng_state
+from bayesncl.runs.state import (
+    TrainState,
+    describe_kernels,
+    kernel_record,
+    rng_state,
+    save_checkpoint,
+    seed_everything,
+    set_rng_state,
+)
 
 
 def _no_last_pt(run_dir: Path, has_run: bool) -> str:
@@ -259,8 +267,11 @@ class RunDir:
         processes); warns when ``train.epochs`` changes a run that had not finished."""
         ckpt, cfg, world = self.checkpoint, self.cfg, self.world
         self._trained = (model, optimizer, scaler)
+        here = kernel_record(world.device)
         if ckpt is None:
-            return TrainState(steps_per_epoch=steps_per_epoch, precision=self._precision)
+            return TrainState(
+                steps_per_epoch=steps_per_epoch, precision=self._precision, kernels=[{**here, "from_step": 0}]
+            )
         partial = ckpt.get("partial")  # (from before named statistics: the sums in their old order)
         old_order = tuple(s.name for s in CONTRASTIVE_STATS if s.name not in ADDED_COLUMNS)
         cursor = Cursor.from_dict(partial, old_order) if partial else None
@@ -287,6 +298,7 @@ class RunDir:
         state = TrainState(
             epoch=ckpt["epoch"], step=ckpt["step"], log=list(ckpt["log"]), cursor=cursor,
             steps_per_epoch=steps_per_epoch, step_log=list(ckpt["step_log"]), precision=self._precision,
+            kernels=self._kernels(ckpt, here),
         )
         if world.is_main:
             print(messages.resuming(self.path, state), flush=True)
@@ -298,6 +310,24 @@ class RunDir:
         else:  # the run had another number of processes: the other ranks restart their own stream
             seed_everything(mix_seed(distributed.rank_seed(cfg.seed, world.rank), state.step))
         return state
+
+    def _kernels(self, ckpt: dict[str, Any], here: dict[str, Any]) -> list[dict[str, Any]]:
+        """The checkpoint's record of where the run computed (``TrainState.kernels``), with this
+        machine's from the checkpoint's step where it differs, said in a warning (rank 0): the steps
+        left compute other floats, so the run repeats a straight run on neither machine bit for bit."""
+        recorded = list(ckpt.get("kernels") or [])  # absent: a checkpoint from before the record
+        last = {k: v for k, v in recorded[-1].items() if k != "from_step"} if recorded else None
+        if last == here:
+            return recorded
+        if last is not None and self.world.is_main:
+            warnings.warn(
+                f"--resume: the run computed steps {recorded[-1]['from_step'] + 1}-{ckpt['step']} with "
+                f"{describe_kernels(last)}; here: {describe_kernels(here)}. The steps left compute other "
+                "floats (the same distribution, other digits), so the result repeats a straight run on "
+                "neither machine bit for bit (CONFIG.md, \"Not bitwise reproducible\")",
+                stacklevel=4,
+            )
+        return [*recorded, {**here, "from_step": ckpt["step"]}]
 
     def claim(self, state: TrainState) -> None:
         """Take the run dir (rank 0; every rank gets its error): lock it, re-check it under the lock,
