@@ -95,7 +95,8 @@ def test_pretrain_writes_the_figures_readme_names_and_no_embedding_map(tmp_path:
     run = tmp_path / "r"
     pretrain(build_config(overrides=[*TINY, "method.name=bayesncl"]), run)
     written = {p.name for p in run.glob("*.png")}
-    assert written == {"training_curves.png", "top_activations.png", "suppressed_features.png"}
+    assert written == {"training_curves.png", "top_activations.png", "suppressed_features.png",
+                       "sparsity.png"}
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Run directory", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"`([a-z_]+\.png)`", section))
