@@ -58,6 +58,10 @@ QUEUE=(
     "headline $L method.rho=0.8 method.lam=3e-05"
     "fig4b $L --seeds 1"
     "1 $L"  # Table 1 in fp32 (its 100-epoch table was bf16): 6 new runs, 1 packed
+    # issue 47 item 7: the figures that exist only at the 3-epoch budget (Table 5 at the longest ResNet-50
+    # budget that fits ~10 min a run is still to size; issue 44 item 3, ResNet-18 at the best cell:
+    # `headline $L model.backbone=resnet18 model.cifar_stem=false train.epochs=50 method.rho=R method.lam=X`)
+    "fig3 $L" "fig4a $L" "ncl-sepin $L"
     "ncl-supervised $L" "ncl-sparsity $L"
 )
 
