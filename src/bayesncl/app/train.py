@@ -367,7 +367,9 @@ def _project_time(cfg: Config, device: torch.device, first_step: int, total_step
     names the CPU recipes. Returns whether it printed (False elsewhere, under ``train.compile``, or with
     nothing left to train; these keep :func:`_cpu_time_warning`'s check after its 3rd step)."""
     left = total_steps - first_step
-    if device.type != "cpu" or not cfg.train.progress or cfg.train.compile or left <= 0:
+    from bayesncl.core.engine import compile_plan
+
+    if device.type != "cpu" or not cfg.train.progress or compile_plan(cfg.train.compile, device) or left <= 0:
         return False
     from bayesncl.app.timing import images_per_second
     from bayesncl.runs.state import rng_state, set_rng_state
