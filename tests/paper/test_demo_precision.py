@@ -22,10 +22,10 @@ def test_demo_is_auto_and_its_fp32_override_is_the_recipe(monkeypatch: pytest.Mo
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     pinned = json.loads(OUT.read_text())
     assert build_config(DEMO_CONFIG).train.precision == "fp32"  # the recipe the studies train from
-    auto, fp32 = demo_configs([]), demo_configs(["train.precision=fp32"])
+    auto, fp32 = demo_configs([]), demo_configs(["train.precision=fp32", "data.train_subset=20000"])
     for m in DEMO_METHODS:
         recipe = build_config(DEMO_CONFIG, [f"method.name={m}"])
-        assert auto[m].train.precision == "auto"
+        assert (auto[m].train.precision, auto[m].data.train_subset) == ("auto", 12000)
         assert fp32[m] == recipe  # the former demo, key for key
         assert variant_hash(fp32[m]) == pinned[f"fashion-mnist-demo/{m}"]
         # auto is a run of its own: held as "auto" (fp32 here) or "auto:bf16", never the fp32 name
