@@ -1,10 +1,9 @@
 """The main job: NCL vs BayesNCL on Fashion-MNIST with the same budget, one side-by-side table.
 
-Budget (2 CPU cores, about 8 minutes in all on idle cores in fp32, 474 s measured 2026-12-01; at
-the demo's ``train.precision=auto``, bf16 on a native-bf16 CPU, ~6-7 min projected from a ratio, not
-measured idle; under the 10-minute cap): ResNet-18 with the
-ImageNet stem on 28 px gray images (about 1,000 img/s here; the CIFAR stem would be ~20× slower),
-a class-stratified 20,000-image train subset, 3 epochs, batch 256. The choice of ρ and λ for
+Budget (2 CPU cores, 212 s in all on idle AVX512-BF16 cores at the demo's ``train.precision=auto``,
+measured 2026-12-04; the recipe's fp32 and 20,000 images took 474 s): ResNet-18 with the ImageNet
+stem on 28 px gray images (the CIFAR stem would be ~20× slower), a class-stratified 12,000-image
+train subset (the recipe's 20,000 with ``data.train_subset=20000``), 3 epochs, batch 256. The choice of ρ and λ for
 this scale is explained in docs/decisions.md ("Demo scale").
 """
 
