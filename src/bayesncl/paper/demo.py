@@ -3,8 +3,8 @@
 Budget (2 CPU cores, 212 s in all on idle AVX512-BF16 cores at the demo's ``train.precision=auto``,
 measured 2026-12-04; the recipe's fp32 and 20,000 images took 474 s): ResNet-18 with the ImageNet
 stem on 28 px gray images (the CIFAR stem would be ~20× slower), a class-stratified 12,000-image
-train subset (the recipe's 20,000 with ``data.train_subset=20000``), 3 epochs, batch 256. The choice of ρ and λ for
-this scale is explained in docs/decisions.md ("Demo scale").
+train subset (the recipe's 20,000 with ``data.train_subset=20000``), 3 epochs, batch 256. The choice
+of ρ and λ for this scale is explained in docs/decisions.md ("Demo scale").
 """
 
 from __future__ import annotations
