@@ -222,7 +222,10 @@ def train(cfg: Config, run: RunDir, facts: RunFacts) -> ContrastiveModel:
         world.distributed, torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None,
         precision.channels_last, info.labeled, compiled_loss(cfg, world),
     )
-    projected = world.is_main and _project_time(cfg, device, state.step, schedule.total_steps)
+    # one process only: the timing's own steps gather negatives from every process when there are several
+    projected = world.is_main and not world.distributed and _project_time(
+        cfg, device, state.step, schedule.total_steps
+    )
     warn = None if projected or not world.is_main else _cpu_time_warning(
         cfg, device, state.step, schedule.total_steps
     )
