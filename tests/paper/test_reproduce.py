@@ -1081,3 +1081,39 @@ def test_a_table_at_another_rho_lambda_keeps_the_runs_of_methods_that_do_not_rea
         assert (here["BayesNCL", s].method.rho, here["BayesNCL", s].method.lam) == (0.8, 3e-5)
         assert variants.variant_hash(here["BayesNCL", s]) != variants.variant_hash(base["BayesNCL", s])
     assert here["NCL", 0].method.rho == base["NCL", 0].method.rho == 0.3  # the recipe's
+
+
+@pytest.mark.slow
+def test_finished_writes_the_table_of_the_finished_runs_and_trains_nothing(
+    bench: Bench, table1: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``reproduce 1 --finished method.lam=X``: CL, NCL and NCL+TopK read no λ and are Table 1's finished
+    runs; both BayesNCL rows are new runs at that λ, not trained: their cells are empty, listed as missing,
+    and nothing trains. With no finished run it says so in one line and writes nothing."""
+    before = len(bench.calls)
+    args = ["reproduce", "1", "--dataset", "fashion-mnist", "--seeds", "2", "--store", str(bench.store),
+            *TINY, "method.lam=0.0042", "--finished"]  # fmt: skip
+    assert main([*args, "--run-dir", str(tmp_path / "a")]) == 0
+    assert len(bench.calls) == before  # nothing trained, nothing continued
+    out = json.loads((tmp_path / "a" / "table1.json").read_text())
+    for row in ("CL", "NCL", "NCL+TopK"):
+        assert out["rows"][row] == table1["rows"][row]
+    for row in ("BayesNCL (STE)", "BayesNCL (GS)"):
+        assert all(c["mean"] is None and c["values"] == [None, None] for c in out["rows"][row].values())
+    assert sorted(out["missing"]) == sorted(f"{r} seed {s}" for r in ("BayesNCL (STE)", "BayesNCL (GS)")
+                                            for s in (0, 1))  # fmt: skip
+    assert not set(out["missing"].values()) & set(table1["runs"].values())
+    assert out["trained"] == out["continued"] == []
+    md = (tmp_path / "a" / "table1.md").read_text()
+    assert "So far: 6 of the 10 run(s) finished (--finished); a cell without its run is –." in md
+    assert "| BayesNCL (STE) | – | – | – | – |" in md
+    assert not (tmp_path / "a" / "bayesncl-ste-s0").exists() and (tmp_path / "a" / "ncl-s0").is_symlink()
+    capsys.readouterr()
+    assert main([*args[:-2], "train.epochs=7", "--finished", "--run-dir", str(tmp_path / "b")]) == 2
+    line = error_line(capsys, silent=True)
+    assert line == (f"{ERROR}--finished: none of the 10 run(s) of table 1 has finished in {bench.store} (run "
+                    "it without --finished to train them)")
+    assert not (tmp_path / "b").exists() and len(bench.calls) == before
+    assert main([*args, "--plan", "--run-dir", str(tmp_path / "c")]) == 2
+    assert error_line(capsys, silent=True) == (
+        f"{ERROR}--finished and --plan: give one (--finished writes the table of the runs finished)")

@@ -243,6 +243,13 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.time and not args.plan:
         raise ConfigError("--time times the runs of a --plan that no stored run's log.csv can estimate; "
                           "give it with --plan (a run without --plan times them itself)")
+    if args.finished and (args.plan or args.list_weightless):
+        other = "--plan" if args.plan else "--list-weightless"
+        raise ConfigError(f"--finished and {other}: give one (--finished writes the table of the runs "
+                          "finished)")
+    if args.finished and args.table in MECHANISM_IDS:
+        raise ConfigError(f"--finished: {args.table} writes no table of stored runs; give it to a table or "
+                          "figure ID")
     if args.table == "6" and (args.plan or args.list_weightless):
         flag, none = ("--plan", "no plan") if args.plan else ("--list-weightless", "no runs to list")
         raise ConfigError(f"{flag}: table 6 has {none}: it trains none, it probes the encoders given")
@@ -273,7 +280,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print("".join(f"{h}\n" for h in hashes), end="")
         return 0
     reproduce(args.table, args.dataset, run_dir, args.overrides, seeds=args.seeds, store=store,
-              plan_only=args.plan, time_here=args.time or not args.plan)
+              plan_only=args.plan, time_here=args.time or not args.plan, finished=args.finished)
     return 0
 
 
@@ -492,6 +499,9 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("--time", action="store_true",
                  help="with --plan: time 3 training steps here for the runs no stored run's log.csv "
                       "estimates (minutes on a CPU for a GPU recipe)"),
+            _arg("--finished", action="store_true",
+                 help="train nothing: write the table (and figure) from the runs already finished in the "
+                      "store, a cell without its run left empty (a long queue's results so far)"),
             _arg("--list-weightless", action="store_true",
                  help="print the name of each run the table (or mechanism) would refuse for weights it "
                       "lacks (those --plan marks; a store hash, or mechanism's folder without --store),"

@@ -544,7 +544,7 @@ def weightless_runs(
 
 def reproduce(
     study_id: str, dataset: str, run_dir: Path | None, overrides: list[str], *, seeds: int = 1,
-    store: Path | None = None, plan_only: bool = False, time_here: bool | None = None,
+    store: Path | None = None, plan_only: bool = False, time_here: bool | None = None, finished: bool = False,
 ) -> dict[str, Any]:
     """Train (or reuse) every variant of ``study_id`` on ``dataset`` for seeds 0..``seeds``-1, measure
     them, and write ``RUN_DIR/<stem>.md`` / ``.json`` (and ``<stem>.png`` for a figure, ``curves.png``)
@@ -560,7 +560,12 @@ def reproduce(
     sorted list of store hashes (``needs_weights``: those marked). ``time_here`` (``--time``; None:
     ``not plan_only``, so a run without ``--plan`` always): time 3 training steps here for a run of a
     cost that no stored run's log.csv gives a rate for; without it (``--plan`` alone) the plan prints
-    at once, such runs without an estimate."""
+    at once, such runs without an estimate. ``finished`` (``--finished``): train nothing and write
+    the table from the runs that have finished (a long queue's results so far): a cell of a run not
+    finished is empty (–, None in the JSON, listed under ``"missing"``), and the header says how many
+    runs of how many it holds."""
+    if finished:
+        return _finished_only(study_id, dataset, run_dir, overrides, seeds, store)
     p = _prepare(study_id, dataset, run_dir, overrides, seeds, store, plan=plan_only)
     study, configs, run_dir, store, cells, runs = p.study, p.configs, p.run_dir, p.store, p.cells, p.runs
     from bayesncl.data import DataError, dataset_info
@@ -589,9 +594,28 @@ def reproduce(
     return _write(study, dataset, seeds, run_dir, store, cells, runs, rows, given)
 
 
+def _finished_only(study_id: str, dataset: str, run_dir: Path | None, overrides: list[str], seeds: int,
+                   store: Path | None) -> dict[str, Any]:  # fmt: skip
+    """``reproduce ID --finished``: :func:`reproduce`'s table of the finished runs only, training nothing
+    (plan mode: a finished run without the weights a measure not cached reads is refused by
+    :func:`measure` in one line, as without the flag)."""
+    p = _prepare(study_id, dataset, run_dir, overrides, seeds, store, plan=True)
+    done = {key: h for key, h in p.cells.items() if p.runs[h][1] == "reuse"}
+    if not done:
+        what = f"{len(p.cells)} run(s) of {_what(p.study)}"
+        raise ConfigError(f"--finished: none of the {what} has finished in {p.store} (run it without "
+                          "--finished to train them)")
+    per_run = {key: measure(p.store / h, p.configs[key], p.study.measures) if key in done else {}
+               for key, h in p.cells.items()}  # fmt: skip
+    rows = aggregate(p.study, per_run, seeds)
+    missing = {key: h for key, h in p.cells.items() if key not in done}
+    given = variants.named_overrides(overrides)
+    return _write(p.study, dataset, seeds, p.run_dir, p.store, p.cells, p.runs, rows, given, missing=missing)
+
+
 def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, cells: Cells,
            runs: dict[str, tuple[Config, str]], rows: dict[str, Any],
-           given: list[str]) -> dict[str, Any]:  # fmt: skip
+           given: list[str], missing: Cells | None = None) -> dict[str, Any]:  # fmt: skip
     from bayesncl.app.report import write_results
     from bayesncl.app.report.curves import write_training_curves
 
@@ -612,11 +636,18 @@ def _write(study: Study, dataset: str, seeds: int, run_dir: Path, store: Path, c
         "continued": sorted(h for h, (_, st) in runs.items() if st == "resume"),
         "reused": sorted(h for h, (_, st) in runs.items() if st == "reuse"),
     }  # fmt: skip
+    missing = missing or {}
+    if missing:  # --finished: the runs not finished yet, and nothing trained or continued here
+        result.update(trained=[], continued=[], missing={f"{n} seed {s}": h for (n, s), h in missing.items()})
+        cells = {key: h for key, h in cells.items() if key not in missing}
     md = format_study(study, rows)
     spread = f"mean ± std (ddof 1) over seeds 0..{seeds - 1}" if seeds > 1 else "one seed (0)"
     paper = any(c.get("paper") is not None for r in rows.values() for c in r.values() if isinstance(c, dict))
     versus = " vs the paper's reported values" if paper else "; the paper reports no values for this setting"
     header = f"{study.title} on {dataset_shown}: ours ({spread}){versus}."
+    if missing:
+        header += (f" So far: {len(cells)} of the {len(cells) + len(missing)} run(s) finished (--finished); "
+                   "a cell without its run is –.")
     notes = "".join(f"\n- {n}" for n in study.notes)  # what the protocol is (printed with the plan)
     write_results(run_dir, study.stem, result, md + (f"\n\nNotes:{notes}" if notes else ""), header=header)
     for (name, s), h in cells.items():
