@@ -6,9 +6,11 @@ gives it), so no table trains."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,13 @@ QUEUE_SH = Path(__file__).parents[2] / "benchmarks" / "long_queue.sh"
 # the stub: one line a call in $CALLS ("<args> | <runs in the store's variants/>"); for
 # --list-weightless of the job named in $LIST_JOB, $LIST_OUT (exit $LIST_RC)
 STUB = """#!/usr/bin/env bash
+[ "$1" = -c ] && exec "$REAL_PY" "$@"  # the queue's own snippet (best_cell's): the real Python
 echo "$* | $(ls "$STORE/variants" 2>/dev/null | tr '\\n' ' ')" >> "$CALLS"
 case " $* " in
+    *" --finished "*)  # best_cell's table of Fig. 4(b) so far: $FIG4B (JSON) into its --run-dir
+        while [ "$1" != --run-dir ]; do shift; done
+        [ -n "$FIG4B" ] && printf '%s' "$FIG4B" > "$2/fig4b.json"
+        exit 0 ;;
     *" --list-weightless "*)
         [ "$6" = "$LIST_JOB" ] || exit 0  # -m bayesncl reproduce --seeds 3 JOB ...
         [ "$LIST_RC" = 0 ] || { echo "bayesncl: error: a listing that fails" >&2; exit "$LIST_RC"; }
@@ -38,7 +45,8 @@ def _queue(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.Completed
     calls = tmp_path / "calls"
     calls.unlink(missing_ok=True)
     full = {**os.environ, "STORE": str(tmp_path / "store"), "SEEDS": str(tmp_path / "packed"),
-            "PYTHON": str(stub), "CALLS": str(calls), "LIST_JOB": "", "LIST_OUT": "", "LIST_RC": "0", **env}
+            "PYTHON": str(stub), "CALLS": str(calls), "LIST_JOB": "", "LIST_OUT": "", "LIST_RC": "0",
+            "REAL_PY": sys.executable, "FIG4B": "", **env}  # fmt: skip
     done = subprocess.run(["bash", str(QUEUE_SH), *args], env=full, capture_output=True, text=True,
                           timeout=120)
     return done, calls.read_text().splitlines() if calls.exists() else []
@@ -76,6 +84,7 @@ def test_run_sets_aside_what_each_table_lists_before_running_it(tmp_path: Path) 
     listed = _run(store, "aaaaaaaaaaaa")  # the second job reads its weights: no last.pt
     cached = _run(store, "cccccccccccc")  # no last.pt either, but the job did not list it
     whole = _run(store, "dddddddddddd", weights=True)
+    shutil.copytree(listed, tmp_path / "packed" / "variants" / listed.name)  # packed by an earlier queue
     done, calls = _queue(tmp_path, "run", LIST_JOB="fig4b", LIST_OUT="aaaaaaaaaaaa\nbbbbbbbbbbbb\n")
     assert done.returncode == 0, done.stderr
     out = done.stdout.splitlines()
@@ -86,17 +95,23 @@ def test_run_sets_aside_what_each_table_lists_before_running_it(tmp_path: Path) 
     assert (store / "no-weights" / "aaaaaaaaaaaa" / "metrics.json").exists() and not listed.exists()
     assert cached.is_dir() and (whole / "last.pt").exists()
     # each job: its listing, then the table, in QUEUE's order; the listed job's table after the move
-    jobs = [c.split(" | ")[0] for c in calls]
+    jobs = [c.split(" | ")[0] for c in calls if " --finished " not in c + " "]  # best_cell's: below
     queue = _queue_jobs()
     assert len(queue) >= 3 and not [j for j in queue if j.startswith("again")]  # no hard-coded `again` left
-    assert queue[0].startswith("headline ")  # issue 44's first
+    assert queue[0].startswith("fig4b ")  # issue 44's
+    # the jobs at the best cell of Fig. 4(b) are skipped while it has no best cell (the stub gives none)
+    plain = [j for j in queue if "@BEST" not in j]
+    assert len(plain) < len(queue)
+    for j in queue:
+        skipped = f"=== skipped {j}: Fig. 4(b) has runs not finished, so no best cell yet" in out
+        assert skipped == ("@BEST" in j)
     # the default --seeds 3 first: a job's own --seeds (fig4b's 1) comes later and wins
-    assert jobs[1::2] == [f"-m bayesncl reproduce --seeds 3 {j} --store {store}/variants" for j in queue]
-    assert any(j.startswith("fig4b ") and j.endswith(" --seeds 1") for j in queue)
+    assert jobs[1::2] == [f"-m bayesncl reproduce --seeds 3 {j} --store {store}/variants" for j in plain]
+    assert any(j.startswith("fig4b ") and j.endswith(" --seeds 1 method.lam=3e-05") for j in queue)
     assert jobs[::2] == [f"{j} --list-weightless" for j in jobs[1::2]]
-    ood = [i for i, j in enumerate(jobs) if j.startswith("-m bayesncl reproduce --seeds 3 fig4b ")]
-    assert len(ood) == 2 and "aaaaaaaaaaaa" in calls[ood[0]] and "aaaaaaaaaaaa" not in calls[ood[1]]
-    # packed after the first job, before it was set aside: restore leaves it out (its table trains it)
+    fig4b = [c for c in calls if c.startswith("-m bayesncl reproduce --seeds 3 fig4b ")]
+    assert len(fig4b) == 2 and "aaaaaaaaaaaa" in fig4b[0] and "aaaaaaaaaaaa" not in fig4b[1]  # listed, moved
+    # packed before it was set aside: restore leaves it out (its table trains it)
     assert sorted(p.name for p in (tmp_path / "packed" / "variants").iterdir()) == [
         "aaaaaaaaaaaa", "cccccccccccc", "dddddddddddd"]  # fmt: skip
     done, _ = _queue(tmp_path, "restore")
@@ -107,10 +122,44 @@ def test_run_sets_aside_what_each_table_lists_before_running_it(tmp_path: Path) 
     done, calls = _queue(tmp_path, "run", LIST_JOB="fig4b", LIST_OUT="cccccccccccc\n", LIST_RC="2")
     assert done.returncode == 0 and cached.is_dir()
     assert "again: could not list what fig4b --dataset fashion-mnist-long train.precision=fp32 --seeds 1 " \
-        "would refuse (its run below says why)" in done.stderr
+        "method.lam=3e-05 would refuse (its run below says why)" in done.stderr
     assert "bayesncl: error: a listing that fails" in done.stderr
     assert any(c.startswith("-m bayesncl reproduce --seeds 3 fig4b ") and "--list-weightless" not in c
                for c in calls)
+
+
+def _fig4b(sc: dict[str, float | None], missing: bool = False) -> str:
+    """The JSON of ``reproduce fig4b --finished``: its rows' SC (None: no value), ``missing`` runs."""
+    rows = {k: {"semantic_consistency": {"mean": v}, "linear_probe_acc1": {"mean": 90.0}}
+            for k, v in sc.items()}  # fmt: skip
+    return json.dumps({"rows": rows, **({"missing": {"rho=0.9 lambda=3e-05 seed 0": "eeeeeeeeeeee"}}
+                                       if missing else {})})  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_jobs_at_the_best_cell_read_fig4bs_highest_sc_once_every_run_finished(tmp_path: Path) -> None:
+    """@BEST@ in a job is the Fig. 4(b) cell of the highest SC (not LP@1, not a cell without SC), as
+    method.rho=R method.lam=X, and @BEST_LAM@ its λ alone, read from ``reproduce fig4b --finished`` of
+    the store when each job starts; while a run of Fig. 4(b) is missing those jobs are skipped."""
+    sc = {"rho=0.8 lambda=3e-06": 63.6, "rho=0.3 lambda=0.0001": 66.4, "rho=0.8 lambda=0.001": None,
+          "rho=0.3 lambda=0.0003": 56.6}  # fmt: skip
+    done, calls = _queue(tmp_path, "run", FIG4B=_fig4b(sc))
+    assert done.returncode == 0, done.stderr
+    jobs = [c.split(" | ")[0] for c in calls]
+    head, tail = "-m bayesncl reproduce --seeds 3 ", f" --store {tmp_path}/store/variants"
+    tables = [j.removeprefix(head).removesuffix(tail) for j in jobs
+              if j.startswith(head) and j.endswith(tail)]
+    best = [_queue_jobs()[i] for i, j in enumerate(_queue_jobs()) if "@BEST" in j]
+    cell = "method.rho=0.3 method.lam=0.0001"
+    want = [j.replace("@BEST_LAM@", "method.lam=0.0001").replace("@BEST@", cell) for j in best]
+    assert [t for t in tables if t in want] == want and "skipped" not in done.stdout
+    assert "fig4b --dataset fashion-mnist-long train.precision=fp32 --seeds 1 method.lam=0.0001" in tables
+    assert f"headline --dataset fashion-mnist-long train.precision=fp32 {cell}" in tables
+    finished = [j for j in jobs if " --finished" in j]
+    assert len(finished) == len(best) and all(" fig4b " in j and "method.lam=3e-05" in j for j in finished)
+    done, calls = _queue(tmp_path, "run", FIG4B=_fig4b(sc, missing=True))
+    assert done.stdout.count(": Fig. 4(b) has runs not finished, so no best cell yet") == len(best)
 
 
 @pytest.mark.integration
