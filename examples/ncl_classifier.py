@@ -29,6 +29,7 @@ from bayesncl.core.methods import (
     Key,
     LossTerm,
     Method,
+    ModelOutput,
     Statistic,
     term_statistic,
 )
@@ -50,7 +51,7 @@ def _labels(batch: Batch) -> Tensor:
     return torch.cat([batch.labels, batch.labels])  # both views of the n images
 
 
-def classifier_ce(out: bayesncl.core.model.ModelOutput, batch: Batch, method: object) -> Tensor:
+def classifier_ce(out: ModelOutput, batch: Batch, method: object) -> Tensor:
     """Cross-entropy (nats) of the ``cls`` head's logits (2n, classes) against the labels of both views."""
     return nn.functional.cross_entropy(out.heads["cls"].float(), _labels(batch))
 
@@ -60,7 +61,7 @@ def classifier_accuracy(step: bayesncl.core.methods.Step) -> Tensor:
     return (step.out.heads["cls"].argmax(1) == step.labels).float().mean()
 
 
-CLS = LossTerm("cls", classifier_ce, weight="cls_weight", label="CE")
+CLS = LossTerm("cls", classifier_ce, weight="cls_weight", label="CE", inputs=("heads.cls",))
 
 METHOD = bayesncl.register_method(
     Method(

@@ -18,15 +18,24 @@ from pathlib import Path
 from torch import Tensor
 
 import bayesncl
-from bayesncl.core.methods import CONTRASTIVE_STATS, INFO_NCE, Batch, Key, LossTerm, Method, term_statistic
+from bayesncl.core.methods import (
+    CONTRASTIVE_STATS,
+    INFO_NCE,
+    Batch,
+    Key,
+    LossTerm,
+    Method,
+    ModelOutput,
+    term_statistic,
+)
 
 
-def l1_norm(out: bayesncl.core.model.ModelOutput, batch: Batch, method: object) -> Tensor:
+def l1_norm(out: ModelOutput, batch: Batch, method: object) -> Tensor:
     """mean over the 2n rows of ‖z_i‖₁ (z: (2n, D) after φ, before the gate), float32."""
     return out.z.float().abs().sum(dim=1).mean()
 
 
-L1 = LossTerm("l1", l1_norm, weight="l1_weight", label="L1")
+L1 = LossTerm("l1", l1_norm, weight="l1_weight", label="L1", inputs=("z",))
 
 METHOD = bayesncl.register_method(
     Method(

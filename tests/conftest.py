@@ -98,8 +98,7 @@ def _no_umap_panel(monkeypatch: pytest.MonkeyPatch) -> None:
 def registry() -> Iterator[None]:
     """The method registry as the built-in methods left it, before and after the test (a plugin
     registers its methods for the rest of the process)."""
-    from bayesncl.core import methods
-    from bayesncl.core.methods import plugins
+    from bayesncl.core import methods, plugins
 
     before, loaded = dict(methods.METHODS), dict(plugins._LOADED)
     yield

@@ -36,8 +36,8 @@ _LAZY = {  # name -> (module, attribute; None for the module itself)
     "ContrastiveHead": ("bayesncl.core.head", "ContrastiveHead"),
     "metrics": ("bayesncl.metrics", None),
     "methods": ("bayesncl.core.methods", None),  # Method, LossTerm, Statistic, Key, INFO_NCE, ...
-    "register_method": ("bayesncl.core.methods.plugins", "register_checked"),
-    "load_plugin": ("bayesncl.core.methods.plugins", "load_plugin"),
+    "register_method": ("bayesncl.core.plugins", "register_checked"),
+    "load_plugin": ("bayesncl.core.plugins", "load_plugin"),
 }
 
 

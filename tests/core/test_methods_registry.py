@@ -147,6 +147,9 @@ def test_bad_plugins_are_one_line(registry: None, tmp_path: Path, capsys: pytest
                        "terms=(m.INFO_NCE, m.LossTerm('l1', lambda out, batch, cfg: out.z.abs().mean(), "
                        "weight='l1_weigth')), "
                        "stats=m.CONTRASTIVE_STATS, keys={'l1_weight': m.Key(1e-3)}))\n"),
+        "X14": _plugin(tmp_path, "inputs.py", "bayesncl.register_method(m.Method('ncl-inputs', "
+                       "terms=(m.INFO_NCE, m.LossTerm('cls', lambda out, batch, cfg: out.z.mean(), "
+                       "inputs=('heads.cls',))), stats=m.CONTRASTIVE_STATS))\n"),
     }
     for row, path in cases.items():
         assert main(["pretrain", "--plugin", str(path), *SMALL]) == 2, row
@@ -263,9 +266,9 @@ def test_a_plugin_with_its_own_head_registers_trains_and_evaluates(
     registry: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """examples/ncl_classifier.py: a classifier ``Head`` beside InfoNCE. It registers (the check builds its
-    head), trains from the CLI (its parameters are ``heads.cls.*``; loss = InfoNCE + γ·CE), resumes nothing
-    missing, and evaluates."""
-    from bayesncl.core.methods.plugins import load_plugin
+    head), trains from the CLI (its parameters are ``heads.cls.*``; loss = InfoNCE + γ·CE), resumes with its
+    head's weights and goes on training them, and evaluates."""
+    from bayesncl.core.plugins import load_plugin
 
     assert load_plugin(CLS_EXAMPLE) == ["ncl-cls-example"]
     run = tmp_path / "run"
@@ -279,6 +282,10 @@ def test_a_plugin_with_its_own_head_registers_trains_and_evaluates(
     model_state = state["state_dict"]
     assert {"heads.cls.linear.weight", "heads.cls.linear.bias"} <= set(model_state)
     assert model_state["heads.cls.linear.weight"].shape == (10, 16)  # classes x D (synthetic: 10 classes)
+    assert main(["pretrain", "--run-dir", str(run), "--resume", "--no-eval", *args, "train.epochs=2"]) == 0
+    resumed = torch.load(run / "last.pt", map_location="cpu", weights_only=False)["state_dict"]
+    assert len(list(csv.DictReader((run / "log.csv").open()))) == 2
+    assert not torch.equal(resumed["heads.cls.linear.weight"], model_state["heads.cls.linear.weight"])
     capsys.readouterr()
     assert main(["evaluate", str(run), "--plugin", str(CLS_EXAMPLE), "--probe", "none", "--no-knn"]) == 0
 

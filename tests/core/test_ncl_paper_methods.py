@@ -2,7 +2,7 @@
 ncl-supcon, ce, nce, and the gate switched on any of them.
 
 Each method's loss on a real model output equals its definition computed from the pure functions
-of bayesncl.core.objectives (tested against naive loops in tests/core/test_objectives.py); bad input
+of bayesncl.core.losses (tested against naive loops in tests/core/test_objectives.py); bad input
 (β < 0, a supervised method without labels, a gate on a method with nothing to gate) is one line.
 """
 
@@ -20,9 +20,15 @@ from bayesncl.app.cli import main
 from bayesncl.config import ConfigError, build_config
 from bayesncl.core import methods
 from bayesncl.core.engine import TrainForward, forward_loss
-from bayesncl.core.losses import info_nce
+from bayesncl.core.losses import (
+    clip_norm,
+    info_nce,
+    l1_penalty,
+    linear_cross_entropy,
+    spectral_loss,
+    supcon_loss,
+)
 from bayesncl.core.model import build_model, contrastive_loss
-from bayesncl.core.objectives import clip_norm, l1_penalty, linear_cross_entropy, spectral_loss, supcon_loss
 from bayesncl.core.parts import rep_relu
 
 from ..conftest import ROWS, TINY_BASE, error_line, expect

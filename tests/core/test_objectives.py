@@ -1,5 +1,5 @@
-"""Reference, analytic and gradient tests for bayesncl.core.objectives: the spectral contrastive
-loss, SupCon, the linear cross-entropy (CE / NCE) and the L1 penalty.
+"""Reference, analytic and gradient tests for the NCL paper's objectives in bayesncl.core.losses: the
+spectral contrastive loss, SupCon, the linear cross-entropy (CE / NCE) and the L1 penalty.
 
 Each loss is compared with a per-row Python loop in float64 written from the paper's formula, and
 with cases whose value is known in closed form. The 2-process equivalence of the gathered versions
@@ -15,8 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bayesncl.core.losses import info_nce
-from bayesncl.core.objectives import clip_norm, l1_penalty, linear_cross_entropy, spectral_loss, supcon_loss
+from bayesncl.core.losses import (
+    clip_norm,
+    info_nce,
+    l1_penalty,
+    linear_cross_entropy,
+    spectral_loss,
+    supcon_loss,
+)
 
 from ..conftest import gen
 

@@ -1,5 +1,6 @@
-"""The gathered spectral and SupCon losses: 2 gloo processes on CPU against 1 process over the
-concatenated batch (the pattern of tests/core/test_distributed.py, at the level of the loss functions).
+"""The gathered losses of bayesncl.core.losses (InfoNCE, with and without dataset indices, spectral,
+SupCon): 2 gloo processes on CPU against 1 process over the concatenated batch (the pattern of
+tests/core/test_distributed.py, at the level of the loss functions).
 
 Each process runs a tiny linear model (identical seeded weights) on its half of the images, gathers
 the features with :func:`bayesncl.core.distributed.gather_with_grad` (and the labels plainly), takes
@@ -21,7 +22,14 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from bayesncl.core import distributed
-from bayesncl.core.objectives import global_spectral_loss, global_supcon_loss, spectral_loss, supcon_loss
+from bayesncl.core.losses import (
+    global_info_nce,
+    global_spectral_loss,
+    global_supcon_loss,
+    info_nce,
+    spectral_loss,
+    supcon_loss,
+)
 
 from ..conftest import GLOO_TIMEOUT, gloo_group, spawn
 
@@ -36,6 +44,9 @@ CASES: dict[str, tuple[Phi, Loss, Loss]] = {
     "spectral": (NO_PHI, lambda z, _: global_spectral_loss(z, 0.5), lambda z, _: spectral_loss(z, 0.5)),
     "supcon": (NO_PHI, lambda z, y: global_supcon_loss(z, y, 0.2), lambda z, y: supcon_loss(z, y, 0.2)),
 }
+CASES["info_nce"] = (NO_PHI, lambda z, _: global_info_nce(z, 0.2), lambda z, _: info_nce(z, 0.2))
+CASES["info_nce-index"] = (  # labels as dataset indices: one repeated on the other rank is a positive
+    NO_PHI, lambda z, y: global_info_nce(z, 0.2, index=y), lambda z, y: info_nce(z, 0.2, index=y))
 CASES["spectral-relu"] = (torch.relu, *CASES["spectral"][1:])  # the NCL versions: φ = ReLU
 CASES["supcon-relu"] = (torch.relu, *CASES["supcon"][1:])
 

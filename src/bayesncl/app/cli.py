@@ -625,7 +625,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _load_plugins(args: argparse.Namespace) -> None:
     """Import each ``--plugin FILE.py`` (its methods register themselves) before the command runs."""
-    from bayesncl.core.methods.plugins import load_plugin
+    from bayesncl.core.plugins import load_plugin
 
     for path in getattr(args, "plugin", None) or []:
         load_plugin(path)

@@ -43,7 +43,7 @@ from bayesncl.config.schema import (
 )
 from bayesncl.core import methods
 from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig, TrainConfig
-from bayesncl.core.methods.plugins import PLUGINS_FILE, load_plugin
+from bayesncl.core.plugins import PLUGINS_FILE, load_plugin
 
 __all__ = [
     "LOGGERS", "METHOD_PRESETS", "RECIPES_DIR", "Config", "ConfigError", "DataConfig", "EvalConfig",

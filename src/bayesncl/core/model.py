@@ -1,27 +1,33 @@
-"""Model assembly: backbone f → h → projector → p → φ → z → [gating head, gate] → z̃.
+"""Model assembly: backbone f → h → the model head (projector → p → φ → z → [gating head, gate] → z̃,
+the method's own heads; :class:`bayesncl.core.head.ModelHead`).
 
 A method is a configuration of these parts (``MethodConfig``, preset from a spec of
 :data:`bayesncl.core.methods.METHODS`, one file each), never a subclass. Parameter names
 follow the authors' layout (``backbone.*``, ``projector.*``, ``gating_head.*``, ``classifier.*``)
-so their checkpoints map onto ours.
+so their checkpoints map onto ours. :class:`ModelOutput` and :func:`contrastive_loss` are
+re-exported here from :mod:`bayesncl.core.methods.spec` and :mod:`bayesncl.core.head`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 import torchvision
 from torch import Tensor, nn
 
-from bayesncl.core import parts
-from bayesncl.core.parts import Gate, GatingHead, NonNegative, Prevalence, Projector
+from bayesncl.core.head import ModelHead, contrastive_loss
+from bayesncl.core.methods.spec import ModelOutput
 
 if TYPE_CHECKING:
     from bayesncl.core.configs import CoreConfig as Config
     from bayesncl.core.configs import MethodConfig, ModelConfig
+
+__all__ = [
+    "BACKBONES", "BackboneError", "ContrastiveModel", "ModelOutput", "build_backbone", "build_model",
+    "contrastive_loss", "small_cnn", "timm_backbone",
+]
 
 
 def _conv_bn(cin: int, cout: int, stride: int) -> nn.Sequential:
@@ -123,96 +129,21 @@ def build_backbone(cfg: ModelConfig, in_channels: int, image_size: int) -> tuple
     return net, h_dim
 
 
-@dataclass
-class ModelOutput:
-    """Everything one forward pass produces; shapes for a batch of B images, D = proj_dim.
+class ContrastiveModel(ModelHead):
+    """The model: a backbone f plus the model head (:class:`~bayesncl.core.head.ModelHead`: projector,
+    φ, optional TopK, optional gate, the method's own heads) and the online probe ``classifier``
+    (Linear(H, C) on sg(h), run by the training step). Parameter names: ``backbone.*`` first, then
+    the head's (``projector.*``, ``gating_head.*``, ``heads.NAME.*``, ``classifier.*``)."""
 
-    h: (B, H) backbone features; p: (B, D) raw projector output; z: (B, D) after φ (and TopK);
-    logits: (B, D) gate logits / τ_s or None; alpha: (B, D) noise-free σ(logits) or None;
-    mask: (B, D) gate mask (hard in forward) or None; z_tilde: (B, D) the features fed to InfoNCE,
-    which are also the evaluation features in eval mode (PAPER-NOTES §3); ipw_weights: (D,)
-    π^(-1/2) of ``method.ipw`` (the loss then runs on z ⊙ ipw_weights, z̃ stays normalize(z)) or None.
-    """
-
-    h: Tensor
-    p: Tensor
-    z: Tensor
-    logits: Tensor | None
-    alpha: Tensor | None
-    mask: Tensor | None
-    z_tilde: Tensor
-    ipw_weights: Tensor | None = None
-    heads: dict[str, Tensor] = field(default_factory=dict)
-
-
-class ContrastiveModel(nn.Module):
-    """Backbone + projector + non-negativity + optional TopK + optional gate + online probe."""
+    backbone: nn.Module
+    classifier: nn.Linear
 
     def __init__(
         self, backbone: nn.Module, h_dim: int, model_cfg: ModelConfig, method: MethodConfig, num_classes: int
     ) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self._build_parts(h_dim, model_cfg, method)
-        self.classifier = nn.Linear(h_dim, num_classes)
+        """backbone: maps (B, C, S, S) images to h: (B, h_dim); num_classes: C, the dataset's classes."""
+        super().__init__(h_dim, model_cfg, method, num_classes, probe=True, backbone=backbone)
         self.bn_views = model_cfg.bn_views
-        self._build_heads(model_cfg, method, num_classes)  # last: the others' RNG draws stay
-
-    def _build_heads(self, mo: ModelConfig, m: MethodConfig, num_classes: int) -> None:
-        """The method's own modules (:class:`~bayesncl.core.methods.spec.Head`: CE's classifier, a
-        plugin's), each built for D = ``model.proj_dim`` and ``num_classes``, into ``self.heads``;
-        :class:`~bayesncl.core.head.ContrastiveHead` builds them too."""
-        from bayesncl.core import methods  # the registry reads this module's types
-
-        for name, head in methods.get(m.name).heads.items():
-            self.heads[name] = head.build(mo.proj_dim, num_classes)
-
-    def _build_parts(self, h_dim: int, mo: ModelConfig, m: MethodConfig) -> None:
-        """Everything after the backbone (PAPER-NOTES §1), which :class:`~bayesncl.core.head.ContrastiveHead`
-        builds too: projector, φ, TopK's k, gating head and gate, prevalence (in this order: it is the
-        order their initialisation draws from the RNG)."""
-        self.h_dim = h_dim
-        self.projector = Projector(h_dim, mo.proj_hidden, mo.proj_dim)
-        self.nonneg = NonNegative(m.nonneg)
-        self.topk = round(m.rho * mo.proj_dim) if m.topk else 0
-        self.gating_head: GatingHead | None = None
-        self.gate: Gate | None = None
-        if m.gate != "none":
-            self.gating_head = GatingHead(
-                h_dim, m.gate_hidden or mo.proj_hidden, mo.proj_dim, depth=m.gate_depth, detach=m.detach,
-                tau=m.gate_tau,
-            )
-            self.gate = Gate(m.gate, m.threshold, m.gumbel_noise, tau=m.gate_tau)
-        self.prevalence = Prevalence(mo.proj_dim, m.ipw_momentum, m.ipw_eps) if m.ipw else None
-        # eval mode only: gate z̃ with alpha instead of the hard mask (the authors' eval.use_soft_gating,
-        # main_eval.py:104-113), the mask staying 0/1; set by app.evaluate.extract_split
-        self.soft_eval_gate = False
-        self.heads = nn.ModuleDict()  # a method's own modules (CE's classifier), filled by the model
-
-    def project(self, h: Tensor) -> ModelOutput:
-        """Run everything after the backbone on h: (B, H)."""
-        p = self.projector(h)
-        z = self.nonneg(p)
-        if self.topk:
-            z = parts.topk_mask(z, self.topk)
-        logits = alpha = mask = None
-        if self.gating_head is not None and self.gate is not None:
-            logits = self.gating_head(h)
-            mask, alpha = self.gate(logits)
-            if not self.training and self.gate.kind == "soft":
-                # evaluation uses the hard mask (PAPER-NOTES §3), soft ablation included
-                mask = (alpha > self.gate.threshold).to(alpha.dtype)
-            soft = not self.training and self.soft_eval_gate  # eval.use_soft_gating: z̃ = normalize(ẑ ⊙ α)
-            z_tilde = parts.gated_features(z, alpha if soft else mask)
-        else:
-            z_tilde = parts.eval_features(z)
-        weights = None
-        if self.prevalence is not None:
-            if self.training:
-                self.prevalence.update(z)  # this batch enters π before π weighs it
-            weights = self.prevalence.weights()
-        heads = {name: head(raw_features(z, mask)) for name, head in self.heads.items()}
-        return ModelOutput(h, p, z, logits, alpha, mask, z_tilde, weights, heads)
 
     def forward(self, x: Tensor, views: int = 1) -> ModelOutput:
         """x: (B, C, S, S) normalised images → :class:`ModelOutput`.
@@ -228,35 +159,8 @@ class ContrastiveModel(nn.Module):
         return self.project(self.backbone(x))
 
 
-def raw_features(z: Tensor, mask: Tensor | None) -> Tensor:
-    """The features of a loss that does its own scaling (the spectral loss, CE's classifier): z
-    (after φ and TopK), gated ``z ⊙ m`` with a gate (the mask's straight-through gradient reaches
-    the gating head), not L2-normalised. z, mask: (M, D). Returns (M, D) in z's dtype."""
-    return z if mask is None else z * mask.to(z.dtype)
-
-
 def build_model(cfg: Config, in_channels: int, image_size: int, num_classes: int) -> ContrastiveModel:
     """Assemble the model a config describes (PAPER-NOTES §1)."""
     backbone, h_dim = build_backbone(cfg.model, in_channels, image_size)
     return ContrastiveModel(backbone, h_dim, cfg.model, cfg.method, num_classes)
 
-
-def contrastive_loss(
-    out: ModelOutput, method: MethodConfig, *, gather: bool | None = None, index: Tensor | None = None,
-    labels: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss of the method ``method.name`` on one batch: the weighted sum of its loss terms and
-    its parts' (:func:`bayesncl.core.methods.loss`), e.g. InfoNCE(z̃, τ) + λ·KL(Bern(α) ‖ Bern(ρ))
-    for BayesNCL (PAPER-NOTES §1). Returns the fp32 loss and each term's detached value by name
-    (``{"info_nce"}``, ``{"info_nce", "kl"}`` with a gate), means over the 2n local rows.
-
-    out.z_tilde must hold this process's 2n views laid out ``[view1; view2]``. gather: take the
-    contrastive negatives from every process (``None``, the default: whenever torch.distributed runs
-    with more than one process; ``False``: local negatives only, not the paper's objective under
-    DDP). index: (n,) the dataset index of each image (every view of the same image is a positive).
-    labels: (n,) class labels, for the terms of supervised methods.
-    """
-    from bayesncl.core import distributed, methods
-
-    gather = distributed.is_distributed() if gather is None else gather
-    return methods.loss(out, method, methods.Batch(labels=labels, index=index, gather=gather))

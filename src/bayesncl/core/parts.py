@@ -24,8 +24,8 @@ from torch import Tensor, nn
 
 __all__ = [
     "NONNEG", "GATE_KINDS", "NOISES", "fp32_math", "safe_normalize", "rep_relu", "ste_gate", "gumbel_noise",
-    "gumbel_sigmoid_gate", "soft_gate", "topk_mask", "gated_features", "eval_features", "ipw_features",
-    "Projector", "GatingHead", "NonNegative", "Gate", "Prevalence"
+    "gumbel_sigmoid_gate", "soft_gate", "topk_mask", "gated_features", "eval_features", "raw_features",
+    "ipw_features", "Projector", "GatingHead", "NonNegative", "Gate", "Prevalence"
 ]
 
 _NORM_EPS = 1e-12
@@ -203,6 +203,14 @@ def eval_features(z: Tensor, mask: Tensor | None = None) -> Tensor:
     """Evaluation features (PAPER-NOTES §3): ``normalize(z)`` without a gate, else
     :func:`gated_features`. z: (M, D); mask: (M, D) or None. Returns (M, D) float32."""
     return safe_normalize(z) if mask is None else gated_features(z, mask)
+
+
+def raw_features(z: Tensor, mask: Tensor | None) -> Tensor:
+    """The features of a loss that does its own scaling (the spectral loss, CE's classifier, a
+    method's own heads): ``z ⊙ m`` with a gate (the mask's straight-through gradient reaches the
+    gating head), z itself without one; not L2-normalised. z: (M, D) after φ and TopK; mask: (M, D)
+    or None. Returns (M, D) in z's dtype."""
+    return z if mask is None else z * mask.to(z.dtype)
 
 
 def ipw_features(z: Tensor, weights: Tensor) -> Tensor:

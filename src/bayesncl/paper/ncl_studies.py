@@ -139,7 +139,7 @@ def m_head(sub: Path, cfg: Config, params: tuple[Any, ...]) -> dict[str, float]:
     import torch
 
     from bayesncl.app.evaluate import extract_split
-    from bayesncl.core.model import raw_features
+    from bayesncl.core.parts import raw_features
 
     model, loaded, _ = load_stored(sub, cfg)
     if "classifier" not in model.heads:

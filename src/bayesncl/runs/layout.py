@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from bayesncl.core.methods.plugins import PLUGINS_FILE
+from bayesncl.core.plugins import PLUGINS_FILE
 from bayesncl.runs.fileio import remove_stale_temporaries
 from bayesncl.runs.messages import RunDirError
 

@@ -2,8 +2,9 @@
 ``ncl_ipw``, then the NCL paper's others, :data:`BUILT_IN`), registered in :data:`METHODS` in the
 order tables list them.
 
-A method is a :class:`Method` (:mod:`.spec`); :mod:`.registry` is what config, model, loss and logs
-read; :mod:`.plugins` loads a user's file (``--plugin FILE.py``). docs/extending.md.
+A method is a :class:`Method` (:mod:`.spec`, with :class:`ModelOutput`, what the model hands its loss
+terms); :mod:`.registry` is what config, model, loss and logs read; :mod:`bayesncl.core.plugins`
+loads a user's file (``--plugin FILE.py``). docs/extending.md.
 """
 
 import importlib
@@ -22,11 +23,12 @@ from bayesncl.core.methods.registry import (
     terms,
     unread_keys,
 )
-from bayesncl.core.methods.spec import Batch, Head, Key, LossTerm, Method, Part, Statistic, Step
+from bayesncl.core.methods.spec import Batch, Head, Key, LossTerm, Method, ModelOutput, Part, Statistic, Step
 
 __all__ = [
-    "METHODS", "Method", "LossTerm", "Statistic", "Key", "Part", "Head", "Batch", "Step", "register_method",
-    "get", "preset", "closest", "unread_keys", "check", "terms", "loss", "statistics", "all_statistics",
+    "METHODS", "Method", "LossTerm", "Statistic", "Key", "Part", "Head", "Batch", "Step", "ModelOutput",
+    "register_method", "get", "preset", "closest", "unread_keys", "check", "terms", "loss", "statistics",
+    "all_statistics",
     "INFO_NCE", "KL", "LOSS", "PARTS", "CONTRASTIVE_STATS", "term_statistic", "BUILT_IN",
 ]
 

@@ -1,9 +1,10 @@
 """The loss terms, statistics and parts the built-in methods share (PAPER-NOTES §1).
 
-:data:`INFO_NCE` is every built-in method's term; the gate (:data:`PARTS` ``"gate"``) brings
-:data:`KL` to any method it is part of. :data:`CONTRASTIVE_STATS` is what every built-in method
-logs (the gate's statistics only by a run with a gate). torch is imported when a term first runs,
-so reading a config does not import it.
+:data:`INFO_NCE` is every InfoNCE method's term; the gate (:data:`PARTS` ``"gate"``) brings
+:data:`KL` to any method it is part of. Each term reads the model outputs it declares
+(``LossTerm.inputs``) and calls a function of :mod:`bayesncl.core.losses`, which holds the maths.
+:data:`CONTRASTIVE_STATS` is what every built-in method logs (the gate's statistics only by a run
+with a gate). torch is imported when a term first runs, so reading a config does not import it.
 """
 
 from __future__ import annotations
@@ -16,49 +17,37 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from bayesncl.core.configs import MethodConfig
-    from bayesncl.core.model import ModelOutput
+    from bayesncl.core.methods.spec import ModelOutput
 
 __all__ = ["INFO_NCE", "KL", "PARTS", "CONTRASTIVE_STATS", "LOSS", "term_statistic"]
 
 
 def info_nce_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
-    """InfoNCE(z̃ over the 2n views, ``method.temperature``), or on
-    :func:`~bayesncl.core.parts.ipw_features` of z with ``method.ipw``
-    (:func:`~bayesncl.core.losses.ipw_info_nce`); a mean over the 2n local rows.
-
-    With ``batch.gather`` under torch.distributed the negatives come from every process (an
-    autograd all-gather, :func:`bayesncl.core.distributed.gather_with_grad`; every process holds the
-    same n): with DDP averaging the gradients, the gradient equals the single-process gradient over
-    the concatenated batch (docs/scaling.md). ``batch.index``: every view of the same image anywhere
-    in the (global) batch is a positive, as the authors' loss (:func:`bayesncl.core.losses.info_nce`)."""
+    """InfoNCE(z̃ over the 2n views, ``method.temperature``), or of
+    :func:`~bayesncl.core.parts.ipw_features` ``(z, ipw_weights)`` with ``method.ipw``
+    (Definition 4.4); the negatives from every process with ``batch.gather``, every view of the same
+    ``batch.index`` a positive: :func:`bayesncl.core.losses.global_info_nce`, a mean over the 2n
+    local rows."""
     import torch
 
-    from bayesncl.core import distributed, parts
-    from bayesncl.core.losses import info_nce
+    from bayesncl.core import losses, parts
 
     z = out.z_tilde if out.ipw_weights is None else parts.ipw_features(out.z, out.ipw_weights)
     idx = None if batch.index is None else torch.cat([batch.index, batch.index])
-    if not (batch.gather and distributed.is_distributed()):
-        return info_nce(z, m.temperature, index=idx)
-    keys = distributed.gather_with_grad(z)
-    key_idx = None
-    if idx is not None:
-        key_idx = idx.new_empty(len(keys))
-        torch.distributed.all_gather_into_tensor(key_idx, idx.contiguous())
-    offset = torch.distributed.get_rank() * len(z)
-    return info_nce(z, m.temperature, keys=keys, offset=offset, index=idx, key_index=key_idx)
+    return losses.global_info_nce(z, m.temperature, index=idx, gather=batch.gather)
 
 
 def kl_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
-    """KL(Bern(α) ‖ Bern(ρ)) summed over dims, mean over rows (:func:`~bayesncl.core.losses.bernoulli_kl`)."""
+    """KL(Bern(α) ‖ Bern(ρ)) summed over dims, mean over rows (:func:`bayesncl.core.losses.bernoulli_kl`)."""
     from bayesncl.core.losses import bernoulli_kl
 
     assert out.alpha is not None  # the gate brings this term
     return bernoulli_kl(out.alpha, m.rho)
 
 
-INFO_NCE = LossTerm("info_nce", info_nce_term, label="InfoNCE", reads=("temperature",))
-KL = LossTerm("kl", kl_term, weight="lam", label="KL", reads=("rho",))
+INFO_NCE = LossTerm("info_nce", info_nce_term, label="InfoNCE", reads=("temperature",),
+                    inputs=("z_tilde", "z", "ipw_weights"))
+KL = LossTerm("kl", kl_term, weight="lam", label="KL", reads=("rho",), inputs=("alpha",))
 
 PARTS: dict[str, Part] = {
     "gate": Part(

@@ -1,6 +1,6 @@
 """The loss terms, keys, heads and statistics that the NCL paper's other methods share: the spectral
 contrastive loss, SupCon, the cross-entropy of a classifier on z (CE, and NCE on φ(p)) and the L1
-penalty (:mod:`bayesncl.core.objectives` holds their maths; each method's own file combines them).
+penalty (:mod:`bayesncl.core.losses` holds their maths; each method's own file combines them).
 
 Every term is a mean over this process's 2n rows (the contrastive ones gather the other processes'
 rows, ``batch.gather``); torch is imported when a term first runs, so reading a config does not.
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from bayesncl.core.configs import MethodConfig
-    from bayesncl.core.model import ModelOutput
+    from bayesncl.core.methods.spec import ModelOutput
 
 __all__ = [
     "SPECTRAL", "SUPCON", "CROSS_ENTROPY", "L1", "L1_CLIPPED", "BETA", "MU", "CLASSIFIER", "stats_for",
@@ -28,7 +28,7 @@ __all__ = [
 
 
 def _features(out: ModelOutput) -> Tensor:
-    from bayesncl.core.model import raw_features
+    from bayesncl.core.parts import raw_features
 
     return raw_features(out.z, out.mask)
 
@@ -42,43 +42,42 @@ def _labels(batch: Batch) -> Tensor:
 
 def spectral_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
     """The spectral contrastive loss of the raw features (z, or z ⊙ m with a gate), rows clipped to
-    norm √μ (``method.mu``): :func:`bayesncl.core.objectives.global_spectral_loss`."""
-    from bayesncl.core.objectives import global_spectral_loss
+    norm √μ (``method.mu``): :func:`bayesncl.core.losses.global_spectral_loss`."""
+    from bayesncl.core.losses import global_spectral_loss
 
     return global_spectral_loss(_features(out), m.mu, gather=batch.gather)
 
 
 def supcon_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
     """SupCon on z̃ at ``method.temperature``, positives the same label anywhere in the global batch:
-    :func:`bayesncl.core.objectives.global_supcon_loss`."""
-    from bayesncl.core.objectives import global_supcon_loss
+    :func:`bayesncl.core.losses.global_supcon_loss`."""
+    from bayesncl.core.losses import global_supcon_loss
 
     return global_supcon_loss(out.z_tilde, _labels(batch), m.temperature, gather=batch.gather)
 
 
 def cross_entropy_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
     """Cross-entropy of the method's classifier (:data:`CLASSIFIER`, a linear layer on the raw
-    features z, or z ⊙ m) over the 2n views: :func:`bayesncl.core.objectives.linear_cross_entropy`'s
-    value, from the logits the model computed."""
-    import torch.nn.functional as F
+    features z, or z ⊙ m) over the 2n views, from the logits the model computed:
+    :func:`bayesncl.core.losses.cross_entropy` (the value of
+    :func:`~bayesncl.core.losses.linear_cross_entropy`)."""
+    from bayesncl.core.losses import cross_entropy
 
-    from bayesncl.core.parts import fp32_math
-
-    with fp32_math(out.z.device):
-        return F.cross_entropy(out.heads["classifier"].float(), _labels(batch))
+    return cross_entropy(out.heads["classifier"], _labels(batch))
 
 
 def l1_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
     """mean‖z̃‖₁ of the unit rows InfoNCE compares (an L1 on z itself would only shrink a scale
-    InfoNCE ignores): :func:`bayesncl.core.objectives.l1_penalty`."""
-    from bayesncl.core.objectives import l1_penalty
+    InfoNCE ignores): :func:`bayesncl.core.losses.l1_penalty`."""
+    from bayesncl.core.losses import l1_penalty
 
     return l1_penalty(out.z_tilde)
 
 
 def l1_clipped_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
-    """mean‖z‖₁ of the rows the spectral loss compares (raw features clipped to norm √μ)."""
-    from bayesncl.core.objectives import clip_norm, l1_penalty
+    """mean‖z‖₁ of the rows the spectral loss compares (raw features clipped to norm √μ):
+    :func:`bayesncl.core.losses.l1_penalty` of :func:`~bayesncl.core.losses.clip_norm`."""
+    from bayesncl.core.losses import clip_norm, l1_penalty
 
     return l1_penalty(clip_norm(_features(out), m.mu))
 
@@ -89,11 +88,12 @@ def _classifier(dim: int, classes: int) -> object:
     return nn.Linear(dim, classes)
 
 
-SPECTRAL = LossTerm("spectral", spectral_term, label="spectral CL")
-SUPCON = LossTerm("supcon_loss", supcon_term, label="SupCon", reads=("temperature",))
-CROSS_ENTROPY = LossTerm("cross_entropy", cross_entropy_term, label="cross-entropy")
-L1 = LossTerm("l1_penalty", l1_term, weight="beta", label="L1")
-L1_CLIPPED = LossTerm("l1_penalty", l1_clipped_term, weight="beta", label="L1")
+SPECTRAL = LossTerm("spectral", spectral_term, label="spectral CL", inputs=("z", "mask"))
+SUPCON = LossTerm("supcon_loss", supcon_term, label="SupCon", reads=("temperature",), inputs=("z_tilde",))
+CROSS_ENTROPY = LossTerm("cross_entropy", cross_entropy_term, label="cross-entropy",
+                         inputs=("heads.classifier",))
+L1 = LossTerm("l1_penalty", l1_term, weight="beta", label="L1", inputs=("z_tilde",))
+L1_CLIPPED = LossTerm("l1_penalty", l1_clipped_term, weight="beta", label="L1", inputs=("z", "mask"))
 
 BETA = {"beta": Key(0.01, "weight β of the L1 term β·mean‖z‖₁ (NCL paper's L1-regularised CL)",
                     lambda v: v >= 0, "beta >= 0 (0: no L1 term)")}

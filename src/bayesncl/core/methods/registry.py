@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Any
 
 from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig
 from bayesncl.core.methods.common import LOSS, PARTS
-from bayesncl.core.methods.spec import Batch, LossTerm, Method, Statistic, Step
+from bayesncl.core.methods.spec import GATE_OUTPUTS, OUTPUTS, Batch, LossTerm, Method, Statistic, Step
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from bayesncl.core.model import ModelOutput
+    from bayesncl.core.methods.spec import ModelOutput
 
 __all__ = [
-    "METHODS", "register_method", "get", "preset", "closest", "unread_keys", "check", "terms", "loss",
-    "statistics", "all_statistics",
+    "METHODS", "register_method", "check_weights", "check_inputs", "get", "preset", "closest", "unread_keys",
+    "check", "terms", "loss", "statistics", "all_statistics",
 ]
 
 METHODS: dict[str, Method] = {}
@@ -31,10 +31,11 @@ def register_method(method: Method) -> Method:
     """Add ``method`` to :data:`METHODS` (``method.name=NAME`` selects it) and return it.
 
     Raises ConfigError (one line) if its name is taken (a built-in, or another file's method), a
-    key of its own is a common ``method.*`` key, its statistics do not start with ``loss``, or a loss
-    term's ``weight`` is neither one of its own keys nor a common ``method.*`` key.
-    A method from a user's file is checked on a test batch by :func:`bayesncl.core.methods.plugins.
-    check_method` (``bayesncl.register_method`` and ``--plugin`` do that)."""
+    key of its own is a common ``method.*`` key, its statistics do not start with ``loss``, a loss
+    term's ``weight`` is neither one of its own keys nor a common ``method.*`` key
+    (:func:`check_weights`), or a term reads an output the model cannot give it
+    (:func:`check_inputs`). A method from a user's file is checked on a test batch by
+    :func:`bayesncl.core.plugins.check_method` (``bayesncl.register_method`` and ``--plugin`` do that)."""
     old = METHODS.get(method.name)
     if old is not None and not (old.source is not None and old.source == method.source):
         where = "a built-in method" if old.source is None else f"the method of that name in {old.source}"
@@ -47,6 +48,7 @@ def register_method(method: Method) -> Method:
     if not method.terms or not method.stats or method.stats[0] != LOSS:
         raise ConfigError(f"method {method.name!r}: expected >= 1 loss term, statistics starting with LOSS")
     check_weights(method)
+    check_inputs(method)
     METHODS[method.name] = method
     return method
 
@@ -61,6 +63,26 @@ def check_weights(method: Method) -> None:
                 f"method {method.name!r}: its loss term {term.name!r} is weighted by method.{term.weight}, "
                 f"which is not a key of the method (its own keys: {own}; or a common method.* key)"
             )
+
+
+def check_inputs(method: Method) -> None:
+    """ConfigError (one line) if a loss term declares an input (``LossTerm.inputs``) that is no
+    :class:`~bayesncl.core.methods.spec.ModelOutput` field, names a head (``heads.NAME``) the
+    method does not declare, or is a gate's output (:data:`~bayesncl.core.methods.spec.GATE_OUTPUTS`)
+    while the method cannot have a gate (``gateable=False``: the gate's outputs are always None)."""
+    for term in method.terms:
+        for name in term.inputs:
+            where = f"method {method.name!r}: its loss term {term.name!r} reads out.{name}"
+            field, _, head = name.partition(".")
+            if field not in OUTPUTS or (head and field != "heads"):
+                raise ConfigError(f"{where}, which is no model output (expected one of {', '.join(OUTPUTS)}, "
+                                  "or heads.NAME)")
+            if head and head not in method.heads:
+                raise ConfigError(f"{where}, a head the method does not declare (its heads: "
+                                  f"{', '.join(method.heads) or 'none'})")
+            if field in GATE_OUTPUTS and not method.gateable:
+                raise ConfigError(f"{where}, a gate's output, but the method cannot have a gate "
+                                  "(gateable=False)")
 
 
 def get(name: str) -> Method:

@@ -1,6 +1,8 @@
 """What a method is, as data (:class:`Method`: a configuration of the model's parts, PAPER-NOTES §1,
-never a subclass): its parts, its loss terms, its statistics by name and its own keys.
-docs/extending.md shows a method from a user's file. Nothing here imports torch.
+never a subclass): its parts, its loss terms, its statistics by name and its own keys; and what
+the model hands them (:class:`ModelOutput`). docs/extending.md shows a method from a user's file.
+Nothing here imports torch, nor any module that builds the model: the model and the loss import
+this module, never the other way round.
 """
 
 from __future__ import annotations
@@ -13,9 +15,42 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from bayesncl.core.configs import MethodConfig, ModelConfig
-    from bayesncl.core.model import ModelOutput
 
-__all__ = ["Batch", "Step", "LossTerm", "Statistic", "Key", "Part", "Head", "Method"]
+__all__ = [
+    "ModelOutput", "OUTPUTS", "GATE_OUTPUTS", "Batch", "Step", "LossTerm", "Statistic", "Key", "Part", "Head",
+    "Method",
+]
+
+
+@dataclass
+class ModelOutput:
+    """Everything one forward pass produces; shapes for a batch of B images, D = ``model.proj_dim``.
+
+    h: (B, H) backbone features; p: (B, D) raw projector output; z: (B, D) after φ (and TopK);
+    logits: (B, D) gate logits / τ_s or None; alpha: (B, D) noise-free σ(logits) or None;
+    mask: (B, D) gate mask (hard in forward) or None; z_tilde: (B, D) the features fed to InfoNCE,
+    which are also the evaluation features in eval mode (PAPER-NOTES §3); ipw_weights: (D,)
+    π^(-1/2) of ``method.ipw`` (the loss then runs on z ⊙ ipw_weights, z̃ stays normalize(z)) or None;
+    heads: each of the method's own heads' output by name (:class:`Head`), e.g. CE's logits (B, C).
+    Built by :meth:`bayesncl.core.head.ModelHead.project`.
+    """
+
+    h: Tensor
+    p: Tensor
+    z: Tensor
+    logits: Tensor | None
+    alpha: Tensor | None
+    mask: Tensor | None
+    z_tilde: Tensor
+    ipw_weights: Tensor | None = None
+    heads: dict[str, Tensor] = field(default_factory=dict)
+
+
+OUTPUTS: tuple[str, ...] = tuple(ModelOutput.__dataclass_fields__)
+"""The fields of :class:`ModelOutput` a :class:`LossTerm` may read (``LossTerm.inputs``); ``heads.NAME``
+names one head's output."""
+GATE_OUTPUTS: tuple[str, ...] = ("logits", "alpha", "mask")
+"""The outputs only a gate produces (None without one)."""
 
 
 @dataclass(frozen=True)
@@ -34,17 +69,22 @@ class Batch:
 class LossTerm:
     """One term of a method's loss: ``weight_value · fn(out, batch, method_cfg)``.
 
-    fn: a pure function of the :class:`~bayesncl.core.model.ModelOutput`, the :class:`Batch` and the
-    checked ``method.*`` config, returning a 0-d float32 tensor, a mean over this process's rows.
-    name: its statistic name (``step.terms[name]``); weight: the ``method.*`` key that weighs it
-    (None: 1, added unscaled); label: its name in messages (``InfoNCE``); reads: the other
-    ``method.*`` keys it reads (a key nothing reads gets a "has no effect" warning)."""
+    fn: a pure function of the :class:`ModelOutput`, the :class:`Batch` and the checked ``method.*``
+    config, returning a 0-d float32 tensor, a mean over this process's rows; the built-in terms call
+    a function of :mod:`bayesncl.core.losses` on the outputs they read. name: its statistic name
+    (``step.terms[name]``); weight: the ``method.*`` key that weighs it (None: 1, added unscaled);
+    label: its name in messages (``InfoNCE``); reads: the other ``method.*`` keys it reads (a key
+    nothing reads gets a "has no effect" warning); inputs: the :class:`ModelOutput` fields ``fn``
+    reads (:data:`OUTPUTS`, ``heads.NAME`` for one head's output; ``()``: not declared), checked when
+    the method registers (a name that is no output, a head the method lacks, a gate's output in a
+    method that cannot have a gate: one ConfigError line)."""
 
     name: str
     fn: Callable[[ModelOutput, Batch, MethodConfig], Tensor]
     weight: str | None = None
     label: str = ""
     reads: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,10 +156,11 @@ class Part:
 @dataclass(frozen=True)
 class Head:
     """A trainable module a method adds after φ, e.g. CE's classifier: ``build(D, classes)`` makes
-    it (D = ``model.proj_dim``, classes = the dataset's), the model runs it on the loss's raw
-    features (z, or z ⊙ m with a gate: :func:`bayesncl.core.model.raw_features`) in every forward
-    and its output is ``out.heads[name]``. Its parameters are ``heads.NAME.*``, trained with the
-    encoder's learning rate."""
+    it (D = ``model.proj_dim``, classes = the dataset's), the model head
+    (:class:`bayesncl.core.head.ModelHead`) runs it on the loss's raw features (z, or z ⊙ m with a
+    gate: :func:`bayesncl.core.parts.raw_features`) in every forward and its output is
+    ``out.heads[name]``. Its parameters are ``heads.NAME.*``, trained with the encoder's learning
+    rate, saved and resumed with the model."""
 
     build: Callable[[int, int], Any]
 

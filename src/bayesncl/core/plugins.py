@@ -2,7 +2,9 @@
 
 A plugin is a Python file that calls :func:`bayesncl.register_method` when imported (e.g.
 examples/ncl_l1.py; docs/extending.md). A run trained with one records the file in its run dir
-(``plugins.txt``) so that reloading the run without it says what is missing.
+(``plugins.txt``) so that reloading the run without it says what is missing. This module sits above
+the model (it checks a method on a real :class:`~bayesncl.core.head.ModelHead`), so the methods
+package below it never imports the model.
 """
 
 from __future__ import annotations
@@ -93,13 +95,13 @@ def register_checked(method: Method) -> Method:
 def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
     """Run each loss term (its own and its parts': a preset gate's λ·KL), the weighted loss with one
     backward pass, and each statistic of ``method`` (with its parts, its own heads and its keys'
-    defaults) on random model outputs of 2n rows × ``dim`` dimensions; raise ConfigError (one line) if
-    a term's weight is not a declared key, or one raises or returns anything but a 0-d tensor."""
-    import types
-
+    defaults) on the outputs of a :class:`~bayesncl.core.head.ModelHead` on random features, 2n rows
+    × ``dim`` dimensions; raise ConfigError (one line) if a term's weight is not a declared key, a
+    term declares an input the model cannot give it (:func:`~bayesncl.core.methods.registry.check_inputs`),
+    or a term or statistic raises or returns anything but a 0-d tensor."""
     import torch
 
-    from bayesncl.core.head import ContrastiveHead
+    from bayesncl.core.head import ModelHead
 
     model = ModelConfig(proj_dim=dim, proj_hidden=dim)
     presets = {**method.parts, **{k: key.default for k, key in method.keys.items()}}
@@ -111,18 +113,10 @@ def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
         except ConfigError as e:
             raise ConfigError(f"method {method.name!r}: its defaults fail its own check: {e}") from None
     registry.check_weights(method)  # before the weighted loss below reads them
+    registry.check_inputs(method)
     gen = torch.Generator().manual_seed(0)
     h = torch.randn(2 * n, dim, generator=gen)
-    registered = registry.METHODS.get(method.name)
-    registry.METHODS[method.name] = method  # its heads are built by name, as in a run
-    try:
-        head = ContrastiveHead(dim, types.SimpleNamespace(method=cfg, model=model), num_classes=2)
-    finally:
-        if registered is None:
-            del registry.METHODS[method.name]
-        else:
-            registry.METHODS[method.name] = registered
-    out = head.project(h)
+    out = ModelHead(dim, model, cfg, num_classes=2, spec=method).project(h)
     batch = Batch(labels=torch.arange(n) % 2, index=torch.arange(n), gather=False)
     terms, total = {}, None
     for term in registry.terms(cfg, method):
