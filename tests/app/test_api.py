@@ -27,8 +27,9 @@ def test_import_loads_no_torch() -> None:
     env = {"PYTHONPATH": str(src)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     names = (
-        "['ContrastiveHead', 'build_config', 'evaluate', 'finetune', 'load_encoder', 'load_plugin', "
-        "'methods', 'metrics', 'pretrain', 'register_method']"
+        "['CheckpointError', 'ConfigError', 'ContrastiveHead', 'DataError', 'EvalError', 'RunDirError', "
+        "'build_config', 'evaluate', 'finetune', 'load_encoder', 'load_plugin', 'methods', 'metrics', "
+        "'pretrain', 'register_method']"
     )
     assert out.stdout == f"False {names}\n"
 
@@ -53,6 +54,16 @@ def test_build_config_takes_overrides_then_a_recipe() -> None:
         bayesncl.build_config(["method.bogus=1"])
     with pytest.raises(AttributeError):
         bayesncl.bogus  # noqa: B018
+
+
+def test_the_one_line_errors_are_at_the_top_level() -> None:
+    """docs/api.md: a call raises the command line's one-line errors, catchable as ``bayesncl.ConfigError``,
+    ``bayesncl.DataError``, ... (all ValueError)."""
+    assert bayesncl.ConfigError is ConfigError and bayesncl.DataError is DataError
+    for name in ("ConfigError", "DataError", "EvalError", "RunDirError", "CheckpointError"):
+        assert issubclass(getattr(bayesncl, name), ValueError), name
+    with pytest.raises(bayesncl.ConfigError, match="method.ipw=true"):
+        bayesncl.build_config(["method.name=ncl-ipw", "method.gate=ste"])
 
 
 @pytest.mark.slow

@@ -167,7 +167,12 @@ class ContrastiveHead(ModelHead):
         batch, e.g. a padding ``DistributedSampler``: every view of the same index is then a
         positive (the authors' rule); without it row i's positive is row i+n, the same when no
         index repeats. ``labels``: (n,) class labels, for a supervised method (``needs_labels``:
-        ``ce``, ``supcon``, ...)."""
+        ``ce``, ``supcon``, ...; ConfigError, one line, if such a method gets none)."""
+        if labels is None and methods.get(self.method.name).needs_labels:
+            raise ConfigError(
+                f"method {self.method.name!r} learns from labels: pass them, head(h1, h2, labels=y) with "
+                "y (n,) the images' classes"
+            )
         out = self.project(torch.cat([h1, h2]))
         loss, terms = contrastive_loss(out, self.method, gather=gather, index=index, labels=labels)
         with torch.no_grad():
