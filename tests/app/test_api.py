@@ -244,6 +244,17 @@ def test_head_param_groups_put_the_gate_at_its_ratio_and_cover_every_parameter_o
     assert {g["name"].split("/")[0] for g in ncl.param_groups(0.1)} == {"projector"}
 
 
+def test_head_param_groups_take_a_set_gate_lr_as_a_run_does() -> None:
+    """``method.gate_lr`` > 0 (the CIFAR recipes' 0.1, the authors' fixed gating_head_lr) is the gating
+    head's lr, as :func:`bayesncl.core.optim.peak_lrs` gives a run; ``gate_lr_ratio`` was used instead."""
+    cfg = bayesncl.build_config(["model.proj_hidden=32"], config="cifar10-bayesncl")
+    assert cfg.method.gate_lr == 0.1
+    by_name = {g["name"]: g for g in bayesncl.ContrastiveHead(64, cfg).param_groups(lr=0.4)}
+    assert by_name["gating_head/weight"]["lr"] == pytest.approx(0.1)
+    assert by_name["gating_head/weight"]["lr_scale"] == pytest.approx(0.25)  # 0.1 / 0.4, for a schedule
+    assert by_name["projector/weight"]["lr"] == pytest.approx(0.4)
+
+
 @pytest.mark.slow
 def test_the_plain_loop_example_of_docs_api_md_runs(capsys: pytest.CaptureFixture[str]) -> None:
     plain = next(b for b in _doc_blocks() if "for step in range" in b)

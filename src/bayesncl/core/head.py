@@ -191,16 +191,20 @@ class ContrastiveHead(ModelHead):
 
     def param_groups(self, lr: float, weight_decay: float = 0.0) -> list[dict[str, Any]]:
         """Optimiser groups: the projector (and the method's heads) at ``lr`` and the gating head at
-        ``method.gate_lr_ratio`` × ``lr`` (paper Table 15); biases and norms without weight decay
-        (``weight_decay`` for the rest). Each group has ``name``, ``params``, ``lr``, ``weight_decay``
-        and ``lr_scale`` (its lr / ``lr``, to reapply a schedule: ``g["lr"] = scheduled * g["lr_scale"]``)."""
+        ``method.gate_lr`` where it is set (> 0; the authors' fixed ``gating_head_lr``, e.g. 0.1 in the
+        CIFAR recipes), else ``method.gate_lr_ratio`` × ``lr`` (paper Table 15), as a run's
+        :func:`bayesncl.core.optim.peak_lrs`; biases and norms without weight decay (``weight_decay``
+        for the rest). Each group has ``name``, ``params``, ``lr``, ``weight_decay`` and ``lr_scale``
+        (its lr / ``lr``, to reapply a schedule: ``g["lr"] = scheduled * g["lr_scale"]``)."""
+        m = self.method
+        gate_scale = m.gate_lr / lr if m.gate_lr > 0 else m.gate_lr_ratio
         groups: dict[str, dict[str, Any]] = {}
         for name, p in self.named_parameters():
             if not p.requires_grad:
                 continue
             part = "gating_head" if name.startswith("gating_head.") else "projector"
             kind = "plain" if p.ndim <= 1 or name.endswith(".bias") else "weight"
-            scale = self.method.gate_lr_ratio if part == "gating_head" else 1.0
+            scale = gate_scale if part == "gating_head" else 1.0
             g = groups.setdefault(f"{part}/{kind}", {
                 "name": f"{part}/{kind}", "params": [], "lr": lr * scale, "lr_scale": scale,
                 "weight_decay": weight_decay if kind == "weight" else 0.0,
