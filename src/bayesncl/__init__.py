@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 __all__ = [
-    "ContrastiveHead", "build_config", "evaluate", "finetune", "load_encoder", "load_plugin", "metrics",
-    "methods", "pretrain", "register_method",
+    "CheckpointError", "ConfigError", "ContrastiveHead", "DataError", "EvalError", "RunDirError",
+    "build_config", "evaluate", "finetune", "load_encoder", "load_plugin", "metrics", "methods", "pretrain",
+    "register_method",
 ]
 
 _LAZY = {  # name -> (module, attribute; None for the module itself)
@@ -38,6 +39,12 @@ _LAZY = {  # name -> (module, attribute; None for the module itself)
     "methods": ("bayesncl.core.methods", None),  # Method, LossTerm, Statistic, Key, INFO_NCE, ...
     "register_method": ("bayesncl.core.plugins", "register_checked"),
     "load_plugin": ("bayesncl.core.plugins", "load_plugin"),
+    # the one-line errors a call raises (all ValueError; docs/api.md, docs/bad-inputs.md)
+    "ConfigError": ("bayesncl.core.configs", "ConfigError"),
+    "DataError": ("bayesncl.data.sources", "DataError"),
+    "EvalError": ("bayesncl.metrics.inputs", "EvalError"),
+    "RunDirError": ("bayesncl.runs.messages", "RunDirError"),
+    "CheckpointError": ("bayesncl.runs.safe_load", "CheckpointError"),
 }
 
 

@@ -27,8 +27,9 @@ def test_import_loads_no_torch() -> None:
     env = {"PYTHONPATH": str(src)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     names = (
-        "['ContrastiveHead', 'build_config', 'evaluate', 'finetune', 'load_encoder', 'load_plugin', "
-        "'methods', 'metrics', 'pretrain', 'register_method']"
+        "['CheckpointError', 'ConfigError', 'ContrastiveHead', 'DataError', 'EvalError', 'RunDirError', "
+        "'build_config', 'evaluate', 'finetune', 'load_encoder', 'load_plugin', 'methods', 'metrics', "
+        "'pretrain', 'register_method']"
     )
     assert out.stdout == f"False {names}\n"
 
@@ -53,6 +54,16 @@ def test_build_config_takes_overrides_then_a_recipe() -> None:
         bayesncl.build_config(["method.bogus=1"])
     with pytest.raises(AttributeError):
         bayesncl.bogus  # noqa: B018
+
+
+def test_the_one_line_errors_are_at_the_top_level() -> None:
+    """docs/api.md: a call raises the command line's one-line errors, catchable as ``bayesncl.ConfigError``,
+    ``bayesncl.DataError``, ... (all ValueError)."""
+    assert bayesncl.ConfigError is ConfigError and bayesncl.DataError is DataError
+    for name in ("ConfigError", "DataError", "EvalError", "RunDirError", "CheckpointError"):
+        assert issubclass(getattr(bayesncl, name), ValueError), name
+    with pytest.raises(bayesncl.ConfigError, match="method.ipw=true"):
+        bayesncl.build_config(["method.name=ncl-ipw", "method.gate=ste"])
 
 
 @pytest.mark.slow
@@ -231,6 +242,17 @@ def test_head_param_groups_put_the_gate_at_its_ratio_and_cover_every_parameter_o
     assert sorted(ids) == sorted(id(p) for p in head.parameters()) and len(set(ids)) == len(ids)
     ncl = bayesncl.ContrastiveHead(64, bayesncl.build_config(["method.name=ncl"]))
     assert {g["name"].split("/")[0] for g in ncl.param_groups(0.1)} == {"projector"}
+
+
+def test_head_param_groups_take_a_set_gate_lr_as_a_run_does() -> None:
+    """``method.gate_lr`` > 0 (the CIFAR recipes' 0.1, the authors' fixed gating_head_lr) is the gating
+    head's lr, as :func:`bayesncl.core.optim.peak_lrs` gives a run; ``gate_lr_ratio`` was used instead."""
+    cfg = bayesncl.build_config(["model.proj_hidden=32"], config="cifar10-bayesncl")
+    assert cfg.method.gate_lr == 0.1
+    by_name = {g["name"]: g for g in bayesncl.ContrastiveHead(64, cfg).param_groups(lr=0.4)}
+    assert by_name["gating_head/weight"]["lr"] == pytest.approx(0.1)
+    assert by_name["gating_head/weight"]["lr_scale"] == pytest.approx(0.25)  # 0.1 / 0.4, for a schedule
+    assert by_name["projector/weight"]["lr"] == pytest.approx(0.4)
 
 
 @pytest.mark.slow

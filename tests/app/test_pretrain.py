@@ -143,3 +143,21 @@ def test_help_lists_every_key(capsys: pytest.CaptureFixture[str]) -> None:
     for key in ("method.rho=0.8", "method.lam=3e-05", "data.root=None", "train.epochs=200", "seed=0",
                 "train.checkpoint_every=10"):
         assert key in out
+
+
+def test_the_epoch_line_shows_a_percent_statistic_in_percent_as_log_csv(registry: None) -> None:
+    """A method's ``Statistic(short=..., percent=True)`` is × 100 on the progress bar and the epoch line,
+    as in log.csv (it showed the fraction: ``act 0.56`` beside ``z_active`` 55.9 in log.csv)."""
+    import dataclasses
+
+    import bayesncl
+    from bayesncl.app.train import _shown
+    from bayesncl.core import methods
+
+    active = methods.Statistic("z_active", lambda step: (step.out.z > 0).float().mean(), short="act",
+                               percent=True)
+    bayesncl.register_method(dataclasses.replace(methods.get("ncl"), name="ncl-act", source=None,
+                                                 stats=(*methods.get("ncl").stats, active)))
+    cfg = build_config(overrides=["method.name=ncl-act"])
+    assert _shown(cfg, {"loss": 4.5, "info_nce": 4.5, "z_active": 0.56}) == pytest.approx(
+        {"loss": 4.5, "InfoNCE": 4.5, "act": 56.0})

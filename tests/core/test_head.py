@@ -135,6 +135,7 @@ TERM = "method 'test-inputs': its loss term 'extra' reads out."
     (("zz",), True, "zz, which is no model output (expected one of h, p, z, logits, alpha, mask, z_tilde, "
                     "ipw_weights, heads, or heads.NAME)"),
     (("z.x",), True, "z.x, which is no model output"),
+    (("heads.",), True, "heads., which is no model output"),
     (("heads.cls",), True, "heads.cls, a head the method does not declare (its heads: none)"),
     (("alpha",), False, "alpha, a gate's output, but the method cannot have a gate (gateable=False)"),
 ])  # fmt: skip
@@ -153,3 +154,52 @@ def test_a_term_reading_an_output_the_model_cannot_give_is_refused_at_registrati
                              heads={"cls": methods.Head(lambda d, c: nn.Linear(d, c))})
     bayesncl.register_method(ok)  # the same names, declared right
     assert methods.get("test-inputs").terms[1].inputs == ("z", "heads.cls")
+
+
+@pytest.mark.parametrize("inputs", ["z_tilde", None, ("z", 1)])
+def test_inputs_that_are_not_a_tuple_of_names_are_refused(registry: None, inputs: Any) -> None:
+    """``inputs="z_tilde"`` (a string, not a tuple) is named as such, not read letter by letter
+    (it said "reads out._, which is no model output")."""
+    term = methods.LossTerm("extra", lambda out, batch, m: out.z.sum() * 0, inputs=inputs)
+    method = methods.Method("test-inputs", terms=(methods.INFO_NCE, term), stats=methods.CONTRASTIVE_STATS)
+    with pytest.raises(ConfigError) as e:
+        bayesncl.register_method(method)
+    assert str(e.value) == (f"method 'test-inputs': its loss term 'extra' has inputs={inputs!r}; expected a "
+                            "tuple of output names, e.g. inputs=('z_tilde',)")
+
+
+class _Raises(nn.Module):
+    def __init__(self, dim: int, classes: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("shape mismatch\nsecond line")
+
+
+@pytest.mark.parametrize(("build", "raised"), [
+    (lambda d, c: 1 / 0, "ZeroDivisionError on a test batch: division by zero"),
+    (lambda d, c: 42, "TypeError on a test batch: int is not a Module subclass"),
+    (_Raises, "RuntimeError on a test batch: shape mismatch"),
+])  # fmt: skip
+def test_a_head_that_fails_is_refused_in_one_line_naming_it(registry: None, build: Any, raised: str) -> None:
+    """A ``Head`` whose build or forward raises: one ConfigError line from ``bayesncl.register_method``
+    naming the method and its heads (it escaped as the head's own exception)."""
+    term = methods.LossTerm("cls", lambda out, batch, m: out.heads["cls"].mean(), inputs=("heads.cls",))
+    method = methods.Method("test-head", terms=(methods.INFO_NCE, term), stats=methods.CONTRASTIVE_STATS,
+                            heads={"cls": methods.Head(build)})
+    with pytest.raises(ConfigError) as e:
+        bayesncl.register_method(method)
+    assert str(e.value) == f"method 'test-head': its model head (heads: cls) raises {raised}"
+    assert "test-head" not in methods.METHODS
+
+
+@pytest.mark.parametrize("name", ["supcon", "ce"])
+def test_contrastive_head_of_a_supervised_method_without_labels_is_one_line(name: str) -> None:
+    """``head(h1, h2)`` for a method that learns from labels: a ConfigError saying how to pass them
+    (it was a bare AssertionError inside the loss term)."""
+    head = bayesncl.ContrastiveHead(6, _config(name), num_classes=3)
+    with pytest.raises(ConfigError) as e:
+        head(torch.randn(4, 6), torch.randn(4, 6))
+    assert str(e.value) == (f"method {name!r} learns from labels: pass them, head(h1, h2, labels=y) with "
+                            "y (n,) the images' classes")

@@ -150,6 +150,9 @@ def test_bad_plugins_are_one_line(registry: None, tmp_path: Path, capsys: pytest
         "X14": _plugin(tmp_path, "inputs.py", "bayesncl.register_method(m.Method('ncl-inputs', "
                        "terms=(m.INFO_NCE, m.LossTerm('cls', lambda out, batch, cfg: out.z.mean(), "
                        "inputs=('heads.cls',))), stats=m.CONTRASTIVE_STATS))\n"),
+        "X15": _plugin(tmp_path, "head.py", "bayesncl.register_method(m.Method('ncl-head', "
+                       "terms=(m.INFO_NCE,), stats=m.CONTRASTIVE_STATS, "
+                       "heads={'cls': m.Head(lambda d, c: 42)}))\n"),
     }
     for row, path in cases.items():
         assert main(["pretrain", "--plugin", str(path), *SMALL]) == 2, row

@@ -351,8 +351,10 @@ def _progress(loader: Any, epoch: int, cfg: Config, world: distributed.World, in
 
 def _shown(cfg: Config, means: dict[str, float]) -> dict[str, float]:
     """The logged statistics the progress bar and the epoch line show (``Statistic.short``), by short
-    name (a gate's only with one: a run without a gate does not log them)."""
-    return {s.short: means[s.name] for s in methods.get(cfg.method.name).stats if s.short and s.name in means}
+    name (a gate's only with one: a run without a gate does not log them); a ``percent`` one × 100, as
+    log.csv has it."""
+    return {s.short: 100 * means[s.name] if s.percent else means[s.name]
+            for s in methods.get(cfg.method.name).stats if s.short and s.name in means}
 
 
 def _alarms(cfg: Config, means: dict[str, float]) -> None:

@@ -126,7 +126,7 @@ def forward_loss(
     x1, x2: (n, C, S, S) the two views of n images; y: (n,) labels, read by the online probe and by
     the terms of a supervised method (``labeled``: False where y carries none). The loss is the
     method's over the 2n local rows (under DDP the negatives are gathered from every rank, see
-    :func:`bayesncl.core.model.contrastive_loss`) plus the probe's cross-entropy on sg(h). Each
+    :func:`bayesncl.core.head.contrastive_loss`) plus the probe's cross-entropy on sg(h). Each
     term is a mean over local rows, so DDP's gradient average is the global mean.
     index: (n,) dataset indices: the views of one image are all positives (a repeated image).
     """

@@ -167,7 +167,12 @@ class ContrastiveHead(ModelHead):
         batch, e.g. a padding ``DistributedSampler``: every view of the same index is then a
         positive (the authors' rule); without it row i's positive is row i+n, the same when no
         index repeats. ``labels``: (n,) class labels, for a supervised method (``needs_labels``:
-        ``ce``, ``supcon``, ...)."""
+        ``ce``, ``supcon``, ...; ConfigError, one line, if such a method gets none)."""
+        if labels is None and methods.get(self.method.name).needs_labels:
+            raise ConfigError(
+                f"method {self.method.name!r} learns from labels: pass them, head(h1, h2, labels=y) with "
+                "y (n,) the images' classes"
+            )
         out = self.project(torch.cat([h1, h2]))
         loss, terms = contrastive_loss(out, self.method, gather=gather, index=index, labels=labels)
         with torch.no_grad():
@@ -186,16 +191,20 @@ class ContrastiveHead(ModelHead):
 
     def param_groups(self, lr: float, weight_decay: float = 0.0) -> list[dict[str, Any]]:
         """Optimiser groups: the projector (and the method's heads) at ``lr`` and the gating head at
-        ``method.gate_lr_ratio`` × ``lr`` (paper Table 15); biases and norms without weight decay
-        (``weight_decay`` for the rest). Each group has ``name``, ``params``, ``lr``, ``weight_decay``
-        and ``lr_scale`` (its lr / ``lr``, to reapply a schedule: ``g["lr"] = scheduled * g["lr_scale"]``)."""
+        ``method.gate_lr`` where it is set (> 0; the authors' fixed ``gating_head_lr``, e.g. 0.1 in the
+        CIFAR recipes), else ``method.gate_lr_ratio`` × ``lr`` (paper Table 15), as a run's
+        :func:`bayesncl.core.optim.peak_lrs`; biases and norms without weight decay (``weight_decay``
+        for the rest). Each group has ``name``, ``params``, ``lr``, ``weight_decay`` and ``lr_scale``
+        (its lr / ``lr``, to reapply a schedule: ``g["lr"] = scheduled * g["lr_scale"]``)."""
+        m = self.method
+        gate_scale = m.gate_lr / lr if m.gate_lr > 0 else m.gate_lr_ratio
         groups: dict[str, dict[str, Any]] = {}
         for name, p in self.named_parameters():
             if not p.requires_grad:
                 continue
             part = "gating_head" if name.startswith("gating_head.") else "projector"
             kind = "plain" if p.ndim <= 1 or name.endswith(".bias") else "weight"
-            scale = self.method.gate_lr_ratio if part == "gating_head" else 1.0
+            scale = gate_scale if part == "gating_head" else 1.0
             g = groups.setdefault(f"{part}/{kind}", {
                 "name": f"{part}/{kind}", "params": [], "lr": lr * scale, "lr_scale": scale,
                 "weight_decay": weight_decay if kind == "weight" else 0.0,

@@ -98,7 +98,8 @@ def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
     defaults) on the outputs of a :class:`~bayesncl.core.head.ModelHead` on random features, 2n rows
     × ``dim`` dimensions; raise ConfigError (one line) if a term's weight is not a declared key, a
     term declares an input the model cannot give it (:func:`~bayesncl.core.methods.registry.check_inputs`),
-    or a term or statistic raises or returns anything but a 0-d tensor."""
+    one of its heads (``Head.build`` or the module it builds) raises, or a term or statistic raises or
+    returns anything but a 0-d tensor."""
     import torch
 
     from bayesncl.core.head import ModelHead
@@ -116,7 +117,12 @@ def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
     registry.check_inputs(method)
     gen = torch.Generator().manual_seed(0)
     h = torch.randn(2 * n, dim, generator=gen)
-    out = ModelHead(dim, model, cfg, num_classes=2, spec=method).project(h)
+    try:  # a Head's build or forward is the user's code too
+        out = ModelHead(dim, model, cfg, num_classes=2, spec=method).project(h)
+    except Exception as e:  # noqa: BLE001 - a user's function may raise anything
+        heads = ", ".join(method.heads) or "none"
+        message = f"method {method.name!r}: its model head (heads: {heads}) raises {_raised(e)}"
+        raise ConfigError(message) from None
     batch = Batch(labels=torch.arange(n) % 2, index=torch.arange(n), gather=False)
     terms, total = {}, None
     for term in registry.terms(cfg, method):
@@ -139,13 +145,15 @@ def _run(method: Method, what: str, fn: object) -> object:
     try:
         value = fn()  # type: ignore[operator]
     except Exception as e:  # noqa: BLE001 - a user's function may raise anything
-        text = str(e).strip().splitlines()
-        raise ConfigError(
-            f"method {method.name!r}: its {what} raises {type(e).__name__} on a test batch"
-            f"{': ' + text[0] if text else ''}"
-        ) from None
+        raise ConfigError(f"method {method.name!r}: its {what} raises {_raised(e)}") from None
     if not isinstance(value, torch.Tensor) or value.ndim != 0:
         tensor = isinstance(value, torch.Tensor)
         got = f"a tensor of shape {tuple(value.shape)}" if tensor else type(value).__name__
         raise ConfigError(f"method {method.name!r}: its {what} returns {got}, expected a scalar (0-d tensor)")
     return value
+
+
+def _raised(e: BaseException) -> str:
+    """``TypeName on a test batch: the first line of its message`` (no message: no colon)."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__} on a test batch{': ' + text[0] if text else ''}"

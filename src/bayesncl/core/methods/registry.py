@@ -69,12 +69,17 @@ def check_inputs(method: Method) -> None:
     """ConfigError (one line) if a loss term declares an input (``LossTerm.inputs``) that is no
     :class:`~bayesncl.core.methods.spec.ModelOutput` field, names a head (``heads.NAME``) the
     method does not declare, or is a gate's output (:data:`~bayesncl.core.methods.spec.GATE_OUTPUTS`)
-    while the method cannot have a gate (``gateable=False``: the gate's outputs are always None)."""
+    while the method cannot have a gate (``gateable=False``: the gate's outputs are always None); or
+    if ``inputs`` is not a tuple (list) of such names (a bare string, ``inputs="z"``)."""
     for term in method.terms:
+        if not isinstance(term.inputs, tuple | list) or not all(isinstance(n, str) for n in term.inputs):
+            own = f"method {method.name!r}: its loss term {term.name!r}"
+            raise ConfigError(f"{own} has inputs={term.inputs!r}; expected a tuple of output names, e.g. "
+                              "inputs=('z_tilde',)")
         for name in term.inputs:
             where = f"method {method.name!r}: its loss term {term.name!r} reads out.{name}"
-            field, _, head = name.partition(".")
-            if field not in OUTPUTS or (head and field != "heads"):
+            field, dot, head = name.partition(".")
+            if field not in OUTPUTS or (dot and (field != "heads" or not head)):
                 raise ConfigError(f"{where}, which is no model output (expected one of {', '.join(OUTPUTS)}, "
                                   "or heads.NAME)")
             if head and head not in method.heads:

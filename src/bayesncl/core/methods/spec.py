@@ -74,10 +74,10 @@ class LossTerm:
     a function of :mod:`bayesncl.core.losses` on the outputs they read. name: its statistic name
     (``step.terms[name]``); weight: the ``method.*`` key that weighs it (None: 1, added unscaled);
     label: its name in messages (``InfoNCE``); reads: the other ``method.*`` keys it reads (a key
-    nothing reads gets a "has no effect" warning); inputs: the :class:`ModelOutput` fields ``fn``
-    reads (:data:`OUTPUTS`, ``heads.NAME`` for one head's output; ``()``: not declared), checked when
-    the method registers (a name that is no output, a head the method lacks, a gate's output in a
-    method that cannot have a gate: one ConfigError line)."""
+    nothing reads gets a "has no effect" warning); inputs: a tuple of the :class:`ModelOutput` fields
+    ``fn`` reads (:data:`OUTPUTS`, ``heads.NAME`` for one head's output; ``()``: not declared), checked
+    when the method registers (a bare string, a name that is no output, a head the method lacks, a
+    gate's output in a method that cannot have a gate: one ConfigError line)."""
 
     name: str
     fn: Callable[[ModelOutput, Batch, MethodConfig], Tensor]
