@@ -158,6 +158,16 @@ def test_bad_plugins_are_one_line(registry: None, tmp_path: Path, capsys: pytest
         assert main(["pretrain", "--plugin", str(path), *SMALL]) == 2, row
         expect(row, capsys.readouterr().err, tmp_path)
     assert len(methods.METHODS) == len(methods.BUILT_IN)  # nothing of a failed plugin stays registered
+    # X16: a method that registers (its preset gate gives α) but fails on the run's settings (no gate):
+    # refused when the config is checked, before a run dir
+    gated = _plugin(tmp_path, "gated.py", "bayesncl.register_method(m.Method('ncl-alpha', gate='ste', "
+                    "terms=(m.INFO_NCE, m.LossTerm('am', lambda out, batch, cfg: out.alpha.mean(), "
+                    "inputs=('alpha',))), stats=m.CONTRASTIVE_STATS))\n")
+    run = tmp_path / "run"
+    assert main(["pretrain", "--plugin", str(gated), *SMALL, "method.name=ncl-alpha", "method.gate=none",
+                 "--run-dir", str(run)]) == 2  # fmt: skip
+    expect("X16", capsys.readouterr().err, tmp_path)
+    assert not run.exists()
     twin = "bayesncl.register_method(m.Method('twin', terms=(m.INFO_NCE,), stats=m.CONTRASTIVE_STATS))"
     a, b = (_plugin(tmp_path, f"twin_{x}.py", twin + "\n") for x in "ab")
     assert main(["pretrain", "--plugin", str(a), "--plugin", str(b), *SMALL]) == 2

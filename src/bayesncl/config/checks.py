@@ -147,6 +147,10 @@ def validate(cfg: Config) -> None:
     _check_backbone(cfg.model)
     _check_eval_data(cfg)
     methods.check(cfg.method, cfg.model)
+    if methods.get(cfg.method.name).source is not None:  # a user's method: run on this run's settings too
+        from bayesncl.core.plugins import check_method
+
+        check_method(methods.get(cfg.method.name), run=cfg.method)
     _check(
         not (methods.get(cfg.method.name).needs_labels and cfg.data.labels == "none"),
         f"method.name={cfg.method.name} learns from labels: it cannot train with data.labels=none",

@@ -92,64 +92,73 @@ def register_checked(method: Method) -> Method:
     return registry.register_method(method)
 
 
-def check_method(method: Method, n: int = 4, dim: int = 8) -> None:
+def check_method(method: Method, n: int = 4, dim: int = 8, run: MethodConfig | None = None) -> None:
     """Run each loss term (its own and its parts': a preset gate's λ·KL), the weighted loss with one
     backward pass, and each statistic of ``method`` (with its parts, its own heads and its keys'
-    defaults) on the outputs of a :class:`~bayesncl.core.head.ModelHead` on random features, 2n rows
-    × ``dim`` dimensions; raise ConfigError (one line) if a term's weight is not a declared key, a
+    defaults; ``run``: with a run's checked ``method.*`` settings instead, e.g. ``method.gate=none``)
+    on the outputs of a :class:`~bayesncl.core.head.ModelHead` on random features, 2n rows ×
+    ``dim`` dimensions; raise ConfigError (one line) if a term's weight is not a declared key, a
     term declares an input the model cannot give it (:func:`~bayesncl.core.methods.registry.check_inputs`),
     one of its heads (``Head.build`` or the module it builds) raises, or a term or statistic raises or
     returns anything but a 0-d tensor."""
+    import dataclasses
+
     import torch
 
     from bayesncl.core.head import ModelHead
 
     model = ModelConfig(proj_dim=dim, proj_hidden=dim)
-    presets = {**method.parts, **{k: key.default for k, key in method.keys.items()}}
-    cfg = MethodConfig(name=method.name, **{k: v for k, v in presets.items() if k not in method.keys},
-                       own={k: key.default for k, key in method.keys.items()})
-    if method.check is not None:
-        try:
-            method.check(cfg, model)
-        except ConfigError as e:
-            raise ConfigError(f"method {method.name!r}: its defaults fail its own check: {e}") from None
-    registry.check_weights(method)  # before the weighted loss below reads them
-    registry.check_inputs(method)
+    if run is None:
+        presets = {**method.parts, **{k: key.default for k, key in method.keys.items()}}
+        cfg = MethodConfig(name=method.name, **{k: v for k, v in presets.items() if k not in method.keys},
+                           own={k: key.default for k, key in method.keys.items()})
+        if method.check is not None:
+            try:
+                method.check(cfg, model)
+            except ConfigError as e:
+                raise ConfigError(f"method {method.name!r}: its defaults fail its own check: {e}") from None
+        registry.check_weights(method)  # before the weighted loss below reads them
+        registry.check_inputs(method)
+    else:  # a run's settings (checked by then): the gate's width is the test's, whatever the run's
+        cfg = dataclasses.replace(run, gate_hidden=0)
+    changed = [f"method.{k}={getattr(cfg, k)}" for k, v in method.parts.items() if getattr(cfg, k) != v]
+    who = f"method {method.name!r}" + (f" with {', '.join(changed)}" if changed else "")
     gen = torch.Generator().manual_seed(0)
     h = torch.randn(2 * n, dim, generator=gen)
     try:  # a Head's build or forward is the user's code too
         out = ModelHead(dim, model, cfg, num_classes=2, spec=method).project(h)
     except Exception as e:  # noqa: BLE001 - a user's function may raise anything
         heads = ", ".join(method.heads) or "none"
-        message = f"method {method.name!r}: its model head (heads: {heads}) raises {_raised(e)}"
+        message = f"{who}: its model head (heads: {heads}) raises {_raised(e)}"
         raise ConfigError(message) from None
     batch = Batch(labels=torch.arange(n) % 2, index=torch.arange(n), gather=False)
     terms, total = {}, None
     for term in registry.terms(cfg, method):
-        value = _run(method, f"loss term {term.name!r}", lambda t=term: t.fn(out, batch, cfg))
+        value = _run(who, f"loss term {term.name!r}", lambda t=term: t.fn(out, batch, cfg))
         terms[term.name] = value.detach()
         weighted = value if term.weight is None else getattr(cfg, term.weight) * value
         total = weighted if total is None else total + weighted
     if total is not None and total.requires_grad:  # the weighted loss, as a run sums it, and its backward
-        _run(method, "weighted loss's backward pass", lambda: (total.backward(), total.detach())[1])
+        _run(who, "weighted loss's backward pass", lambda: (total.backward(), total.detach())[1])
     step = Step(terms[method.terms[0].name], terms, out, torch.randn(2 * n, 2, generator=gen),
                 torch.cat([batch.labels, batch.labels]), cfg)
     for stat in method.stats:
-        if method.gated or not stat.gated:  # a gate's statistics are logged only with one
-            _run(method, f"statistic {stat.name!r}", lambda s=stat: s.fn(step))
+        if cfg.gate != "none" or not stat.gated:  # a gate's statistics are logged only with one
+            _run(who, f"statistic {stat.name!r}", lambda s=stat: s.fn(step))
 
 
-def _run(method: Method, what: str, fn: object) -> object:
+def _run(who: str, what: str, fn: object) -> object:
+    """``fn()``, a 0-d tensor, or ConfigError ``{who}: its {what} raises ...`` (or returns ...)."""
     import torch
 
     try:
         value = fn()  # type: ignore[operator]
     except Exception as e:  # noqa: BLE001 - a user's function may raise anything
-        raise ConfigError(f"method {method.name!r}: its {what} raises {_raised(e)}") from None
+        raise ConfigError(f"{who}: its {what} raises {_raised(e)}") from None
     if not isinstance(value, torch.Tensor) or value.ndim != 0:
         tensor = isinstance(value, torch.Tensor)
         got = f"a tensor of shape {tuple(value.shape)}" if tensor else type(value).__name__
-        raise ConfigError(f"method {method.name!r}: its {what} returns {got}, expected a scalar (0-d tensor)")
+        raise ConfigError(f"{who}: its {what} returns {got}, expected a scalar (0-d tensor)")
     return value
 
 
