@@ -18,7 +18,8 @@
 # leave out), so that the table trains them again; a run whose reproduce.json caches what the table
 # reads stays, and is reused. Store: $STORE (default ~/bayesncl-store; a relative one: from where the
 # script is started, though it runs in the repository). Run it with the package
-# importable (`pip install -e .`, or PYTHONPATH=src) and nothing else on the cores.
+# importable (`pip install -e .`, or PYTHONPATH=src) and nothing else on the cores; beside other work, start it
+# with OMP_NUM_THREADS=1 (docs/decisions.md, "The queue at one thread while the cores are shared").
 set -uo pipefail
 STORE="${STORE:-$HOME/bayesncl-store}"
 case $STORE in /*) ;; *) STORE="$PWD/$STORE" ;; esac  # a relative one: where the script was started
@@ -60,10 +61,11 @@ QUEUE=(
     "1 $L @BEST@"
     "3 $L @BEST@"
     "headline $L model.backbone=resnet18 model.cifar_stem=false train.epochs=50 train.warmup_epochs=5 @BEST@"
-    # issue 47 item 7: the figures that exist only at the 3-epoch budget; Table 5 (ResNet-50) at the longest
-    # budget that fits ~10 min a run in fp32 here (~5 epochs of the 10,000 images; docs/decisions.md)
+    # issue 47 item 7: the figures that exist only at the 3-epoch budget; Table 5 (ResNet-50 with the 3-epoch
+    # table's ImageNet stem: the CIFAR stem costs ~20x at 28 px) at the longest budget that fits ~10 min a run
+    # in fp32 here, 10 epochs of the 10,000 images (docs/decisions.md, "Long CPU recipe")
     "fig3 $L" "fig4a $L" "ncl-sepin $L"
-    "5 $L train.epochs=5 train.warmup_epochs=0.5"
+    "5 $L model.cifar_stem=false train.epochs=10 train.warmup_epochs=1"
     "ncl-supervised $L" "ncl-sparsity $L"
 )
 
