@@ -26,7 +26,13 @@ from bayesncl.config import build_config
 from bayesncl.config.parse import diff_configs
 from bayesncl.core import methods
 from bayesncl.core.distributed import World
-from bayesncl.core.engine import compile_plan, compiled_loss, contrastive_loss_fn, train_step, wrap_for_training
+from bayesncl.core.engine import (
+    compile_plan,
+    compiled_loss,
+    contrastive_loss_fn,
+    train_step,
+    wrap_for_training,
+)
 from bayesncl.core.model import build_model
 from bayesncl.core.optim import build_optimizer, param_groups, peak_lrs
 from bayesncl.runs.safe_load import load_checkpoint_file

@@ -302,7 +302,7 @@ def finetuning_job(cfg: Config, model: ContrastiveModel, info: Any, world_size: 
         name=f"finetune {cfg.method.name}", stats=FINETUNE_STATS,
         build_model=lambda: _prepare(model, cfg, info.num_classes),
         param_groups=lambda m: finetune_groups(m, cfg, cfg.train.batch_size * world_size),
-        schedule=lambda steps: _schedule(cfg, steps), loss_fn=finetune_loss_fn, forward=FinetuneForward,
+        schedule=lambda steps: _schedule(cfg, steps), make_loss_fn=finetune_loss_fn, forward=FinetuneForward,
         loader_options={"crop_flip_only": True},
     )  # fmt: skip
 

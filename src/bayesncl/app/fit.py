@@ -55,7 +55,7 @@ class Job:
     build_model: Callable[[], ContrastiveModel]  # the model to train (on the CPU), after the seeds are set
     param_groups: Callable[[ContrastiveModel], list[dict[str, Any]]]  # the optimiser's (core.optim)
     schedule: Callable[[int], LrSchedule | StepSchedule]  # the lr schedule, from the steps per epoch
-    loss_fn: Callable[[Any, bool], LossFn]  # (autocast or None, channels_last) -> the step's loss
+    make_loss_fn: Callable[[Any, bool], LossFn]  # (autocast or None, channels_last) -> the step's loss
     forward: type[nn.Module] = TrainForward  # what DDP wraps around the model (core.engine)
     terms: tuple[LossTerm, ...] = ()  # the loss terms a non-finite loss's message names
     loader_options: Mapping[str, Any] = field(default_factory=dict)  # build_train_loader's other keywords
@@ -67,7 +67,7 @@ class Job:
     on_start: Callable[[int, int], OnSync | None] | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class Progress:
     """The progress bar of a run's epochs: on rank 0 with ``train.progress``, a tqdm bar over each
     epoch's batches (erased at its end) whose postfix is the running means of the statistics with a
@@ -93,7 +93,7 @@ class Progress:
     def show(self, means: dict[str, float]) -> None:
         """The running ``means`` (by statistic name) on the bar."""
         if self.bar is not None:
-            self.bar.set_postfix({k: f"{v:.3f}" for k, v in shown(self.stats, means).items()})
+            self.bar.set_postfix(shown(self.stats, means, digits=3))
 
 
 def fit(cfg: Config, run: RunDir, job: Job) -> ContrastiveModel:
@@ -138,7 +138,7 @@ def fit(cfg: Config, run: RunDir, job: Job) -> ContrastiveModel:
     autocast = torch.autocast(device.type, dtype=precision.dtype) if precision.dtype is not None else None
     training = Training(
         wrap_for_training(model, cfg, world, job.forward), optimizer, scaler,
-        compiled_loss(cfg, world, job.loss_fn(autocast, precision.channels_last)), schedule, device,
+        compiled_loss(cfg, world, job.make_loss_fn(autocast, precision.channels_last)), schedule, device,
         world.distributed, job.terms,
     )
     progress = Progress(job.name, cfg.train.epochs, job.stats, cfg.train.progress and world.is_main)
@@ -221,10 +221,13 @@ def _check_weights(model: ContrastiveModel, cfg: Config, run: RunDir, epoch: int
 
 
 # ----------------------------------------------------------------------------- what the user sees
-def shown(stats: Sequence[Statistic], means: Mapping[str, float]) -> dict[str, float]:
-    """The statistics the progress bar and the epoch line show (``Statistic.short``), by short name
-    (a percent one × 100)."""
-    return {s.short: means[s.name] * (100 if s.percent else 1) for s in stats if s.short and s.name in means}
+def shown(stats: Sequence[Statistic], means: Mapping[str, float], digits: int = 2) -> dict[str, str]:
+    """The statistics the progress bar and the epoch line show (``Statistic.short``), by short name,
+    with ``digits`` decimals (a percent one: × 100, one decimal and ``%``)."""
+    return {
+        s.short: f"{100 * means[s.name]:.1f} %" if s.percent else f"{means[s.name]:.{digits}f}"
+        for s in stats if s.short and s.name in means
+    }
 
 
 def _alarms(stats: Sequence[Statistic], means: Mapping[str, float]) -> None:
@@ -240,7 +243,7 @@ def epoch_line(
 ) -> str:
     """``ncl epoch 2/3: loss 5.43 InfoNCE 5.42 KL 8.86 open 0.04 | 32.1 s, ETA 0:01:05`` (``done``: 2;
     ``seconds``: the epoch's training time; ``per_epoch``: the mean time of this launch's epochs)."""
-    values = " ".join(f"{k} {v:.2f}" for k, v in shown(stats, means).items())
+    values = " ".join(f"{k} {v}" for k, v in shown(stats, means).items())
     eta = clock(per_epoch * (epochs - done))
     return f"{name} epoch {done}/{epochs}: {values} | {seconds:.1f} s, ETA {eta}"
 

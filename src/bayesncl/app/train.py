@@ -165,7 +165,7 @@ def pretraining_job(cfg: Config, world: distributed.World, facts: RunFacts) -> J
         name=cfg.method.name, stats=method.logged(cfg.method),
         build_model=lambda: build_model(cfg, info.channels, info.image_size, info.num_classes),
         param_groups=lambda model: param_groups(model, cfg, facts.peak_lrs), schedule=schedule,
-        loss_fn=loss_fn, terms=methods.terms(cfg.method, method), loader_options={"info": info},
+        make_loss_fn=loss_fn, terms=methods.terms(cfg.method, method), loader_options={"info": info},
         labeled=info.labeled, heldout=build_heldout(cfg, info) if world.is_main else None,
         heldout_columns=tuple(heldout_fields(gated)), on_start=partial(_time_notes, cfg, world),
     )  # fmt: skip

@@ -239,10 +239,11 @@ def _on_step_log(step: int, means: dict[str, float], lr: float) -> None:
     return None
 
 
-@dataclass
+@dataclass(slots=True)
 class Hooks:
     """What the loop asks and tells its caller, as declared callables (no-ops unless given;
-    ``app.fit.fit`` passes a run's: the run dir's stop signal, the progress bar, steps.csv)."""
+    ``app.fit.fit`` passes a run's: the run dir's stop signal, the progress bar, steps.csv). Slots:
+    nothing else can be attached to it."""
 
     #: The stop signal this process received (Ctrl-C, SIGTERM), or None; asked at every step.
     stop_requested: Callable[[], int | None] = _no_stop

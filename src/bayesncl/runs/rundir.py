@@ -342,12 +342,6 @@ class RunDir:
 
     def _claim(self, state: TrainState, columns: LogColumns) -> None:
         run_dir, ckpt, cfg = self.path, self.checkpoint, self.cfg
-        if ckpt is not None:  # a resume: the headers the run's files have
-            columns = LogColumns(
-                tuple(read_header(run_dir / "log.csv") or columns.epoch),
-                tuple(read_header(run_dir / "steps.csv") or columns.step),
-            )
-        self.columns = columns
         run_dir.mkdir(parents=True, exist_ok=True)
         claim = lock.lock_run_dir(run_dir)  # the first write; None where there are no file locks
         if ckpt is None and not self.overwrite and layout.run_markers(run_dir):
@@ -360,6 +354,12 @@ class RunDir:
             self._aside = lock.set_aside_run_artifacts(run_dir)
         if ckpt is None:  # a run killed before its first checkpoint may have left its step log
             (run_dir / "steps.csv").unlink(missing_ok=True)
+        else:  # a resume: the logs keep the headers the run's files have (an older run: every column)
+            columns = LogColumns(
+                tuple(read_header(run_dir / "log.csv") or columns.epoch),
+                tuple(read_header(run_dir / "steps.csv") or columns.step),
+            )
+        self.columns = columns
         if ckpt is not None and ckpt["epoch"] < cfg.train.epochs:
             moved = layout.archive_results(run_dir, ckpt["epoch"])
             if moved is not None:
