@@ -865,10 +865,12 @@ def test_a_full_disk_in_a_later_epoch_leaves_log_csv_as_the_checkpoint(
             raise full(path)
         real_save(path, *args)
 
-    def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") -> None:
+    def write_log(
+        run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv", fields: Any = None
+    ) -> None:
         if len(rows) == 3:
             raise full(run_dir / name)
-        real_log(run_dir, rows, name)
+        real_log(run_dir, rows, name, fields)
 
     def epochs_logged() -> list[str]:
         return [r.split(",")[0] for r in (run / "log.csv").read_text().splitlines()]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bayesncl.app import fit as fit_module
 from bayesncl.app import train as train_module
 from bayesncl.app.report.html import write_report_or_warn
 from bayesncl.app.train import pretrain
@@ -22,13 +23,13 @@ LOUD = [*TINY, "train.progress=true"]
 
 def _mark_first_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """Print ``<first epoch begins>`` on stdout as the loop enters its first epoch (before step 1)."""
-    real = train_module.train_one_epoch
+    real = fit_module.train_one_epoch
 
     def marked(*args, **kwargs):
         print("<first epoch begins>", flush=True)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, "train_one_epoch", marked)
+    monkeypatch.setattr(fit_module, "train_one_epoch", marked)
 
 
 def test_projection_is_printed_before_the_first_step_and_changes_no_weight(

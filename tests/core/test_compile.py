@@ -24,8 +24,15 @@ import bayesncl.runs.rundir as rundir_module
 from bayesncl.app.train import pretrain
 from bayesncl.config import build_config
 from bayesncl.config.parse import diff_configs
+from bayesncl.core import methods
 from bayesncl.core.distributed import World
-from bayesncl.core.engine import compile_plan, compiled_loss, train_step, wrap_for_training
+from bayesncl.core.engine import (
+    compile_plan,
+    compiled_loss,
+    contrastive_loss_fn,
+    train_step,
+    wrap_for_training,
+)
 from bayesncl.core.model import build_model
 from bayesncl.core.optim import build_optimizer, param_groups, peak_lrs
 from bayesncl.runs.safe_load import load_checkpoint_file
@@ -62,11 +69,9 @@ def test_compile_plan_auto_is_on_for_cuda_only() -> None:
 
 
 def test_compile_off_keeps_the_eager_step() -> None:
-    cfg = build_config(overrides=[*TINY, "train.compile=false"])
-    assert compiled_loss(cfg, World(device=CPU)) is None  # train_step's forward_loss, as before
-    cfg = build_config(overrides=TINY)  # auto on a CPU
     finetune = object()
-    assert compiled_loss(cfg, World(device=CPU), finetune) is finetune  # type: ignore[arg-type]
+    for cfg in (build_config(overrides=[*TINY, "train.compile=false"]), build_config(overrides=TINY)):  # auto
+        assert compiled_loss(cfg, World(device=CPU), finetune) is finetune  # type: ignore[arg-type]
 
 
 def _steps(overrides: list[str], n: int, *, compiled: bool) -> tuple[list[dict[str, float]], dict[str, Any]]:
@@ -79,17 +84,18 @@ def _steps(overrides: list[str], n: int, *, compiled: bool) -> tuple[list[dict[s
         model = model.to(memory_format=torch.channels_last)
     opt = build_optimizer(param_groups(model, cfg, peak_lrs(cfg, 32)), cfg)
     world = World(device=CPU)
-    step_model, loss_fn = wrap_for_training(model, cfg, world), compiled_loss(cfg, world)
-    assert (loss_fn is not None) == compiled
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if cfg.train.precision == "bf16" else None
+    eager = contrastive_loss_fn(methods.get(cfg.method.name), cfg.method, autocast=autocast,
+                                channels_last=autocast is not None)  # fmt: skip
+    step_model, loss_fn = wrap_for_training(model, cfg, world), compiled_loss(cfg, world, eager)
+    assert (loss_fn is not eager) == compiled
     g, out = torch.Generator().manual_seed(1), []
     for i in range(n):
         x1, x2 = torch.randn(32, 3, 16, 16, generator=g), torch.randn(32, 3, 16, 16, generator=g)
         y = torch.randint(0, 10, (32,), generator=g)
         torch.manual_seed(100 + i)  # the Gumbel noise
-        stats = train_step(step_model, opt, scaler, x1, x2, y, cfg.method, loss_fn=loss_fn, autocast=autocast,
-                           channels_last=autocast is not None)
+        stats = train_step(step_model, opt, scaler, (x1, x2, y), loss_fn)
         out.append({k: float(v) for k, v in stats.items()})
     return out, model.state_dict()
 
@@ -155,9 +161,9 @@ def test_cuda_graph_modes_mark_each_step(
     marks: list[int] = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
     cfg = build_config(overrides=[*TINY, "train.compile=true", "train.compile_mode=reduce-overhead"])
-    fn = compiled_loss(cfg, World(device=CPU), lambda *a, **k: (torch.zeros(()), {}))
-    fn()
-    fn()
+    fn = compiled_loss(cfg, World(device=CPU), lambda model, batch: (torch.zeros(()), {}))
+    fn(None, ())  # type: ignore[arg-type]
+    fn(None, ())  # type: ignore[arg-type]
     assert marks == [1, 1] and aot_eager == [{"mode": "reduce-overhead"}]
 
 
@@ -213,7 +219,8 @@ def _meta_step(method: str, loss_fn: Any = None) -> dict[str, torch.Tensor]:
     x = torch.empty(32, 3, 16, 16, device="meta")
     y = torch.zeros(32, dtype=torch.long, device="meta")
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    return train_step(step_model, opt, scaler, x, x, y, cfg.method, loss_fn=loss_fn)
+    loss_fn = loss_fn or contrastive_loss_fn(methods.get(cfg.method.name), cfg.method)
+    return train_step(step_model, opt, scaler, (x, x, y), loss_fn)
 
 
 @pytest.mark.parametrize("method", ["cl", "ncl", "bayesncl", "ncl-topk"])
@@ -227,8 +234,8 @@ def test_the_step_reads_no_device_tensor_on_the_host(method: str) -> None:
 def test_a_host_read_in_the_step_is_caught_on_meta() -> None:
     """The check above can fail: a loss that reads its value with ``.item()`` (as a logging line
     might) raises on the meta device."""
-    def item_reading_loss(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        loss, stats = engine_module.forward_loss(*args, **kwargs)
+    def item_reading_loss(step_model: Any, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss, stats = engine_module.forward_loss(step_model, *batch, build_config(overrides=TINY).method)
         if loss.item() > 1e9:
             raise AssertionError("unreachable")
         return loss, stats

@@ -488,10 +488,11 @@ def test_gate_health_is_logged_per_epoch(
     ncl = tmp_path / "ncl"
     monkeypatch.setattr(engine_module, "STEP_LOG_EVERY", 3)  # a steps.csv row at the epoch's end
     pretrain(build_config(overrides=[*TINY, "train.epochs=1", "method.name=ncl"]), ncl, evaluate=False)
-    (r,) = log_rows(ncl)  # a run without a gate logs none of the gate's statistics: empty cells
-    assert r["kl"] == r["gate_open"] == r["rho"] == r["rows_all_closed"] == "" and float(r["info_nce"]) > 0
+    (r,) = log_rows(ncl)  # a run without a gate logs none of the gate's statistics: no column
+    assert not {"kl", "gate_open", "rho", "gate_mean_alpha", "rows_all_closed"} & set(r)
+    assert float(r["info_nce"]) > 0
     (s,) = list(csv.DictReader((ncl / "steps.csv").open()))
-    assert s["kl"] == s["gate_open"] == "" and float(s["info_nce"]) > 0
+    assert not {"kl", "gate_open", "gate_mean_alpha"} & set(s) and float(s["info_nce"]) > 0
 
 
 @pytest.mark.slow
@@ -762,3 +763,43 @@ def test_resume_without_config_yaml_reads_the_checkpoints_config(tmp_path: Path)
     (run / "config.yaml").unlink()  # deleted by hand; last.pt holds the config too
     assert main(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=2", "--no-eval"]) == 0
     assert load_checkpoint_file(run / "last.pt")["epoch"] == 2 and (run / "config.yaml").exists()
+
+
+@pytest.mark.slow
+def test_a_run_logged_with_every_column_resumes_with_its_header(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run logged before a run's columns were its own statistics (issue 45: an ungated run's log.csv
+    and steps.csv then had the gate's columns, empty) and stopped inside epoch 2 keeps its files'
+    headers when --resume continues it: its new rows fill the columns it logs, the gate's stay
+    empty, and numbers and weights are those of a straight run (whose files have its own columns)."""
+    from bayesncl.app.report.curves import read_log, training_curves_figure
+    from bayesncl.runs.logs import LOG_FIELDS, STEP_LOG_FIELDS, write_log
+
+    monkeypatch.setattr(engine_module, "STEP_LOG_EVERY", 2)
+    args = [*TINY_BASE, "method.name=ncl", "train.precision=fp32", "train.epochs=2"]
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    pretrain(build_config(overrides=args), straight, evaluate=False)
+    with monkeypatch.context() as m:
+        signal_at(m, engine_module, "train_step", (5,))  # inside epoch 2
+        with pytest.raises(rundir_module.TrainingInterrupted, match="stopped in epoch 2"):
+            pretrain(build_config(overrides=args), run, evaluate=False)
+    for name, fields in (("log.csv", LOG_FIELDS), ("steps.csv", STEP_LOG_FIELDS)):  # as the code before wrote
+        with (run / name).open() as f:
+            write_log(run, list(csv.DictReader(f)), name, fields)
+    pretrain(build_config(overrides=args), run, resume=True, evaluate=False)
+    assert_same_weights(straight / "last.pt", run / "last.pt")
+    for name, fields in (("log.csv", LOG_FIELDS), ("steps.csv", STEP_LOG_FIELDS)):
+        with (run / name).open() as f, (straight / name).open() as g:
+            old, new = csv.DictReader(f), csv.DictReader(g)
+            assert old.fieldnames == fields and not {"kl", "gate_open"} & set(new.fieldnames or [])
+            pairs = list(zip(old, new, strict=True))
+        assert len(pairs) == (2 if name == "log.csv" else 3)
+        for a, b in pairs:
+            assert a["kl"] == a["gate_open"] == "" and float(a["info_nce"]) > 0
+            assert {k: v for k, v in a.items() if k in b and k != "epoch_time_s"} == {
+                k: v for k, v in b.items() if k != "epoch_time_s"
+            }
+    fig = training_curves_figure({"old": read_log(run), "new": read_log(straight)})  # both still draw
+    assert [ax.get_title() for ax in fig.axes][:2] == ["InfoNCE (nats)", "online probe accuracy (%)"]
+    assert not any("KL" in ax.get_title() or "gate" in ax.get_title() for ax in fig.axes)

@@ -29,6 +29,7 @@ from bayesncl.config import (
     load_run_yaml,
     parse_overrides,
 )
+from bayesncl.core.methods.common import closed_rows
 from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.core.optim import Precision, extraction_precision
 from bayesncl.data import DatasetInfo, build_eval_loader, dataset_info, image_geometry
@@ -258,13 +259,14 @@ def score(
 
 def _add_run_facts(result: dict[str, Any], test: dict[str, np.ndarray], cfg: Config) -> None:
     """The method, the test images and, for a gated run, the gate's open rate (share of entries with
-    α > threshold), the mean gate probability α and the share of test images with every gate closed,
-    from ``test["mask"]`` (N, D), the hard mask 1[α > method.threshold]
+    α > threshold), the mean gate probability α and the share of test images with every gate closed
+    (``rows_all_closed``: :func:`bayesncl.core.methods.common.closed_rows`, the training statistic's
+    definition), from ``test["mask"]`` (N, D), the hard mask 1[α > method.threshold]
     (also under ``eval.use_soft_gating``; ``gating`` then says the features were gated by α)."""
     if "mask" in test:
         hard = test["mask"]
         result["gate_open_rate"] = float(hard.mean())
-        result["rows_all_closed"] = float((hard.sum(1) == 0).mean())
+        result["rows_all_closed"] = float(closed_rows(hard > 0).mean())
         if test.get("alpha") is not None:  # (a soft gate's training gate_open in older logs was this)
             result["gate_mean_alpha"] = float(test["alpha"].mean())
         if (gating := gating_text(cfg)) is not None:

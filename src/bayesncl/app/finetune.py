@@ -8,14 +8,15 @@ labelled train split, then test Acc@1/Acc@5: the NCL paper's fine-tuning evaluat
 PAPER-NOTES §2: one lr for backbone and head, as that code never reads the YAML's
 ``classifier_lr``), with random resized crops (bilinear), flips and BatchNorm in train mode.
 
-It trains in a run dir of its own with pretraining's loop (docs/architecture.md) and only reads the
-pretrained run. In its ``log.csv`` ``loss`` is the cross-entropy and ``online_acc`` the head's
-accuracy (%) on the augmented train batches (the first of the loader's two views).
+It trains in a run dir of its own with pretraining's loop (:func:`bayesncl.app.fit.fit`, a
+:func:`finetuning_job`; docs/architecture.md) and only reads the pretrained run. Its statistics are
+:data:`FINETUNE_STATS`, logged as pretraining's are: in its ``log.csv`` (``epoch, step, loss,
+online_acc, lr, epoch_time_s``) and ``steps.csv``, ``loss`` is the cross-entropy and ``online_acc``
+the head's accuracy (%) on the augmented train batches (the first of the loader's two views).
 """
 
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bayesncl.app.fit import Job, fit
 from bayesncl.config import (
     Config,
     ConfigError,
@@ -33,7 +35,8 @@ from bayesncl.config import (
     eval_data,
     parse_overrides,
 )
-from bayesncl.core.engine import Hooks
+from bayesncl.core.engine import LossFn, Views
+from bayesncl.core.methods import LOSS, Statistic, Step
 from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.core.optim import LrSchedule, StepSchedule
 from bayesncl.metrics.protocols import FINETUNE, Protocol, finetune_protocol
@@ -73,30 +76,45 @@ class FinetuneForward(nn.Module):
         return self.model.classifier(self.model.backbone(x))
 
 
-class _StopHooks(Hooks):
-    """The loop's hooks in a fine-tuning run: only the run dir's stop signal (Ctrl-C, SIGTERM)."""
+def _train_accuracy(s: Step) -> Tensor:
+    assert s.class_logits is not None and s.labels is not None  # the fine-tuning step sets both
+    return (s.class_logits.argmax(1) == s.labels).float().mean()
 
-    def __init__(self, run: Any) -> None:
-        self.run, self.bar = run, None
 
-    def stop_requested(self) -> int | None:
-        return self.run.stop_signal
+FINETUNE_STATS: tuple[Statistic, ...] = (
+    LOSS,  # the cross-entropy
+    Statistic("online_acc", _train_accuracy, "train accuracy of backbone + head (%)", "train acc",
+              percent=True),
+)
+"""Fine-tuning's statistics (log.csv's and steps.csv's columns, the epoch line's ``loss`` and
+``train acc``): the cross-entropy and the head's accuracy on the augmented train batches (a fraction,
+logged in %), under the names pretraining gives its loss and its online probe's accuracy."""
 
 
 def finetune_loss(
-    step_model: nn.Module, x1: Tensor, x2: Tensor, y: Tensor, method: Any, *, autocast: Any = None,
-    channels_last: bool = False, index: Tensor | None = None, labeled: bool = True,
+    step_model: nn.Module, batch: Views, *, autocast: Any = None, channels_last: bool = False
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The fine-tuning step's cross-entropy on the first view ``x1`` (B, C, S, S) with labels ``y`` (B,),
-    and its statistics ``loss`` (the cross-entropy) and ``online_acc`` (train accuracy, a fraction);
-    ``x2``, ``method``, ``index`` and ``labeled`` are the contrastive step's, unused."""
+    """The fine-tuning step's cross-entropy on the first view ``x1`` (n, C, S, S) of ``batch`` =
+    (x1, x2, y) with labels ``y`` (n,), in ``autocast`` (a ``torch.autocast`` or None) on
+    channels-last input where ``channels_last``; and its :data:`FINETUNE_STATS` by name (``x2`` unused)."""
+    x1, _, y = batch
     x = x1.contiguous(memory_format=torch.channels_last) if channels_last else x1
     with autocast if autocast is not None else nullcontext():
         logits = step_model(x)
     loss = nn.functional.cross_entropy(logits.float(), y)
     with torch.no_grad():
-        stats = {"loss": loss.detach(), "online_acc": (logits.argmax(1) == y).float().mean()}
+        step = Step(loss, {}, None, logits, y)
+        stats = {s.name: s.fn(step) for s in FINETUNE_STATS}
     return loss, stats
+
+
+def finetune_loss_fn(autocast: Any, channels_last: bool) -> LossFn:
+    """:func:`finetune_loss` as the loop's :data:`~bayesncl.core.engine.LossFn`."""
+
+    def loss_fn(step_model: nn.Module, batch: Views) -> tuple[Tensor, dict[str, Tensor]]:
+        return finetune_loss(step_model, batch, autocast=autocast, channels_last=channels_last)
+
+    return loss_fn
 
 
 def finetune_config(
@@ -244,7 +262,7 @@ def finetune(
     try:
         check_batch_size(cfg.train.batch_size, info.num_train, info.name, world.world_size)  # before run dir:
         with RunDir(out_dir, cfg, world, resume=resume, overwrite=overwrite) as run:
-            model = _train(cfg, run, model, info)
+            model = fit(cfg, run, finetuning_job(cfg, model, info, world.world_size))
             result = _test(model, cfg, run.path, info, src) if world.is_main else {}
             run.log_results(result)
         return result
@@ -252,16 +270,14 @@ def finetune(
         world.close()
 
 
-def _prepare(
-    model: ContrastiveModel, cfg: Config, num_classes: int, device: torch.device
-) -> ContrastiveModel:
+def _prepare(model: ContrastiveModel, cfg: Config, num_classes: int) -> ContrastiveModel:
     """A new linear head (seeded by ``seed``) on h; only backbone and head train (the projector and the
     gating head are kept as pretrained, for the export)."""
     torch.manual_seed(cfg.seed)
     model.classifier = nn.Linear(model.h_dim, num_classes)
     for name, p in model.named_parameters():
         p.requires_grad_(name.split(".")[0] in ("backbone", "classifier"))
-    return model.to(device)
+    return model
 
 
 def finetune_groups(model: ContrastiveModel, cfg: Config, global_batch: int) -> list[dict[str, Any]]:
@@ -277,51 +293,18 @@ def finetune_groups(model: ContrastiveModel, cfg: Config, global_batch: int) -> 
     return groups
 
 
-def _train(cfg: Config, run: Any, model: ContrastiveModel, info: Any) -> ContrastiveModel:
-    """The epochs of ``cfg`` in ``run`` (a RunDir, entered), from its checkpoint if any."""
-    from bayesncl.app.train import _clock, epochs, run_precision
-    from bayesncl.core import distributed
-    from bayesncl.core.engine import Training, compiled_loss, wrap_for_training
-    from bayesncl.core.optim import build_optimizer
-    from bayesncl.data import build_train_loader
-    from bayesncl.runs.state import seed_everything
-
-    world = run.world
-    device = world.device
-    precision = run_precision(cfg, run)  # as pretraining's; on --resume what the run trained in
-    amp_dtype = precision.dtype
-    seed_everything(distributed.rank_seed(cfg.seed, world.rank))
-    model = _prepare(model, cfg, info.num_classes, device)
-    model = distributed.convert_sync_bn(model, cfg.train.sync_bn, world)
-    loader = build_train_loader(
-        cfg.data, cfg.train.batch_size, seed=cfg.seed, device=device, rank=world.rank,
-        world_size=world.world_size, crop_flip_only=True,
-    )
-    optimizer = build_optimizer(finetune_groups(model, cfg, cfg.train.batch_size * world.world_size), cfg)
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
-    steps = len(loader)
-    schedule = _schedule(cfg, steps)
-    state = run.restore(model, optimizer, scaler, steps)
-    run.claim(state)
-    autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None
-    training = Training(
-        wrap_for_training(model, cfg, world, FinetuneForward), optimizer, scaler, cfg.method, schedule,
-        device, world.distributed, autocast, precision.channels_last,
-        loss_fn=compiled_loss(cfg, world, finetune_loss),
-    )
-    start = time.time()
-    for epoch, result in epochs(training, loader, cfg, run, state, _StopHooks(run)):
-        s = result.stats
-        state.log.append({  # log.csv's columns: loss = the cross-entropy, online_acc = train accuracy
-            "epoch": epoch + 1, "step": state.step, "loss": round(s["loss"], 6),
-            "online_acc": round(100 * s["online_acc"], 3), "lr": result.lr,
-            "epoch_time_s": round(result.seconds, 2),
-        })  # fmt: skip
-        if world.is_main:
-            print(f"finetune {cfg.method.name} epoch {epoch + 1}/{cfg.train.epochs}: loss {s['loss']:.3f} "
-                  f"train acc {100 * s['online_acc']:.1f} % | {_clock(time.time() - start)}",
-                  flush=True)  # fmt: skip
-    return model
+def finetuning_job(cfg: Config, model: ContrastiveModel, info: Any, world_size: int) -> Job:
+    """What fine-tuning trains (a :class:`bayesncl.app.fit.Job`): the pretrained ``model`` with a new
+    head (:func:`_prepare`) on crops and flips of the labelled data (``info``: its DatasetInfo), its
+    cross-entropy and :data:`FINETUNE_STATS`, :func:`finetune_groups` for a global batch of
+    ``world_size`` processes, the protocol's schedule (:func:`_schedule`)."""
+    return Job(
+        name=f"finetune {cfg.method.name}", stats=FINETUNE_STATS,
+        build_model=lambda: _prepare(model, cfg, info.num_classes),
+        param_groups=lambda m: finetune_groups(m, cfg, cfg.train.batch_size * world_size),
+        schedule=lambda steps: _schedule(cfg, steps), make_loss_fn=finetune_loss_fn, forward=FinetuneForward,
+        loader_options={"crop_flip_only": True},
+    )  # fmt: skip
 
 
 def _test(model: ContrastiveModel, cfg: Config, run_dir: Path, info: Any, source: Path) -> dict[str, Any]:

@@ -28,7 +28,8 @@ class HeldOut:
     @torch.no_grad()
     def measure(self, model: Any, device: torch.device) -> dict[str, float | str]:
         """The ``heldout_*`` columns of ``model`` (a ContrastiveModel) on the batch, rounded as
-        log.csv stores them. The model's train/eval mode is restored."""
+        log.csv stores them (``heldout_gate_*`` only for a model with a gate; a non-finite value an
+        empty cell). The model's train/eval mode is restored."""
         from bayesncl.core.optim import extraction_precision
         from bayesncl.metrics import active_dims, effective_rank, semantic_consistency, semantic_entropy_sum
 
@@ -59,10 +60,11 @@ class HeldOut:
                 "heldout_h_sum": round(semantic_entropy_sum(f, y), 6), "heldout_active_dims": active_dims(f),
                 "heldout_effective_rank": round(effective_rank(f), 4),
             }
-        # the gate: the share of α > method.threshold (eval mode's mask is that hard mask for every gate,
-        # the soft one included) and the mean gate probability α
-        row["heldout_gate_open"] = round(float(torch.cat(masks).mean()), 6) if masks else ""
-        row["heldout_gate_mean_alpha"] = round(float(torch.cat(alphas).mean()), 6) if alphas else ""
+        # the gate (a run without one has no such column): the share of α > method.threshold (eval
+        # mode's mask is that hard mask for every gate, the soft one included) and the mean gate probability α
+        if masks:
+            row["heldout_gate_open"] = round(float(torch.cat(masks).mean()), 6)
+            row["heldout_gate_mean_alpha"] = round(float(torch.cat(alphas).mean()), 6)
         for k, v in row.items():
             if isinstance(v, float) and not math.isfinite(v):
                 row[k] = ""

@@ -37,8 +37,15 @@ def trainer(
     pretrain builds (:mod:`bayesncl.core.engine`, :mod:`bayesncl.core.optim`) at the peak learning rate."""
     import torch
 
+    from bayesncl.core import methods
     from bayesncl.core.distributed import World
-    from bayesncl.core.engine import compiled_loss, prefetch_to_device, train_step, wrap_for_training
+    from bayesncl.core.engine import (
+        compiled_loss,
+        contrastive_loss_fn,
+        prefetch_to_device,
+        train_step,
+        wrap_for_training,
+    )
     from bayesncl.core.model import build_model
     from bayesncl.core.optim import build_optimizer, param_groups, peak_lrs, precision_plan
     from bayesncl.data import build_train_loader, dataset_info
@@ -55,17 +62,15 @@ def trainer(
     autocast = torch.autocast(device.type, dtype=amp) if amp is not None else None
     scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
     step_model = wrap_for_training(model, cfg, World(device=device))
-    loss_fn = compiled_loss(cfg, World(device=device))
+    method = methods.get(cfg.method.name)
+    loss = contrastive_loss_fn(method, cfg.method, autocast=autocast, channels_last=plan.channels_last)
+    loss_fn = compiled_loss(cfg, World(device=device), loss)
     loader = build_train_loader(cfg.data, cfg.train.batch_size, seed=0, device=device)
     batches = prefetch_to_device(endless(loader), device)  # as in pretrain
     model.train()
 
     def step(batch: Batch | None = None) -> None:
-        x1, x2, y = batch if batch is not None else next(batches)
-        train_step(
-            step_model, optimizer, scaler, x1, x2, y, cfg.method,
-            autocast=autocast, channels_last=plan.channels_last, loss_fn=loss_fn,
-        )
+        train_step(step_model, optimizer, scaler, batch if batch is not None else next(batches), loss_fn)
 
     return step, batches, model
 

@@ -1,4 +1,5 @@
-"""``bayesncl pretrain``: train (:func:`train`, readable top to bottom, DINO's style), then evaluate.
+"""``bayesncl pretrain``: train (:func:`train`: the method's :class:`~bayesncl.app.fit.Job` run by
+:func:`bayesncl.app.fit.fit`, the loop in DINO's shape), then evaluate.
 
 :func:`pretrain` checks the config and the data, takes the run dir (``runs.rundir.RunDir``), trains
 with LARS and a per-iteration warmup-cosine schedule, checkpointing atomically every epoch, exports
@@ -11,45 +12,31 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bayesncl.app.errors import out_of_memory
+from bayesncl.app.fit import Job, OnSync, clock, fit
 from bayesncl.app.heldout import build_heldout
 from bayesncl.app.report.curves import write_training_curves
 from bayesncl.config import Config, ConfigError, eval_data
 from bayesncl.core import distributed, methods
-from bayesncl.core.engine import (
-    EpochResult,
-    Hooks,
-    Training,
-    TrainingError,
-    compiled_loss,
-    first_non_finite,
-    train_one_epoch,
-    wrap_for_training,
-)
+from bayesncl.core.engine import LossFn, TrainingError, contrastive_loss_fn
+from bayesncl.core.methods import Method
 from bayesncl.core.model import ContrastiveModel, build_model
-from bayesncl.core.optim import (
-    LrSchedule,
-    Precision,
-    build_optimizer,
-    param_groups,
-    peak_lrs,
-    precision_plan,
-)
-from bayesncl.data import DataError, DatasetInfo, build_train_loader, dataset_info
+from bayesncl.core.optim import LrSchedule, param_groups, peak_lrs
+from bayesncl.data import DataError, DatasetInfo, dataset_info
 from bayesncl.data.loaders import check_batch_size
 from bayesncl.runs.export import export_encoder
 from bayesncl.runs.loggers import require as require_loggers
-from bayesncl.runs.logs import epoch_row, step_row
+from bayesncl.runs.logs import heldout_fields
 from bayesncl.runs.messages import RunDirError, TrainingInterrupted
 from bayesncl.runs.rundir import RunDir
-from bayesncl.runs.state import TrainState, seed_everything
 
 CPU_WARN_AFTER_S = 3600  # a CPU run estimated to take longer is told about the CPU recipe
 
@@ -94,6 +81,7 @@ class RunFacts:
     eval_data: DatasetInfo | None  # the data the end-of-training evaluation reads; None: no evaluation
     peak_lrs: dict[str, float]  # each part's peak learning rate (core.optim.peak_lrs)
     steps_per_epoch: int  # this process's batches per epoch (the train loader's len)
+    method: Method  # the method cfg.method.name names (core.methods.get), resolved once per run
 
 
 def run_facts(
@@ -116,17 +104,18 @@ def run_facts(
             "would rise to it"
         )
     info = distributed.local_main_first(world, lambda: dataset_info(cfg.data))  # one download per node
-    if methods.get(cfg.method.name).needs_labels and not info.labeled:
+    method = methods.get(cfg.method.name)
+    if method.needs_labels and not info.labeled:
         raise DataError(f"method.name={cfg.method.name} learns from labels: {cfg.data.name} has none here")
     steps = info.num_train // world.world_size // cfg.train.batch_size
     if not evaluate:
-        return RunFacts(info, None, peaks, steps), None
+        return RunFacts(info, None, peaks, steps, method), None
     # the labelled data the end-of-training evaluation reads (eval.data.*, issue 17)
     e = eval_data(cfg)
     test_info = info if e == cfg.data else distributed.local_main_first(world, lambda: dataset_info(e))
     skipped = no_labels_note(cfg, run_dir, test_info)
     if skipped is not None:
-        return RunFacts(info, None, peaks, steps), skipped
+        return RunFacts(info, None, peaks, steps, method), skipped
     check_eval_data(cfg, info, test_info)
     if cfg.eval.probe == "fast" and test_info.num_classes < 2:
         raise DataError(
@@ -143,139 +132,52 @@ def run_facts(
             f"strength); {'raise data.train_subset' if k else 'add images'}, or pass --no-eval "
             "(evaluate=False in Python) or eval.probe=none"
         )
-    return RunFacts(info, test_info, peaks, steps), None
-
-
-def _no_probe(row: dict[str, Any], info: DatasetInfo, cfg: Config) -> dict[str, Any]:
-    """``row`` with the statistics that need labels (the online probe's) empty where the data has none."""
-    if info.labeled:
-        return row
-    blank = [s.name for s in methods.get(cfg.method.name).stats if s.needs_labels and s.name in row]
-    return {**row, **dict.fromkeys(blank, "")}
-
-
-class _TrainHooks(Hooks):
-    """The loop's hooks in a run: the run dir's stop signal, the step log, the progress bar's means
-    and (rank 0, CPU) the time warning."""
-
-    def __init__(self, cfg: Config, run: RunDir, state: TrainState, info: DatasetInfo, warn: Any) -> None:
-        self.cfg, self.run, self.state, self.info, self.warn, self.bar = cfg, run, state, info, warn, None
-
-    def stop_requested(self) -> int | None:
-        return self.run.stop_signal
-
-    def on_sync(self, step: int, means: dict[str, float]) -> None:
-        if hasattr(self.bar, "set_postfix"):
-            self.bar.set_postfix({k: f"{v:.3f}" for k, v in _shown(self.cfg, means).items()})
-        if self.warn is not None:
-            self.warn(step, means)
-
-    def on_step_log(self, step: int, means: dict[str, float], lr: float) -> None:
-        row = step_row(step, self.state.steps_per_epoch, methods.get(self.cfg.method.name).stats, means, lr)
-        self.state.step_log.append(_no_probe(row, self.info, self.cfg))
-
-
-def run_precision(cfg: Config, run: RunDir) -> Precision:
-    """The precision ``run`` (a RunDir, entered) trains in, said on rank 0 (``precision: ...``):
-    ``train.precision`` and ``train.channels_last`` planned for the run's device
-    (:func:`~bayesncl.core.optim.precision_plan`), or on ``--resume`` what the run trained in
-    (:meth:`RunDir.precision`). Pretraining's and fine-tuning's."""
-    precision = run.precision(precision_plan(cfg.train.precision, cfg.train.channels_last, run.world.device))
-    if run.world.is_main:
-        print(f"precision: {precision.why}", flush=True)
-    return precision
+    return RunFacts(info, test_info, peaks, steps, method), None
 
 
 def train(cfg: Config, run: RunDir, facts: RunFacts) -> ContrastiveModel:
-    """Train ``cfg`` in ``run`` (entered) from its checkpoint, if any, to ``train.epochs``; rank 0
-    then draws the curves and exports the encoder. Returns the trained model."""
-    world = run.world
-    device = world.device
-    precision = run_precision(cfg, run)
-    amp_dtype = precision.dtype
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # fixed input shapes: let cuDNN pick the fastest kernels
-
-    # data: this rank's shard; augmentation seeded by (seed, epoch, rank, step)
-    seed_everything(distributed.rank_seed(cfg.seed, world.rank))
-    info, steps_per_epoch = facts.data, facts.steps_per_epoch
-    loader = build_train_loader(
-        cfg.data, cfg.train.batch_size, seed=cfg.seed, device=device,
-        rank=world.rank, world_size=world.world_size, info=info,
-    )
-    if world.is_main and loader.note:
-        print(f"data: {loader.note}", flush=True)
-    # rank 0: the held-out batch scored at each epoch's end (log.csv's heldout_*; no RNG draw)
-    heldout = build_heldout(cfg, info) if world.is_main else None
-    # model, optimiser (LARS) and schedule: lr scaled by the global batch, warmup then cosine per step
-    model, optimizer, scaler = _model_and_optimizer(cfg, world, facts, amp_dtype, precision.channels_last)
-    schedule = LrSchedule(
-        cfg.train.epochs * steps_per_epoch, round(cfg.train.warmup_epochs * steps_per_epoch),
-        start=cfg.train.warmup_start_lr, final=cfg.train.min_lr,
-    )
-    # restore, then take the run dir (fresh run, or a resume that may have extended train.epochs)
-    state = run.restore(model, optimizer, scaler, steps_per_epoch)
-    run.claim(state)
-
-    training = Training(
-        wrap_for_training(model, cfg, world), optimizer, scaler, cfg.method, schedule, device,
-        world.distributed, torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else None,
-        precision.channels_last, info.labeled, compiled_loss(cfg, world),
-    )
-    # one process only: the timing's own steps gather negatives from every process when there are several
-    projected = world.is_main and not world.distributed and _project_time(
-        cfg, device, state.step, schedule.total_steps
-    )
-    warn = None if projected or not world.is_main else _cpu_time_warning(
-        cfg, device, state.step, schedule.total_steps
-    )
-    hooks = _TrainHooks(cfg, run, state, info, warn)
-    stats = methods.get(cfg.method.name).stats
-
-    launch_epochs, launch_start = state.epoch, time.time()
-    for epoch, result in epochs(training, loader, cfg, run, state, hooks):
-        _check_weights(model, cfg, run, epoch + 1, state.step)
-        row = epoch_row(epoch + 1, state.step, stats, result.stats, cfg.method, result.lr, result.seconds)
-        monitored = (epoch + 1) % cfg.train.monitor_every == 0 or epoch + 1 == cfg.train.epochs
-        if heldout is not None and monitored:
-            row.update(heldout.measure(model, device))
-        state.log.append(_no_probe(row, info, cfg))
-        if world.is_main:
-            _alarms(cfg, result.stats)
-            per_epoch = (time.time() - launch_start) / (epoch + 1 - launch_epochs)
-            print(_epoch_line(cfg, epoch + 1, result, per_epoch), flush=True)
-    if world.is_main:
-        _export(model, cfg, run.path, drawn=bool(state.log))
+    """Train ``cfg`` in ``run`` (entered) from its checkpoint, if any, to ``train.epochs``
+    (:func:`bayesncl.app.fit.fit` of :func:`pretraining_job`); rank 0 then draws the curves and
+    exports the encoder. Returns the trained model."""
+    model = fit(cfg, run, pretraining_job(cfg, run.world, facts))
+    if run.world.is_main:
+        _export(model, cfg, run.path, drawn=(run.path / "log.csv").is_file())
     return model
 
 
-def epochs(
-    training: Training, loader: Any, cfg: Config, run: RunDir, state: TrainState, hooks: Any
-) -> Iterator[tuple[int, EpochResult]]:
-    """The loop of ``pretrain`` and ``finetune``: each epoch left of ``train.epochs`` in ``run``
-    (entered) trained by :func:`train_one_epoch` from ``state`` (a stopped epoch goes on from its
-    cursor, a stop signal saves it mid-epoch), yielded as ``(epoch, result)`` for the caller to log
-    into ``state.log``, then checkpointed; ``run.finish()`` after the last. ``hooks.bar`` is set to
-    each epoch's progress bar."""
-    for epoch in range(state.epoch, cfg.train.epochs):
-        cursor, state.cursor = state.cursor, None
-        first = cursor.n_seen if cursor else 0
-        loader.set_epoch(epoch, start_step=first)
-        hooks.bar = bar = _progress(loader, epoch, cfg, run.world, initial=first)
-        try:
-            result = train_one_epoch(
-                training, bar, epoch=epoch, step=state.step, steps_per_epoch=state.steps_per_epoch,
-                cursor=cursor, hooks=hooks,
-            )
-        except TrainingError as e:
-            raise TrainingError(f"{e}; {run.kept()}") from None
-        state.step = result.step
-        if result.stop_signal is not None:
-            run.save_mid_epoch(state, result)
-        yield epoch, result
-        state.epoch = epoch + 1
-        run.save(state)
-    run.finish()
+def pretraining_job(cfg: Config, world: distributed.World, facts: RunFacts) -> Job:
+    """What pretraining trains (:class:`~bayesncl.app.fit.Job`): ``facts.method``'s model of ``cfg``
+    on the training data, its loss (:func:`~bayesncl.core.engine.contrastive_loss_fn`) and the
+    statistics a run of it logs (``Method.logged``), LARS's parameter groups at ``facts.peak_lrs``,
+    warmup then cosine per step, and on rank 0 the held-out batch (``train.monitor_samples``)."""
+    info, method = facts.data, facts.method
+    gated = cfg.method.gate != "none"
+
+    def loss_fn(autocast: Any, channels_last: bool) -> LossFn:
+        return contrastive_loss_fn(method, cfg.method, autocast=autocast, channels_last=channels_last,
+                                   labeled=info.labeled)  # fmt: skip
+
+    def schedule(steps: int) -> LrSchedule:  # lr scaled by the global batch, warmup then cosine per step
+        return LrSchedule(cfg.train.epochs * steps, round(cfg.train.warmup_epochs * steps),
+                          start=cfg.train.warmup_start_lr, final=cfg.train.min_lr)  # fmt: skip
+
+    return Job(
+        name=cfg.method.name, stats=method.logged(cfg.method),
+        build_model=lambda: build_model(cfg, info.channels, info.image_size, info.num_classes),
+        param_groups=lambda model: param_groups(model, cfg, facts.peak_lrs), schedule=schedule,
+        make_loss_fn=loss_fn, terms=methods.terms(cfg.method, method), loader_options={"info": info},
+        labeled=info.labeled, heldout=build_heldout(cfg, info) if world.is_main else None,
+        heldout_columns=tuple(heldout_fields(gated)), on_start=partial(_time_notes, cfg, world),
+    )  # fmt: skip
+
+
+def _time_notes(cfg: Config, world: distributed.World, first_step: int, total_steps: int) -> OnSync | None:
+    """Before the first step (rank 0): the projected time (:func:`_project_time`; one process only:
+    its timing steps would gather negatives from processes that are not timing) or else the CPU
+    time warning's on_sync hook (:func:`_cpu_time_warning`)."""
+    if not world.distributed and _project_time(cfg, world.device, first_step, total_steps):
+        return None
+    return _cpu_time_warning(cfg, world.device, first_step, total_steps)
 
 
 def _export(model: ContrastiveModel, cfg: Config, run_dir: Path, *, drawn: bool) -> None:
@@ -286,32 +188,6 @@ def _export(model: ContrastiveModel, cfg: Config, run_dir: Path, *, drawn: bool)
         except RunDirError as e:  # a figure is not worth the export and the evaluation
             warnings.warn(f"no training curves: {e}", stacklevel=2)
     export_encoder(model, run_dir, cfg)
-
-
-def _model_and_optimizer(
-    cfg: Config, world: distributed.World, facts: RunFacts, amp_dtype: torch.dtype | None,
-    channels_last: bool,
-) -> tuple[ContrastiveModel, torch.optim.Optimizer, torch.amp.GradScaler]:
-    info = facts.data
-    model = build_model(cfg, info.channels, info.image_size, info.num_classes).to(world.device)
-    model = distributed.convert_sync_bn(model, cfg.train.sync_bn, world)
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    optimizer = build_optimizer(param_groups(model, cfg, facts.peak_lrs), cfg)
-    scaler = torch.amp.GradScaler(world.device.type, enabled=amp_dtype == torch.float16)
-    return model, optimizer, scaler
-
-
-def _check_weights(model: ContrastiveModel, cfg: Config, run: RunDir, epoch: int, step: int) -> None:
-    """Raise TrainingError if weights or BatchNorm statistics diverged while the loss stayed finite
-    (a collective under DDP; before the epoch's checkpoint)."""
-    bad = first_non_finite(model, run.world.rank)
-    if bad is not None:
-        raise TrainingError(
-            f"non-finite weights after epoch {epoch} (step {step}), although the loss stayed "
-            f"finite: {bad} holds NaN or inf (the training diverged: lower train.base_lr="
-            f"{cfg.train.base_lr:g}); " + run.kept("nothing was kept")
-        )
 
 
 def _evaluate(
@@ -339,31 +215,6 @@ def _evaluate(
 
 
 # ----------------------------------------------------------------------------- what the user sees
-def _progress(loader: Any, epoch: int, cfg: Config, world: distributed.World, initial: int = 0) -> Any:
-    """The epoch's batches, under a tqdm bar on rank 0 when ``train.progress`` (erased at its end)."""
-    if not cfg.train.progress or not world.is_main:
-        return loader
-    from tqdm.auto import tqdm
-
-    desc = f"{cfg.method.name} epoch {epoch + 1}/{cfg.train.epochs}"
-    return tqdm(loader, desc=desc, initial=initial, total=len(loader), leave=False, dynamic_ncols=True)
-
-
-def _shown(cfg: Config, means: dict[str, float]) -> dict[str, float]:
-    """The logged statistics the progress bar and the epoch line show (``Statistic.short``), by short
-    name (a gate's only with one: a run without a gate does not log them); a ``percent`` one × 100, as
-    log.csv has it."""
-    return {s.short: 100 * means[s.name] if s.percent else means[s.name]
-            for s in methods.get(cfg.method.name).stats if s.short and s.name in means}
-
-
-def _alarms(cfg: Config, means: dict[str, float]) -> None:
-    """Print each statistic's alarm (``Statistic.alarm``) whose epoch mean is over its threshold."""
-    for s in methods.get(cfg.method.name).stats:
-        if s.alarm is not None and means.get(s.name, 0.0) > s.alarm[0]:
-            print("warning: " + s.alarm[1].format(pct=100 * means[s.name]))
-
-
 def _project_time(cfg: Config, device: torch.device, first_step: int, total_steps: int) -> bool:
     """On the CPU with ``train.progress``, before the first step: time 2 training steps of ``cfg``
     (after a warm-up step, :func:`bayesncl.app.timing.images_per_second`, the estimator of
@@ -385,7 +236,7 @@ def _project_time(cfg: Config, device: torch.device, first_step: int, total_step
     finally:
         set_rng_state(saved)
     seconds = per_step * left
-    print(f"projected training time: {_clock(seconds)} (h:mm:ss) for {left:,} steps of {cfg.train.epochs} "
+    print(f"projected training time: {clock(seconds)} (h:mm:ss) for {left:,} steps of {cfg.train.epochs} "
           f"epochs at {per_step:.2f} s a step (timed here on 2 steps; the end-of-training evaluation "
           "comes after it)", flush=True)
     if seconds > CPU_WARN_AFTER_S:
@@ -411,21 +262,13 @@ def _cpu_time_warning(
         left = (time.time() - start) / (step - first_step) * (total_steps - step)
         if left > CPU_WARN_AFTER_S:
             warnings.warn(
-                f"training on the CPU: the {total_steps - step} steps left take about {_clock(left)} "
+                f"training on the CPU: the {total_steps - step} steps left take about {clock(left)} "
                 f"(h:mm:ss) at this rate ({cfg.train.epochs} epochs of {cfg.data.name}); for a run "
                 "sized for a CPU use --config fashion-mnist-demo, or train on a GPU (train.device=cuda)",
                 stacklevel=2,
             )
 
     return check
-
-
-def _epoch_line(cfg: Config, done: int, result: EpochResult, per_epoch: float) -> str:
-    """``ncl epoch 2/3: loss 5.43 InfoNCE 5.42 KL 8.86 open 0.04 | 32.1 s, ETA 0:01:05`` (``done``: 2)."""
-    shown = " ".join(f"{k} {v:.2f}" for k, v in _shown(cfg, result.stats).items())
-    eta = _clock(per_epoch * (cfg.train.epochs - done))
-    where = f"{cfg.method.name} epoch {done}/{cfg.train.epochs}"
-    return f"{where}: {shown} | {result.seconds:.1f} s, ETA {eta}"
 
 
 def _report_written(run_dir: Path, seconds: float) -> None:
@@ -436,10 +279,4 @@ def _report_written(run_dir: Path, seconds: float) -> None:
     shown = [n for n in names if n not in periodic]
     if periodic:
         shown.append(f"{len(periodic)} x epoch-NNNN.pt" if len(periodic) > 1 else periodic[0])
-    print(f"pretrain finished in {_clock(seconds)}: {run_dir} holds {', '.join(shown)}", flush=True)
-
-
-def _clock(seconds: float) -> str:
-    """``h:mm:ss``."""
-    m, s = divmod(round(seconds), 60)
-    return f"{m // 60}:{m % 60:02d}:{s:02d}"
+    print(f"pretrain finished in {clock(seconds)}: {run_dir} holds {', '.join(shown)}", flush=True)

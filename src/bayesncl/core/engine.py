@@ -1,10 +1,11 @@
 """The training loop without a disk or a screen: one step (:func:`train_step`), one epoch
-(:func:`train_one_epoch`, which returns the method's statistics by name), and what wraps the model
-for DDP.
+(:func:`train_one_epoch`, which returns the statistics by name), and what wraps the model for DDP.
 
-What leaves the loop goes through one :class:`Hooks` object (the step log, a progress display, a
-stop request) and :class:`EpochResult`; a stop inside an epoch returns a :class:`Cursor` that
-continues it. ``app.train`` runs the epochs and ``runs.rundir`` saves them.
+A step is ``loss_fn(step_model, batch)`` (:data:`LossFn`, typed: pretraining's is
+:func:`contrastive_loss_fn`, fine-tuning's its cross-entropy), backward, optimiser step. What leaves
+the loop goes through one :class:`Hooks` (declared callables: the stop request, the host-sync means,
+the step log) and :class:`EpochResult`; a stop inside an epoch returns a :class:`Cursor` that
+continues it. ``app.fit.fit`` runs the epochs; ``runs.rundir`` saves them.
 """
 
 from __future__ import annotations
@@ -28,8 +29,15 @@ from bayesncl.core.optim import LrSchedule, StepSchedule
 if TYPE_CHECKING:
     from bayesncl.core.configs import CoreConfig as Config
     from bayesncl.core.configs import MethodConfig
+    from bayesncl.core.methods import LossTerm, Method
 
 B = TypeVar("B")
+
+Views = tuple[Tensor, Tensor, Tensor]
+"""One training batch of n images: (x1, x2, y), the two views (n, C, S, S) and the labels (n,)."""
+LossFn = Callable[[nn.Module, Views], tuple[Tensor, dict[str, Tensor]]]
+"""A step's loss: ``loss_fn(step_model, batch)`` -> (the 0-d loss to back-propagate, the step's
+statistics by name, 0-d detached tensors on the device)."""
 
 STEP_LOG_EVERY = 25  # the CUDA loop's host-sync period, and steps.csv's: rows cost no extra sync
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # Ctrl-C; a cluster scheduler's preemption notice
@@ -82,15 +90,11 @@ def wrap_for_training(
     return step_model
 
 
-LossFn = Callable[..., tuple[Tensor, dict[str, Tensor]]]
-
-
-def compiled_loss(cfg: Config, world: distributed.World, loss_fn: LossFn | None = None) -> LossFn | None:
-    """The step's loss function for :class:`Training`'s ``loss_fn``: ``loss_fn`` (default
-    :func:`forward_loss`: model, gate, InfoNCE, KL, probe and the step statistics) compiled by
-    ``torch.compile`` in mode ``train.compile_mode`` when ``train.compile`` is on for this device
-    (:func:`compile_plan`) and the run is one process; else ``loss_fn`` itself (None: the eager
-    :func:`forward_loss`, looked up at each step). The optimiser step stays eager (LARS's trust ratio).
+def compiled_loss(cfg: Config, world: distributed.World, loss_fn: LossFn) -> LossFn:
+    """The step's ``loss_fn`` (pretraining's :func:`contrastive_loss_fn`, fine-tuning's
+    cross-entropy) compiled by ``torch.compile`` in mode ``train.compile_mode`` when
+    ``train.compile`` is on for this device (:func:`compile_plan`) and the run is one process; else
+    ``loss_fn`` itself. The optimiser step stays eager (LARS's trust ratio).
 
     In a CUDA-graph mode (``reduce-overhead``, ``max-autotune``; static shapes: the loaders drop the
     last partial batch) each call first marks a new step (``torch.compiler.cudagraph_mark_step_begin``),
@@ -99,14 +103,14 @@ def compiled_loss(cfg: Config, world: distributed.World, loss_fn: LossFn | None 
         return loss_fn
     import functools
 
-    fn = torch.compile(loss_fn or forward_loss, mode=_mode(cfg.train.compile_mode))
+    fn = torch.compile(loss_fn, mode=_mode(cfg.train.compile_mode))
     if cfg.train.compile_mode not in CUDA_GRAPH_MODES:
         return fn
 
-    @functools.wraps(loss_fn or forward_loss)
-    def step(*args: Any, **kwargs: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    @functools.wraps(loss_fn)
+    def step(step_model: nn.Module, batch: Views) -> tuple[Tensor, dict[str, Tensor]]:
         torch.compiler.cudagraph_mark_step_begin()
-        return fn(*args, **kwargs)
+        return fn(step_model, batch)
 
     return step
 
@@ -117,43 +121,62 @@ def _mode(mode: str) -> str | None:
 
 
 def forward_loss(
-    step_model: nn.Module, x1: Tensor, x2: Tensor, y: Tensor, method: MethodConfig, *, autocast: Any = None,
+    step_model: nn.Module, x1: Tensor, x2: Tensor, y: Tensor, m: MethodConfig, *, autocast: Any = None,
     channels_last: bool = False, index: Tensor | None = None, labeled: bool = True,
+    method: Method | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """This process's loss on one batch, and the method's detached step statistics by name
-    (:func:`bayesncl.core.methods.statistics`, e.g. ``loss``, ``info_nce``, ``online_acc``).
+    (``method.logged(m)``: e.g. ``loss``, ``info_nce``, ``online_acc``; a gate's only with a gate).
 
     x1, x2: (n, C, S, S) the two views of n images; y: (n,) labels, read by the online probe and by
     the terms of a supervised method (``labeled``: False where y carries none). The loss is the
     method's over the 2n local rows (under DDP the negatives are gathered from every rank, see
     :func:`bayesncl.core.head.contrastive_loss`) plus the probe's cross-entropy on sg(h). Each
     term is a mean over local rows, so DDP's gradient average is the global mean.
-    index: (n,) dataset indices: the views of one image are all positives (a repeated image).
+    m: the checked ``method.*`` config; method: its :class:`~bayesncl.core.methods.Method`, resolved
+    once per run (None: looked up by ``m.name`` here). index: (n,) dataset indices: the views of one
+    image are all positives (a repeated image).
     """
+    method = method or methods.get(m.name)
     x = torch.cat([x1, x2])
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     with autocast if autocast is not None else nullcontext():
         out, logits_cls = step_model(x)
-    labels = y if labeled and methods.get(method.name).needs_labels else None
-    loss, terms = contrastive_loss(out, method, index=index, labels=labels)
+    labels = y if labeled and method.needs_labels else None
+    loss, terms = contrastive_loss(out, m, index=index, labels=labels)
     yy = torch.cat([y, y])
     probe_loss = nn.functional.cross_entropy(logits_cls.float(), yy)
     with torch.no_grad():
-        stats = methods.statistics(method, methods.Step(loss, terms, out, logits_cls, yy))
+        step = methods.Step(loss, terms, out, logits_cls, yy, m)
+        stats = {s.name: s.fn(step) for s in method.logged(m)}
     return loss + probe_loss, stats
 
 
+def contrastive_loss_fn(
+    method: Method, m: MethodConfig, *, autocast: Any = None, channels_last: bool = False,
+    labeled: bool = True,
+) -> LossFn:
+    """Pretraining's :data:`LossFn`: :func:`forward_loss` of ``method`` (resolved once per run) with
+    the config ``m``, in ``autocast`` (a ``torch.autocast`` or None) and, ``channels_last``, on
+    channels-last input; ``labeled``: the batches' labels are real (a supervised method reads them)."""
+
+    def loss_fn(step_model: nn.Module, batch: Views) -> tuple[Tensor, dict[str, Tensor]]:
+        x1, x2, y = batch
+        return forward_loss(step_model, x1, x2, y, m, autocast=autocast, channels_last=channels_last,
+                            labeled=labeled, method=method)  # fmt: skip
+
+    return loss_fn
+
+
 def train_step(
-    step_model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, *args: Any,
-    **kwargs: Any,
+    step_model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, batch: Views,
+    loss_fn: LossFn,
 ) -> dict[str, Tensor]:
-    """:func:`forward_loss` (``args``, ``kwargs``: its ``x1, x2, y, method`` and keywords; or
-    ``loss_fn=`` with the same signature), backward, optimiser step. Returns the statistics by name,
-    on the device: nothing here waits for the device (fp16's GradScaler does, once per step, to skip
+    """``loss_fn(step_model, batch)``, backward, optimiser step. Returns the statistics by name, on
+    the device: nothing here waits for the device (fp16's GradScaler does, once per step, to skip
     inf steps; bf16 and fp32 need no scaler)."""
-    loss_fn = kwargs.pop("loss_fn", None) or forward_loss
-    loss, stats = loss_fn(step_model, *args, **kwargs)
+    loss, stats = loss_fn(step_model, batch)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     scaler.step(optimizer)
@@ -192,35 +215,43 @@ def prefetch_to_device(batches: Iterable[B], device: torch.device) -> Iterator[B
 # ----------------------------------------------------------------------------- one epoch
 @dataclass
 class Training:
-    """What every step of a run uses, built once by ``app.train``."""
+    """What every step of a run uses, built once by ``app.fit.fit``."""
 
     step_model: nn.Module  # :func:`wrap_for_training`'s
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    method: MethodConfig
+    loss_fn: LossFn  # the step's loss and statistics (compiled_loss's, when train.compile is on)
     schedule: LrSchedule | StepSchedule  # every group's rate at each step, from its peak_lr
     device: torch.device
     distributed: bool  # several processes: a stop is decided at a host sync, by all together
-    autocast: Any = None
-    channels_last: bool = False
-    labeled: bool = True  # the labels of the batches are real (a supervised method's terms read them)
-    # the step's loss and statistics by name: None is forward_loss (pretraining); app.finetune passes
-    # its cross-entropy; either compiled by compiled_loss when train.compile is on
-    loss_fn: LossFn | None = None
+    terms: tuple[LossTerm, ...] = ()  # the loss terms a non-finite loss's message names (methods.terms)
 
 
+def _no_stop() -> int | None:
+    return None
+
+
+def _on_sync(step: int, means: dict[str, float]) -> None:
+    return None
+
+
+def _on_step_log(step: int, means: dict[str, float], lr: float) -> None:
+    return None
+
+
+@dataclass(slots=True)
 class Hooks:
-    """What the loop asks and tells its caller (each a no-op here; ``app.train`` overrides them)."""
+    """What the loop asks and tells its caller, as declared callables (no-ops unless given;
+    ``app.fit.fit`` passes a run's: the run dir's stop signal, the progress bar, steps.csv). Slots:
+    nothing else can be attached to it."""
 
-    def stop_requested(self) -> int | None:
-        """The stop signal this process received (Ctrl-C, SIGTERM), or None."""
-        return None
-
-    def on_sync(self, step: int, means: dict[str, float]) -> None:
-        """At each host sync: the epoch's running means of the statistics so far."""
-
-    def on_step_log(self, step: int, means: dict[str, float], lr: float) -> None:
-        """Every :data:`STEP_LOG_EVERY` steps: the means since the previous call, and the rate."""
+    #: The stop signal this process received (Ctrl-C, SIGTERM), or None; asked at every step.
+    stop_requested: Callable[[], int | None] = _no_stop
+    #: At each host sync (every step on the CPU, every STEP_LOG_EVERY on CUDA): (optimiser steps done,
+    #: the epoch's running means of the statistics by name).
+    on_sync: Callable[[int, dict[str, float]], None] = _on_sync
+    #: Every :data:`STEP_LOG_EVERY` steps: (steps done, the means since the previous call, the lr).
+    on_step_log: Callable[[int, dict[str, float], float], None] = _on_step_log
 
 
 @dataclass
@@ -261,7 +292,7 @@ class EpochResult:
 
 
 def train_one_epoch(
-    t: Training, batches: Iterable[tuple[Tensor, Tensor, Tensor]], *, epoch: int, step: int,
+    t: Training, batches: Iterable[Views], *, epoch: int, step: int,
     steps_per_epoch: int, cursor: Cursor | None = None, hooks: Hooks | None = None,
 ) -> EpochResult:
     """Train over ``batches`` (this process's (x1, x2, y) of epoch ``epoch``, 0-based), from the
@@ -281,11 +312,9 @@ def train_one_epoch(
     lr = t.schedule.at(max(step - 1, 0), peak) if t.schedule.total_steps else 0.0  # a stop after an epoch
     stop_signal = None
     t.step_model.train()
-    for x1, x2, y in prefetch_to_device(batches, t.device):
+    for batch in prefetch_to_device(batches, t.device):
         lr = t.schedule.apply(t.optimizer, step)
-        stats = train_step(t.step_model, t.optimizer, t.scaler, x1, x2, y, t.method, autocast=t.autocast,
-                           channels_last=t.channels_last, labeled=t.labeled,
-                           loss_fn=t.loss_fn)
+        stats = train_step(t.step_model, t.optimizer, t.scaler, batch, t.loss_fn)
         # a copy of the first step's (a CUDA graph's outputs are overwritten by its next replay); a
         # statistic the stopped epoch's checkpoint has no sum of (one added since): NaN for this epoch
         sums = {k: sums[k] + v if k in sums else torch.full_like(v, math.nan) for k, v in stats.items()} \
@@ -312,11 +341,11 @@ def train_one_epoch(
 
 
 def _non_finite(t: Training, stats: dict[str, Tensor], step: int, epoch: int) -> str:
-    """The one-line message of a non-finite loss: the step, and this step's value of each loss term."""
-    values = ", ".join(
-        f"{term.label or term.name}={float(stats[term.name]):.4g}" for term in methods.terms(t.method)
-        if term.name in stats
-    )
+    """The one-line message of a non-finite loss: the step, and this step's value of each loss term
+    (``t.terms``; the loss itself where none is logged, as in fine-tuning)."""
+    named = [(term.label or term.name, term.name) for term in t.terms if term.name in stats]
+    named = named or [(methods.LOSS.name, methods.LOSS.name)]
+    values = ", ".join(f"{label}={float(stats[name]):.4g}" for label, name in named)
     # CPU checks every step; CUDA every STEP_LOG_EVERY steps (no per-step host sync)
     where = "at" if t.device.type == "cpu" else "detected by"
     return f"non-finite loss {where} step {step} (epoch {epoch + 1}): {values}"

@@ -1,12 +1,16 @@
 """The run's CSV logs: ``log.csv`` (one row per epoch) and ``steps.csv`` (one row every
-:data:`bayesncl.core.engine.STEP_LOG_EVERY` optimiser steps). Their statistic columns are the
-method's statistics (:class:`bayesncl.core.methods.Statistic`), by name."""
+:data:`bayesncl.core.engine.STEP_LOG_EVERY` optimiser steps). Their statistic columns are those of
+the statistics the run logs (:class:`bayesncl.core.methods.Statistic`: its method's,
+``Method.logged``, or fine-tuning's), by name: a run without a gate has no gate column
+(:func:`log_columns`). A resumed run keeps its files' header (:func:`read_header`), so a log written
+before every column of an ungated run was dropped keeps its empty gate columns."""
 
 from __future__ import annotations
 
 import csv
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,14 @@ HELDOUT_FIELDS = [
     "heldout_sc", "heldout_h_sum", "heldout_active_dims", "heldout_effective_rank", "heldout_gate_open",
     "heldout_gate_mean_alpha",
 ]
+HELDOUT_GATE_FIELDS = ("heldout_gate_open", "heldout_gate_mean_alpha")
+"""The held-out columns of a run with a gate only."""
+
+
+def heldout_fields(gated: bool) -> list[str]:
+    """The ``heldout_*`` columns of a pretraining run: :data:`HELDOUT_FIELDS`, the gate's only
+    ``gated``."""
+    return [f for f in HELDOUT_FIELDS if gated or f not in HELDOUT_GATE_FIELDS]
 
 
 def stat_columns(stats: Iterable[Statistic], per_step: bool = False) -> list[str]:
@@ -32,23 +44,56 @@ def stat_columns(stats: Iterable[Statistic], per_step: bool = False) -> list[str
     return cols
 
 
+@dataclass(frozen=True)
+class LogColumns:
+    """The headers of a run's two logs: ``epoch`` log.csv's, ``step`` steps.csv's."""
+
+    epoch: tuple[str, ...]
+    step: tuple[str, ...]
+
+
+def log_columns(stats: Sequence[Statistic], heldout: Sequence[str] = ()) -> LogColumns:
+    """The columns of a run that logs ``stats`` (in order; ``Method.logged`` for pretraining) and
+    the held-out monitor's ``heldout`` (:func:`heldout_fields`; none in fine-tuning): log.csv's
+    ``epoch, step``, each statistic (and its reference key), ``lr, epoch_time_s``, ``heldout``;
+    steps.csv's ``step, epoch``, the per-step statistics, ``lr``."""
+    return LogColumns(
+        ("epoch", "step", *stat_columns(stats), "lr", "epoch_time_s", *heldout),
+        ("step", "epoch", *stat_columns(stats, per_step=True), "lr"),
+    )
+
+
 ADDED_COLUMNS = ("gate_mean_alpha",)
 """Statistic columns added after runs were first logged: a log without them is still a log (a run
 logged before ``gate_mean_alpha``, whose soft gate's ``gate_open`` held mean α, docs/metrics.md)."""
-LOG_FIELDS = ["epoch", "step", *stat_columns(CONTRASTIVE_STATS), "lr", "epoch_time_s", *HELDOUT_FIELDS]
-"""log.csv's columns for a built-in method; a method's further statistics go before ``lr``."""
+LOG_FIELDS = list(log_columns(CONTRASTIVE_STATS, HELDOUT_FIELDS).epoch)
+"""log.csv's columns for a built-in method with a gate, and those of every run logged before a run's
+columns were its own statistics' (an ungated run's gate columns empty there)."""
 # steps.csv: one row every STEP_LOG_EVERY optimiser steps, the means over the steps since the
 # previous row of the same epoch (epoch = step / steps per epoch, fractional)
-STEP_LOG_FIELDS = ["step", "epoch", *stat_columns(CONTRASTIVE_STATS, per_step=True), "lr"]
+STEP_LOG_FIELDS = list(log_columns(CONTRASTIVE_STATS).step)
 
 
-def write_log(run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv") -> None:
-    """Write ``run_dir/log.csv`` (one row per epoch, ``LOG_FIELDS``) or, with ``name="steps.csv"``,
-    the per-step log (``STEP_LOG_FIELDS``), atomically, with ``\\n`` line ends. Columns the rows have
-    beyond those (a method's own statistics) go before ``lr``, in the rows' order; ``lr`` has 6
-    significant digits."""
-    fields = STEP_LOG_FIELDS if name == "steps.csv" else LOG_FIELDS
-    more = list(dict.fromkeys(k for r in rows for k in r if k not in fields))
+def read_header(path: Path) -> list[str] | None:
+    """The header of the CSV file ``path`` (its first line's columns), or None where it does not
+    exist or has none (an empty file, unreadable text)."""
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            return next(csv.reader(f), None)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def write_log(
+    run_dir: Path, rows: list[dict[str, Any]], name: str = "log.csv", fields: Sequence[str] | None = None
+) -> None:
+    """Write ``run_dir/log.csv`` (one row per epoch) or, with ``name="steps.csv"``, the per-step log,
+    atomically, with ``\\n`` line ends, under the header ``fields`` (the run's :class:`LogColumns`;
+    None: ``LOG_FIELDS`` or ``STEP_LOG_FIELDS``). Columns the rows have beyond those go before ``lr``,
+    in the rows' order (not one that is empty in every row: an older run's gate cells, resumed
+    without its log.csv); a cell a row lacks is empty; ``lr`` has 6 significant digits."""
+    fields = list(fields) if fields is not None else STEP_LOG_FIELDS if name == "steps.csv" else LOG_FIELDS
+    more = list(dict.fromkeys(k for r in rows for k, v in r.items() if k not in fields and v != ""))
     at = fields.index("lr")
     fields = [*fields[:at], *more, *fields[at:]]
     with atomic_path(run_dir / name) as tmp, tmp.open("w", newline="") as f:

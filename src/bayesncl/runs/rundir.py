@@ -24,7 +24,7 @@ from bayesncl.data import mix_seed
 from bayesncl.runs import layout, lock, messages
 from bayesncl.runs.fileio import atomic_path, remove_stale_temporaries
 from bayesncl.runs.loggers import RunLoggers
-from bayesncl.runs.logs import ADDED_COLUMNS, write_log
+from bayesncl.runs.logs import ADDED_COLUMNS, LogColumns, read_header, write_log
 from bayesncl.runs.messages import RunDirError, TrainingInterrupted
 from bayesncl.runs.safe_load import (
     CHECKPOINT_FORMAT,
@@ -180,7 +180,7 @@ class RunDir:
         with RunDir(path, cfg, world, resume=..., overwrite=...) as run:  # checks, reads last.pt
             precision = run.precision(plan)  # plan: core.optim.precision_plan; on --resume the run's
             state = run.restore(model, optimizer, scaler, steps_per_epoch)
-            run.claim(state)  # lock, --overwrite's set-aside, config.yaml, Ctrl-C/SIGTERM handlers
+            run.claim(state, columns)  # lock, --overwrite's set-aside, config.yaml, Ctrl-C/SIGTERM handlers
             ... run.save(state) / run.save_mid_epoch(state, stopped)
             run.finish()
         run.log_results(metrics)  # (rank 0) the train.loggers get the final metrics and figures
@@ -205,6 +205,7 @@ class RunDir:
         self.loggers: RunLoggers | None = None  # rank 0, from claim() to the end of the ``with``
         self._trained: tuple[nn.Module, torch.optim.Optimizer, torch.amp.GradScaler]  # by restore()
         self._precision: Precision | None = None  # by precision(): recorded in the checkpoints
+        self.columns: LogColumns | None = None  # the logs' headers, by claim()
 
     def __enter__(self) -> RunDir:
         self.checkpoint = distributed.run_on_main(
@@ -329,15 +330,17 @@ class RunDir:
             )
         return [*recorded, {**here, "from_step": ckpt["step"]}]
 
-    def claim(self, state: TrainState) -> None:
+    def claim(self, state: TrainState, columns: LogColumns) -> None:
         """Take the run dir (rank 0; every rank gets its error): lock it, re-check it under the lock,
         set a previous run aside (``--overwrite``), archive the results of a shorter run a
-        ``--resume`` extends, write ``config.yaml`` and the logs as ``state`` holds them. Then catch
+        ``--resume`` extends, write ``config.yaml`` and the logs as ``state`` holds them. The logs'
+        headers are ``columns`` (``runs.logs.log_columns`` of the run's statistics), or on
+        ``--resume`` those of the files the run wrote (an older log keeps its columns). Then catch
         the first Ctrl-C or SIGTERM (:attr:`stop_signal`) until :meth:`finish`."""
-        distributed.run_on_main(lambda: self._claim(state))
+        distributed.run_on_main(lambda: self._claim(state, columns))
         self._install_handlers()
 
-    def _claim(self, state: TrainState) -> None:
+    def _claim(self, state: TrainState, columns: LogColumns) -> None:
         run_dir, ckpt, cfg = self.path, self.checkpoint, self.cfg
         run_dir.mkdir(parents=True, exist_ok=True)
         claim = lock.lock_run_dir(run_dir)  # the first write; None where there are no file locks
@@ -351,6 +354,12 @@ class RunDir:
             self._aside = lock.set_aside_run_artifacts(run_dir)
         if ckpt is None:  # a run killed before its first checkpoint may have left its step log
             (run_dir / "steps.csv").unlink(missing_ok=True)
+        else:  # a resume: the logs keep the headers the run's files have (an older run: every column)
+            columns = LogColumns(
+                tuple(read_header(run_dir / "log.csv") or columns.epoch),
+                tuple(read_header(run_dir / "steps.csv") or columns.step),
+            )
+        self.columns = columns
         if ckpt is not None and ckpt["epoch"] < cfg.train.epochs:
             moved = layout.archive_results(run_dir, ckpt["epoch"])
             if moved is not None:
@@ -428,10 +437,11 @@ class RunDir:
             save_checkpoint(self.path / f"epoch-{state.epoch:04d}.pt", *self._trained, state, self.cfg)
 
     def _write_logs(self, state: TrainState) -> None:
+        assert self.columns is not None  # set by claim(), before any save
         if state.log:
-            write_log(self.path, state.log)
+            write_log(self.path, state.log, fields=self.columns.epoch)
         if state.step_log:  # with the epoch rows, not rewritten every STEP_LOG_EVERY steps
-            write_log(self.path, state.step_log, "steps.csv")
+            write_log(self.path, state.step_log, "steps.csv", self.columns.step)
 
     def _install_handlers(self) -> None:
         """The first Ctrl-C or SIGTERM sets :attr:`stop_signal` (the loop finishes its step, saves

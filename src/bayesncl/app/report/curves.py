@@ -27,7 +27,6 @@ from bayesncl.core import methods
 from bayesncl.core.engine import STEP_LOG_EVERY
 from bayesncl.runs.fileio import write_failure_reason
 from bayesncl.runs.lock import set_aside_hint
-from bayesncl.runs.logs import ADDED_COLUMNS, LOG_FIELDS, STEP_LOG_FIELDS
 from bayesncl.runs.messages import RunDirError
 
 __all__ = [
@@ -85,8 +84,10 @@ def read_log(source: str | Path) -> list[dict[str, float]]:
     """Rows of a run's ``log.csv`` as floats (an empty cell, e.g. ``rho`` of an ungated run, is NaN).
 
     source: a run dir or a ``log.csv`` path. returns: one dict per logged epoch, in file order,
-    keyed by the file's columns. Raises RunDirError (one line) if there is no log, a column of
-    ``LOG_FIELDS`` that the curves need is missing, a cell is not a number, or no epoch is logged.
+    keyed by the file's columns (its run's statistics: no gate column for a run without a gate, and
+    in a log written before that the gate's columns empty, i.e. NaN). Raises RunDirError (one line)
+    if there is no log, a column of :data:`REQUIRED` is missing, a cell is not a number, or no epoch
+    is logged.
     """
     path = Path(source)
     if path.is_dir():
@@ -102,31 +103,30 @@ def read_log(source: str | Path) -> list[dict[str, float]]:
             f"{where}: expected a run dir (or its log.csv) with at least one finished epoch"
             + set_aside_hint(path.parent)
         )
-    rows = _read_csv(path, LOG_FIELDS)
+    rows = _read_csv(path, "epoch,step,loss,<the run's statistics>,lr,epoch_time_s")
     if not rows:
         raise RunDirError(f"{path}: no epoch has finished yet (the log has a header only)")
     return rows
 
 
 def read_steps(run_dir: str | Path) -> list[dict[str, float]]:
-    """Rows of ``run_dir/steps.csv`` as floats (``STEP_LOG_FIELDS``), or [] where the run has none
+    """Rows of ``run_dir/steps.csv`` as floats (its columns), or [] where the run has none
     (fewer than 25 steps so far, or a run from before the per-step log). Raises RunDirError like
     :func:`read_log` for a malformed file."""
     path = Path(run_dir) / "steps.csv"
-    return _read_csv(path, STEP_LOG_FIELDS) if path.is_file() else []
+    return _read_csv(path, "step,epoch,loss,<the run's statistics>,lr") if path.is_file() else []
 
 
-def _read_csv(path: Path, fields: Sequence[str]) -> list[dict[str, float]]:
+def _read_csv(path: Path, expected: str) -> list[dict[str, float]]:
+    """The rows of the log ``path`` as floats; ``expected``: its header, as a RunDirError says it."""
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:  # (a byte-order mark from an editor)
             reader = csv.DictReader(f)
             header = reader.fieldnames or []
             missing = _missing_columns(header)
             if missing:
-                raise RunDirError(
-                    f"{path}: not a bayesncl log (no column {', '.join(missing)}; "
-                    f"expected {','.join(fields)})"
-                )
+                no = ", ".join(missing)
+                raise RunDirError(f"{path}: not a bayesncl log (no column {no}; expected {expected})")
             rows = []
             for line, r in enumerate(reader, start=2):
                 if None in r or None in r.values():
@@ -137,14 +137,15 @@ def _read_csv(path: Path, fields: Sequence[str]) -> list[dict[str, float]]:
         raise RunDirError(f"{path}: not a bayesncl log (not UTF-8 text)") from None
 
 
+REQUIRED = ("epoch", methods.LOSS.name)
+"""The columns every bayesncl log has (its x, every run's first statistic: a method's loss or
+fine-tuning's cross-entropy); the others are the run's own statistics (an ungated run has no gate
+column, a log written before issue 45 has them empty), read where present."""
+
+
 def _missing_columns(header: Sequence[str]) -> list[str]:
-    """What a log lacks to be a bayesncl log: ``epoch`` and the panel statistics of some registered
-    method (those of the method it is closest to, in panel order; not :data:`ADDED_COLUMNS`, which
-    older logs lack); [] for a log."""
-    order = [s.name for s in panels() if s.name not in ADDED_COLUMNS]
-    wanted = [{s.name for s in m.stats if s.title} - set(ADDED_COLUMNS) for m in methods.METHODS.values()]
-    closest = min(wanted, key=lambda names: len(names - set(header)))
-    return [k for k in ("epoch", *(n for n in order if n in closest)) if k not in header]
+    """What a log lacks to be a bayesncl log (of :data:`REQUIRED`); [] for a log."""
+    return [k for k in REQUIRED if k not in header]
 
 
 def _number(value: str | None, path: Path, line: int, column: str) -> float:

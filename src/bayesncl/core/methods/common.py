@@ -9,17 +9,20 @@ with a gate). torch is imported when a term first runs, so reading a config does
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from bayesncl.core.methods.spec import Batch, LossTerm, Part, Statistic, Step
 
 if TYPE_CHECKING:
+    import numpy as np
     from torch import Tensor
 
     from bayesncl.core.configs import MethodConfig
     from bayesncl.core.methods.spec import ModelOutput
 
-__all__ = ["INFO_NCE", "KL", "PARTS", "CONTRASTIVE_STATS", "LOSS", "term_statistic"]
+__all__ = ["INFO_NCE", "KL", "PARTS", "CONTRASTIVE_STATS", "LOSS", "term_statistic", "closed_rows"]
+
+ArrayT = TypeVar("ArrayT", "Tensor", "np.ndarray")
 
 
 def info_nce_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
@@ -90,8 +93,16 @@ def mean_alpha(s: Step) -> Tensor:
     return s.out.alpha.float().mean()
 
 
+def closed_rows(open_: ArrayT) -> ArrayT:
+    """The rows with every gate closed: (M,) bool from the open gates ``open_`` (M, D) bool, a torch
+    tensor or a NumPy array (``1[α > method.threshold]``, :func:`open_gates`). Their share is
+    ``rows_all_closed``: logged in training (the 2n views of a step) and in evaluation.json (the
+    test images, ``app.evaluate``)."""
+    return ~open_.any(1)
+
+
 def _closed_rows(s: Step) -> Tensor:
-    return (~open_gates(s).any(1)).float().mean()
+    return closed_rows(open_gates(s)).float().mean()
 
 
 def _probe_accuracy(s: Step) -> Tensor:

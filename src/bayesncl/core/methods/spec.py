@@ -92,14 +92,16 @@ class Step:
     """What a statistic reads of one training step (all on the device, nothing synchronised).
 
     loss: the method's loss (0-d); terms: each loss term's detached value by name (terms of absent
-    parts are missing); out: the model output; class_logits: (2n, classes) the online probe's logits
-    on sg(h) or None; labels: (2n,) the labels of the 2n views or None; method: the checked
+    parts are missing); out: the model output (None in fine-tuning, which has no projector: its
+    statistics read ``loss``, ``class_logits`` and ``labels`` only); class_logits: (2n, classes) the
+    online probe's logits on sg(h) (fine-tuning: the head's, (n, classes)) or None; labels: the labels
+    of those rows or None; method: the checked
     ``method.*`` config (the gate's threshold, say; :func:`bayesncl.core.methods.statistics` fills it
     in where it is None)."""
 
     loss: Tensor
     terms: dict[str, Tensor]
-    out: ModelOutput
+    out: ModelOutput | None
     class_logits: Tensor | None = None
     labels: Tensor | None = None
     method: MethodConfig | None = None
@@ -113,7 +115,8 @@ class Statistic:
 
     title: its training-curves panel ("" none); short: its name on the progress bar and the epoch
     line ("" not shown); percent: logged × 100; needs_labels: empty where the data has no labels;
-    gated: means something only with a gate (a run without one does not log it: empty cells);
+    gated: means something only with a gate (a run without one does not log it: no column,
+    :meth:`Method.logged`);
     reference: a ``method.*`` key logged beside it and drawn dashed on its panel; per_step: also a
     steps.csv column; alarm: (threshold, message) printed when the epoch's mean exceeds it (``{pct}``
     in the message: the mean in %); ylim: the panel's y range."""
@@ -201,6 +204,13 @@ class Method:
     @property
     def gated(self) -> bool:
         return self.gate != "none"
+
+    def logged(self, m: MethodConfig) -> tuple[Statistic, ...]:
+        """The statistics a run of ``m`` (this method's ``method.*`` config) logs, in log.csv's order:
+        :attr:`stats`, less the gate's (``Statistic.gated``) where ``m`` has no gate
+        (``method.gate=none``). Its log.csv and steps.csv have a column for these only."""
+        gated = m.gate != "none"
+        return tuple(s for s in self.stats if gated or not s.gated)
 
     @property
     def parts(self) -> dict[str, Any]:
