@@ -153,7 +153,7 @@ def test_the_epoch_line_shows_a_percent_statistic_in_percent_as_log_csv(registry
     import dataclasses
 
     import bayesncl
-    from bayesncl.app.train import _shown
+    from bayesncl.app.fit import shown
     from bayesncl.core import methods
 
     active = methods.Statistic("z_active", lambda step: (step.out.z > 0).float().mean(), short="act",
@@ -161,5 +161,6 @@ def test_the_epoch_line_shows_a_percent_statistic_in_percent_as_log_csv(registry
     bayesncl.register_method(dataclasses.replace(methods.get("ncl"), name="ncl-act", source=None,
                                                  stats=(*methods.get("ncl").stats, active)))
     cfg = build_config(overrides=["method.name=ncl-act"])
-    assert _shown(cfg, {"loss": 4.5, "info_nce": 4.5, "z_active": 0.56}) == pytest.approx(
-        {"loss": 4.5, "InfoNCE": 4.5, "act": 56.0})
+    stats = methods.get(cfg.method.name).stats
+    assert shown(stats, {"loss": 4.5, "info_nce": 4.5, "z_active": 0.56}) == {
+        "loss": "4.50", "InfoNCE": "4.50", "act": "56.0 %"}
