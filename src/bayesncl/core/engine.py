@@ -144,7 +144,7 @@ def forward_loss(
     with autocast if autocast is not None else nullcontext():
         out, logits_cls = step_model(x)
     labels = y if labeled and method.needs_labels else None
-    loss, terms = contrastive_loss(out, m, index=index, labels=labels)
+    loss, terms = contrastive_loss(out, m, index=index, labels=labels, spec=method)
     yy = torch.cat([y, y])
     probe_loss = nn.functional.cross_entropy(logits_cls.float(), yy)
     with torch.no_grad():

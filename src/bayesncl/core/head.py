@@ -111,7 +111,7 @@ class ModelHead(nn.Module):
 
 def contrastive_loss(
     out: ModelOutput, method: MethodConfig, *, gather: bool | None = None, index: Tensor | None = None,
-    labels: Tensor | None = None,
+    labels: Tensor | None = None, spec: methods.Method | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of the method ``method.name`` on one batch: the weighted sum of its loss terms and
     its parts' (:func:`bayesncl.core.methods.loss`), e.g. InfoNCE(z̃, τ) + λ·KL(Bern(α) ‖ Bern(ρ))
@@ -122,10 +122,11 @@ def contrastive_loss(
     contrastive negatives from every process (``None``, the default: whenever torch.distributed runs
     with more than one process; ``False``: local negatives only, not the paper's objective under
     DDP). index: (n,) the dataset index of each image (every view of the same image is a positive).
-    labels: (n,) class labels, for the terms of supervised methods.
+    labels: (n,) class labels, for the terms of supervised methods. spec: the registered
+    :class:`~bayesncl.core.methods.Method` of ``method.name``, resolved once per run (None: looked up).
     """
     gather = distributed.is_distributed() if gather is None else gather
-    return methods.loss(out, method, methods.Batch(labels=labels, index=index, gather=gather))
+    return methods.loss(out, method, methods.Batch(labels=labels, index=index, gather=gather), spec)
 
 
 class ContrastiveHead(ModelHead):

@@ -157,12 +157,15 @@ def unread_keys(m: MethodConfig) -> set[str]:
     return every - read
 
 
-def loss(out: ModelOutput, m: MethodConfig, batch: Batch) -> tuple[Tensor, dict[str, Tensor]]:
+def loss(
+    out: ModelOutput, m: MethodConfig, batch: Batch, method: Method | None = None
+) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of a run of ``m`` on one batch: Σ weight · term over :func:`terms` (the first term
-    unweighted when it has no weight key), and each term's detached value by name."""
+    unweighted when it has no weight key), and each term's detached value by name. ``method``: the
+    run's :class:`Method`, resolved once (None: looked up by ``m.name``)."""
     total: Tensor | None = None
     values: dict[str, Tensor] = {}
-    for term in terms(m):
+    for term in terms(m, method):
         value = term.fn(out, batch, m)
         values[term.name] = value.detach()
         weighted = value if term.weight is None else getattr(m, term.weight) * value
