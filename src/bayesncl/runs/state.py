@@ -82,7 +82,8 @@ def describe_kernels(rec: dict[str, Any]) -> str:
         f"CPU {rec.get('cpu_capability')} kernels ({rec.get('cpu_flags') or 'no vector flags'}"
         + (f"; {rec['caps']}" if rec.get("caps") else "") + ")"
     )
-    return f"torch {rec.get('torch')}, {where}, {rec.get('threads')} threads"
+    threads = rec.get("threads")
+    return f"torch {rec.get('torch')}, {where}, {threads} thread{'' if threads == 1 else 's'}"
 
 
 def atomic_save(obj: Any, path: Path) -> None:
