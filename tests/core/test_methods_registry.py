@@ -227,7 +227,10 @@ def test_the_examples_of_docs_extending_md_run(registry: None, capsys: pytest.Ca
     for block in re.findall(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), flags=re.S):
         exec(compile(block, str(doc), "exec"), {})  # noqa: S102 - our own documentation
     printed = capsys.readouterr().out.splitlines()
-    assert printed == ["0.01 0.01", "['cls']", "['online_acc', 'z_active']", "mean_l1 2.0000"]
+    assert printed == [
+        "gate 2 1, 2 or 3", "('gate_depth', 'gate_hidden') ['name', 'nonneg', 'temperature', 'topk']",
+        "0.01 0.01", "['cls']", "['online_acc', 'z_active']", "mean_l1 2.0000",
+    ]
     assert methods.get("ncl-active").source is not None  # a user's method, checked on a test batch
 
 

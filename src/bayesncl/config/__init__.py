@@ -42,7 +42,8 @@ from bayesncl.config.schema import (
     valid_keys,
 )
 from bayesncl.core import methods
-from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig, TrainConfig
+from bayesncl.core.configs import ConfigError, ModelConfig, TrainConfig
+from bayesncl.core.methods import MethodConfig
 from bayesncl.core.plugins import PLUGINS_FILE, load_plugin
 
 __all__ = [

@@ -13,7 +13,8 @@ from dataclasses import asdict
 
 from bayesncl.config.schema import LOGGERS, Config, DataConfig, EvalDataConfig, choices
 from bayesncl.core import methods
-from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig
+from bayesncl.core.configs import ConfigError, ModelConfig
+from bayesncl.core.methods import MethodConfig
 
 
 def warn_inert_keys(method: MethodConfig, inert: list[str], stacklevel: int = 2) -> None:

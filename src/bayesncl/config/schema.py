@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bayesncl.core import methods
-from bayesncl.core.configs import COMPILE_MODES, ConfigError, MethodConfig, ModelConfig, TrainConfig
+from bayesncl.core.configs import COMPILE_MODES, ConfigError, ModelConfig, TrainConfig
+from bayesncl.core.methods import MethodConfig
 
 
 @dataclass

@@ -1,4 +1,6 @@
-"""The configuration types the core reads: the model, the method and the optimisation sections.
+"""The configuration types the core reads: the model and the optimisation sections, and what it reads
+of the method's (:class:`MethodSettings`; the section itself, ``bayesncl.core.methods.MethodConfig``, is
+built from the keys the method config and its parts declare).
 
 :mod:`bayesncl.config` composes them with the data and evaluation sections into its ``Config``,
 loads and checks it; nothing here imports it, so the core and the config do not import each other.
@@ -34,37 +36,16 @@ class ModelConfig:
     proj_dim: int = 256
 
 
-@dataclass
-class MethodConfig:
-    """The method as a configuration of parts; ``name`` selects a preset of the fields below."""
+class MethodSettings(Protocol):
+    """What the core reads of a run's ``method.*`` config: its keys as attributes (``m.name``,
+    ``m.rho``, a method's own ``m.l1_weight``). :class:`bayesncl.core.methods.MethodConfig` is one: its
+    fields are built from the keys the method config and each part declare
+    (:data:`bayesncl.core.methods.KEYS`), so they are not spelt out here (nothing in ``core.configs``
+    imports the methods, which import it)."""
 
-    name: str = "bayesncl"  # a name of bayesncl.core.methods.METHODS
-    nonneg: str = "rep_relu"  # φ, a name of bayesncl.core.parts.NONNEG
-    temperature: float = 0.2  # InfoNCE temperature
-    topk: bool = False  # keep the round(rho*D) largest entries of z
-    gate: str = "ste"  # a kind of bayesncl.core.parts.GATE_KINDS ("none": no gate)
-    gate_depth: int = 2  # 1, 2 or 3 linear layers
-    gate_hidden: int = 0  # 0: same as model.proj_hidden
-    detach: bool = True  # gate input is sg(h); false is the "no detach" ablation
-    gate_lr: float = 0.0  # > 0: the gate's peak lr, not scaled with the batch (authors' code, recipes: 0.1)
-    gate_lr_ratio: float = 0.25  # used when gate_lr=0: gate lr = ratio * backbone lr (paper Table 15)
-    threshold: float = 0.5  # hard mask 1[alpha > threshold]
-    gate_tau: float = 1.0  # sigmoid temperature tau_s
-    gumbel_noise: str = "gumbel"  # a name of bayesncl.core.parts.NOISES ("gumbel": the authors' code)
-    rho: float = 0.8  # Bernoulli prior; also the TopK keep fraction
-    lam: float = 3e-5  # KL weight lambda
-    ipw: bool = False  # InfoNCE on the inverse-prevalence similarity (Definition 4.4; method ncl-ipw)
-    ipw_momentum: float = 0.99  # EMA momentum of the prevalence pi_k (batch activation frequency of z_k)
-    ipw_eps: float = 0.01  # floor of pi_k in the weights pi_k^(-1/2)
-    # the method's own keys (bayesncl.core.methods.Method.keys): method.NAME, read as cfg.method.NAME;
-    # in the config's dict and YAML they sit beside the keys above
-    own: dict[str, Any] = field(default_factory=dict, metadata={"own": True})
+    name: str
 
-    def __getattr__(self, name: str) -> Any:  # only called for names that are not fields
-        own = self.__dict__.get("own") or {}
-        if name in own:
-            return own[name]
-        raise AttributeError(f"method has no key {name!r} (method.name={self.__dict__.get('name')})")
+    def __getattr__(self, key: str) -> Any: ...
 
 
 @dataclass
@@ -110,6 +91,6 @@ class CoreConfig(Protocol):
     """What the core reads of a run's config (``bayesncl.config.Config`` is one)."""
 
     model: ModelConfig
-    method: MethodConfig
+    method: MethodSettings
     train: TrainConfig
     seed: int

@@ -28,8 +28,7 @@ from bayesncl.core.optim import LrSchedule, StepSchedule
 
 if TYPE_CHECKING:
     from bayesncl.core.configs import CoreConfig as Config
-    from bayesncl.core.configs import MethodConfig
-    from bayesncl.core.methods import LossTerm, Method
+    from bayesncl.core.methods import LossTerm, Method, MethodConfig
 
 B = TypeVar("B")
 

@@ -20,7 +20,8 @@ from bayesncl.core.parts import Gate, GatingHead, NonNegative, Prevalence, Proje
 
 if TYPE_CHECKING:
     from bayesncl.core.configs import CoreConfig as Config
-    from bayesncl.core.configs import MethodConfig, ModelConfig
+    from bayesncl.core.configs import ModelConfig
+    from bayesncl.core.methods import MethodConfig
 
 __all__ = ["ModelHead", "ContrastiveHead", "contrastive_loss"]
 

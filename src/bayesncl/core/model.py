@@ -22,7 +22,8 @@ from bayesncl.core.methods.spec import ModelOutput
 
 if TYPE_CHECKING:
     from bayesncl.core.configs import CoreConfig as Config
-    from bayesncl.core.configs import MethodConfig, ModelConfig
+    from bayesncl.core.configs import ModelConfig
+    from bayesncl.core.methods import MethodConfig
 
 __all__ = [
     "BACKBONES", "BackboneError", "ContrastiveModel", "ModelOutput", "build_backbone", "build_model",

@@ -13,8 +13,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig
-from bayesncl.core.methods import registry
+from bayesncl.core.configs import ConfigError, ModelConfig
+from bayesncl.core.methods import MethodConfig, registry
 from bayesncl.core.methods.spec import Batch, Method, Step
 
 __all__ = ["load_plugin", "check_method", "register_checked", "PLUGINS_FILE"]

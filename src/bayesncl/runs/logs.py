@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bayesncl.core.configs import MethodConfig
-from bayesncl.core.methods import CONTRASTIVE_STATS, Statistic
+from bayesncl.core.methods import CONTRASTIVE_STATS, MethodConfig, Statistic
 from bayesncl.runs.fileio import atomic_path
 
 # the held-out batch scored at the epoch's end by bayesncl.app.heldout (train.monitor_samples; empty when 0)

@@ -3,13 +3,16 @@
 order tables list them.
 
 A method is a :class:`Method` (:mod:`.spec`, with :class:`ModelOutput`, what the model hands its loss
-terms); :mod:`.registry` is what config, model, loss and logs read; :mod:`bayesncl.core.plugins`
-loads a user's file (``--plugin FILE.py``). docs/extending.md.
+terms); a run's ``method.*`` section is a :class:`MethodConfig` (:mod:`.keys`, built from the keys
+the method config and each part of :data:`PARTS` declare); :mod:`.registry` is what config, model,
+loss and logs read; :mod:`bayesncl.core.plugins` loads a user's file (``--plugin FILE.py``).
+docs/extending.md.
 """
 
 import importlib
 
 from bayesncl.core.methods.common import CONTRASTIVE_STATS, INFO_NCE, KL, LOSS, PARTS, term_statistic
+from bayesncl.core.methods.keys import KEYS, MethodConfig
 from bayesncl.core.methods.registry import (
     METHODS,
     all_statistics,
@@ -26,7 +29,8 @@ from bayesncl.core.methods.registry import (
 from bayesncl.core.methods.spec import Batch, Head, Key, LossTerm, Method, ModelOutput, Part, Statistic, Step
 
 __all__ = [
-    "METHODS", "Method", "LossTerm", "Statistic", "Key", "Part", "Head", "Batch", "Step", "ModelOutput",
+    "METHODS", "MethodConfig", "KEYS", "Method", "LossTerm", "Statistic", "Key", "Part", "Head", "Batch",
+    "Step", "ModelOutput",
     "register_method", "get", "preset", "closest", "unread_keys", "check", "terms", "loss", "statistics",
     "all_statistics",
     "INFO_NCE", "KL", "LOSS", "PARTS", "CONTRASTIVE_STATS", "term_statistic", "BUILT_IN",

@@ -1,7 +1,8 @@
 """The loss terms, statistics and parts the built-in methods share (PAPER-NOTES §1).
 
-:data:`INFO_NCE` is every InfoNCE method's term; the gate (:data:`PARTS` ``"gate"``) brings
-:data:`KL` to any method it is part of. Each term reads the model outputs it declares
+:data:`INFO_NCE` is every InfoNCE method's term; the gate's prior (:data:`PARTS` ``"prior"``, there
+with the gate) brings :data:`KL` to any method it is part of. Each part declares its ``method.*``
+keys (:class:`~bayesncl.core.methods.spec.Key`). Each term reads the model outputs it declares
 (``LossTerm.inputs``) and calls a function of :mod:`bayesncl.core.losses`, which holds the maths.
 :data:`CONTRASTIVE_STATS` is what every built-in method logs (the gate's statistics only by a run
 with a gate). torch is imported when a term first runs, so reading a config does not import it.
@@ -11,13 +12,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
-from bayesncl.core.methods.spec import Batch, LossTerm, Part, Statistic, Step
+from bayesncl.core.configs import ConfigError
+from bayesncl.core.methods.spec import Batch, Key, LossTerm, Part, Statistic, Step
 
 if TYPE_CHECKING:
     import numpy as np
     from torch import Tensor
 
-    from bayesncl.core.configs import MethodConfig
+    from bayesncl.core.configs import MethodSettings, ModelConfig
     from bayesncl.core.methods.spec import ModelOutput
 
 __all__ = ["INFO_NCE", "KL", "PARTS", "CONTRASTIVE_STATS", "LOSS", "term_statistic", "closed_rows"]
@@ -25,7 +27,7 @@ __all__ = ["INFO_NCE", "KL", "PARTS", "CONTRASTIVE_STATS", "LOSS", "term_statist
 ArrayT = TypeVar("ArrayT", "Tensor", "np.ndarray")
 
 
-def info_nce_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+def info_nce_term(out: ModelOutput, batch: Batch, m: MethodSettings) -> Tensor:
     """InfoNCE(z̃ over the 2n views, ``method.temperature``), or of
     :func:`~bayesncl.core.parts.ipw_features` ``(z, ipw_weights)`` with ``method.ipw``
     (Definition 4.4); the negatives from every process with ``batch.gather``, every view of the same
@@ -40,7 +42,7 @@ def info_nce_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
     return losses.global_info_nce(z, m.temperature, index=idx, gather=batch.gather)
 
 
-def kl_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+def kl_term(out: ModelOutput, batch: Batch, m: MethodSettings) -> Tensor:
     """KL(Bern(α) ‖ Bern(ρ)) summed over dims, mean over rows (:func:`bayesncl.core.losses.bernoulli_kl`)."""
     from bayesncl.core.losses import bernoulli_kl
 
@@ -52,18 +54,87 @@ INFO_NCE = LossTerm("info_nce", info_nce_term, label="InfoNCE", reads=("temperat
                     inputs=("z_tilde", "z", "ipw_weights"))
 KL = LossTerm("kl", kl_term, weight="lam", label="KL", reads=("rho",), inputs=("alpha",))
 
+def _gate_check(m: MethodSettings, mo: ModelConfig) -> None:
+    hidden = m.gate_hidden or mo.proj_hidden
+    if m.gate_depth >= 3 and hidden < 2:
+        raise ConfigError(
+            f"method.gate_depth=3: the gate's hidden width is {hidden} (method.gate_hidden, or "
+            "model.proj_hidden when 0): expected >= 2 (its second layer is hidden // 2 wide)"
+        )
+
+
+def _topk_check(m: MethodSettings, mo: ModelConfig) -> None:
+    k = round(m.rho * mo.proj_dim)
+    if not 1 <= k <= mo.proj_dim:
+        raise ConfigError(f"TopK k=round(rho*D)={k} with rho={m.rho}, D={mo.proj_dim}: expected 1 <= k <= D")
+
+
+def _ipw_check(m: MethodSettings, mo: ModelConfig) -> None:
+    if m.gate != "none":
+        raise ConfigError(
+            f"method.ipw=true (method.name={m.name}) with method.gate={m.gate}: the inverse-prevalence "
+            "similarity replaces the gate it approximates; use method.gate=none (or method.name=bayesncl "
+            "for the gate)"
+        )
+
+
 PARTS: dict[str, Part] = {
+    "topk": Part(
+        lambda m: m.topk,
+        {"topk": Key(False, "keep the round(rho*D) largest entries of z")},
+        switch="topk", reads=("rho",), check=_topk_check,
+    ),
     "gate": Part(
         lambda m: m.gate != "none",
-        ("gate_depth", "gate_hidden", "detach", "gate_lr", "gate_lr_ratio", "threshold", "gate_tau", "rho"),
+        {
+            "gate": Key("ste", 'a kind of bayesncl.core.parts.GATE_KINDS ("none": no gate)'),
+            "gate_depth": Key(2, "1, 2 or 3 linear layers", lambda v: v in (1, 2, 3), "1, 2 or 3"),
+            "gate_hidden": Key(0, "0: same as model.proj_hidden", lambda v: v >= 0, ">= 0"),
+            "detach": Key(True, 'gate input is sg(h); false is the "no detach" ablation'),
+            "gate_lr": Key(
+                0.0, "> 0: the gate's peak lr, not scaled with the batch (authors' code, recipes: 0.1)",
+                lambda v: v >= 0, ">= 0 (0: gate_lr_ratio x the backbone lr)",
+            ),
+            "gate_lr_ratio": Key(0.25, "used when gate_lr=0: gate lr = ratio * backbone lr (paper Table 15)",
+                                 lambda v: v >= 0, ">= 0"),
+            "threshold": Key(0.5, "hard mask 1[alpha > threshold]", lambda v: 0.0 < v < 1.0,
+                             "0 < threshold < 1"),
+            "gate_tau": Key(1.0, "sigmoid temperature tau_s", lambda v: v > 0.0, "> 0"),
+        },
+        switch="gate", check=_gate_check,
+    ),
+    "gumbel": Part(
+        lambda m: m.gate == "gumbel",
+        {"gumbel_noise": Key("gumbel", "a name of bayesncl.core.parts.NOISES (gumbel: the authors' code)")},
+    ),
+    "prior": Part(
+        lambda m: m.gate != "none",
+        {
+            "rho": Key(0.8, "Bernoulli prior; also the TopK keep fraction", lambda v: 0.0 < v < 1.0,
+                       "0 < rho < 1"),
+            "lam": Key(3e-5, "KL weight lambda", lambda v: v >= 0.0, "lambda >= 0"),
+        },
         (KL,),
     ),
-    "topk": Part(lambda m: m.topk, ("rho",)),
-    "gumbel": Part(lambda m: m.gate == "gumbel", ("gumbel_noise",)),
-    "ipw": Part(lambda m: m.ipw, ("ipw_momentum", "ipw_eps")),
+    "ipw": Part(
+        lambda m: m.ipw,
+        {
+            "ipw": Key(False, "InfoNCE on the inverse-prevalence similarity (Definition 4.4, ncl-ipw)"),
+            "ipw_momentum": Key(
+                0.99, "EMA momentum of the prevalence pi_k (batch activation frequency of z_k)",
+                lambda v: 0.0 <= v < 1.0, "0 <= momentum < 1",
+            ),
+            "ipw_eps": Key(0.01, "floor of pi_k in the weights pi_k^(-1/2)", lambda v: 0.0 < v <= 1.0,
+                           "0 < eps <= 1"),
+        },
+        switch="ipw", check=_ipw_check,
+    ),
 }
-"""The optional parts: the gating head with its gate (and its λ·KL term), TopK (k = round(ρ·D)),
-the Gumbel gate's noise, the prevalence EMA of the inverse-prevalence similarity."""
+"""The optional parts, each with the ``method.*`` keys it declares (:class:`~.spec.Part`; in this
+order they are fields of :class:`~bayesncl.core.methods.MethodConfig`, after the method config's own
+:data:`~bayesncl.core.methods.keys.COMMON_KEYS`): TopK (k = round(ρ·D)), the gating head with its
+gate, the Gumbel gate's noise, the gate's Bernoulli prior Bern(ρ) with its λ·KL term, the prevalence
+EMA of the inverse-prevalence similarity. A new part is one more entry here."""
 
 
 def term_statistic(term: LossTerm, title: str = "", short: str = "", gated: bool = False) -> Statistic:

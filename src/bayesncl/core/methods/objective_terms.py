@@ -18,7 +18,7 @@ from bayesncl.core.methods.spec import Batch, Head, Key, LossTerm, Method, Stati
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from bayesncl.core.configs import MethodConfig
+    from bayesncl.core.configs import MethodSettings
     from bayesncl.core.methods.spec import ModelOutput
 
 __all__ = [
@@ -40,7 +40,7 @@ def _labels(batch: Batch) -> Tensor:
     return torch.cat([batch.labels, batch.labels])
 
 
-def spectral_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+def spectral_term(out: ModelOutput, batch: Batch, m: MethodSettings) -> Tensor:
     """The spectral contrastive loss of the raw features (z, or z ⊙ m with a gate), rows clipped to
     norm √μ (``method.mu``): :func:`bayesncl.core.losses.global_spectral_loss`."""
     from bayesncl.core.losses import global_spectral_loss
@@ -48,7 +48,7 @@ def spectral_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
     return global_spectral_loss(_features(out), m.mu, gather=batch.gather)
 
 
-def supcon_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+def supcon_term(out: ModelOutput, batch: Batch, m: MethodSettings) -> Tensor:
     """SupCon on z̃ at ``method.temperature``, positives the same label anywhere in the global batch:
     :func:`bayesncl.core.losses.global_supcon_loss`."""
     from bayesncl.core.losses import global_supcon_loss
@@ -56,7 +56,7 @@ def supcon_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
     return global_supcon_loss(out.z_tilde, _labels(batch), m.temperature, gather=batch.gather)
 
 
-def cross_entropy_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+def cross_entropy_term(out: ModelOutput, batch: Batch, m: MethodSettings) -> Tensor:
     """Cross-entropy of the method's classifier (:data:`CLASSIFIER`, a linear layer on the raw
     features z, or z ⊙ m) over the 2n views, from the logits the model computed:
     :func:`bayesncl.core.losses.cross_entropy` (the value of
@@ -66,7 +66,7 @@ def cross_entropy_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tenso
     return cross_entropy(out.heads["classifier"], _labels(batch))
 
 
-def l1_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+def l1_term(out: ModelOutput, batch: Batch, m: MethodSettings) -> Tensor:
     """mean‖z̃‖₁ of the unit rows InfoNCE compares (an L1 on z itself would only shrink a scale
     InfoNCE ignores): :func:`bayesncl.core.losses.l1_penalty`."""
     from bayesncl.core.losses import l1_penalty
@@ -74,7 +74,7 @@ def l1_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
     return l1_penalty(out.z_tilde)
 
 
-def l1_clipped_term(out: ModelOutput, batch: Batch, m: MethodConfig) -> Tensor:
+def l1_clipped_term(out: ModelOutput, batch: Batch, m: MethodSettings) -> Tensor:
     """mean‖z‖₁ of the rows the spectral loss compares (raw features clipped to norm √μ):
     :func:`bayesncl.core.losses.l1_penalty` of :func:`~bayesncl.core.losses.clip_norm`."""
     from bayesncl.core.losses import clip_norm, l1_penalty

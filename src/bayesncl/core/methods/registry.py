@@ -9,9 +9,10 @@ import dataclasses
 import difflib
 from typing import TYPE_CHECKING, Any
 
-from bayesncl.core.configs import ConfigError, MethodConfig, ModelConfig
+from bayesncl.core.configs import ConfigError, ModelConfig
 from bayesncl.core.methods.common import LOSS, PARTS
-from bayesncl.core.methods.spec import GATE_OUTPUTS, OUTPUTS, Batch, LossTerm, Method, Statistic, Step
+from bayesncl.core.methods.keys import KEYS, MethodConfig
+from bayesncl.core.methods.spec import GATE_OUTPUTS, OUTPUTS, Batch, Key, LossTerm, Method, Statistic, Step
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -42,7 +43,7 @@ def register_method(method: Method) -> Method:
         raise ConfigError(f"method {method.name!r} clashes with {where}; give it another name")
     if not method.name or any(c.isspace() or c in "=/" for c in method.name):
         raise ConfigError(f"method name {method.name!r}: expected a word without spaces, '=' or '/'")
-    common = sorted(set(method.keys) & set(MethodConfig.__dataclass_fields__))
+    common = sorted(set(method.keys) & {*KEYS, "own"})
     if common:
         raise ConfigError(f"method {method.name!r}: its key method.{common[0]} is a common method key")
     if not method.terms or not method.stats or method.stats[0] != LOSS:
@@ -57,7 +58,7 @@ def check_weights(method: Method) -> None:
     """ConfigError (one line) if a loss term's ``weight`` names no key of ``method`` (its own keys or a
     common ``method.*`` key): such a term used to register and fail at the first training step."""
     for term in method.terms:
-        if term.weight is not None and term.weight not in {*MethodConfig.__dataclass_fields__, *method.keys}:
+        if term.weight is not None and term.weight not in {*KEYS, *method.keys}:
             own = ", ".join(method.keys) or "none"
             raise ConfigError(
                 f"method {method.name!r}: its loss term {term.name!r} is weighted by method.{term.weight}, "
@@ -148,11 +149,12 @@ def terms(m: MethodConfig, method: Method | None = None) -> tuple[LossTerm, ...]
 
 def unread_keys(m: MethodConfig) -> set[str]:
     """The keys (without ``method.``) that parts or terms read but none of ``m``'s: e.g.
-    ``{"gumbel_noise", "ipw_momentum", "ipw_eps"}`` for the STE gate. Every other key is read."""
-    every = {k for p in PARTS.values() for k in p.keys} | {
+    ``{"gumbel_noise", "ipw_momentum", "ipw_eps"}`` for the STE gate. Every other key is read (a
+    part's switch always: it decides whether the part is there)."""
+    every = {k for p in PARTS.values() for k in p.settings()} | {
         k for p in PARTS.values() for t in p.terms for k in (*t.reads, t.weight) if k
     }
-    read = {k for p in PARTS.values() if p.present(m) for k in p.keys}
+    read = {k for p in PARTS.values() if p.present(m) for k in p.settings()}
     read |= {k for t in terms(m) for k in (*t.reads, t.weight) if k}
     return every - read
 
@@ -196,9 +198,18 @@ def all_statistics() -> dict[str, Statistic]:
 
 
 def check(m: MethodConfig, mo: ModelConfig) -> None:
-    """Raise ConfigError naming the first bad ``method.*`` value: the common keys (the parts'
-    arguments, PAPER-NOTES §1), the method's own keys, then its own ``check``."""
-    _check_common(m, mo)
+    """Raise ConfigError naming the first bad ``method.*`` value: the common keys (each checked as
+    the method config or its part declares it, :data:`~bayesncl.core.methods.keys.KEYS`), the model's
+    sizes, each present part's own check (PAPER-NOTES §1), the method's own keys, then its own
+    ``check``."""
+    for name, key in KEYS.items():
+        _check_key(m, name, key)
+    _check(0 <= mo.stem_padding <= 3, f"model.stem_padding={mo.stem_padding}: expected 0 to 3")
+    _check(mo.proj_dim >= 1, f"model.proj_dim={mo.proj_dim}: expected >= 1")
+    _check(mo.proj_hidden >= 1, f"model.proj_hidden={mo.proj_hidden}: expected >= 1")
+    for part in PARTS.values():
+        if part.check is not None and part.present(m):
+            part.check(m, mo)
     method = get(m.name)
     _check(
         method.gateable or m.gate == "none",
@@ -206,56 +217,17 @@ def check(m: MethodConfig, mo: ModelConfig) -> None:
         "use method.gate=none",
     )
     for name, key in method.keys.items():
-        value = getattr(m, name)
-        ok = key.check is None or bool(key.check(value))
-        _check(ok, f"method.{name}={value!r}: expected {key.expected}")
+        _check_key(m, name, key)
     if method.check is not None:
         method.check(m, mo)
 
 
-# method.temperature: a much smaller one overflows the logits, a much larger one flattens them.
-TEMPERATURE_RANGE = (0.01, 10.0)
+def _check_key(m: MethodConfig, name: str, key: Key) -> None:
+    """``method.NAME=value: expected ...`` unless ``key.check`` passes ``m``'s value of it."""
+    value = getattr(m, name)
+    _check(key.check is None or bool(key.check(value)), f"method.{name}={value!r}: expected {key.expected}")
 
 
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
-
-
-def _check_common(m: MethodConfig, mo: ModelConfig) -> None:
-    _check(0.0 < m.rho < 1.0, f"method.rho={m.rho}: expected 0 < rho < 1")
-    _check(m.lam >= 0.0, f"method.lam={m.lam}: expected lambda >= 0")
-    _check(
-        TEMPERATURE_RANGE[0] <= m.temperature <= TEMPERATURE_RANGE[1],
-        f"method.temperature={m.temperature}: expected {TEMPERATURE_RANGE[0]} <= temperature <= "
-        f"{TEMPERATURE_RANGE[1]:g} (the paper uses 0.2)",
-    )
-    _check(m.gate_tau > 0.0, f"method.gate_tau={m.gate_tau}: expected > 0")
-    _check(0.0 < m.threshold < 1.0, f"method.threshold={m.threshold}: expected 0 < threshold < 1")
-    _check(m.gate_depth in (1, 2, 3), f"method.gate_depth={m.gate_depth}: expected 1, 2 or 3")
-    _check(m.gate_hidden >= 0, f"method.gate_hidden={m.gate_hidden}: expected >= 0")
-    _check(m.gate_lr_ratio >= 0, f"method.gate_lr_ratio={m.gate_lr_ratio}: expected >= 0")
-    _check(0.0 <= m.ipw_momentum < 1.0, f"method.ipw_momentum={m.ipw_momentum}: expected 0 <= momentum < 1")
-    _check(0.0 < m.ipw_eps <= 1.0, f"method.ipw_eps={m.ipw_eps}: expected 0 < eps <= 1")
-    _check(
-        not (m.ipw and m.gate != "none"),
-        f"method.ipw=true (method.name={m.name}) with method.gate={m.gate}: the inverse-prevalence "
-        "similarity replaces the gate it approximates; use method.gate=none (or method.name=bayesncl "
-        "for the gate)",
-    )
-    _check(m.gate_lr >= 0, f"method.gate_lr={m.gate_lr}: expected >= 0 (0: gate_lr_ratio x the backbone lr)")
-    _check(0 <= mo.stem_padding <= 3, f"model.stem_padding={mo.stem_padding}: expected 0 to 3")
-    _check(mo.proj_dim >= 1, f"model.proj_dim={mo.proj_dim}: expected >= 1")
-    _check(mo.proj_hidden >= 1, f"model.proj_hidden={mo.proj_hidden}: expected >= 1")
-    hidden = m.gate_hidden or mo.proj_hidden
-    _check(
-        m.gate == "none" or m.gate_depth < 3 or hidden >= 2,
-        f"method.gate_depth=3: the gate's hidden width is {hidden} (method.gate_hidden, or model.proj_hidden "
-        "when 0): expected >= 2 (its second layer is hidden // 2 wide)",
-    )
-    if m.topk:
-        k = round(m.rho * mo.proj_dim)
-        _check(
-            1 <= k <= mo.proj_dim,
-            f"TopK k=round(rho*D)={k} with rho={m.rho}, D={mo.proj_dim}: expected 1 <= k <= D",
-        )

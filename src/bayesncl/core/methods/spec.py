@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from bayesncl.core.configs import MethodConfig, ModelConfig
+    from bayesncl.core.configs import MethodSettings, ModelConfig
 
 __all__ = [
     "ModelOutput", "OUTPUTS", "GATE_OUTPUTS", "Batch", "Step", "LossTerm", "Statistic", "Key", "Part", "Head",
@@ -80,7 +80,7 @@ class LossTerm:
     gate's output in a method that cannot have a gate: one ConfigError line)."""
 
     name: str
-    fn: Callable[[ModelOutput, Batch, MethodConfig], Tensor]
+    fn: Callable[[ModelOutput, Batch, MethodSettings], Tensor]
     weight: str | None = None
     label: str = ""
     reads: tuple[str, ...] = ()
@@ -104,7 +104,7 @@ class Step:
     out: ModelOutput | None
     class_logits: Tensor | None = None
     labels: Tensor | None = None
-    method: MethodConfig | None = None
+    method: MethodSettings | None = None
 
 
 @dataclass(frozen=True)
@@ -136,9 +136,12 @@ class Statistic:
 
 @dataclass(frozen=True)
 class Key:
-    """A ``method.*`` key of a method's own: its default (its type is the default's: bool, int,
+    """A ``method.*`` key, declared where it belongs: by the method config (``name``, ``nonneg``,
+    ``temperature``), by a part (:attr:`Part.keys`: ``method.rho``, ``method.gate_depth``, ...) or by
+    a method of its own (:attr:`Method.keys`). Its default (its type is the default's: bool, int,
     float or str), what it is (``help``), and a check of a value (``check(value)`` True when valid;
-    the error says ``method.NAME=value: expected {expected}``)."""
+    the error says ``method.NAME=value: expected {expected}``). A key with a fixed set of values
+    (``method.gate``) is checked against ``bayesncl.config.choices()`` instead."""
 
     default: Any
     help: str = ""
@@ -148,12 +151,26 @@ class Key:
 
 @dataclass(frozen=True)
 class Part:
-    """An optional part of the model (the gate, TopK, ...): whether a method config has it, the
-    ``method.*`` keys only it reads, and the loss terms it brings to any method that has it."""
+    """An optional part of the model (the gate, TopK, ...), in one place: whether a method config
+    has it (``present``), the ``method.*`` keys it declares (``keys``: a :class:`Key` each, in the
+    order the config lists them; they are common ``method.*`` fields of every run, read as
+    ``cfg.method.NAME``), the one of them that turns it on (``switch``: read whether or not the part is
+    there), the keys of other parts it reads too (``reads``: TopK reads the prior's ``rho``), the loss
+    terms it brings to any method that has it, and a check of a config that has it
+    (``check(method, model)`` raising ConfigError; the keys' own checks run for every config).
+    :meth:`settings` are the keys that have no effect without it (the "has no effect" warning)."""
 
-    present: Callable[[MethodConfig], bool]
-    keys: tuple[str, ...] = ()
+    present: Callable[[MethodSettings], bool]
+    keys: Mapping[str, Key] = field(default_factory=dict)
     terms: tuple[LossTerm, ...] = ()
+    switch: str = ""
+    reads: tuple[str, ...] = ()
+    check: Callable[[MethodSettings, ModelConfig], None] | None = None
+
+    def settings(self) -> tuple[str, ...]:
+        """The keys (without ``method.``) only a config with this part reads: its keys but the
+        switch, then :attr:`reads`."""
+        return (*(k for k in self.keys if k != self.switch), *self.reads)
 
 
 @dataclass(frozen=True)
@@ -197,7 +214,7 @@ class Method:
     needs_labels: bool = False
     heads: Mapping[str, Head] = field(default_factory=dict)
     gateable: bool = True
-    check: Callable[[MethodConfig, ModelConfig], None] | None = None
+    check: Callable[[MethodSettings, ModelConfig], None] | None = None
     doc: str = ""
     source: str | None = None
 
@@ -205,7 +222,7 @@ class Method:
     def gated(self) -> bool:
         return self.gate != "none"
 
-    def logged(self, m: MethodConfig) -> tuple[Statistic, ...]:
+    def logged(self, m: MethodSettings) -> tuple[Statistic, ...]:
         """The statistics a run of ``m`` (this method's ``method.*`` config) logs, in log.csv's order:
         :attr:`stats`, less the gate's (``Statistic.gated``) where ``m`` has no gate
         (``method.gate=none``). Its log.csv and steps.csv have a column for these only."""
