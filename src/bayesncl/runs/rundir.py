@@ -336,8 +336,8 @@ class RunDir:
         ``--resume`` extends, write ``config.yaml`` and the logs as ``state`` holds them. The logs'
         headers are ``columns`` (``runs.logs.log_columns`` of the run's statistics), or on
         ``--resume`` those of the files the run wrote where they hold these (an older log keeps its
-        columns; ``runs.logs.resumed_header``). Then catch
-        the first Ctrl-C or SIGTERM (:attr:`stop_signal`) until :meth:`finish`."""
+        columns; ``runs.logs.resumed_header``). Then catch the first Ctrl-C or SIGTERM
+        (:attr:`stop_signal`) until :meth:`finish`."""
         distributed.run_on_main(lambda: self._claim(state, columns))
         self._install_handlers()
 
