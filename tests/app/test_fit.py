@@ -83,6 +83,21 @@ def test_the_epoch_line_and_the_bar_show_the_short_statistics() -> None:
     assert ft == {"loss": "2.30", "train acc": "11.6 %"}
 
 
+def test_the_bar_never_shows_a_count_behind_its_means(capsys: pytest.CaptureFixture[str]) -> None:
+    """The running means go on the bar at its own refresh, beside the batches done: a postfix set
+    after step k is never drawn beside a count below k (show() redrew at once, beside tqdm's count
+    of its last refresh: "0/6 ... loss=5.000" after five steps)."""
+    import re
+
+    progress = Progress("ncl", 1, methods.get("ncl").stats, enabled=True)
+    for k, _ in enumerate(progress.epoch(list(range(6)), 0), 1):
+        progress.show({"loss": float(k), "info_nce": float(k)})
+    assert progress.bar is not None and "loss=6.000" in progress.bar.postfix  # set, drawn at the refresh
+    progress.bar.close()
+    frames = re.findall(r"(\d+)/6 [^\r\n]*?loss=(\d+)\.000", capsys.readouterr().err)
+    assert all(int(n) >= int(k) for n, k in frames), frames
+
+
 def test_rows_all_closed_is_one_definition_for_training_and_evaluation() -> None:
     """closed_rows takes the open gates as a tensor (training's statistic) or an array (evaluate's,
     in float64 as before: the share of test images whose mask sums to 0)."""

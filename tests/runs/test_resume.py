@@ -757,6 +757,32 @@ def test_resume_after_a_killed_overwrite_and_a_cut_short_set_aside(
 
 
 @pytest.mark.slow
+def test_a_log_whose_header_is_not_the_runs_is_rewritten_under_the_runs_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--resume keeps a log's header only where it holds the run's columns: a log.csv edited by hand
+    (no ``lr``: no row could be written under it) or a steps.csv cut to other columns is rewritten,
+    every row from the checkpoint, under the run's own columns (it was a traceback: 'lr' is not in
+    list)."""
+    monkeypatch.setattr(engine_module, "STEP_LOG_EVERY", 2)  # steps.csv rows in 3-step epochs
+    run = tmp_path / "run"
+    pretrain(build_config(overrides=[*TINY, "train.epochs=1"]), run, evaluate=False)
+    own = {name: (run / name).read_text().splitlines()[0] for name in ("log.csv", "steps.csv")}
+    (run / "log.csv").write_text("epoch,step,loss\n1,3,2.7\n")
+    (run / "steps.csv").write_text("step,epoch,loss,mine,lr\n")
+    assert main(["pretrain", "--run-dir", str(run), "--resume", "train.epochs=2", "--no-eval"]) == 0
+    with (run / "log.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["epoch"] for r in rows] == ["1", "2"] and all(float(r["lr"]) >= 0 for r in rows)
+    assert (run / "log.csv").read_text().splitlines()[0] == own["log.csv"]
+    assert (run / "steps.csv").read_text().splitlines()[0] == own["steps.csv"]
+    # a header with every column of the run's, and more, is kept (an older log's empty gate columns)
+    from bayesncl.runs.logs import resumed_header
+
+    assert resumed_header(run / "log.csv", ("epoch", "lr")) == tuple(own["log.csv"].split(","))
+    assert resumed_header(tmp_path / "none.csv", ("epoch", "lr")) == ("epoch", "lr")
+
+
 def test_resume_without_config_yaml_reads_the_checkpoints_config(tmp_path: Path) -> None:
     run = tmp_path / "run"
     pretrain(build_config(overrides=[*TINY, "train.epochs=1"]), run, evaluate=False)

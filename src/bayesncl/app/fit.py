@@ -91,9 +91,11 @@ class Progress:
         return self.bar
 
     def show(self, means: dict[str, float]) -> None:
-        """The running ``means`` (by statistic name) on the bar."""
+        """The running ``means`` (by statistic name) on the bar, drawn at its next refresh (tqdm's
+        ``mininterval``) beside the batches done then: a redraw now would show tqdm's count of its
+        last refresh (``0/12`` after several steps), and write the terminal at every CPU step."""
         if self.bar is not None:
-            self.bar.set_postfix(shown(self.stats, means, digits=3))
+            self.bar.set_postfix(shown(self.stats, means, digits=3), refresh=False)
 
 
 def fit(cfg: Config, run: RunDir, job: Job) -> ContrastiveModel:

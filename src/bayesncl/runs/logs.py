@@ -2,7 +2,7 @@
 :data:`bayesncl.core.engine.STEP_LOG_EVERY` optimiser steps). Their statistic columns are those of
 the statistics the run logs (:class:`bayesncl.core.methods.Statistic`: its method's,
 ``Method.logged``, or fine-tuning's), by name: a run without a gate has no gate column
-(:func:`log_columns`). A resumed run keeps its files' header (:func:`read_header`), so a log written
+(:func:`log_columns`). A resumed run keeps its files' header (:func:`resumed_header`), so a log written
 before every column of an ungated run was dropped keeps its empty gate columns."""
 
 from __future__ import annotations
@@ -81,6 +81,18 @@ def read_header(path: Path) -> list[str] | None:
             return next(csv.reader(f), None)
     except (OSError, UnicodeDecodeError):
         return None
+
+
+def resumed_header(path: Path, columns: Sequence[str]) -> tuple[str, ...]:
+    """The header a resumed run's log ``path`` (log.csv or steps.csv) is rewritten under: the file's
+    (:func:`read_header`) where it holds each of the run's ``columns`` (an older log's further ones,
+    e.g. an ungated run's empty gate columns, stay), else ``columns``: no file, a log from before one
+    of them, or a header edited by hand or damaged (without ``lr`` no row could be written under it).
+    Either way every row is rewritten from the checkpoint's."""
+    header = read_header(path)
+    if header and set(columns) <= set(header):
+        return tuple(header)
+    return tuple(columns)
 
 
 def write_log(

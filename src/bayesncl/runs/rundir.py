@@ -24,7 +24,7 @@ from bayesncl.data import mix_seed
 from bayesncl.runs import layout, lock, messages
 from bayesncl.runs.fileio import atomic_path, remove_stale_temporaries
 from bayesncl.runs.loggers import RunLoggers
-from bayesncl.runs.logs import ADDED_COLUMNS, LogColumns, read_header, write_log
+from bayesncl.runs.logs import ADDED_COLUMNS, LogColumns, resumed_header, write_log
 from bayesncl.runs.messages import RunDirError, TrainingInterrupted
 from bayesncl.runs.safe_load import (
     CHECKPOINT_FORMAT,
@@ -335,8 +335,9 @@ class RunDir:
         set a previous run aside (``--overwrite``), archive the results of a shorter run a
         ``--resume`` extends, write ``config.yaml`` and the logs as ``state`` holds them. The logs'
         headers are ``columns`` (``runs.logs.log_columns`` of the run's statistics), or on
-        ``--resume`` those of the files the run wrote (an older log keeps its columns). Then catch
-        the first Ctrl-C or SIGTERM (:attr:`stop_signal`) until :meth:`finish`."""
+        ``--resume`` those of the files the run wrote where they hold these (an older log keeps its
+        columns; ``runs.logs.resumed_header``). Then catch the first Ctrl-C or SIGTERM
+        (:attr:`stop_signal`) until :meth:`finish`."""
         distributed.run_on_main(lambda: self._claim(state, columns))
         self._install_handlers()
 
@@ -356,8 +357,8 @@ class RunDir:
             (run_dir / "steps.csv").unlink(missing_ok=True)
         else:  # a resume: the logs keep the headers the run's files have (an older run: every column)
             columns = LogColumns(
-                tuple(read_header(run_dir / "log.csv") or columns.epoch),
-                tuple(read_header(run_dir / "steps.csv") or columns.step),
+                resumed_header(run_dir / "log.csv", columns.epoch),
+                resumed_header(run_dir / "steps.csv", columns.step),
             )
         self.columns = columns
         if ckpt is not None and ckpt["epoch"] < cfg.train.epochs:
