@@ -117,3 +117,18 @@ def test_selection_authors_and_sepin_x_measures_of_a_stored_run(tmp_path) -> Non
     assert all(0 <= v <= 100 for v in out.values())
     sep = reproduce.MEASURES["sepin_x"](tmp_path / "run", cfg, (50, 1, "all"))
     assert set(sep) == {"sepin_x@1", "sepin_x@all"} and sep["sepin_x@1"] >= 0 and sep["sepin_x@all"] >= 0
+
+
+def test_fig4b_rho_panels_draw_every_cell_at_the_swept_lambda() -> None:
+    # at the paper's λ = 3e-5 the ρ sweep (0.1-0.9) meets the λ lines at ρ = 0.8 (the paper's) and 0.3 (the
+    # recipe's): the ρ panels draw all six cells in ρ order, each the same row (run) as in the λ panels
+    built = studies.build("fig4b", "fashion-mnist-long", ["method.lam=3e-05"])
+    rho_panels = [p for p in built.panels if p.xlabel == "ρ (prior)"]
+    assert len(rho_panels) == 2
+    for panel in rho_panels:
+        (series,) = panel.series
+        assert [x for x, _, _ in series.points] == [0.1, 0.3, 0.5, 0.7, 0.8, 0.9]
+        assert dict((x, row) for x, row, _ in series.points)[0.8] == "rho=0.8 lambda=3e-05"
+    lam_panels = [p for p in built.panels if p.xlabel == "λ (KL weight)"]
+    lam_rows = {row for p in lam_panels for s in p.series for _, row, _ in s.points}
+    assert "rho=0.8 lambda=3e-05" in lam_rows and len(built.rows) == 16

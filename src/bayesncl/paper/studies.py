@@ -314,6 +314,9 @@ def _fig4b(dataset: str, overrides: list[str]) -> Study:
 
     lam_sweep = {r: {lam: cell(r, lam) for lam in LAMS} for r in lines}
     rho_sweep = {r: cell(r, lam0) for r in RHOS}
+    # the ρ panels draw every cell at λ0: the ρ sweep and the λ lines' cells there (the paper's ρ = 0.8)
+    at_lam0 = {r: d[lam0] for r, d in lam_sweep.items() if lam0 in d}
+    rho_points = dict(sorted({**rho_sweep, **at_lam0}.items()))
     variants = list({v.name: v for v in [*(v for d in lam_sweep.values() for v in d.values()),
                                           *rho_sweep.values()]}.values())  # fmt: skip
     open_col = GATE_OPEN_TEST
@@ -322,7 +325,7 @@ def _fig4b(dataset: str, overrides: list[str]) -> Study:
                 tuple(Series(f"ρ={r:g}", tuple((lam, v.name, c.key) for lam, v in lam_sweep[r].items()))
                       for r in lines), xscale="log") for c in (SC, open_col)),
         *(Panel(f"{c.header} against ρ (λ={lam0:g})", "ρ (prior)", c.header,
-                (Series(f"λ={lam0:g}", tuple((r, v.name, c.key) for r, v in rho_sweep.items())),))
+                (Series(f"λ={lam0:g}", tuple((r, v.name, c.key) for r, v in rho_points.items())),))
           for c in (SC, open_col)),
     ]  # fmt: skip
     notes = [f"λ swept over {', '.join(f'{x:g}' for x in LAMS)} at ρ = {', '.join(f'{r:g}' for r in lines)} "
