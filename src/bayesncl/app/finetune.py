@@ -36,7 +36,7 @@ from bayesncl.config import (
     parse_overrides,
 )
 from bayesncl.core.engine import LossFn, Views
-from bayesncl.core.methods import LOSS, Statistic, Step
+from bayesncl.core.methods import LOSS, Statistic, Step, class_accuracy
 from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.core.optim import LrSchedule, StepSchedule
 from bayesncl.metrics.protocols import FINETUNE, Protocol, finetune_protocol
@@ -76,14 +76,9 @@ class FinetuneForward(nn.Module):
         return self.model.classifier(self.model.backbone(x))
 
 
-def _train_accuracy(s: Step) -> Tensor:
-    assert s.class_logits is not None and s.labels is not None  # the fine-tuning step sets both
-    return (s.class_logits.argmax(1) == s.labels).float().mean()
-
-
 FINETUNE_STATS: tuple[Statistic, ...] = (
     LOSS,  # the cross-entropy
-    Statistic("online_acc", _train_accuracy, "train accuracy of backbone + head (%)", "train acc",
+    Statistic("online_acc", class_accuracy, "train accuracy of backbone + head (%)", "train acc",
               percent=True),
 )
 """Fine-tuning's statistics (log.csv's and steps.csv's columns, the epoch line's ``loss`` and
