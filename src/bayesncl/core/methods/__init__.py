@@ -13,6 +13,7 @@ import importlib
 
 from bayesncl.core.methods.common import (
     CONTRASTIVE_STATS,
+    FINETUNE_STATS,
     INFO_NCE,
     KL,
     LOSS,
@@ -42,8 +43,8 @@ __all__ = [
     "Step", "ModelOutput",
     "register_method", "get", "preset", "closest", "unread_keys", "check", "terms", "loss", "statistics",
     "all_statistics",
-    "INFO_NCE", "KL", "LOSS", "PARTS", "CONTRASTIVE_STATS", "term_statistic", "class_accuracy",
-    "top1_accuracy", "BUILT_IN",
+    "INFO_NCE", "KL", "LOSS", "PARTS", "CONTRASTIVE_STATS", "FINETUNE_STATS", "term_statistic",
+    "class_accuracy", "top1_accuracy", "BUILT_IN",
 ]
 
 BUILT_IN = (

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from bayesncl.core.methods.spec import ModelOutput
 
 __all__ = [
-    "INFO_NCE", "KL", "PARTS", "CONTRASTIVE_STATS", "LOSS", "term_statistic", "closed_rows", "class_accuracy",
-    "top1_accuracy",
+    "INFO_NCE", "KL", "PARTS", "CONTRASTIVE_STATS", "FINETUNE_STATS", "LOSS", "term_statistic", "closed_rows",
+    "class_accuracy", "top1_accuracy",
 ]
 
 ArrayT = TypeVar("ArrayT", "Tensor", "np.ndarray")
@@ -188,7 +188,7 @@ def top1_accuracy(logits: Tensor, labels: Tensor) -> Tensor:
 def class_accuracy(s: Step) -> Tensor:
     """:func:`top1_accuracy` of a step's ``class_logits`` against its ``labels``: the online probe's
     on sg(h) in pretraining (``online_acc``), the classifier's on the train batches in fine-tuning
-    (``app.finetune.FINETUNE_STATS``)."""
+    (:data:`FINETUNE_STATS`)."""
     assert s.class_logits is not None and s.labels is not None  # logged only where the step has both
     return top1_accuracy(s.class_logits, s.labels)
 
@@ -210,3 +210,13 @@ CONTRASTIVE_STATS: tuple[Statistic, ...] = (
 gate-open rate (the share of α > ``method.threshold``, with ρ), the mean gate probability α, the
 fraction of rows with every gate closed (every α <= threshold), the online probe's accuracy on sg(h)
 (a fraction, logged in %). A method's ``stats`` must start with :data:`LOSS`."""
+FINETUNE_STATS: tuple[Statistic, ...] = (
+    LOSS,  # the cross-entropy
+    Statistic("online_acc", class_accuracy, "train accuracy of backbone + head (%)", "train acc",
+              percent=True),
+)
+"""Fine-tuning's statistics (``bayesncl finetune``, :mod:`bayesncl.app.finetune`; log.csv's and
+steps.csv's columns, the epoch line's ``loss`` and ``train acc``): the cross-entropy and the head's
+accuracy on the augmented train batches (a fraction, logged in %), under the names pretraining gives
+its loss and its online probe's accuracy; their titles name a fine-tuning log's panels
+(``app.report.curves``), not the online probe's."""
