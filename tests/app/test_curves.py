@@ -121,6 +121,36 @@ def test_ungated_runs_get_no_gate_panels(tmp_path: Path) -> None:
         training_curves_figure({})
 
 
+def test_a_finetuning_log_is_titled_by_its_own_statistics(tmp_path: Path) -> None:
+    """Fine-tuning logs its classifier's train accuracy under pretraining's name ``online_acc``: its
+    panel says what it is (FINETUNE_STATS' title), a pretraining run's keeps the online probe's."""
+    from bayesncl.app.report.curves import log_statistics
+    from bayesncl.core.methods import FINETUNE_STATS, all_statistics
+    from bayesncl.runs.logs import log_columns
+
+    run, cols = tmp_path / "ncl-finetune", log_columns(FINETUNE_STATS)
+    run.mkdir()
+    write_log(run, [{"epoch": e, "step": 3 * e, "loss": 2.5 - e, "online_acc": 30.0 * e, "lr": 0.4,
+                     "epoch_time_s": 1.0} for e in (1, 2)], fields=cols.epoch)  # fmt: skip
+    write_log(run, [{"step": 25, "epoch": 0.5, "loss": 2.0, "online_acc": 20.0, "lr": 0.4}], "steps.csv",
+              cols.step)  # fmt: skip
+    ft, steps = read_log(run), read_steps(run)
+    assert list(ft[0]) == ["epoch", "step", "loss", "online_acc", "lr", "epoch_time_s"]
+    assert log_statistics(ft)["online_acc"] is log_statistics(steps)["online_acc"] is FINETUNE_STATS[1]
+    pre = read_log(_run(tmp_path / "ncl", "", [5.5, 5.25]))
+    assert log_statistics(pre) == all_statistics()
+    fig = training_curves_figure({"ncl-finetune": ft}, steps={"ncl-finetune": steps})
+    assert [ax.get_title() for ax in fig.axes] == ["train accuracy of backbone + head (%)"]
+    assert [list(ln.get_ydata()) for ln in fig.axes[0].lines] == [[30.0, 60.0], [20.0]]
+    fig = training_curves_figure({"ncl": pre})
+    assert [ax.get_title() for ax in fig.axes] == ["InfoNCE (nats)", "online probe accuracy (%)"]
+    both = training_curves_figure({"ncl": pre, "ncl-finetune": ft})  # overlaid: both named, one a line
+    assert [ax.get_title() for ax in both.axes] == [
+        "InfoNCE (nats)", "online probe accuracy (%)\ntrain accuracy of backbone + head (%)",
+    ]
+    assert main(["curves", str(run)]) == 0 and (run / "training_curves.png").is_file()
+
+
 def test_labels_are_names_unless_they_repeat() -> None:
     assert run_label([Path("a/ncl"), Path("b/bayesncl")]) == ["ncl", "bayesncl"]
     assert run_label([Path("a/ncl"), Path("b/ncl")]) == ["a/ncl", "b/ncl"]

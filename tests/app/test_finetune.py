@@ -27,6 +27,26 @@ def _digest(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.is_file()}
 
 
+def test_the_train_accuracy_and_the_online_probes_are_one_function_of_the_core() -> None:
+    """Fine-tuning's train accuracy and pretraining's online probe accuracy are one function,
+    ``core.methods.class_accuracy`` (top-1 of the step's class logits against its labels); each
+    Statistic keeps its own name, title and short name."""
+    from bayesncl.app.finetune import FINETUNE_STATS, finetune_loss
+    from bayesncl.core import methods
+
+    probe, train = methods.all_statistics()["online_acc"], FINETUNE_STATS[1]
+    assert probe.fn is train.fn is methods.class_accuracy
+    assert (probe.name, probe.title, probe.short) == ("online_acc", "online probe accuracy (%)", "")
+    assert (train.name, train.title, train.short) == ("online_acc", "train accuracy of backbone + head (%)",
+                                                      "train acc")  # fmt: skip
+    logits = torch.tensor([[2.0, 0.0, 1.0], [0.0, 3.0, 1.0], [1.0, 1.0, 0.0], [0.0, 0.0, 5.0]])
+    labels = torch.tensor([0, 2, 1, 2])  # right: rows 0 and 3 (row 2's tie goes to class 0, argmax's)
+    assert methods.top1_accuracy(logits, labels).item() == 0.5
+    assert methods.top1_accuracy(logits, torch.tensor([0, 1, 0, 2])).item() == 1.0
+    loss, stats = finetune_loss(lambda x: logits, (torch.zeros(4, 1, 2, 2), None, labels))  # type: ignore[arg-type]
+    assert stats["online_acc"].item() == 0.5 and stats["loss"].item() == loss.item() > 0
+
+
 def test_the_default_is_the_authors_protocol() -> None:
     cfg = finetune_config(build_config(overrides=TINY), {"train.epochs": 3})
     t = cfg.train

@@ -71,6 +71,49 @@ def test_a_runs_columns_are_its_own_statistics() -> None:
     assert list(ft.step) == ["step", "epoch", "loss", "online_acc", "lr"]
 
 
+def test_a_run_without_labels_has_no_column_of_a_statistic_that_needs_them() -> None:
+    """data.labels=none: the online probe's accuracy is no column of log.csv or steps.csv (it had one,
+    always empty), the other statistics are the labelled run's."""
+    ncl, bnc = (build_config(overrides=[*TINY, f"method.name={m}"]).method for m in ("ncl", "bayesncl"))
+    assert [s.name for s in methods.get("ncl").logged(ncl, labeled=False)] == ["loss", "info_nce"]
+    assert [s.name for s in methods.get("ncl").logged(ncl)] == ["loss", "info_nce", "online_acc"]
+    cols = log_columns(methods.get("ncl").logged(ncl, labeled=False), heldout_fields(False))
+    assert list(cols.epoch) == [
+        "epoch", "step", "loss", "info_nce", "lr", "epoch_time_s", "heldout_sc", "heldout_h_sum",
+        "heldout_active_dims", "heldout_effective_rank",
+    ]
+    assert list(cols.step) == ["step", "epoch", "loss", "info_nce", "lr"]
+    gated = log_columns(methods.get("bayesncl").logged(bnc, labeled=False), heldout_fields(True))
+    assert [c for c in LOG_FIELDS if c not in gated.epoch] == ["online_acc"]
+    assert [c for c in STEP_LOG_FIELDS if c not in gated.step] == ["online_acc"]
+    step = methods.Step(torch.tensor(1.0), {"info_nce": torch.tensor(2.0)}, None)
+    assert {k: v.item() for k, v in methods.statistics(ncl, step, labeled=False).items()} == {
+        "loss": 1.0, "info_nce": 2.0,
+    }
+
+
+@pytest.mark.slow
+def test_a_run_without_labels_logs_and_draws_only_what_it_fills(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pretraining run with data.labels=none: log.csv, steps.csv and the curves have no online_acc
+    (no probe accuracy without labels), every other column filled as a labelled run's."""
+    from bayesncl.app.report.curves import read_log, training_curves_figure
+
+    monkeypatch.setattr(engine_module, "STEP_LOG_EVERY", 3)  # a steps.csv row at each epoch's end
+    cfg = build_config(overrides=[*TINY_BASE, "train.epochs=2", "method.name=ncl", "data.labels=none",
+                                  "train.monitor_samples=0"])  # fmt: skip
+    pretrain(cfg, tmp_path / "run", evaluate=False)
+    expected = log_columns(methods.get("ncl").logged(cfg.method, labeled=False), heldout_fields(False))
+    assert _header(tmp_path / "run" / "log.csv") == list(expected.epoch)
+    assert "online_acc" not in expected.epoch and "info_nce" in expected.epoch
+    assert _header(tmp_path / "run" / "steps.csv") == ["step", "epoch", "loss", "info_nce", "lr"]
+    rows = read_log(tmp_path / "run")
+    assert [r["epoch"] for r in rows] == [1.0, 2.0] and all(r["info_nce"] > 0 for r in rows)
+    fig = training_curves_figure({"ncl": rows})
+    assert [ax.get_title() for ax in fig.axes] == ["InfoNCE (nats)"]
+
+
 def test_the_epoch_line_and_the_bar_show_the_short_statistics() -> None:
     stats = methods.get("bayesncl").stats
     means = {"loss": 5.4321, "info_nce": 5.42, "kl": 8.857, "gate_open": 0.04, "gate_mean_alpha": 0.5,

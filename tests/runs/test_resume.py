@@ -829,3 +829,43 @@ def test_a_run_logged_with_every_column_resumes_with_its_header(
     fig = training_curves_figure({"old": read_log(run), "new": read_log(straight)})  # both still draw
     assert [ax.get_title() for ax in fig.axes][:2] == ["InfoNCE (nats)", "online probe accuracy (%)"]
     assert not any("KL" in ax.get_title() or "gate" in ax.get_title() for ax in fig.axes)
+
+
+@pytest.mark.slow
+def test_a_run_without_labels_logged_with_an_empty_probe_column_resumes_with_its_header(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run without labels (data.labels=none) logs no online_acc; one logged before that, its
+    online_acc column empty, and stopped inside epoch 2 keeps its files' headers on --resume: the
+    column stays, empty; the other cells and the weights are those of a straight run (no column)."""
+    from bayesncl.core import methods
+    from bayesncl.runs.logs import heldout_fields, log_columns, write_log
+
+    monkeypatch.setattr(engine_module, "STEP_LOG_EVERY", 2)
+    args = [*TINY_BASE, "method.name=ncl", "train.precision=fp32", "train.epochs=2", "data.labels=none"]
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    pretrain(build_config(overrides=args), straight, evaluate=False)
+    with monkeypatch.context() as m:
+        signal_at(m, engine_module, "train_step", (5,))  # inside epoch 2
+        with pytest.raises(rundir_module.TrainingInterrupted, match="stopped in epoch 2"):
+            pretrain(build_config(overrides=args), run, evaluate=False)
+    labelled_run = methods.get("ncl").logged(build_config(overrides=args).method)  # with online_acc
+    before = log_columns(labelled_run, heldout_fields(False))
+    old = {"log.csv": list(before.epoch), "steps.csv": list(before.step)}  # as the code before wrote them
+    assert "online_acc" in old["log.csv"] and "online_acc" in old["steps.csv"]
+    for name, fields in old.items():
+        with (run / name).open() as f:
+            write_log(run, list(csv.DictReader(f)), name, fields)
+    pretrain(build_config(overrides=args), run, resume=True, evaluate=False)
+    assert_same_weights(straight / "last.pt", run / "last.pt")
+    for name, fields in old.items():
+        with (run / name).open() as f, (straight / name).open() as g:
+            kept, new = csv.DictReader(f), csv.DictReader(g)
+            assert kept.fieldnames == fields and "online_acc" not in (new.fieldnames or [])
+            pairs = list(zip(kept, new, strict=True))
+        assert len(pairs) == (2 if name == "log.csv" else 3)
+        for a, b in pairs:
+            assert a["online_acc"] == "" and float(a["info_nce"]) > 0
+            assert {k: v for k, v in a.items() if k != "online_acc" and k != "epoch_time_s"} == {
+                k: v for k, v in b.items() if k != "epoch_time_s"
+            }

@@ -10,7 +10,8 @@ PAPER-NOTES §2: one lr for backbone and head, as that code never reads the YAML
 
 It trains in a run dir of its own with pretraining's loop (:func:`bayesncl.app.fit.fit`, a
 :func:`finetuning_job`; docs/architecture.md) and only reads the pretrained run. Its statistics are
-:data:`FINETUNE_STATS`, logged as pretraining's are: in its ``log.csv`` (``epoch, step, loss,
+:data:`FINETUNE_STATS` (defined beside the methods' statistics, :mod:`bayesncl.core.methods.common`),
+logged as pretraining's are: in its ``log.csv`` (``epoch, step, loss,
 online_acc, lr, epoch_time_s``) and ``steps.csv``, ``loss`` is the cross-entropy and ``online_acc``
 the head's accuracy (%) on the augmented train batches (the first of the loader's two views).
 """
@@ -36,7 +37,7 @@ from bayesncl.config import (
     parse_overrides,
 )
 from bayesncl.core.engine import LossFn, Views
-from bayesncl.core.methods import LOSS, Statistic, Step
+from bayesncl.core.methods import FINETUNE_STATS, Step
 from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.core.optim import LrSchedule, StepSchedule
 from bayesncl.metrics.protocols import FINETUNE, Protocol, finetune_protocol
@@ -74,21 +75,6 @@ class FinetuneForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model.classifier(self.model.backbone(x))
-
-
-def _train_accuracy(s: Step) -> Tensor:
-    assert s.class_logits is not None and s.labels is not None  # the fine-tuning step sets both
-    return (s.class_logits.argmax(1) == s.labels).float().mean()
-
-
-FINETUNE_STATS: tuple[Statistic, ...] = (
-    LOSS,  # the cross-entropy
-    Statistic("online_acc", _train_accuracy, "train accuracy of backbone + head (%)", "train acc",
-              percent=True),
-)
-"""Fine-tuning's statistics (log.csv's and steps.csv's columns, the epoch line's ``loss`` and
-``train acc``): the cross-entropy and the head's accuracy on the augmented train batches (a fraction,
-logged in %), under the names pretraining gives its loss and its online probe's accuracy."""
 
 
 def finetune_loss(

@@ -59,7 +59,6 @@ class Job:
     forward: type[nn.Module] = TrainForward  # what DDP wraps around the model (core.engine)
     terms: tuple[LossTerm, ...] = ()  # the loss terms a non-finite loss's message names
     loader_options: Mapping[str, Any] = field(default_factory=dict)  # build_train_loader's other keywords
-    labeled: bool = True  # False: the statistics that need labels are empty cells (data without labels)
     heldout: HeldOut | None = None  # rank 0: the batch scored at a monitored epoch's end (heldout_*)
     heldout_columns: tuple[str, ...] = ()  # its log.csv columns (runs.logs.heldout_fields)
     # rank 0, before the first step: (first step, total steps) -> an on_sync hook or None (pretraining:
@@ -153,7 +152,7 @@ def fit(cfg: Config, run: RunDir, job: Job) -> ContrastiveModel:
 
     def on_step_log(step: int, means: dict[str, float], lr: float) -> None:
         row = step_row(step, state.steps_per_epoch, job.stats, means, lr)
-        state.step_log.append(_unlabeled(row, job))
+        state.step_log.append(row)
 
     hooks = Hooks(stop_requested=lambda: run.stop_signal, on_sync=on_sync, on_step_log=on_step_log)
 
@@ -180,7 +179,7 @@ def fit(cfg: Config, run: RunDir, job: Job) -> ContrastiveModel:
         monitored = (epoch + 1) % cfg.train.monitor_every == 0 or epoch + 1 == cfg.train.epochs
         if job.heldout is not None and monitored:
             row.update(job.heldout.measure(model, device))
-        state.log.append(_unlabeled(row, job))
+        state.log.append(row)
         if world.is_main:
             _alarms(job.stats, result.stats)
             per_epoch = (time.time() - started) / (epoch + 1 - first_epoch)
@@ -201,13 +200,6 @@ def run_precision(cfg: Config, run: RunDir) -> Precision:
     if run.world.is_main:
         print(f"precision: {precision.why}", flush=True)
     return precision
-
-
-def _unlabeled(row: dict[str, Any], job: Job) -> dict[str, Any]:
-    """``row`` with the statistics that need labels (the online probe's) empty where the data has none."""
-    if job.labeled:
-        return row
-    return {**row, **{s.name: "" for s in job.stats if s.needs_labels and s.name in row}}
 
 
 def _check_weights(model: ContrastiveModel, cfg: Config, run: RunDir, epoch: int, step: int) -> None:

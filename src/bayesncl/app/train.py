@@ -162,11 +162,11 @@ def pretraining_job(cfg: Config, world: distributed.World, facts: RunFacts) -> J
                           start=cfg.train.warmup_start_lr, final=cfg.train.min_lr)  # fmt: skip
 
     return Job(
-        name=cfg.method.name, stats=method.logged(cfg.method),
+        name=cfg.method.name, stats=method.logged(cfg.method, info.labeled),
         build_model=lambda: build_model(cfg, info.channels, info.image_size, info.num_classes),
         param_groups=lambda model: param_groups(model, cfg, facts.peak_lrs), schedule=schedule,
         make_loss_fn=loss_fn, terms=methods.terms(cfg.method, method), loader_options={"info": info},
-        labeled=info.labeled, heldout=build_heldout(cfg, info) if world.is_main else None,
+        heldout=build_heldout(cfg, info) if world.is_main else None,
         heldout_columns=tuple(heldout_fields(gated)), on_start=partial(_time_notes, cfg, world),
     )  # fmt: skip
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from bayesncl.data.augment import mix_seed
+from bayesncl.core.seeding import mix_seed
 
 __all__ = [
     "DistributedError", "World", "all_reduce_mean", "check_sync_bn", "convert_sync_bn", "gather_with_grad",

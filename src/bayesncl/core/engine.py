@@ -125,10 +125,12 @@ def forward_loss(
     method: Method | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """This process's loss on one batch, and the method's detached step statistics by name
-    (``method.logged(m)``: e.g. ``loss``, ``info_nce``, ``online_acc``; a gate's only with a gate).
+    (``method.logged(m, labeled)``: e.g. ``loss``, ``info_nce``, ``online_acc``; a gate's only with a
+    gate, the online probe's only with labels).
 
     x1, x2: (n, C, S, S) the two views of n images; y: (n,) labels, read by the online probe and by
-    the terms of a supervised method (``labeled``: False where y carries none). The loss is the
+    the terms of a supervised method (``labeled``: False where y carries none: no term reads it, and
+    the statistics that need labels are not computed). The loss is the
     method's over the 2n local rows (under DDP the negatives are gathered from every rank, see
     :func:`bayesncl.core.head.contrastive_loss`) plus the probe's cross-entropy on sg(h). Each
     term is a mean over local rows, so DDP's gradient average is the global mean.
@@ -148,7 +150,7 @@ def forward_loss(
     probe_loss = nn.functional.cross_entropy(logits_cls.float(), yy)
     with torch.no_grad():
         step = methods.Step(loss, terms, out, logits_cls, yy, m)
-        stats = {s.name: s.fn(step) for s in method.logged(m)}
+        stats = {s.name: s.fn(step) for s in method.logged(m, labeled)}
     return loss + probe_loss, stats
 
 
@@ -158,7 +160,8 @@ def contrastive_loss_fn(
 ) -> LossFn:
     """Pretraining's :data:`LossFn`: :func:`forward_loss` of ``method`` (resolved once per run) with
     the config ``m``, in ``autocast`` (a ``torch.autocast`` or None) and, ``channels_last``, on
-    channels-last input; ``labeled``: the batches' labels are real (a supervised method reads them)."""
+    channels-last input; ``labeled``: the batches' labels are real (a supervised method reads them;
+    the online probe's accuracy is logged)."""
 
     def loss_fn(step_model: nn.Module, batch: Views) -> tuple[Tensor, dict[str, Tensor]]:
         x1, x2, y = batch

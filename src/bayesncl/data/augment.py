@@ -59,26 +59,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-_M64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    z = x
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
-
-
-def mix_seed(*parts: int) -> int:
-    """A well-mixed non-negative 63-bit seed from integers, e.g. ``(seed, epoch, rank, step)``.
-
-    Pure Python (SplitMix64), so it is identical across processes, platforms and torch versions.
-    """
-    h = 0x6A09E667F3BCC908
-    for p in parts:
-        h = _splitmix64(h ^ (int(p) & _M64))
-    return h >> 1
+# the seed mixer lives in the core (its rank seeds use it too); the data imports it from there
+from bayesncl.core.seeding import mix_seed as mix_seed
 
 
 @contextlib.contextmanager

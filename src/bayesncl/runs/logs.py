@@ -1,9 +1,10 @@
 """The run's CSV logs: ``log.csv`` (one row per epoch) and ``steps.csv`` (one row every
 :data:`bayesncl.core.engine.STEP_LOG_EVERY` optimiser steps). Their statistic columns are those of
 the statistics the run logs (:class:`bayesncl.core.methods.Statistic`: its method's,
-``Method.logged``, or fine-tuning's), by name: a run without a gate has no gate column
-(:func:`log_columns`). A resumed run keeps its files' header (:func:`resumed_header`), so a log written
-before every column of an ungated run was dropped keeps its empty gate columns."""
+``Method.logged``, or fine-tuning's), by name: a run without a gate has no gate column, a run
+without labels no ``online_acc`` (:func:`log_columns`). A resumed run keeps its files' header
+(:func:`resumed_header`), so a log written before every column of an ungated run was dropped keeps
+its empty gate columns."""
 
 from __future__ import annotations
 
@@ -52,8 +53,9 @@ class LogColumns:
 
 
 def log_columns(stats: Sequence[Statistic], heldout: Sequence[str] = ()) -> LogColumns:
-    """The columns of a run that logs ``stats`` (in order; ``Method.logged`` for pretraining) and
-    the held-out monitor's ``heldout`` (:func:`heldout_fields`; none in fine-tuning): log.csv's
+    """The columns of a run that logs ``stats`` (in order; ``Method.logged(method, labeled)`` for
+    pretraining, ``FINETUNE_STATS`` for fine-tuning) and the held-out monitor's ``heldout``
+    (:func:`heldout_fields`; none in fine-tuning): log.csv's
     ``epoch, step``, each statistic (and its reference key), ``lr, epoch_time_s``, ``heldout``;
     steps.csv's ``step, epoch``, the per-step statistics, ``lr``."""
     return LogColumns(

@@ -20,7 +20,7 @@ from bayesncl.core.engine import STOP_SIGNALS, Cursor, EpochResult
 from bayesncl.core.methods import CONTRASTIVE_STATS
 from bayesncl.core.optim import Precision, precision_text, resolve_precision
 from bayesncl.core.plugins import PLUGINS_FILE
-from bayesncl.data import mix_seed
+from bayesncl.core.seeding import mix_seed
 from bayesncl.runs import layout, lock, messages
 from bayesncl.runs.fileio import atomic_path, remove_stale_temporaries
 from bayesncl.runs.loggers import RunLoggers

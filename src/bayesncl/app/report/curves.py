@@ -2,15 +2,17 @@
 
 A panel against the epoch for each statistic with a title (a
 :class:`bayesncl.core.methods.Statistic` of a registered method) that some run logged: InfoNCE
-(nats), online probe accuracy (%), a method's own statistics and, for gated runs, the KL term
-(:func:`bayesncl.core.losses.bernoulli_kl`, nats), the gate-open rate (share of α > threshold) and
-the mean gate probability α, each with the prior ρ dashed (PAPER-NOTES §1; docs/metrics.md, "The
-gate"). Markers are the epoch means; where the run has a ``steps.csv`` (a row every
-``STEP_LOG_EVERY`` steps) a thin line of the same colour follows them. One legend under the panels
-names each run once; where the runs are seeds of a few variants (labels ending in ``seed N``, as
-``reproduce`` names them), a variant's seeds share its colour, each seed its marker, and the legend
-names each variant once (:func:`run_styles`). ``pretrain`` writes ``training_curves.png``, demo and
-``reproduce`` ``curves.png``; ``bayesncl curves RUN_DIR ...`` draws any runs.
+(nats), online probe accuracy (%) (a fine-tuning run's log: its train accuracy, titled by
+:data:`~bayesncl.core.methods.FINETUNE_STATS`, :func:`log_statistics`), a method's own statistics
+and, for gated runs, the KL term (:func:`bayesncl.core.losses.bernoulli_kl`, nats), the gate-open
+rate (share of α > threshold) and the mean gate probability α, each with the prior ρ dashed
+(PAPER-NOTES §1; docs/metrics.md, "The gate"). Markers are the epoch means; where the run has a
+``steps.csv`` (a row every ``STEP_LOG_EVERY`` steps) a thin line of the same colour follows them.
+One legend under the panels names each run once; where the runs are seeds of a few variants (labels
+ending in ``seed N``, as ``reproduce`` names them), a variant's seeds share its colour, each seed
+its marker, and the legend names each variant once (:func:`run_styles`). ``pretrain`` writes
+``training_curves.png``, demo and ``reproduce`` ``curves.png``; ``bayesncl curves RUN_DIR ...``
+draws any runs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from bayesncl.core import methods
 from bayesncl.core.engine import STEP_LOG_EVERY
 from bayesncl.runs.fileio import write_failure_reason
 from bayesncl.runs.lock import set_aside_hint
+from bayesncl.runs.logs import log_columns
 from bayesncl.runs.messages import RunDirError
 
 __all__ = [
@@ -67,6 +70,26 @@ def panels() -> list[methods.Statistic]:
     registered method's."""
     stats = [s for s in methods.all_statistics().values() if s.title]
     return sorted(stats, key=lambda s: s.gated)
+
+
+def log_statistics(rows: Sequence[Mapping[str, float]]) -> dict[str, methods.Statistic]:
+    """The statistics a log's ``rows`` (:func:`read_log` or :func:`read_steps`) hold, by name: a
+    fine-tuning run's (:data:`~bayesncl.core.methods.FINETUNE_STATS`: its ``online_acc`` is the
+    classifier's train accuracy) where the log has exactly a fine-tuning run's columns (a pretraining
+    log also has its method's terms and the held-out columns), else the registered methods'
+    (:func:`~bayesncl.core.methods.all_statistics`: ``online_acc`` the online probe's)."""
+    finetuning = log_columns(methods.FINETUNE_STATS)
+    if rows and set(rows[0]) in (set(finetuning.epoch), set(finetuning.step)):
+        return {s.name: s for s in methods.FINETUNE_STATS}
+    return methods.all_statistics()
+
+
+def _panel_title(name: str, runs: Mapping[str, Sequence[Mapping[str, float]]],
+                 stats: Mapping[str, Mapping[str, methods.Statistic]]) -> str:
+    """The title of the panel of statistic ``name``: its title in the statistics of each run that
+    logged it (``stats``, :func:`log_statistics` by run), each title once, one a line."""
+    titles = [stats[r][name].title for r, rows in runs.items() if name in stats[r] and _has(rows, name)]
+    return "\n".join(dict.fromkeys(t for t in titles if t))
 
 
 def _gated(rows: Sequence[Mapping[str, float]]) -> bool:
@@ -175,8 +198,9 @@ def training_curves_figure(
     open_is_mean_alpha: Sequence[str] = (),
 ) -> Any:
     """A matplotlib figure of ``runs = {label: rows of read_log}``: one panel per statistic of
-    :func:`panels` that some run logged (a gate's only if some run is gated), one line with markers
-    per run, the same colour across panels; ``steps = {label: rows of read_steps}`` adds each run's
+    :func:`panels` that some run logged (a gate's only if some run is gated; titled as each run's own
+    statistic of that name, :func:`log_statistics`: a fine-tuning log's train accuracy), one line with
+    markers per run, the same colour across panels; ``steps = {label: rows of read_steps}`` adds each run's
     per-step means as a thin line of its colour. A panel whose values vary by less than 1 % of their
     size is drawn flat (y-limits ± 10 % around them, :func:`_flat_reads_flat`).
     ``open_is_mean_alpha``: the runs whose ``gate_open`` is the soft gate's mean α (logs from before
@@ -193,7 +217,8 @@ def training_curves_figure(
         raise ValueError("training_curves_figure: expected at least one run, each with >= 1 logged epoch")
     gated = any(_gated(rows) for rows in runs.values())
     drawn = [s for s in panels() if (gated or not s.gated) and any(_has(r, s.name) for r in runs.values())]
-    panels_ = [(s.name, s.title) for s in drawn]
+    own = {run: log_statistics(rows) for run, rows in runs.items()}  # a fine-tuning log: its own titles
+    panels_ = [(s.name, _panel_title(s.name, runs, own) or s.title) for s in drawn]
     by_name = {s.name: s for s in drawn}
     logged = [(k, t) for k, t in HELDOUT_PANELS if any(_has(rows, k) for rows in runs.values())]
     # rows of max(training panels, half of all): a gated run's 4 training + 4 held-out panels make two

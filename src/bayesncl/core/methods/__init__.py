@@ -11,7 +11,17 @@ docs/extending.md.
 
 import importlib
 
-from bayesncl.core.methods.common import CONTRASTIVE_STATS, INFO_NCE, KL, LOSS, PARTS, term_statistic
+from bayesncl.core.methods.common import (
+    CONTRASTIVE_STATS,
+    FINETUNE_STATS,
+    INFO_NCE,
+    KL,
+    LOSS,
+    PARTS,
+    class_accuracy,
+    term_statistic,
+    top1_accuracy,
+)
 from bayesncl.core.methods.keys import KEYS, MethodConfig
 from bayesncl.core.methods.registry import (
     METHODS,
@@ -33,7 +43,8 @@ __all__ = [
     "Step", "ModelOutput",
     "register_method", "get", "preset", "closest", "unread_keys", "check", "terms", "loss", "statistics",
     "all_statistics",
-    "INFO_NCE", "KL", "LOSS", "PARTS", "CONTRASTIVE_STATS", "term_statistic", "BUILT_IN",
+    "INFO_NCE", "KL", "LOSS", "PARTS", "CONTRASTIVE_STATS", "FINETUNE_STATS", "term_statistic",
+    "class_accuracy", "top1_accuracy", "BUILT_IN",
 ]
 
 BUILT_IN = (

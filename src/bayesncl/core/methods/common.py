@@ -22,7 +22,10 @@ if TYPE_CHECKING:
     from bayesncl.core.configs import MethodSettings, ModelConfig
     from bayesncl.core.methods.spec import ModelOutput
 
-__all__ = ["INFO_NCE", "KL", "PARTS", "CONTRASTIVE_STATS", "LOSS", "term_statistic", "closed_rows"]
+__all__ = [
+    "INFO_NCE", "KL", "PARTS", "CONTRASTIVE_STATS", "FINETUNE_STATS", "LOSS", "term_statistic", "closed_rows",
+    "class_accuracy", "top1_accuracy",
+]
 
 ArrayT = TypeVar("ArrayT", "Tensor", "np.ndarray")
 
@@ -176,9 +179,18 @@ def _closed_rows(s: Step) -> Tensor:
     return closed_rows(open_gates(s)).float().mean()
 
 
-def _probe_accuracy(s: Step) -> Tensor:
-    assert s.class_logits is not None and s.labels is not None
-    return (s.class_logits.argmax(1) == s.labels).float().mean()
+def top1_accuracy(logits: Tensor, labels: Tensor) -> Tensor:
+    """The share of rows whose largest logit is their label: ``logits`` (M, C), ``labels`` (M,) ->
+    0-d float32 in [0, 1] (the first largest where logits tie, ``argmax``'s)."""
+    return (logits.argmax(1) == labels).float().mean()
+
+
+def class_accuracy(s: Step) -> Tensor:
+    """:func:`top1_accuracy` of a step's ``class_logits`` against its ``labels``: the online probe's
+    on sg(h) in pretraining (``online_acc``), the classifier's on the train batches in fine-tuning
+    (:data:`FINETUNE_STATS`)."""
+    assert s.class_logits is not None and s.labels is not None  # logged only where the step has both
+    return top1_accuracy(s.class_logits, s.labels)
 
 
 LOSS = Statistic("loss", lambda s: s.loss.detach(), short="loss")
@@ -192,9 +204,19 @@ CONTRASTIVE_STATS: tuple[Statistic, ...] = (
               reference="rho", ylim=(0, 1.02)),
     Statistic("rows_all_closed", _closed_rows, gated=True, per_step=False,
               alarm=(0.5, "gate collapse: {pct:.0f}% of rows have every gate closed")),
-    Statistic("online_acc", _probe_accuracy, "online probe accuracy (%)", percent=True, needs_labels=True),
+    Statistic("online_acc", class_accuracy, "online probe accuracy (%)", percent=True, needs_labels=True),
 )
 """The statistics of every built-in method, in log.csv's order: the loss, InfoNCE, KL, the
 gate-open rate (the share of α > ``method.threshold``, with ρ), the mean gate probability α, the
 fraction of rows with every gate closed (every α <= threshold), the online probe's accuracy on sg(h)
 (a fraction, logged in %). A method's ``stats`` must start with :data:`LOSS`."""
+FINETUNE_STATS: tuple[Statistic, ...] = (
+    LOSS,  # the cross-entropy
+    Statistic("online_acc", class_accuracy, "train accuracy of backbone + head (%)", "train acc",
+              percent=True),
+)
+"""Fine-tuning's statistics (``bayesncl finetune``, :mod:`bayesncl.app.finetune`; log.csv's and
+steps.csv's columns, the epoch line's ``loss`` and ``train acc``): the cross-entropy and the head's
+accuracy on the augmented train batches (a fraction, logged in %), under the names pretraining gives
+its loss and its online probe's accuracy; their titles name a fine-tuning log's panels
+(``app.report.curves``), not the online probe's."""

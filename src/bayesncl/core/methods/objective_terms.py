@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from bayesncl.core.methods.common import CONTRASTIVE_STATS, LOSS, term_statistic
+from bayesncl.core.methods.common import CONTRASTIVE_STATS, LOSS, term_statistic, top1_accuracy
 from bayesncl.core.methods.registry import register_method
 from bayesncl.core.methods.spec import Batch, Head, Key, LossTerm, Method, Statistic, Step
 
@@ -104,7 +104,7 @@ CLASSIFIER = {"classifier": Head(_classifier)}
 
 def _head_accuracy(s: Step) -> Tensor:
     assert s.labels is not None
-    return (s.out.heads["classifier"].argmax(1) == s.labels).float().mean()
+    return top1_accuracy(s.out.heads["classifier"], s.labels)
 
 
 HEAD_ACCURACY = Statistic("train_acc", _head_accuracy, "the method's classifier, training accuracy (%)",

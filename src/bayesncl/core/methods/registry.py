@@ -180,11 +180,9 @@ def statistics(m: MethodConfig, step: Step, labeled: bool = True) -> dict[str, T
     """The method's statistics of one step by name (0-d tensors on the device): a run without a gate
     has none of the gate's (``Statistic.gated``); ``labeled``: False leaves out those that need
     labels (no online probe). ``step.method`` None: ``m`` is handed to the statistics as it."""
-    gated = m.gate != "none"
     if step.method is None:
         step = dataclasses.replace(step, method=m)
-    return {s.name: s.fn(step) for s in get(m.name).stats
-            if (gated or not s.gated) and (labeled or not s.needs_labels)}
+    return {s.name: s.fn(step) for s in get(m.name).logged(m, labeled)}
 
 
 def all_statistics() -> dict[str, Statistic]:

@@ -114,7 +114,8 @@ class Statistic:
     TensorBoard, W&B) and the curves draw it.
 
     title: its training-curves panel ("" none); short: its name on the progress bar and the epoch
-    line ("" not shown); percent: logged × 100; needs_labels: empty where the data has no labels;
+    line ("" not shown); percent: logged × 100; needs_labels: not logged where the data has no labels
+    (no column, :meth:`Method.logged`);
     gated: means something only with a gate (a run without one does not log it: no column,
     :meth:`Method.logged`);
     reference: a ``method.*`` key logged beside it and drawn dashed on its panel; per_step: also a
@@ -222,12 +223,15 @@ class Method:
     def gated(self) -> bool:
         return self.gate != "none"
 
-    def logged(self, m: MethodSettings) -> tuple[Statistic, ...]:
+    def logged(self, m: MethodSettings, labeled: bool = True) -> tuple[Statistic, ...]:
         """The statistics a run of ``m`` (this method's ``method.*`` config) logs, in log.csv's order:
         :attr:`stats`, less the gate's (``Statistic.gated``) where ``m`` has no gate
-        (``method.gate=none``). Its log.csv and steps.csv have a column for these only."""
+        (``method.gate=none``) and, where its data has no labels (``labeled`` False:
+        ``data.labels=none``, an image folder without classes), less those that need them
+        (``Statistic.needs_labels``: the online probe's ``online_acc``). Its log.csv and steps.csv
+        have a column for these only, and its step computes these only."""
         gated = m.gate != "none"
-        return tuple(s for s in self.stats if gated or not s.gated)
+        return tuple(s for s in self.stats if (gated or not s.gated) and (labeled or not s.needs_labels))
 
     @property
     def parts(self) -> dict[str, Any]:
