@@ -150,6 +150,44 @@ def test_a_finetuning_log_is_titled_by_its_own_statistics(tmp_path: Path) -> Non
     ]
     assert main(["curves", str(run)]) == 0 and (run / "training_curves.png").is_file()
 
+def test_a_finetuning_log_written_before_its_own_columns_is_titled_as_one(tmp_path: Path) -> None:
+    """Before a run's columns were its own statistics' (issue 45) fine-tuning wrote log.csv and
+    steps.csv under the built-in header (LOG_FIELDS, STEP_LOG_FIELDS: info_nce, kl, ... empty), and a
+    --resume keeps that header: such a log is a fine-tuning log too (train accuracy), while a
+    pretraining log of either layout, a method's without InfoNCE or with few statistics among them,
+    keeps the online probe's title."""
+    from bayesncl.app.report.curves import log_statistics
+    from bayesncl.core.methods import FINETUNE_STATS, all_statistics
+    from bayesncl.runs.logs import LOG_FIELDS, STEP_LOG_FIELDS, heldout_fields, log_columns
+
+    run = tmp_path / "ncl-finetune"
+    run.mkdir()
+    write_log(run, [{"epoch": e, "step": 3 * e, "loss": 2.5 - e, "online_acc": 30.0 * e, "lr": 0.4,
+                     "epoch_time_s": 1.0} for e in (1, 2)])  # fmt: skip  (LOG_FIELDS, as before issue 45)
+    write_log(run, [{"step": 25, "epoch": 0.5, "loss": 2.0, "online_acc": 20.0, "lr": 0.4}], "steps.csv")
+    ft, steps = read_log(run), read_steps(run)
+    assert list(ft[0]) == LOG_FIELDS and list(steps[0]) == STEP_LOG_FIELDS
+    assert log_statistics(ft)["online_acc"] is log_statistics(steps)["online_acc"] is FINETUNE_STATS[1]
+    fig = training_curves_figure({"ncl-finetune": ft}, steps={"ncl-finetune": steps})
+    assert [ax.get_title() for ax in fig.axes] == ["train accuracy of backbone + head (%)"]
+    assert main(["curves", str(run)]) == 0
+
+    old_ncl = read_log(_run(tmp_path / "ncl", "", [5.5, 5.25]))  # pre-issue-45 layout, ungated, no monitor
+    assert log_statistics(old_ncl) == all_statistics()
+    spectral = tmp_path / "spectral"  # an old log of a method whose loss is not InfoNCE: info_nce empty
+    spectral.mkdir()
+    write_log(spectral, [{**r, "info_nce": "", "spectral": 1.0} for r in _rows("", [5.5])])
+    assert log_statistics(read_log(spectral)) == all_statistics()
+    few = tmp_path / "few"  # a method logging only loss and the probe (held-out monitor off)
+    few.mkdir()
+    cols = log_columns([FINETUNE_STATS[0], all_statistics()["online_acc"]], heldout_fields(False))
+    write_log(few, [{"epoch": 1, "step": 3, "loss": 1.0, "online_acc": 10.0, "lr": 0.1, "epoch_time_s": 1.0}],
+              fields=cols.epoch)  # fmt: skip
+    assert log_statistics(read_log(few)) == all_statistics()
+    fig = training_curves_figure({"few": read_log(few)})
+    assert [ax.get_title() for ax in fig.axes] == ["online probe accuracy (%)"]
+
+
 
 def test_labels_are_names_unless_they_repeat() -> None:
     assert run_label([Path("a/ncl"), Path("b/bayesncl")]) == ["ncl", "bayesncl"]

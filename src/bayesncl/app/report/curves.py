@@ -29,7 +29,7 @@ from bayesncl.core import methods
 from bayesncl.core.engine import STEP_LOG_EVERY
 from bayesncl.runs.fileio import write_failure_reason
 from bayesncl.runs.lock import set_aside_hint
-from bayesncl.runs.logs import log_columns
+from bayesncl.runs.logs import ADDED_COLUMNS, log_columns, stat_columns
 from bayesncl.runs.messages import RunDirError
 
 __all__ = [
@@ -75,13 +75,29 @@ def panels() -> list[methods.Statistic]:
 def log_statistics(rows: Sequence[Mapping[str, float]]) -> dict[str, methods.Statistic]:
     """The statistics a log's ``rows`` (:func:`read_log` or :func:`read_steps`) hold, by name: a
     fine-tuning run's (:data:`~bayesncl.core.methods.FINETUNE_STATS`: its ``online_acc`` is the
-    classifier's train accuracy) where the log has exactly a fine-tuning run's columns (a pretraining
-    log also has its method's terms and the held-out columns), else the registered methods'
-    (:func:`~bayesncl.core.methods.all_statistics`: ``online_acc`` the online probe's)."""
-    finetuning = log_columns(methods.FINETUNE_STATS)
-    if rows and set(rows[0]) in (set(finetuning.epoch), set(finetuning.step)):
+    classifier's train accuracy) where the log is a fine-tuning run's (:func:`_finetuning_log`), else
+    the registered methods' (:func:`~bayesncl.core.methods.all_statistics`: ``online_acc`` the online
+    probe's)."""
+    if rows and _finetuning_log(rows):
         return {s.name: s for s in methods.FINETUNE_STATS}
     return methods.all_statistics()
+
+
+def _finetuning_log(rows: Sequence[Mapping[str, float]]) -> bool:
+    """Whether ``rows`` are a fine-tuning run's log.csv or steps.csv: exactly its columns (a
+    pretraining log also has its method's terms, and its log.csv the held-out columns), or a log
+    written before a run's columns were its own statistics' (issue 45; a --resume keeps that header):
+    the built-in methods' header (``runs.logs.LOG_FIELDS``, ``STEP_LOG_FIELDS``, perhaps without
+    ``ADDED_COLUMNS``) with a number in fine-tuning's columns only (a pretraining run's has its loss
+    term's, e.g. ``info_nce``, too)."""
+    header = set(rows[0])
+    filled = {k for k in header if _has(rows, k)}
+    own = log_columns(methods.FINETUNE_STATS)
+    for cols, per_step in ((own.epoch, False), (own.step, True)):
+        built_in = set(stat_columns(methods.CONTRASTIVE_STATS, per_step)) - set(ADDED_COLUMNS)
+        if header == set(cols) or (built_in <= header and filled == set(cols)):
+            return True
+    return False
 
 
 def _panel_title(name: str, runs: Mapping[str, Sequence[Mapping[str, float]]],
