@@ -329,8 +329,8 @@ def _fig4b(dataset: str, overrides: list[str]) -> Study:
           for c in (SC, open_col)),
     ]  # fmt: skip
     notes = [f"λ swept over {', '.join(f'{x:g}' for x in LAMS)} at ρ = {', '.join(f'{r:g}' for r in lines)} "
-             f"(the paper's example ρ = {PAPER_RHO:g}, and the base config's); ρ swept at the base config's "
-             f"λ = {lam0:g} (give `method.lam=X` to sweep ρ at another λ: the λ lines are reused)",
+             f"(the paper's example ρ = {PAPER_RHO:g}, and the base config's); ρ swept at λ = {lam0:g}, "
+             f"the config's after overrides (`method.lam=X` sweeps ρ at another λ: the λ lines are reused)",
              "open (test): the share of the test split's gates with α > threshold (the hard mask the "
              "features are gated by); mean α: the mean gate probability on the test split"]  # fmt: skip
     columns = [SC, LP1, ACT, open_col, MEAN_ALPHA]
