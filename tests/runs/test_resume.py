@@ -802,14 +802,8 @@ def test_a_run_logged_with_every_column_resumes_with_its_header(
     from bayesncl.app.report.curves import read_log, training_curves_figure
     from bayesncl.runs.logs import LOG_FIELDS, STEP_LOG_FIELDS, write_log
 
-    monkeypatch.setattr(engine_module, "STEP_LOG_EVERY", 2)
     args = [*TINY_BASE, "method.name=ncl", "train.precision=fp32", "train.epochs=2"]
-    straight, run = tmp_path / "straight", tmp_path / "run"
-    pretrain(build_config(overrides=args), straight, evaluate=False)
-    with monkeypatch.context() as m:
-        signal_at(m, engine_module, "train_step", (5,))  # inside epoch 2
-        with pytest.raises(rundir_module.TrainingInterrupted, match="stopped in epoch 2"):
-            pretrain(build_config(overrides=args), run, evaluate=False)
+    straight, run = _straight_and_stopped_in_epoch_2(tmp_path, monkeypatch, args)
     for name, fields in (("log.csv", LOG_FIELDS), ("steps.csv", STEP_LOG_FIELDS)):  # as the code before wrote
         with (run / name).open() as f:
             write_log(run, list(csv.DictReader(f)), name, fields)
@@ -841,14 +835,8 @@ def test_a_run_without_labels_logged_with_an_empty_probe_column_resumes_with_its
     from bayesncl.core import methods
     from bayesncl.runs.logs import heldout_fields, log_columns, write_log
 
-    monkeypatch.setattr(engine_module, "STEP_LOG_EVERY", 2)
     args = [*TINY_BASE, "method.name=ncl", "train.precision=fp32", "train.epochs=2", "data.labels=none"]
-    straight, run = tmp_path / "straight", tmp_path / "run"
-    pretrain(build_config(overrides=args), straight, evaluate=False)
-    with monkeypatch.context() as m:
-        signal_at(m, engine_module, "train_step", (5,))  # inside epoch 2
-        with pytest.raises(rundir_module.TrainingInterrupted, match="stopped in epoch 2"):
-            pretrain(build_config(overrides=args), run, evaluate=False)
+    straight, run = _straight_and_stopped_in_epoch_2(tmp_path, monkeypatch, args)
     labelled_run = methods.get("ncl").logged(build_config(overrides=args).method)  # with online_acc
     before = log_columns(labelled_run, heldout_fields(False))
     old = {"log.csv": list(before.epoch), "steps.csv": list(before.step)}  # as the code before wrote them
@@ -869,3 +857,18 @@ def test_a_run_without_labels_logged_with_an_empty_probe_column_resumes_with_its
             assert {k: v for k, v in a.items() if k != "online_acc" and k != "epoch_time_s"} == {
                 k: v for k, v in b.items() if k != "epoch_time_s"
             }
+
+
+def _straight_and_stopped_in_epoch_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> tuple[Path, Path]:
+    """A 2-epoch run trained straight, and the same run stopped at step 5 (inside epoch 2), both
+    logging every 2 steps: ``(straight, run)``."""
+    monkeypatch.setattr(engine_module, "STEP_LOG_EVERY", 2)
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    pretrain(build_config(overrides=args), straight, evaluate=False)
+    with monkeypatch.context() as m:
+        signal_at(m, engine_module, "train_step", (5,))  # inside epoch 2
+        with pytest.raises(rundir_module.TrainingInterrupted, match="stopped in epoch 2"):
+            pretrain(build_config(overrides=args), run, evaluate=False)
+    return straight, run
