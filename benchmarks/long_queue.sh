@@ -8,6 +8,7 @@
 #   bash benchmarks/long_queue.sh restore   # copy results/long-store/ into the store (never overwrites)
 #   bash benchmarks/long_queue.sh pack      # copy the store's finished runs' small files into results/long-store/
 #   bash benchmarks/long_queue.sh run       # restore, then each table of QUEUE in order, packing after each
+#   bash benchmarks/long_queue.sh run ID... # the same, only QUEUE's jobs whose table ID is one of these
 #   bash benchmarks/long_queue.sh again HASH...  # set these stored runs aside by hand (see below)
 #
 # A restored run is reused by the tables whose measures its reproduce.json already holds; a table that
@@ -20,6 +21,11 @@
 # script is started, though it runs in the repository). Run it with the package
 # importable (`pip install -e .`, or PYTHONPATH=src) and nothing else on the cores; beside other work, start it
 # with OMP_NUM_THREADS=1 (docs/decisions.md, "The queue at one thread while the cores are shared").
+# Two workers, one a core: `run` of the jobs in order in one, `run fig4a 5` (say) in another, each from
+# its own checkout and OMP_NUM_THREADS=1. Give them tables that train no run in common: two processes
+# never train one run dir at once (its lock: the second table stops, saying the run is in use), but a
+# table that sets a run aside (Table 3, fig3, ncl-sepin, ncl-sparsity: they read weights) takes it from
+# under any other table that reads it.
 set -uo pipefail
 STORE="${STORE:-$HOME/bayesncl-store}"
 case $STORE in /*) ;; *) STORE="$PWD/$STORE" ;; esac  # a relative one: where the script was started
@@ -155,8 +161,16 @@ case "${1:-run}" in
     restore) [ -d "$SEEDS" ] && copy_finished "$SEEDS" "$STORE" keep; echo "restored $SEEDS into $STORE" ;;
     pack) copy_finished "$STORE" "$SEEDS"; echo "packed $STORE into $SEEDS: git add $SEEDS" ;;
     run)
+        [ $# -gt 0 ] && shift
+        for id in "$@"; do
+            ids=" ${QUEUE[*]%% *} "
+            [[ $ids == *" $id "* ]] || echo "run: no job of the queue is table $id: nothing run for it"
+        done
         [ -d "$SEEDS" ] && copy_finished "$SEEDS" "$STORE" keep
         for job in "${QUEUE[@]}"; do
+            if [ $# -gt 0 ] && [[ " $* " != *" ${job%% *} "* ]]; then
+                continue
+            fi
             if [[ $job == *@BEST* ]]; then
                 best=$(best_cell)
                 if [ -z "$best" ]; then
@@ -178,5 +192,5 @@ case "${1:-run}" in
         shift
         [ $# -gt 0 ] || { echo "usage: bash benchmarks/long_queue.sh again HASH... (the stored runs to set aside)" >&2; exit 2; }
         set_aside "$@" ;;
-    *) echo "usage: bash benchmarks/long_queue.sh [run|pack|restore|again HASH...]" >&2; exit 2 ;;
+    *) echo "usage: bash benchmarks/long_queue.sh [run [ID...]|pack|restore|again HASH...]" >&2; exit 2 ;;
 esac
