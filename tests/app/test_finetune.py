@@ -13,6 +13,7 @@ import torch
 import bayesncl.core.engine as engine
 from bayesncl.app.cli import main
 from bayesncl.app.finetune import PROTOCOL, finetune, finetune_config, finetune_groups
+from bayesncl.app.report.curves import write_training_curves
 from bayesncl.config import build_config
 from bayesncl.core.model import build_model
 from bayesncl.runs.messages import TrainingInterrupted
@@ -88,6 +89,9 @@ def test_finetune_trains_backbone_and_head_and_leaves_the_pretrained_run_alone(
     assert changed == {"backbone", "classifier"}  # the projector and the gating head as pretrained
     assert ours["config"]["train"]["base_lr"] == 0.4 and ours["config"]["train"]["epochs"] == 2
     assert (out / "encoder.safetensors").exists() and len((out / "log.csv").read_text().splitlines()) == 3
+    # its curves at its end, as pretrain draws its own (`bayesncl curves` draws the same figure)
+    again = write_training_curves([out], tmp_path / "again.png", labels=["finetune bayesncl"])
+    assert (out / "training_curves.png").read_bytes() == again.read_bytes()
 
 
 @pytest.mark.slow

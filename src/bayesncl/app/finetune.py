@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bayesncl.app.fit import Job, fit
+from bayesncl.app.fit import Job, export_trained, fit
 from bayesncl.config import (
     Config,
     ConfigError,
@@ -294,11 +294,11 @@ def finetuning_job(cfg: Config, model: ContrastiveModel, info: Any, world_size: 
 
 
 def _test(model: ContrastiveModel, cfg: Config, run_dir: Path, info: Any, source: Path) -> dict[str, Any]:
-    """Test Acc@1/Acc@5 of backbone + head in eval mode; writes finetune.json/.md and the encoder."""
+    """Test Acc@1/Acc@5 of backbone + head in eval mode; writes finetune.json/.md, then the training
+    curves and the encoder (:func:`~bayesncl.app.fit.export_trained`)."""
     from bayesncl.app.report import write_results
     from bayesncl.data import build_eval_loader
     from bayesncl.metrics.paper_probe import accuracy
-    from bayesncl.runs.export import export_encoder
 
     device = next(model.parameters()).device
     model.eval()
@@ -320,6 +320,6 @@ def _test(model: ContrastiveModel, cfg: Config, run_dir: Path, info: Any, source
     md = (f"| method | Acc@1 | Acc@5 |\n|---|---:|---:|\n| {cfg.method.name} | {acc1:.2f} | {acc5:.2f} |\n\n"
           f"{result['protocol']}; pretrained run: {source}")  # fmt: skip
     write_results(run_dir, "finetune", result, md)
-    export_encoder(model, run_dir, cfg)
+    export_trained(model, cfg, run_dir, f"finetune {cfg.method.name}")
     print(f"finetune: test Acc@1 {acc1:.2f} %, Acc@5 {acc5:.2f} % ({run_dir / 'finetune.json'})", flush=True)
     return result

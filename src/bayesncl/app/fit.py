@@ -6,14 +6,17 @@ parameter groups, the schedule, the loader's options, the held-out monitor); :fu
 precision, data, model, optimiser and schedule, restores the run dir's checkpoint, then trains epoch by
 epoch and after each one checks the weights, logs its row and saves it (``RunDir.save``: last.pt,
 then log.csv and steps.csv). The step and the epoch are ``core.engine``'s (no disk, no screen there);
-the run dir, checkpoints and logs ``runs``'. docs/architecture.md, "The loop".
+the run dir, checkpoints and logs ``runs``'. At the end, :func:`export_trained` draws the run's curves and
+exports its encoder. docs/architecture.md, "The loop".
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -189,6 +192,22 @@ def fit(cfg: Config, run: RunDir, job: Job) -> ContrastiveModel:
         run.save(state)  # last.pt, then log.csv and steps.csv (and epoch-NNNN.pt, train.checkpoint_every)
     run.finish()
     return model
+
+
+def export_trained(model: ContrastiveModel, cfg: Config, run_dir: Path, label: str) -> None:
+    """The end of a fit (rank 0; pretraining and fine-tuning): ``run_dir/training_curves.png`` of its
+    log.csv, ``label`` in the legend, where the log has a row (one that cannot be drawn is a warning:
+    a figure is not worth the export), then the encoder (``runs.export.export_encoder``)."""
+    from bayesncl.app.report.curves import write_training_curves
+    from bayesncl.runs.export import export_encoder
+    from bayesncl.runs.messages import RunDirError
+
+    if (run_dir / "log.csv").is_file():
+        try:
+            write_training_curves([run_dir], run_dir / "training_curves.png", labels=[label])
+        except RunDirError as e:
+            warnings.warn(f"no training curves: {e}", stacklevel=2)
+    export_encoder(model, run_dir, cfg)
 
 
 def run_precision(cfg: Config, run: RunDir) -> Precision:

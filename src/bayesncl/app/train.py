@@ -21,9 +21,8 @@ from typing import Any
 import torch
 
 from bayesncl.app.errors import out_of_memory
-from bayesncl.app.fit import Job, OnSync, clock, fit
+from bayesncl.app.fit import Job, OnSync, clock, export_trained, fit
 from bayesncl.app.heldout import build_heldout
-from bayesncl.app.report.curves import write_training_curves
 from bayesncl.config import Config, ConfigError, eval_data
 from bayesncl.core import distributed, methods
 from bayesncl.core.engine import LossFn, TrainingError, contrastive_loss_fn
@@ -32,10 +31,9 @@ from bayesncl.core.model import ContrastiveModel, build_model
 from bayesncl.core.optim import LrSchedule, param_groups, peak_lrs
 from bayesncl.data import DataError, DatasetInfo, dataset_info
 from bayesncl.data.loaders import check_batch_size
-from bayesncl.runs.export import export_encoder
 from bayesncl.runs.loggers import require as require_loggers
 from bayesncl.runs.logs import heldout_fields
-from bayesncl.runs.messages import RunDirError, TrainingInterrupted
+from bayesncl.runs.messages import TrainingInterrupted
 from bayesncl.runs.rundir import RunDir
 
 CPU_WARN_AFTER_S = 3600  # a CPU run estimated to take longer is told about the CPU recipe
@@ -141,7 +139,7 @@ def train(cfg: Config, run: RunDir, facts: RunFacts) -> ContrastiveModel:
     exports the encoder. Returns the trained model."""
     model = fit(cfg, run, pretraining_job(cfg, run.world, facts))
     if run.world.is_main:
-        _export(model, cfg, run.path, drawn=(run.path / "log.csv").is_file())
+        export_trained(model, cfg, run.path, cfg.method.name)
     return model
 
 
@@ -178,16 +176,6 @@ def _time_notes(cfg: Config, world: distributed.World, first_step: int, total_st
     if not world.distributed and _project_time(cfg, world.device, first_step, total_steps):
         return None
     return _cpu_time_warning(cfg, world.device, first_step, total_steps)
-
-
-def _export(model: ContrastiveModel, cfg: Config, run_dir: Path, *, drawn: bool) -> None:
-    """The end of training: ``training_curves.png`` (``drawn``: log.csv has a row), the encoder."""
-    if drawn:
-        try:
-            write_training_curves([run_dir], run_dir / "training_curves.png", labels=[cfg.method.name])
-        except RunDirError as e:  # a figure is not worth the export and the evaluation
-            warnings.warn(f"no training curves: {e}", stacklevel=2)
-    export_encoder(model, run_dir, cfg)
 
 
 def _evaluate(
