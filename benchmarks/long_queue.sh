@@ -21,11 +21,14 @@
 # script is started, though it runs in the repository). Run it with the package
 # importable (`pip install -e .`, or PYTHONPATH=src) and nothing else on the cores; beside other work, start it
 # with OMP_NUM_THREADS=1 (docs/decisions.md, "The queue at one thread while the cores are shared").
-# Two workers, one a core: `run` of the jobs in order in one, `run fig4a 5` (say) in another, each from
-# its own checkout and OMP_NUM_THREADS=1. Give them tables that train no run in common: two processes
-# never train one run dir at once (its lock: the second table stops, saying the run is in use), but a
-# table that sets a run aside (Table 3, fig3, ncl-sepin, ncl-sparsity: they read weights) takes it from
-# under any other table that reads it.
+# Two workers, one a core, each from its own checkout with OMP_NUM_THREADS=1 and its own tables, e.g.
+# `run 1 3 fig3 ncl-sepin ncl-sparsity fig4a` in one and `run headline 5 ncl-supervised` in the other
+# (plain `run` is every job). Give them tables that read no run in common: two processes never train
+# one run dir at once (its lock: the second table stops, saying the run is in use), and a table that
+# reads weights (Table 3, fig3, ncl-sepin, ncl-sparsity, ncl-supervised, ncl-ood, ...: what
+# `reproduce ... --list-weightless` lists) sets aside a stored run without them, taking it from under
+# any other table that reads it; fig4a reads Table 1's NCL and BayesNCL runs, so it goes after the
+# tables that set those aside, in the same worker.
 set -uo pipefail
 STORE="${STORE:-$HOME/bayesncl-store}"
 case $STORE in /*) ;; *) STORE="$PWD/$STORE" ;; esac  # a relative one: where the script was started
@@ -163,13 +166,16 @@ case "${1:-run}" in
     run)
         [ $# -gt 0 ] && shift
         for id in "$@"; do
-            ids=" ${QUEUE[*]%% *} "
-            [[ $ids == *" $id "* ]] || echo "run: no job of the queue is table $id: nothing run for it"
+            known=
+            for job in "${QUEUE[@]}"; do [ "$id" = "${job%% *}" ] && known=1; done
+            [ -n "$known" ] || echo "run: no job of the queue is table $id: nothing run for it"
         done
         [ -d "$SEEDS" ] && copy_finished "$SEEDS" "$STORE" keep
         for job in "${QUEUE[@]}"; do
-            if [ $# -gt 0 ] && [[ " $* " != *" ${job%% *} "* ]]; then
-                continue
+            if [ $# -gt 0 ]; then
+                given=
+                for id in "$@"; do [ "$id" = "${job%% *}" ] && given=1; done
+                [ -n "$given" ] || continue
             fi
             if [[ $job == *@BEST* ]]; then
                 best=$(best_cell)

@@ -166,17 +166,19 @@ def test_the_jobs_at_the_best_cell_read_fig4bs_highest_sc_once_every_run_finishe
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_run_with_table_ids_runs_only_those_jobs_in_queue_order(tmp_path: Path) -> None:
     """``run fig4a 5``: a second worker's share of the queue, the jobs whose table ID (first word) is
-    given, in QUEUE's order whatever the order given; an ID no job has (``fig4`` is not ``fig4a``) is
-    said in one line, and a @BEST@ job of a table not given looks up no best cell."""
+    given, in QUEUE's order whatever the order given; an ID no job has (``fig4`` is not ``fig4a``; one
+    word with a space is no ID) is said in one line, and a @BEST@ job of a table not given looks up no
+    best cell."""
     head, tail = "-m bayesncl reproduce --seeds 3 ", f" --store {tmp_path}/store/variants"
-    done, calls = _queue(tmp_path, "run", "5", "fig4a", "fig4")
+    done, calls = _queue(tmp_path, "run", "5", "fig4a", "fig4", "5 fig4b")
     assert done.returncode == 0, done.stderr
     tables = [c.split(" | ")[0].removeprefix(head).removesuffix(tail) for c in calls]
     want = [j for j in _queue_jobs() if j.split()[0] in ("fig4a", "5")]
     assert [j.split()[0] for j in want] == ["fig4a", "5"]
     assert tables == [f"{j}{tail} --list-weightless" if k % 2 == 0 else j for j in want for k in (0, 1)]
     assert "skipped" not in done.stdout
-    assert done.stdout.splitlines()[0] == "run: no job of the queue is table fig4: nothing run for it"
+    assert done.stdout.splitlines()[:2] == ["run: no job of the queue is table fig4: nothing run for it",
+                                            "run: no job of the queue is table 5 fig4b: nothing run for it"]
 
 
 @pytest.mark.integration

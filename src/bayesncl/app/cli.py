@@ -533,7 +533,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "plot training curves (InfoNCE, online probe, KL, gate open vs rho) of one or more runs",
         "Read each run's log.csv (one row per finished epoch) and draw InfoNCE, online "
         "probe accuracy and, for gated runs, the KL term and the gate-open rate against rho, one line "
-        "per run. pretrain writes the same figure as training_curves.png when a run ends; this "
+        "per run (a fine-tuning run: its train accuracy). pretrain and finetune write the same figure as "
+        "training_curves.png when a run ends; this "
         "command draws runs in progress too, or several runs side by side.",
         {},
         [

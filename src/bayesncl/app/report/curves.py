@@ -10,9 +10,9 @@ rate (share of α > threshold) and the mean gate probability α, each with the p
 ``steps.csv`` (a row every ``STEP_LOG_EVERY`` steps) a thin line of the same colour follows them.
 One legend under the panels names each run once; where the runs are seeds of a few variants (labels
 ending in ``seed N``, as ``reproduce`` names them), a variant's seeds share its colour, each seed
-its marker, and the legend names each variant once (:func:`run_styles`). ``pretrain`` writes
-``training_curves.png``, demo and ``reproduce`` ``curves.png``; ``bayesncl curves RUN_DIR ...``
-draws any runs.
+its marker, and the legend names each variant once (:func:`run_styles`). ``pretrain`` and
+``finetune`` write ``training_curves.png``, demo and ``reproduce`` ``curves.png``; ``bayesncl curves
+RUN_DIR ...`` draws any runs.
 """
 
 from __future__ import annotations
