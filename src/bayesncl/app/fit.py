@@ -26,6 +26,7 @@ from bayesncl.app.heldout import HeldOut
 from bayesncl.config import Config
 from bayesncl.core import distributed
 from bayesncl.core.engine import (
+    EpochResult,
     Hooks,
     LossFn,
     TrainForward,
@@ -42,7 +43,7 @@ from bayesncl.core.optim import LrSchedule, Precision, StepSchedule, build_optim
 from bayesncl.data import build_train_loader
 from bayesncl.runs.logs import epoch_row, log_columns, step_row
 from bayesncl.runs.rundir import RunDir
-from bayesncl.runs.state import seed_everything
+from bayesncl.runs.state import TrainState, seed_everything
 
 OnSync = Callable[[int, dict[str, float]], None]
 """A host-sync hook: (optimiser steps done, the epoch's running means by name)."""
@@ -176,22 +177,33 @@ def fit(cfg: Config, run: RunDir, job: Job) -> ContrastiveModel:
         if result.stop_signal is not None:  # Ctrl-C or SIGTERM inside the epoch
             run.save_mid_epoch(state, result)  # last.pt with the cursor, then TrainingInterrupted
 
-        # the epoch's end: check the weights, log its row, save
-        _check_weights(model, cfg, run, epoch + 1, state.step)
-        row = epoch_row(epoch + 1, state.step, job.stats, result.stats, cfg.method, result.lr, result.seconds)
-        monitored = (epoch + 1) % cfg.train.monitor_every == 0 or epoch + 1 == cfg.train.epochs
-        if job.heldout is not None and monitored:
-            row.update(job.heldout.measure(model, device))
-        state.log.append(row)
-        if world.is_main:
-            _alarms(job.stats, result.stats)
-            per_epoch = (time.time() - started) / (epoch + 1 - first_epoch)
-            print(epoch_line(job.name, cfg.train.epochs, epoch + 1, job.stats, result.stats, result.seconds,
-                             per_epoch), flush=True)  # fmt: skip
-        state.epoch = epoch + 1
-        run.save(state)  # last.pt, then log.csv and steps.csv (and epoch-NNNN.pt, train.checkpoint_every)
+        per_epoch = (time.time() - started) / (epoch + 1 - first_epoch)
+        _end_epoch(cfg, run, job, model, state, result, epoch + 1, per_epoch)
     run.finish()
     return model
+
+
+def _end_epoch(
+    cfg: Config, run: RunDir, job: Job, model: ContrastiveModel, state: TrainState, result: EpochResult,
+    done: int, per_epoch: float,
+) -> None:
+    """The end of epoch ``done`` (1-based; ``result``: its EpochResult): check the weights, log its row
+    (with the held-out batch's measures at a monitored epoch), print its line on rank 0 (``per_epoch``:
+    the mean time of this launch's epochs, for the ETA), then save (``RunDir.save``: last.pt, then
+    log.csv and steps.csv, and epoch-NNNN.pt every ``train.checkpoint_every``)."""
+    _check_weights(model, cfg, run, done, state.step)
+    row = epoch_row(done, state.step, job.stats, result.stats, cfg.method, result.lr, result.seconds)
+    monitored = done % cfg.train.monitor_every == 0 or done == cfg.train.epochs
+    if job.heldout is not None and monitored:
+        row.update(job.heldout.measure(model, run.world.device))
+    state.log.append(row)
+    if run.world.is_main:
+        _alarms(job.stats, result.stats)
+        line = epoch_line(job.name, cfg.train.epochs, done, job.stats, result.stats, result.seconds,
+                          per_epoch)
+        print(line, flush=True)
+    state.epoch = done
+    run.save(state)
 
 
 def export_trained(model: ContrastiveModel, cfg: Config, run_dir: Path, label: str) -> None:
