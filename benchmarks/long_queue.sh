@@ -80,12 +80,15 @@ QUEUE=(
 
 # best_cell: "method.rho=R method.lam=X", the cell of Fig. 4(b) (fig4b's first job above, its every run
 # finished) with the highest SC; @BEST@ in a job stands for it, @BEST_LAM@ for its method.lam=X alone.
+# It reads the packed runs ($SEEDS: what `run` packs after each table, and git keeps), not the store: a
+# table that reads weights (fig3) sets a Fig. 4(b) run aside and trains it again, and the store's
+# half-trained copy would leave no best cell for the jobs after it.
 # Nothing (and the job is skipped, saying so) while a run of Fig. 4(b) has not finished.
 best_cell() {
     local dir
     dir=$(mktemp -d)
     # shellcheck disable=SC2086  # $L is words
-    $PY -m bayesncl reproduce fig4b $L --seeds 1 method.lam=3e-05 --store "$STORE/variants" --run-dir "$dir" \
+    $PY -m bayesncl reproduce fig4b $L --seeds 1 method.lam=3e-05 --store "$SEEDS/variants" --run-dir "$dir" \
         --finished >/dev/null 2>&1
     $PY -c '
 import json, re, sys
