@@ -141,7 +141,8 @@ def _fig4b(sc: dict[str, float | None], missing: bool = False) -> str:
 def test_the_jobs_at_the_best_cell_read_fig4bs_highest_sc_once_every_run_finished(tmp_path: Path) -> None:
     """@BEST@ in a job is the Fig. 4(b) cell of the highest SC (not LP@1, not a cell without SC), as
     method.rho=R method.lam=X, and @BEST_LAM@ its λ alone, read from ``reproduce fig4b --finished`` of
-    the packed runs ($SEEDS) when each job starts; while a run of Fig. 4(b) is missing those jobs are skipped."""
+    the packed runs ($SEEDS) when each job starts; while a run of Fig. 4(b) is missing those jobs are
+    skipped."""
     sc = {"rho=0.8 lambda=3e-06": 63.6, "rho=0.3 lambda=0.0001": 66.4, "rho=0.8 lambda=0.001": None,
           "rho=0.3 lambda=0.0003": 56.6}  # fmt: skip
     done, calls = _queue(tmp_path, "run", FIG4B=_fig4b(sc))
