@@ -1117,3 +1117,28 @@ def test_finished_writes_the_table_of_the_finished_runs_and_trains_nothing(
     assert main([*args, "--plan", "--run-dir", str(tmp_path / "c")]) == 2
     assert error_line(capsys, silent=True) == (
         f"{ERROR}--finished and --plan: give one (--finished writes the table of the runs finished)")
+
+
+def test_the_default_run_dir_names_the_overrides_so_two_settings_keep_two_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without ``--run-dir`` a table goes to ``runs/<stem>-<dataset>`` followed by its overrides (last key
+    part=value), leaving out those that change neither runs nor table (data.root, train.progress); so
+    ``headline`` at two ρ/λ writes two run dirs, and both share the store ``runs/variants``. An unusual
+    character becomes ``_``; an overlong name is hashed."""
+    from bayesncl.paper.reproduce import _prepare, default_run_dir
+
+    assert default_run_dir("table1", "cifar100", []) == Path("runs/table1-cifar100")
+    assert default_run_dir("headline", "cifar100", ["method.rho=0.3", "method.lam=1e-05", "data.root=/d",
+                                                    "train.progress=false", "eval.knn_k=5"]) == Path(
+        "runs/headline-cifar100-rho=0.3-lam=1e-05-knn_k=5")  # fmt: skip
+    assert default_run_dir("x", "y", ["model.backbone=a b/c"]) == Path("runs/x-y-backbone=a_b_c")
+    long = default_run_dir("x", "y", ["model.backbone=resnet18"] * 8)
+    assert long.name.startswith("x-y-overrides-") and len(long.name) == len("x-y-overrides-") + 10
+    assert long != default_run_dir("x", "y", ["model.backbone=resnet50"] * 8)
+    monkeypatch.chdir(tmp_path)
+    a = _prepare("headline", "fashion-mnist", None, ["method.rho=0.8"], 1, None, plan=True)
+    b = _prepare("headline", "fashion-mnist", None, ["method.rho=0.3"], 1, None, plan=True)
+    assert a.run_dir == Path("runs/headline-fashion-mnist-rho=0.8")
+    assert b.run_dir == Path("runs/headline-fashion-mnist-rho=0.3")
+    assert a.store == b.store == Path("runs/variants")

@@ -488,7 +488,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
                       "fashion-mnist-bg-long"),
             _arg("--seeds", type=int, default=1, help="pretrain every variant with seeds 0..N-1 (default 1)"),
             _arg("--run-dir",
-                 help="where the table goes (default runs/<stem>-<dataset>, e.g. runs/table1-cifar100)"),
+                 help="where the table goes (default runs/<stem>-<dataset> and each override's last key "
+                      "part=value, e.g. runs/table1-cifar100, runs/headline-cifar100-rho=0.8-lam=3e-05)"),
             _arg("--store", help="the shared store of runs (default: variants/ beside the run dir; "
                                  "mechanism: its runs inside the run dir)"),
             _arg("--plan", action="store_true",

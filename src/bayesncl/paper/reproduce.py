@@ -11,7 +11,9 @@ per-seed ``values`` and the paper's value; figures are ``<stem>.png`` with error
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -500,6 +502,30 @@ class _Prepared:
     lacking: dict[str, str]  # hash -> what the run lacks that the table reads (plan only: else refused)
 
 
+_UNNAMED = tuple(k for k in variants.IDENTITY_IGNORES if not k.endswith("."))  # "eval." changes the table
+
+
+def default_run_dir(stem: str, dataset: str, overrides: list[str]) -> Path:
+    """``runs/<stem>-<dataset>``, followed by each override as ``-<last key part>=<value>``, so that one
+    table at two settings writes two run dirs: ``["method.rho=0.3", "method.lam=1e-05"]`` →
+    ``runs/headline-cifar100-rho=0.3-lam=1e-05``. Settings that change neither the runs nor the table
+    (:data:`variants.IDENTITY_IGNORES` but ``eval.*``: ``data.root``, ``train.progress``, ...) are left
+    out. Characters other than letters, digits and ``._=+-``
+    become ``_``; a name over 120 characters ends in ``-overrides-<sha1 of the overrides, 10 hex>``
+    instead."""
+    parts = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key in _UNNAMED:
+            continue
+        parts.append(re.sub(r"[^A-Za-z0-9._=+-]", "_", f"{key.rsplit('.', 1)[-1]}={value}"))
+    name = "-".join([stem, dataset, *parts])
+    if len(name) > 120:
+        digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
+        name = f"{stem}-{dataset}-overrides-{digest}"
+    return Path("runs") / name
+
+
 def _prepare(
     study_id: str, dataset: str, run_dir: Path | None, overrides: list[str], seeds: int, store: Path | None,
     plan: bool,
@@ -508,7 +534,7 @@ def _prepare(
     runs that lack weights the table reads are returned, not refused)."""
     study = studies.build(study_id, dataset, overrides)
     configs = study_configs(study, dataset, overrides, seeds)
-    run_dir = run_dir or Path("runs") / f"{study.stem}-{dataset}"
+    run_dir = run_dir or default_run_dir(study.stem, dataset, overrides)
     store = store or run_dir.parent / "variants"
     cells = {key: variants.variant_hash(cfg) for key, cfg in configs.items()}
     runs: dict[str, tuple[Config, str]] = {}
@@ -550,7 +576,8 @@ def reproduce(
     them, and write ``RUN_DIR/<stem>.md`` / ``.json`` (and ``<stem>.png`` for a figure, ``curves.png``)
     with links ``RUN_DIR/<variant>-s<seed>`` to the stored runs. Returns the JSON's dict.
 
-    ``run_dir``: default ``runs/<stem>-<dataset>``; ``store``: default ``RUN_DIR/../variants``.
+    ``run_dir``: default ``runs/<stem>-<dataset>`` and the overrides (:func:`default_run_dir`); ``store``:
+    default ``RUN_DIR/../variants``.
     Raises ConfigError for a bad ID (listing the valid ones), dataset, ``seeds`` or override,
     RunDirError for an unusable run dir or store, DataError for data that cannot be read (the runs' or
     the study's ``extra_data``), before any training. ``plan_only`` (``--plan``): the same checks and
