@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -213,6 +215,19 @@ def test_the_example_plugin_trains_from_the_cli_and_reloads(
     methods.METHODS.pop("ncl-l1-example")  # a fresh process that did not load the plugin
     assert main(["evaluate", str(run), "--probe", "none", "--no-knn"]) == 2
     expect("X7", capsys.readouterr().err, tmp_path)
+    # every command that loads the run takes --plugin: extract, and finetune (its own run dir); each call
+    # as a fresh process would make it, the plugin not loaded yet
+    from bayesncl.core import plugins
+
+    plugins._LOADED.clear()
+    assert main(["extract", str(run), "--plugin", str(EXAMPLE), "--out", str(tmp_path / "f.npz")]) == 0
+    with np.load(tmp_path / "f.npz") as f:
+        assert f["z"].shape[1] == build_config(overrides=SMALL).model.proj_dim
+    methods.METHODS.pop("ncl-l1-example")
+    plugins._LOADED.clear()
+    ft = ["finetune", str(run), "--plugin", str(EXAMPLE), "--run-dir", str(tmp_path / "ft"), "train.epochs=1",
+          "train.warmup_epochs=0", "train.batch_size=16", "train.progress=false"]  # fmt: skip
+    assert main(ft) == 0 and "acc1" in json.loads((tmp_path / "ft" / "finetune.json").read_text())
 
 
 def test_a_gate_composes_with_a_methods_terms(registry: None) -> None:

@@ -355,6 +355,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _flag("--overwrite", "replace a run already in --run-dir"),
             _arg("overrides", nargs="*", metavar="key=value",
                  help="train.* and seed on top of the authors' protocol; data.* and eval.*"),
+
+            _PLUGIN,
         ],
     ),
     "demo": (
@@ -392,6 +394,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _flag("--factors", "require the generative factors (dsprites) in the file: an error for a "
                   "dataset without them (they are stored whenever the dataset has them)"),
             _LOAD_OVERRIDES,
+
+            _PLUGIN,
         ],
     ),
     "ood": (
@@ -474,7 +478,8 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
         "(SC, active dims, gate-open rate, AF-GV, LP@1 per checkpoint), headline (NCL against BayesNCL "
         "at the given method.rho/method.lam and backbone; NCL's runs are reused across ρ/λ). "
         "CIFAR/ImageNet-100 recipes are GPU-scale; --dataset "
-        "fashion-mnist uses the CPU demo budget, fashion-mnist-long the long CPU recipe (~30x its steps). "
+        "fashion-mnist uses the demo recipe as written (3 epochs, 20,000 images, fp32), fashion-mnist-long "
+        "the long CPU recipe (~30x its steps). "
         "key=value overrides apply to every variant.",
         {},
         [
@@ -489,7 +494,9 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("--seeds", type=int, default=1, help="pretrain every variant with seeds 0..N-1 (default 1)"),
             _arg("--run-dir",
                  help="where the table goes (default runs/<stem>-<dataset> and each override's last key "
-                      "part=value, e.g. runs/table1-cifar100, runs/headline-cifar100-rho=0.8-lam=3e-05)"),
+                      "part=value but data.root, train.progress and the like, e.g. runs/table1-cifar100, "
+                      "runs/headline-cifar100-rho=0.8-lam=3e-05; 6 and mechanism: runs/table6-<dataset>, "
+                      "runs/mechanism-<dataset>)"),
             _arg("--store", help="the shared store of runs (default: variants/ beside the run dir; "
                                  "mechanism: its runs inside the run dir)"),
             _arg("--plan", action="store_true",

@@ -1,4 +1,4 @@
-"""The embedding map: a 2-D t-SNE (openTSNE; docs/decisions.md, "Embedding maps") of the test
+"""The embedding map: a 2-D t-SNE (openTSNE; docs/decisions.md, row "embedding maps") of the test
 features z̃, coloured by class, as ``embedding.png`` beside ``evaluate``'s other figures and in the
 HTML report; beside it a UMAP of the same samples (both authors' repositories draw UMAP) where
 umap-learn is installed (the optional extra ``bayesncl[umap]``), else a one-line note says it is left
