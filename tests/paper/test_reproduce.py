@@ -1120,25 +1120,34 @@ def test_finished_writes_the_table_of_the_finished_runs_and_trains_nothing(
 
 
 def test_the_default_run_dir_names_the_overrides_so_two_settings_keep_two_tables(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Without ``--run-dir`` a table goes to ``runs/<stem>-<dataset>`` followed by its overrides (last key
-    part=value), leaving out those that change neither runs nor table (data.root, train.progress); so
-    ``headline`` at two ρ/λ writes two run dirs, and both share the store ``runs/variants``. An unusual
-    character becomes ``_``; an overlong name is hashed."""
+    """Without ``--run-dir`` a table goes to ``runs/<stem>-<dataset>`` followed by its overrides (``method.``
+    left off; a key given twice at its last value; a number in one spelling), leaving out those that
+    change neither runs nor table (data.root, train.progress, train.compile); so ``headline`` at two ρ/λ
+    writes two run dirs, both sharing the store ``runs/variants``, and the plan says where the table
+    goes. An unusual character becomes ``_``; an overlong name is hashed, whatever the order."""
     from bayesncl.paper.reproduce import _prepare, default_run_dir
 
     assert default_run_dir("table1", "cifar100", []) == Path("runs/table1-cifar100")
-    assert default_run_dir("headline", "cifar100", ["method.rho=0.3", "method.lam=1e-05", "data.root=/d",
-                                                    "train.progress=false", "eval.knn_k=5"]) == Path(
-        "runs/headline-cifar100-rho=0.3-lam=1e-05-knn_k=5")  # fmt: skip
-    assert default_run_dir("x", "y", ["model.backbone=a b/c"]) == Path("runs/x-y-backbone=a_b_c")
-    long = default_run_dir("x", "y", ["model.backbone=resnet18"] * 8)
+    assert default_run_dir("headline", "cifar100", ["method.rho=0.8", "method.lam=3e-5", "data.root=/d",
+                                                    "train.progress=false", "train.compile=true",
+                                                    "method.rho=0.30"]) == Path(
+        "runs/headline-cifar100-lam=3e-05-rho=0.3")  # fmt: skip
+    assert default_run_dir("t", "d", ["method.lam=3e-05"]) == default_run_dir("t", "d", ["method.lam=3e-5"])
+    train, test = (default_run_dir("t", "d", [f"{s}.batch_size=64"]) for s in ("train", "eval"))
+    assert (train.name, test.name) == ("t-d-train.batch_size=64", "t-d-eval.batch_size=64")
+    assert default_run_dir("x", "y", ["model.backbone=a b/../c"]) == Path("runs/x-y-model.backbone=a_b_.._c")
+    many = [f"model.k{i}=resnet18" for i in range(12)]
+    long = default_run_dir("x", "y", many)
     assert long.name.startswith("x-y-overrides-") and len(long.name) == len("x-y-overrides-") + 10
-    assert long != default_run_dir("x", "y", ["model.backbone=resnet50"] * 8)
+    assert long == default_run_dir("x", "y", many[::-1])  # the order does not matter, the values do
+    assert long != default_run_dir("x", "y", [*many[1:], "model.k0=r50"])
     monkeypatch.chdir(tmp_path)
     a = _prepare("headline", "fashion-mnist", None, ["method.rho=0.8"], 1, None, plan=True)
     b = _prepare("headline", "fashion-mnist", None, ["method.rho=0.3"], 1, None, plan=True)
     assert a.run_dir == Path("runs/headline-fashion-mnist-rho=0.8")
     assert b.run_dir == Path("runs/headline-fashion-mnist-rho=0.3")
     assert a.store == b.store == Path("runs/variants")
+    assert main(["reproduce", "headline", "--dataset", "fashion-mnist", "--plan", "method.rho=0.8"]) == 0
+    assert "\n  the table goes to runs/headline-fashion-mnist-rho=0.8\n" in capsys.readouterr().out

@@ -493,9 +493,10 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
                       "fashion-mnist-bg-long"),
             _arg("--seeds", type=int, default=1, help="pretrain every variant with seeds 0..N-1 (default 1)"),
             _arg("--run-dir",
-                 help="where the table goes (default runs/<stem>-<dataset> and each override's last key "
-                      "part=value but data.root, train.progress and the like, e.g. runs/table1-cifar100, "
-                      "runs/headline-cifar100-rho=0.8-lam=3e-05; 6 and mechanism: runs/table6-<dataset>, "
+                 help="where the table goes (default runs/<stem>-<dataset> and each override as key=value, "
+                      "method. left off, not data.root, train.progress and the like, e.g. "
+                      "runs/table1-cifar100, runs/headline-cifar100-rho=0.8-lam=3e-05; 6 and mechanism: "
+                      "runs/table6-<dataset>, "
                       "runs/mechanism-<dataset>)"),
             _arg("--store", help="the shared store of runs (default: variants/ beside the run dir; "
                                  "mechanism: its runs inside the run dir)"),

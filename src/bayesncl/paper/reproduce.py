@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bayesncl.config import Config, ConfigError, build_config, inert_method_keys, refuse_fixed_keys
+from bayesncl.config import Config, ConfigError, build_config, ignored, inert_method_keys, refuse_fixed_keys
 from bayesncl.paper import ncl_studies, studies, variants  # importing ncl_studies adds its IDs
 from bayesncl.paper.studies import Study
 
@@ -151,7 +151,7 @@ def _duration(seconds: float) -> str:
 
 def _print_plan(study: Study, dataset: str, seeds: int, store: Path, cells: Cells,
                 runs: dict[str, tuple[Config, str]], est: dict[str, float], source: str,
-                lacking: dict[str, str] | None = None) -> None:  # fmt: skip
+                lacking: dict[str, str] | None = None, run_dir: Path | None = None) -> None:  # fmt: skip
     """The plan; ``lacking`` (``--plan``): ``{hash: what the run lacks that the table reads}``, each
     marked on its line and named at the end (:func:`variants.check_dirs` with ``plan``)."""
     lacking = lacking or {}
@@ -159,6 +159,8 @@ def _print_plan(study: Study, dataset: str, seeds: int, store: Path, cells: Cell
     print(f"reproduce {study.id} ({study.title}) on {dataset}: {len(study.variants)} variant(s) x {seeds} "
           f"seed(s) = {len(cells)} run(s), {len(runs)} distinct; to train {counts['train']}, to continue "
           f"{counts['resume']}, reused {counts['reuse']} (store {store})")  # fmt: skip
+    if run_dir is not None:
+        print(f"  the table goes to {run_dir}")
     for (name, seed), h in cells.items():
         status = runs[h][1]
         extra = f", ~{_duration(est[h])}" if h in est else ""
@@ -502,26 +504,40 @@ class _Prepared:
     lacking: dict[str, str]  # hash -> what the run lacks that the table reads (plan only: else refused)
 
 
-_UNNAMED = tuple(k for k in variants.IDENTITY_IGNORES if not k.endswith("."))  # "eval." changes the table
+def _value_name(value: str) -> str:
+    """A value as a run dir names it: a number in one spelling (``3e-5`` and ``3e-05`` → ``3e-05``)."""
+    try:
+        return str(int(value))
+    except ValueError:
+        pass
+    try:
+        return f"{float(value):g}"
+    except ValueError:
+        return value
 
 
 def default_run_dir(stem: str, dataset: str, overrides: list[str]) -> Path:
-    """``runs/<stem>-<dataset>``, followed by each override as ``-<last key part>=<value>``, so that one
-    table at two settings writes two run dirs: ``["method.rho=0.3", "method.lam=1e-05"]`` →
-    ``runs/headline-cifar100-rho=0.3-lam=1e-05``. Settings that change neither the runs nor the table
-    (:data:`variants.IDENTITY_IGNORES` but ``eval.*``: ``data.root``, ``train.progress``, ...) are left
-    out. Characters other than letters, digits and ``._=+-``
-    become ``_``; a name over 120 characters ends in ``-overrides-<sha1 of the overrides, 10 hex>``
-    instead."""
-    parts = []
+    """``runs/<stem>-<dataset>``, followed by each override as ``-<key>=<value>`` (``method.`` left off the
+    key), so that one table at two settings writes two run dirs: ``["method.rho=0.3", "method.lam=1e-5"]``
+    → ``runs/headline-cifar100-rho=0.3-lam=1e-05``; ``train.batch_size=64`` → ``-train.batch_size=64``.
+    A key given twice counts once, at its last value (the one applied); a number is spelled one way
+    (``:g``). Left out: what changes neither the runs nor the table (:data:`variants.IDENTITY_IGNORES`
+    but ``eval.*``: ``data.root``, ``train.progress``, ...; ``train.compile``, held in a run's name).
+    Characters other than letters, digits and ``._=+-`` become ``_``; a name over 180 characters ends
+    in ``-overrides-<sha1 of the sorted parts, 10 hex>`` instead."""
+    last: dict[str, str] = {}
     for o in overrides:
-        key, _, value = o.partition("=")
-        if key in _UNNAMED:
+        key, _, value = (x.strip() for x in o.partition("="))
+        unnamed = ignored(key, variants.IDENTITY_IGNORES) and not key.startswith("eval.")
+        if key in variants.IDENTITY_HELD or unnamed:
             continue
-        parts.append(re.sub(r"[^A-Za-z0-9._=+-]", "_", f"{key.rsplit('.', 1)[-1]}={value}"))
+        last.pop(key, None)
+        last[key] = value
+    parts = [re.sub(r"[^A-Za-z0-9._=+-]", "_", f"{k.removeprefix('method.')}={_value_name(v)}")
+             for k, v in last.items()]
     name = "-".join([stem, dataset, *parts])
-    if len(name) > 120:
-        digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
+    if len(name) > 180:
+        digest = hashlib.sha1("\n".join(sorted(parts)).encode()).hexdigest()[:10]
         name = f"{stem}-{dataset}-overrides-{digest}"
     return Path("runs") / name
 
@@ -607,7 +623,7 @@ def reproduce(
     to_train = {h: cfg for h, (cfg, st) in runs.items() if st != "reuse"}
     timed = not plan_only if time_here is None else time_here
     est, source = estimate_seconds(to_train, store, time_here=timed)
-    _print_plan(study, dataset, seeds, store, cells, runs, est, source, p.lacking)
+    _print_plan(study, dataset, seeds, store, cells, runs, est, source, p.lacking, run_dir)
     if plan_only:
         plan = {k: sorted(h for h, (_, st) in runs.items() if st == k) for k in ("train", "resume", "reuse")}
         return {**plan, "needs_weights": sorted(p.lacking)}
