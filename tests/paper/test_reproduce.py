@@ -1151,3 +1151,61 @@ def test_the_default_run_dir_names_the_overrides_so_two_settings_keep_two_tables
     assert a.store == b.store == Path("runs/variants")
     assert main(["reproduce", "headline", "--dataset", "fashion-mnist", "--plan", "method.rho=0.8"]) == 0
     assert "\n  the table goes to runs/headline-fashion-mnist-rho=0.8\n" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_train_only_passes_over_a_run_another_process_trains_so_processes_split_a_table(
+    bench: Bench, table1: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``reproduce 1 --train-only method.lam=X`` while another process holds BayesNCL (STE) seed 0's lock
+    (it is training it): CL, NCL and NCL+TopK read no λ (Table 1's runs, reused); the other three new
+    runs train, the held one is passed over, and no table is written. Once the lock is free the same
+    command trains that run alone; the command without the flag then trains nothing and writes the
+    table. Without the flag a held run stops the command in one line, as before."""
+    import os
+
+    from bayesncl.paper.reproduce import study_configs
+    from bayesncl.runs.lock import lock_run_dir
+
+    over = [*TINY, "method.lam=0.0077"]
+    configs = study_configs(studies.build("1", "fashion-mnist", over), "fashion-mnist", over, 2)
+    hashes = {key: variants.variant_hash(cfg) for key, cfg in configs.items()}
+    held = bench.store / hashes["BayesNCL (STE)", 0]
+    held.mkdir(parents=True)
+    claim = lock_run_dir(held)  # another open file description: flock refuses this process too
+    assert claim is not None
+    run_dir = tmp_path / "t1"
+    args = ["reproduce", "1", "--dataset", "fashion-mnist", "--seeds", "2", "--store", str(bench.store),
+            "--run-dir", str(run_dir), *over]  # fmt: skip
+    before = len(bench.calls)
+    capsys.readouterr()
+    assert main([*args, "--train-only"]) == 0
+    out = capsys.readouterr().out
+    assert bench.calls[before:] == [False] * 4  # the held run's pretrain too, refused at its lock
+    new = [hashes[v, s] for v in ("BayesNCL (STE)", "BayesNCL (GS)") for s in (0, 1)]
+    assert [variants.finished(bench.store / h) for h in new] == [False, True, True, True]
+    assert list(held.iterdir()) == [held / ".bayesncl.lock"]  # nothing of the other process's touched
+    pid = os.getpid()
+    assert f"/4] BayesNCL (STE) seed 0: passed over, another process is training it (pid {pid})" in out
+    assert ("--train-only: trained 3, passed over 1 (another process trains or trained them); 6 reused."
+            in out)  # fmt: skip
+    assert "the table goes to" not in out and not (run_dir / "table1.md").exists()
+    assert main(args) == 2  # without the flag: the held run stops it, in one line
+    assert error_line(capsys).startswith(f"{ERROR}run dir {held} is in use by another bayesncl process "
+                                         f"(pid {pid})")  # fmt: skip
+    before += 1
+    claim.release()
+    assert main([*args, "--train-only"]) == 0
+    assert bench.calls[before + 4 :] == [False] and variants.finished(held)
+    assert "--train-only: trained 1, passed over 0" in capsys.readouterr().out
+    assert main(args) == 0
+    assert len(bench.calls) == before + 5  # the table trains nothing
+    table = json.loads((run_dir / "table1.json").read_text())
+    assert sorted(table["reused"]) == sorted(set(hashes.values())) and table["trained"] == []
+    assert None not in table["rows"]["BayesNCL (STE)"]["semantic_consistency"]["values"]
+    capsys.readouterr()
+    for flag in ("--plan", "--finished", "--list-weightless"):
+        assert main([*args, "--train-only", flag]) == 2
+        assert error_line(capsys, silent=True) == (
+            f"{ERROR}--train-only and {flag}: give one (--train-only trains the table's runs and writes no "
+            "table)")

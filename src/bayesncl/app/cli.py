@@ -247,6 +247,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         other = "--plan" if args.plan else "--list-weightless"
         raise ConfigError(f"--finished and {other}: give one (--finished writes the table of the runs "
                           "finished)")
+    modes = {"--plan": args.plan, "--finished": args.finished, "--list-weightless": args.list_weightless}
+    given = [flag for flag, on in modes.items() if on]
+    if args.train_only and given:
+        raise ConfigError(f"--train-only and {given[0]}: give one (--train-only trains the table's runs and "
+                          "writes no table)")
+    if args.train_only and args.table in MECHANISM_IDS:
+        raise ConfigError(f"--train-only: {args.table} is not a table of stored runs; give it to a table or "
+                          "figure ID")
     if args.finished and args.table in MECHANISM_IDS:
         raise ConfigError(f"--finished: {args.table} writes no table of stored runs; give it to a table or "
                           "figure ID")
@@ -280,7 +288,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         print("".join(f"{h}\n" for h in hashes), end="")
         return 0
     reproduce(args.table, args.dataset, run_dir, args.overrides, seeds=args.seeds, store=store,
-              plan_only=args.plan, time_here=args.time or not args.plan, finished=args.finished)
+              plan_only=args.plan, time_here=args.time or not args.plan, finished=args.finished,
+              train_only=args.train_only)
     return 0
 
 
@@ -511,6 +520,11 @@ COMMANDS: dict[str, tuple[str, str, dict[str, Any], list[Any]]] = {
             _arg("--finished", action="store_true",
                  help="train nothing: write the table (and figure) from the runs already finished in the "
                       "store, a cell without its run left empty (a long queue's results so far)"),
+            _arg("--train-only", action="store_true",
+                 help="train (or continue) the table's runs and stop, writing no table; a run another "
+                      "process is training (its lock) is passed over, so several processes given the same "
+                      "command and --store (one per GPU or machine) split the runs; then the command "
+                      "without --train-only writes the table"),
             _arg("--list-weightless", action="store_true",
                  help="print the name of each run the table (or mechanism) would refuse for weights it "
                       "lacks (those --plan marks; a store hash, or mechanism's folder without --store),"

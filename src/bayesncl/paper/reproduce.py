@@ -504,6 +504,35 @@ class _Prepared:
     lacking: dict[str, str]  # hash -> what the run lacks that the table reads (plan only: else refused)
 
 
+def _train_all(p: _Prepared, to_train: dict[str, Config], est: dict[str, float], shared: bool
+               ) -> tuple[list[str], list[str]]:  # fmt: skip
+    """Train (or continue) each run of ``to_train`` into the store and measure it (cached beside it now,
+    not at the table's end); a run another process finished meanwhile is passed over. ``shared``
+    (``--train-only``): so is one another process is training (its lock, RunDirBusy), which else
+    stops the command in one line. Returns the hashes ``(trained, passed over)``."""
+    from bayesncl.runs.messages import RunDirBusy
+
+    trained, passed = [], []
+    for i, (h, cfg) in enumerate(to_train.items(), 1):
+        sub, n = p.store / h, len(to_train)
+        if variants.finished(sub):
+            print(f"[{i}/{n}] {p.label[h]}: finished meanwhile by another process (reused)", flush=True)
+            passed.append(h)
+            continue
+        try:
+            _train(h, cfg, sub, p.label[h], i, n, est.get(h))
+        except RunDirBusy as e:
+            if not shared:
+                raise
+            print(f"[{i}/{n}] {p.label[h]}: passed over, another process is training it (pid {e.pid})",
+                  flush=True)  # fmt: skip
+            passed.append(h)
+            continue
+        measure(sub, cfg, p.study.measures)
+        trained.append(h)
+    return trained, passed
+
+
 def _value_name(value: str) -> str:
     """A value as a run dir names it: a number in one spelling (``3e-5`` and ``3e-05`` → ``3e-05``)."""
     try:
@@ -587,6 +616,7 @@ def weightless_runs(
 def reproduce(
     study_id: str, dataset: str, run_dir: Path | None, overrides: list[str], *, seeds: int = 1,
     store: Path | None = None, plan_only: bool = False, time_here: bool | None = None, finished: bool = False,
+    train_only: bool = False,
 ) -> dict[str, Any]:
     """Train (or reuse) every variant of ``study_id`` on ``dataset`` for seeds 0..``seeds``-1, measure
     them, and write ``RUN_DIR/<stem>.md`` / ``.json`` (and ``<stem>.png`` for a figure, ``curves.png``)
@@ -606,7 +636,10 @@ def reproduce(
     at once, such runs without an estimate. ``finished`` (``--finished``): train nothing and write
     the table from the runs that have finished (a long queue's results so far): a cell of a run not
     finished is empty (–, None in the JSON, listed under ``"missing"``), and the header says how many
-    runs of how many it holds."""
+    runs of how many it holds. ``train_only`` (``--train-only``): train (or continue) the runs and stop,
+    measuring each but writing no table, and pass over a run another process is training or finished
+    meanwhile (its lock), so that several processes (GPUs, machines) given the same command and store
+    split the table's runs; returns ``{"trained", "passed_over"}``, lists of store hashes."""
     if finished:
         return _finished_only(study_id, dataset, run_dir, overrides, seeds, store)
     p = _prepare(study_id, dataset, run_dir, overrides, seeds, store, plan=plan_only)
@@ -623,14 +656,18 @@ def reproduce(
     to_train = {h: cfg for h, (cfg, st) in runs.items() if st != "reuse"}
     timed = not plan_only if time_here is None else time_here
     est, source = estimate_seconds(to_train, store, time_here=timed)
-    _print_plan(study, dataset, seeds, store, cells, runs, est, source, p.lacking, run_dir)
+    _print_plan(study, dataset, seeds, store, cells, runs, est, source, p.lacking,
+                None if train_only else run_dir)  # fmt: skip
     if plan_only:
         plan = {k: sorted(h for h, (_, st) in runs.items() if st == k) for k in ("train", "resume", "reuse")}
         return {**plan, "needs_weights": sorted(p.lacking)}
     _warn_cpu_resnet50(study, runs, est)
-    for i, h in enumerate(to_train, 1):
-        _train(h, to_train[h], store / h, p.label[h], i, len(to_train), est.get(h))
-        measure(store / h, to_train[h], study.measures)  # cached beside the run now, not at the table's end
+    trained, passed = _train_all(p, to_train, est, shared=train_only)
+    if train_only:
+        print(f"--train-only: trained {len(trained)}, passed over {len(passed)} (another process trains or "
+              f"trained them); {len(runs) - len(to_train)} reused. Once every process is done, the same "
+              "command without --train-only writes the table (and trains what is left)", flush=True)
+        return {"trained": trained, "passed_over": passed}
     per_run = {key: measure(store / h, configs[key], study.measures) for key, h in cells.items()}
     rows = aggregate(study, per_run, seeds)
     given = variants.named_overrides(overrides)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bayesncl.runs.fileio import default_file_mode
 from bayesncl.runs.layout import LOCK_NAME, RESULT_FOLDERS, RUN_ARTIFACTS, artifact_files, move_into
-from bayesncl.runs.messages import RunDirError
+from bayesncl.runs.messages import RunDirBusy, RunDirError
 
 
 @dataclass
@@ -28,8 +28,8 @@ class RunDirLock:
 def lock_run_dir(run_dir: Path) -> RunDirLock | None:
     """Claim ``run_dir`` (which must exist) until ``release()``: an OS file lock (``fcntl.flock``) on
     ``run_dir/.bayesncl.lock``, dropped by the OS if the process dies. Returns None where file locks
-    are unavailable (Windows, some network file systems). Raises RunDirError (one line, naming the
-    holder's pid) if another process holds it."""
+    are unavailable (Windows, some network file systems). Raises RunDirBusy (a RunDirError: one line,
+    naming the holder's pid) if another process holds it."""
     try:
         import fcntl
     except ImportError:
@@ -45,9 +45,10 @@ def lock_run_dir(run_dir: Path) -> RunDirLock | None:
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise RunDirError(
+            raise RunDirBusy(
                 f"run dir {run_dir} is in use by another bayesncl process (pid {holder}); wait for it to "
-                "end, or choose another --run-dir"
+                "end, or choose another --run-dir",
+                holder,
             ) from None
         except OSError:  # no lock support on this file system
             os.close(fd)

@@ -1,5 +1,6 @@
-"""What a run dir's checks and a stopped run say: :class:`RunDirError` (one line),
-:class:`TrainingInterrupted` and the message parts shared by the checks."""
+"""What a run dir's checks and a stopped run say: :class:`RunDirError` (one line; :class:`RunDirBusy`
+where another process trains there), :class:`TrainingInterrupted` and the message parts shared by the
+checks."""
 
 from __future__ import annotations
 
@@ -13,6 +14,18 @@ from bayesncl.config.parse import RESUME_FREE_KEYS
 
 class RunDirError(ValueError):
     """The run directory cannot be used as asked (exists, unwritable, config differs)."""
+
+
+class RunDirBusy(RunDirError):
+    """Another process holds the run dir's lock (``runs.lock.lock_run_dir``): it is training there.
+    ``pid``: the holder's, as its lock file names it (``"unknown"`` where it wrote none)."""
+
+    def __init__(self, message: str, pid: str) -> None:
+        super().__init__(message)
+        self.pid = pid
+
+    def __reduce__(self) -> tuple[type[RunDirBusy], tuple[str, str]]:  # pickled to every rank whole
+        return type(self), (str(self), self.pid)
 
 
 class TrainingInterrupted(KeyboardInterrupt):
