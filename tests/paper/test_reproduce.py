@@ -1155,49 +1155,68 @@ def test_the_default_run_dir_names_the_overrides_so_two_settings_keep_two_tables
 
 @pytest.mark.slow
 def test_train_only_passes_over_a_run_another_process_trains_so_processes_split_a_table(
-    bench: Bench, table1: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    bench: Bench, table1: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``reproduce 1 --train-only method.lam=X`` while another process holds BayesNCL (STE) seed 0's lock
-    (it is training it): CL, NCL and NCL+TopK read no λ (Table 1's runs, reused); the other three new
-    runs train, the held one is passed over, and no table is written. Once the lock is free the same
-    command trains that run alone; the command without the flag then trains nothing and writes the
-    table. Without the flag a held run stops the command in one line, as before."""
+    """``reproduce 1 --train-only method.lam=X`` while another process trains BayesNCL (STE) seed 0 (a
+    pretrain: its run dir's lock) and another reproduce holds BayesNCL (GS) seed 1 (its claim beside the
+    run in the store): CL, NCL and NCL+TopK read no λ (Table 1's runs, reused); the plan marks both held
+    runs, the other two new runs train, the held ones are passed over untouched, and no table is
+    written. Without the flag a held run stops the command in one line; on a store without file locks
+    --train-only refuses before training. Once the locks are free the same command trains those two
+    alone; the command without the flag then trains nothing and writes the table."""
     import os
 
+    import bayesncl.runs.lock as lock
     from bayesncl.paper.reproduce import study_configs
-    from bayesncl.runs.lock import lock_run_dir
 
     over = [*TINY, "method.lam=0.0077"]
     configs = study_configs(studies.build("1", "fashion-mnist", over), "fashion-mnist", over, 2)
     hashes = {key: variants.variant_hash(cfg) for key, cfg in configs.items()}
     held = bench.store / hashes["BayesNCL (STE)", 0]
     held.mkdir(parents=True)
-    claim = lock_run_dir(held)  # another open file description: flock refuses this process too
-    assert claim is not None
+    pretraining = lock.lock_run_dir(held)  # another open file description: flock refuses this process too
+    claimed = lock.lock_file(bench.store / f".training-{hashes['BayesNCL (GS)', 1]}.lock", "{pid}")
+    assert pretraining is not None and claimed is not None
     run_dir = tmp_path / "t1"
     args = ["reproduce", "1", "--dataset", "fashion-mnist", "--seeds", "2", "--store", str(bench.store),
             "--run-dir", str(run_dir), *over]  # fmt: skip
-    before = len(bench.calls)
+    before, pid = len(bench.calls), os.getpid()
     capsys.readouterr()
     assert main([*args, "--train-only"]) == 0
     out = capsys.readouterr().out
-    assert bench.calls[before:] == [False] * 4  # the held run's pretrain too, refused at its lock
+    for name, seed in (("BayesNCL (STE)", 0), ("BayesNCL (GS)", 1)):
+        now = f"(another process is training it now, pid {pid})"
+        planned = f"  {name} seed {seed}: train {hashes[name, seed]}"
+        assert any(line.startswith(planned) and line.endswith(now) for line in out.splitlines()), out
+        assert f"/4] {name} seed {seed}: passed over, another process is training it (pid {pid})" in out
+    assert bench.calls[before:] == [False] * 3  # the pretrain's run too, refused at its run dir's lock
     new = [hashes[v, s] for v in ("BayesNCL (STE)", "BayesNCL (GS)") for s in (0, 1)]
-    assert [variants.finished(bench.store / h) for h in new] == [False, True, True, True]
-    assert list(held.iterdir()) == [held / ".bayesncl.lock"]  # nothing of the other process's touched
-    pid = os.getpid()
-    assert f"/4] BayesNCL (STE) seed 0: passed over, another process is training it (pid {pid})" in out
-    assert ("--train-only: trained 3, passed over 1 (another process trains or trained them); 6 reused."
-            in out)  # fmt: skip
+    assert [variants.finished(bench.store / h) for h in new] == [False, True, True, False]
+    assert list(held.iterdir()) == [held / ".bayesncl.lock"] and not (bench.store / new[3]).exists()
+    assert ("--train-only: trained 2, passed over 2 (another process trains or trained them); 6 finished "
+            "before." in out)  # fmt: skip
     assert "the table goes to" not in out and not (run_dir / "table1.md").exists()
-    assert main(args) == 2  # without the flag: the held run stops it, in one line
-    assert error_line(capsys).startswith(f"{ERROR}run dir {held} is in use by another bayesncl process "
-                                         f"(pid {pid})")  # fmt: skip
-    before += 1
-    claim.release()
+    assert main(args) == 2  # without the flag: a held run stops it, in one line
+    assert error_line(capsys) == (
+        f"{ERROR}BayesNCL (GS) seed 1: another bayesncl process is training it in {bench.store / new[3]} "
+        f"(pid {pid}); wait for it to end, give --train-only to train the table's other runs meanwhile, or "
+        "--finished for the table so far")  # fmt: skip
+    pretraining.release()
+    claimed.release()
+    with monkeypatch.context() as m:  # a file system without locks: lock_file gives None
+        m.setattr(lock, "lock_file", lambda *a: None)
+        assert main([*args, "--train-only"]) == 2
+        assert error_line(capsys) == (
+            f"{ERROR}--train-only: the store {bench.store} takes no file locks, so a process cannot tell "
+            "which runs another one trains; run one process (without --train-only), or give a --store on a "
+            "file system with flock")  # fmt: skip
+    assert len(bench.calls) == before + 3
     assert main([*args, "--train-only"]) == 0
-    assert bench.calls[before + 4 :] == [False] and variants.finished(held)
-    assert "--train-only: trained 1, passed over 0" in capsys.readouterr().out
+    assert bench.calls[before + 3 :] == [False, False]
+    assert all(variants.finished(bench.store / h) for h in new)
+    assert "--train-only: trained 2, passed over 0" in capsys.readouterr().out
+    assert sorted(p.name for p in bench.store.glob(".training-*")) == []  # each claim deleted at its release
     assert main(args) == 0
     assert len(bench.calls) == before + 5  # the table trains nothing
     table = json.loads((run_dir / "table1.json").read_text())
@@ -1209,3 +1228,7 @@ def test_train_only_passes_over_a_run_another_process_trains_so_processes_split_
         assert error_line(capsys, silent=True) == (
             f"{ERROR}--train-only and {flag}: give one (--train-only trains the table's runs and writes no "
             "table)")
+    assert main(["reproduce", "6", "--train-only"]) == 2
+    assert error_line(capsys, silent=True) == (
+        f"{ERROR}--train-only: table 6 trains no runs (it probes the encoders given); give it to a table or "
+        "figure ID")

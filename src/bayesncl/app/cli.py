@@ -253,8 +253,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         raise ConfigError(f"--train-only and {given[0]}: give one (--train-only trains the table's runs and "
                           "writes no table)")
     if args.train_only and args.table in MECHANISM_IDS:
-        raise ConfigError(f"--train-only: {args.table} is not a table of stored runs; give it to a table or "
-                          "figure ID")
+        why = ("table 6 trains no runs (it probes the encoders given)" if args.table == "6" else
+               "the mechanism study keeps its runs in its run dir, not in a store")  # fmt: skip
+        raise ConfigError(f"--train-only: {why}; give it to a table or figure ID")
     if args.finished and args.table in MECHANISM_IDS:
         raise ConfigError(f"--finished: {args.table} writes no table of stored runs; give it to a table or "
                           "figure ID")

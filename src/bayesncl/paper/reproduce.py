@@ -165,6 +165,8 @@ def _print_plan(study: Study, dataset: str, seeds: int, store: Path, cells: Cell
         status = runs[h][1]
         extra = f", ~{_duration(est[h])}" if h in est else ""
         extra += f" ({lacking[h]})" if h in lacking else ""
+        if status != "reuse" and (pid := _busy(store, h)):
+            extra += f" (another process is training it now, pid {pid})"
         print(f"  {name} seed {seed}: {status} {h}{extra}")
     device = next(iter(runs.values()))[0].train.device
     untimed = [h for h, (_, st) in runs.items() if st != "reuse" and h not in est]
@@ -504,30 +506,59 @@ class _Prepared:
     lacking: dict[str, str]  # hash -> what the run lacks that the table reads (plan only: else refused)
 
 
+def _claim_file(store: Path, h: str) -> Path:
+    """The lock file by which a reproduce process holds the stored run ``h`` while it trains it: beside
+    the run's folder, so that a process takes it before it reads the run's state or writes a file."""
+    return store / f".training-{h}.lock"
+
+
+def _busy(store: Path, h: str) -> str | None:
+    """The pid of another process training the stored run ``h`` (a reproduce's claim, or the run dir's
+    own lock, held by a pretrain), else None (:func:`lock.lock_holder`: reads only)."""
+    from bayesncl.runs.layout import LOCK_NAME
+    from bayesncl.runs.lock import lock_holder
+
+    return lock_holder(_claim_file(store, h)) or lock_holder(store / h / LOCK_NAME)
+
+
 def _train_all(p: _Prepared, to_train: dict[str, Config], est: dict[str, float], shared: bool
                ) -> tuple[list[str], list[str]]:  # fmt: skip
     """Train (or continue) each run of ``to_train`` into the store and measure it (cached beside it now,
-    not at the table's end); a run another process finished meanwhile is passed over. ``shared``
-    (``--train-only``): so is one another process is training (its lock, RunDirBusy), which else
-    stops the command in one line. Returns the hashes ``(trained, passed over)``."""
-    from bayesncl.runs.messages import RunDirBusy
+    not at the table's end), each held by its claim (:func:`_claim_file`) from before its state is read:
+    a run another process finished meanwhile is passed over. One another process is training (its
+    claim, or its run dir's lock) raises RunDirError (one line), or with ``shared`` (``--train-only``)
+    is passed over too; ``shared`` on a store without file locks raises RunDirError (each process
+    would train every run). Returns the hashes ``(trained, passed over)``."""
+    from bayesncl.runs.lock import lock_file
+    from bayesncl.runs.messages import RunDirBusy, RunDirError
 
     trained, passed = [], []
+    if to_train:
+        p.store.mkdir(parents=True, exist_ok=True)  # (checked writable by _prepare) for the claims
     for i, (h, cfg) in enumerate(to_train.items(), 1):
-        sub, n = p.store / h, len(to_train)
-        if variants.finished(sub):
-            print(f"[{i}/{n}] {p.label[h]}: finished meanwhile by another process (reused)", flush=True)
-            passed.append(h)
-            continue
+        sub, n, label, claim = p.store / h, len(to_train), p.label[h], None
         try:
-            _train(h, cfg, sub, p.label[h], i, n, est.get(h))
+            claim = lock_file(_claim_file(p.store, h), "{pid}")
+            if claim is None and shared:
+                raise RunDirError(f"--train-only: the store {p.store} takes no file locks, so a process "
+                                  "cannot tell which runs another one trains; run one process (without "
+                                  "--train-only), or give a --store on a file system with flock")  # fmt: skip
+            if variants.finished(sub):
+                print(f"[{i}/{n}] {label}: passed over, another process finished it meanwhile", flush=True)
+                passed.append(h)
+                continue
+            _train(h, cfg, sub, label, i, n, est.get(h))
         except RunDirBusy as e:
             if not shared:
-                raise
-            print(f"[{i}/{n}] {p.label[h]}: passed over, another process is training it (pid {e.pid})",
-                  flush=True)  # fmt: skip
+                raise RunDirError(f"{label}: another bayesncl process is training it in {sub} (pid {e.pid}); "
+                                  "wait for it to end, give --train-only to train the table's other runs "
+                                  "meanwhile, or --finished for the table so far") from None  # fmt: skip
+            print(f"[{i}/{n}] {label}: passed over, another process is training it (pid {e.pid})", flush=True)
             passed.append(h)
             continue
+        finally:
+            if claim is not None:
+                claim.release()
         measure(sub, cfg, p.study.measures)
         trained.append(h)
     return trained, passed
@@ -665,8 +696,8 @@ def reproduce(
     trained, passed = _train_all(p, to_train, est, shared=train_only)
     if train_only:
         print(f"--train-only: trained {len(trained)}, passed over {len(passed)} (another process trains or "
-              f"trained them); {len(runs) - len(to_train)} reused. Once every process is done, the same "
-              "command without --train-only writes the table (and trains what is left)", flush=True)
+              f"trained them); {len(runs) - len(to_train)} finished before. Once every process is done, the "
+              "same command without --train-only writes the table (and trains what is left)", flush=True)
         return {"trained": trained, "passed_over": passed}
     per_run = {key: measure(store / h, configs[key], study.measures) for key, h in cells.items()}
     rows = aggregate(study, per_run, seeds)

@@ -30,11 +30,17 @@ def lock_run_dir(run_dir: Path) -> RunDirLock | None:
     ``run_dir/.bayesncl.lock``, dropped by the OS if the process dies. Returns None where file locks
     are unavailable (Windows, some network file systems). Raises RunDirBusy (a RunDirError: one line,
     naming the holder's pid) if another process holds it."""
+    return lock_file(Path(run_dir) / LOCK_NAME, f"run dir {run_dir} is in use by another bayesncl process "
+                     "(pid {pid}); wait for it to end, or choose another --run-dir")  # fmt: skip
+
+
+def lock_file(path: Path, busy: str) -> RunDirLock | None:
+    """:func:`lock_run_dir` on the lock file ``path`` (its folder must exist), created if missing and
+    deleted by ``release()``; ``busy``: the RunDirBusy message, ``{pid}`` standing for the holder's."""
     try:
         import fcntl
     except ImportError:
         return None
-    path = Path(run_dir) / LOCK_NAME
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, default_file_mode())
@@ -45,11 +51,7 @@ def lock_run_dir(run_dir: Path) -> RunDirLock | None:
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise RunDirBusy(
-                f"run dir {run_dir} is in use by another bayesncl process (pid {holder}); wait for it to "
-                "end, or choose another --run-dir",
-                holder,
-            ) from None
+            raise RunDirBusy(busy.replace("{pid}", holder), holder) from None
         except OSError:  # no lock support on this file system
             os.close(fd)
             return None
@@ -62,6 +64,27 @@ def lock_run_dir(run_dir: Path) -> RunDirLock | None:
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return RunDirLock(path, fd)
+
+
+def lock_holder(path: Path) -> str | None:
+    """The pid (as its lock file names it, else ``"unknown"``) of the process that holds the lock file
+    ``path`` (:func:`lock_file`), or None where none does (no file, a holder gone, no file locks here).
+    Reads only: nothing is created or changed."""
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY)
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # (drops the shared lock taken where none held it)
+    return None
 
 
 def _process_alive(pid: int) -> bool:
