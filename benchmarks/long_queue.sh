@@ -71,8 +71,9 @@ QUEUE=(
     "3 $L @BEST@"
     "headline $L model.backbone=resnet18 model.cifar_stem=false train.epochs=50 train.warmup_epochs=5 @BEST@"
     # issue 47 item 7: the figures that exist only at the 3-epoch budget; Table 5 (ResNet-50 with the 3-epoch
-    # table's ImageNet stem: the CIFAR stem costs ~20x at 28 px) at the longest budget that fits ~10 min a run
-    # in fp32 here, 10 epochs of the 10,000 images (docs/decisions.md, "Long CPU recipe")
+    # table's ImageNet stem: the CIFAR stem costs ~20x at 28 px) for 10 epochs of the 10,000 images, aimed at
+    # ~10 min a run in fp32; measured ~23 min at one thread beside a second worker (docs/decisions.md,
+    # "Budgets of the long checks of other backbones")
     "fig3 $L" "fig4a $L" "ncl-sepin $L"
     "5 $L model.cifar_stem=false train.epochs=10 train.warmup_epochs=1"
     "ncl-supervised $L" "ncl-sparsity $L"
