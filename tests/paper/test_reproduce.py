@@ -8,6 +8,7 @@ also shows reuse of Table 1's runs."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Iterator
@@ -1126,7 +1127,8 @@ def test_the_default_run_dir_names_the_overrides_so_two_settings_keep_two_tables
     left off; a key given twice at its last value; a number in one spelling), leaving out those that
     change neither runs nor table (data.root, train.progress, train.compile); so ``headline`` at two ρ/λ
     writes two run dirs, both sharing the store ``runs/variants``, and the plan says where the table
-    goes. An unusual character becomes ``_``; an overlong name is hashed, whatever the order."""
+    goes. An unusual character becomes ``_`` and adds a hash of the values as given (so ``a/b`` and ``a_b``
+    keep two names); an overlong name is hashed, whatever the order."""
     from bayesncl.paper.reproduce import _prepare, default_run_dir
 
     assert default_run_dir("table1", "cifar100", []) == Path("runs/table1-cifar100")
@@ -1137,7 +1139,11 @@ def test_the_default_run_dir_names_the_overrides_so_two_settings_keep_two_tables
     assert default_run_dir("t", "d", ["method.lam=3e-05"]) == default_run_dir("t", "d", ["method.lam=3e-5"])
     train, test = (default_run_dir("t", "d", [f"{s}.batch_size=64"]) for s in ("train", "eval"))
     assert (train.name, test.name) == ("t-d-train.batch_size=64", "t-d-eval.batch_size=64")
-    assert default_run_dir("x", "y", ["model.backbone=a b/../c"]) == Path("runs/x-y-model.backbone=a_b_.._c")
+    odd = default_run_dir("x", "y", ["model.backbone=a b/../c"])
+    digest = hashlib.sha1(b"model.backbone=a b/../c").hexdigest()[:6]
+    assert odd == Path(f"runs/x-y-model.backbone=a_b_.._c-{digest}")
+    assert default_run_dir("x", "y", ["data.name=a/b"]) != default_run_dir("x", "y", ["data.name=a_b"])
+    assert default_run_dir("x", "y", ["data.name=a_b"]) == Path("runs/x-y-data.name=a_b")  # nothing replaced
     many = [f"model.k{i}=resnet18" for i in range(12)]
     long = default_run_dir("x", "y", many)
     assert long.name.startswith("x-y-overrides-") and len(long.name) == len("x-y-overrides-") + 10

@@ -583,8 +583,9 @@ def default_run_dir(stem: str, dataset: str, overrides: list[str]) -> Path:
     A key given twice counts once, at its last value (the one applied); a number is spelled one way
     (``:g``). Left out: what changes neither the runs nor the table (:data:`variants.IDENTITY_IGNORES`
     but ``eval.*``: ``data.root``, ``train.progress``, ...; ``train.compile``, held in a run's name).
-    Characters other than letters, digits and ``._=+-`` become ``_``; a name over 180 characters ends
-    in ``-overrides-<sha1 of the sorted parts, 10 hex>`` instead."""
+    Characters other than letters, digits and ``._=+-`` become ``_``, and the name then ends in
+    ``-<sha1 of the sorted parts as given, 6 hex>`` (``a/b`` and ``a_b`` keep two names); a name over
+    180 characters ends in ``-overrides-<that sha1, 10 hex>`` instead."""
     last: dict[str, str] = {}
     for o in overrides:
         key, _, value = (x.strip() for x in o.partition("="))
@@ -593,12 +594,14 @@ def default_run_dir(stem: str, dataset: str, overrides: list[str]) -> Path:
             continue
         last.pop(key, None)
         last[key] = value
-    parts = [re.sub(r"[^A-Za-z0-9._=+-]", "_", f"{k.removeprefix('method.')}={_value_name(v)}")
-             for k, v in last.items()]
+    given = [f"{k.removeprefix('method.')}={_value_name(v)}" for k, v in last.items()]
+    parts = [re.sub(r"[^A-Za-z0-9._=+-]", "_", part) for part in given]
     name = "-".join([stem, dataset, *parts])
+    digest = hashlib.sha1("\n".join(sorted(given)).encode()).hexdigest()[:10]
     if len(name) > 180:
-        digest = hashlib.sha1("\n".join(sorted(parts)).encode()).hexdigest()[:10]
         name = f"{stem}-{dataset}-overrides-{digest}"
+    elif parts != given:  # "a/b" and "a_b" would share a name: the values as given, hashed, tell them apart
+        name += f"-{digest[:6]}"
     return Path("runs") / name
 
 
