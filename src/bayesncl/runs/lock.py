@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,7 @@ def lock_file(path: Path, busy: str) -> RunDirLock | None:
         import fcntl
     except ImportError:
         return None
+    tries = 3  # a holder of a moment (lock_holder's shared probe) is waited for, briefly
     while True:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, default_file_mode())
@@ -51,6 +53,10 @@ def lock_file(path: Path, busy: str) -> RunDirLock | None:
         except BlockingIOError:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
+            tries -= 1
+            if tries:
+                time.sleep(0.05)
+                continue
             raise RunDirBusy(busy.replace("{pid}", holder), holder) from None
         except OSError:  # no lock support on this file system
             os.close(fd)
